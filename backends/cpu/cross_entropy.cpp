@@ -1,0 +1,67 @@
+// Softmax + cross-entropy over the vocabulary, fused so the probabilities are never stored.
+#include <cmath>
+#include <vector>
+
+#include "backends/cpu/cpu_common.h"
+#include "core/ops.h"
+
+namespace llama4d::ops {
+
+// log(sum_j exp(row[j])) with the max subtracted first so exp never overflows. The exps go
+// through a small buffer so the exp loop vectorises and the sum keeps the fixed lane pattern.
+template <class T>
+static T row_logsumexp(const T* row, int64_t V) {
+  const T m = cpu::reduce_max(row, V);
+  constexpr int64_t kPiece = 256;  // a multiple of the lane count, so lanes stay i mod lanes
+  T buf[kPiece];
+  cpu::Vec64<T> acc = {};
+  for (int64_t j0 = 0; j0 < V; j0 += kPiece) {
+    const int64_t n = std::min(kPiece, V - j0);
+    cpu::exp_affine(buf, row + j0, n, T(1), m);
+    for (int64_t j = 0; j < n; j += cpu::kLanes<T>) acc += cpu::load_lanes(buf + j, n - j, T(0));
+  }
+  return m + std::log(cpu::sum_lanes(acc));
+}
+
+template <class T>
+void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t BT, int64_t V) {
+  cpu::parallel_for(BT, BT * V >= (1 << 14), [&](int64_t r) {
+    const int32_t t = targets[r];
+    if (t < 0) {
+      losses[r] = T(0);
+      return;
+    }
+    const T* row = logits + r * V;
+    losses[r] = row_logsumexp(row, V) - row[t];
+  });
+}
+
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, T scale, int64_t BT,
+                            int64_t V) {
+  cpu::parallel_for(BT, BT * V >= (1 << 14), [&](int64_t r) {
+    const int32_t t = targets[r];
+    if (t < 0) return;
+    const T* row = logits + r * V;
+    T* drow = dlogits + r * V;
+    const T lse = row_logsumexp(row, V);
+    constexpr int64_t kPiece = 256;
+    T buf[kPiece];
+    for (int64_t j0 = 0; j0 < V; j0 += kPiece) {
+      const int64_t n = std::min(kPiece, V - j0);
+      cpu::exp_affine(buf, row + j0, n, T(1), lse);
+      for (int64_t j = 0; j < n; ++j) drow[j0 + j] += scale * buf[j];
+    }
+    drow[t] -= scale;
+  });
+}
+
+template void cross_entropy_forward<float>(float*, const float*, const int32_t*, int64_t, int64_t);
+template void cross_entropy_forward<double>(double*, const double*, const int32_t*, int64_t,
+                                            int64_t);
+template void cross_entropy_backward<float>(float*, const float*, const int32_t*, float, int64_t,
+                                            int64_t);
+template void cross_entropy_backward<double>(double*, const double*, const int32_t*, double,
+                                             int64_t, int64_t);
+
+}  // namespace llama4d::ops

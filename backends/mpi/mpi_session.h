@@ -1,0 +1,59 @@
+#pragma once
+// The MPI backend: one OS process per rank (launched by mpirun), the same ProcessGroup as the
+// virtual backend. Collectives are built from MPI point-to-point messages following the same
+// algorithms (ordered = direct reduce-scatter in rank order + all-gather; ring = NCCL's ring),
+// with the same reduction kernels, so a run gives the virtual backend's bits exactly.
+//
+//   MpiSession mpi;                    // MPI_Init (once per process)
+//   ProcessGroup& world = mpi.world();
+//   world.all_reduce(buf, n, DType::f32, ReduceOp::sum);
+//                                      // ~MpiSession: MPI_Finalize
+//
+// Every MPI call runs on one communication thread per process (MPI_THREAD_FUNNELED is all
+// it needs); that thread is also the rank's comm stream, so async operations overlap compute.
+// Waits poll with the group timeout: a peer that never answers is named in a CommError instead
+// of hanging. After such an error the session is broken: MPI is not finalised, and the process
+// should exit (mpirun then stops the other ranks).
+#include <chrono>
+#include <memory>
+
+#include "core/dist/cluster.h"
+#include "core/dist/comm_types.h"
+#include "core/dist/process_group.h"
+
+namespace llama4d {
+
+struct MpiOptions {
+  ReduceAlgo algo = ReduceAlgo::ordered;
+  std::chrono::milliseconds timeout{60000};
+  // Links and HBM of the modelled cluster (for traffic and simulated time); nodes derived from
+  // the world size.
+  ClusterSpec cluster;
+  // Exchange a small signature of every collective first, to report mismatched calls (rank 0 in
+  // all_reduce while rank 1 is in all_gather) with both calls instead of corrupting memory.
+  bool check_calls = true;
+};
+
+class MpiSession {
+ public:
+  // Initialises MPI. One session per process; a second one throws InputError.
+  explicit MpiSession(MpiOptions options = {});
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int rank() const;
+  int size() const;
+  ProcessGroup& world();
+  // A fresh world group (its own communicator) with another reduction algorithm. Collective:
+  // every process calls it.
+  std::shared_ptr<ProcessGroup> new_world(ReduceAlgo algo);
+  RankAccounting& accounting();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace llama4d

@@ -1,0 +1,124 @@
+#include "backends/virtual/data_movement.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/dist/reduce_kernels.h"
+
+namespace llama4d::virt {
+
+namespace {
+
+constexpr int64_t kTileBytes = 32 * 1024;  // one tile of reduced values stays in L1
+
+char* at(void* p, int64_t elems, int64_t elem) { return static_cast<char*>(p) + elems * elem; }
+const char* at(const void* p, int64_t elems, int64_t elem) { return static_cast<const char*>(p) + elems * elem; }
+
+void copy(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, size_t(bytes));
+}
+
+// The order in which member `me`'s chunk adds the members' contributions.
+std::vector<int> reduction_order(int n, int me, ReduceAlgo algo) {
+  std::vector<int> order(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) order[size_t(k)] = algo == ReduceAlgo::ring ? (me + 1 + k) % n : k;
+  return order;
+}
+
+void all_reduce_share(const Slot& s, int me, ReduceAlgo algo) {
+  const int n = int(s.pub.size());
+  const CommCall& c = s.pub[size_t(me)].call;
+  const int64_t elem = int64_t(dtype_size(c.dtype));
+  const std::vector<int64_t> counts = split_counts(c.count, n);
+  const int64_t begin = prefix_offsets(counts)[size_t(me)], end = begin + counts[size_t(me)];
+  const std::vector<int> order = reduction_order(n, me, algo);
+  const int64_t tile = std::max<int64_t>(1, kTileBytes / elem);
+  alignas(64) unsigned char reduced[kTileBytes];
+  std::vector<const void*> inputs(static_cast<size_t>(n));
+  for (int64_t t0 = begin; t0 < end; t0 += tile) {
+    const int64_t m = std::min(tile, end - t0);
+    for (int k = 0; k < n; ++k) inputs[size_t(k)] = at(s.pub[size_t(order[size_t(k)])].in, t0, elem);
+    reduce_sequence(reduced, inputs.data(), n, m, c.dtype, c.reduce, n, algo == ReduceAlgo::ring);
+    for (int j = 0; j < n; ++j) std::memcpy(at(s.pub[size_t(j)].out, t0, elem), reduced, size_t(m * elem));
+  }
+}
+
+void reduce_scatter_share(const Slot& s, int me, ReduceAlgo algo) {
+  const int n = int(s.pub.size());
+  const CommCall& c = s.pub[size_t(me)].call;
+  const int64_t elem = int64_t(dtype_size(c.dtype));
+  const int64_t begin = prefix_offsets(c.counts)[size_t(me)];
+  const std::vector<int> order = reduction_order(n, me, algo);
+  std::vector<const void*> inputs(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) inputs[size_t(k)] = at(s.pub[size_t(order[size_t(k)])].in, begin, elem);
+  // The output may be the in-place block of this member's input; reduce_sequence allows that.
+  reduce_sequence(s.pub[size_t(me)].out, inputs.data(), n, c.counts[size_t(me)], c.dtype, c.reduce, n,
+                  algo == ReduceAlgo::ring);
+}
+
+void all_gather_share(const Slot& s, int me) {
+  const int n = int(s.pub.size());
+  const CommCall& c = s.pub[size_t(me)].call;
+  const int64_t elem = int64_t(dtype_size(c.dtype));
+  const std::vector<int64_t> offsets = prefix_offsets(c.counts);
+  for (int j = 0; j < n; ++j)
+    copy(at(s.pub[size_t(me)].out, offsets[size_t(j)], elem), s.pub[size_t(j)].in, c.counts[size_t(j)] * elem);
+}
+
+void broadcast_share(const Slot& s, int me) {
+  const CommCall& c = s.pub[size_t(me)].call;
+  if (me == c.root) return;
+  copy(s.pub[size_t(me)].out, s.pub[size_t(c.root)].in, c.count * int64_t(dtype_size(c.dtype)));
+}
+
+void all_to_all_share(const Slot& s, int me) {
+  const int n = int(s.pub.size());
+  const CommCall& mine = s.pub[size_t(me)].call;
+  const int64_t elem = int64_t(dtype_size(mine.dtype));
+  const std::vector<int64_t> recv_offsets = prefix_offsets(mine.recv_counts);
+  for (int j = 0; j < n; ++j) {
+    const CommCall& theirs = s.pub[size_t(j)].call;
+    const int64_t send_offset = prefix_offsets(theirs.counts)[size_t(me)];
+    copy(at(s.pub[size_t(me)].out, recv_offsets[size_t(j)], elem), at(s.pub[size_t(j)].in, send_offset, elem),
+         mine.recv_counts[size_t(j)] * elem);
+  }
+}
+
+}  // namespace
+
+void move_data(const Slot& slot, int me, ReduceAlgo algo) {
+  switch (slot.pub[size_t(me)].call.op) {
+    case CommOp::all_reduce: all_reduce_share(slot, me, algo); return;
+    case CommOp::reduce_scatter: reduce_scatter_share(slot, me, algo); return;
+    case CommOp::all_gather: all_gather_share(slot, me); return;
+    case CommOp::broadcast: broadcast_share(slot, me); return;
+    case CommOp::all_to_all: all_to_all_share(slot, me); return;
+    default: return;  // barrier: arriving was the point
+  }
+}
+
+std::string incompatibility(const CommCall& a, const CommCall& b) {
+  if (a.op != b.op) return "different operations";
+  if (a.op == CommOp::barrier) return "";
+  if (a.dtype != b.dtype) return "different dtypes";
+  switch (a.op) {
+    case CommOp::all_reduce:
+      if (a.count != b.count) return "different counts";
+      if (a.reduce != b.reduce) return "different reduce ops";
+      return "";
+    case CommOp::reduce_scatter:
+      if (a.counts != b.counts) return "different counts";
+      if (a.reduce != b.reduce) return "different reduce ops";
+      return "";
+    case CommOp::all_gather:
+      if (a.counts != b.counts) return "different counts";
+      return "";
+    case CommOp::broadcast:
+      if (a.count != b.count) return "different counts";
+      if (a.root != b.root) return "different roots";
+      return "";
+    default: return "";  // all_to_all: checked pairwise once everyone arrived
+  }
+}
+
+}  // namespace llama4d::virt

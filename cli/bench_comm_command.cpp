@@ -1,0 +1,74 @@
+// `llama4d bench comm`: an nccl-tests-style table (size, count, time, algbw, busbw) for every
+// collective on the virtual or MPI backend, next to this machine's memcpy bandwidth and the
+// cluster model's simulated time. The engine is bench/comm_bench.h.
+//
+//   llama4d bench comm --ranks 8 --op all_reduce --min-bytes 64M --max-bytes 64M
+//   mpirun -np 4 llama4d bench comm --backend mpi --json
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "bench/comm_bench.h"
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace llama4d::cli {
+
+namespace {
+
+struct BenchCommArgs {
+  CommBenchOptions opt;
+  std::string op = "all", dtype = "f32", algo = "ring";
+  bool json = false;
+};
+
+}  // namespace
+
+void add_bench_comm_command(CLI::App& bench) {
+  auto a = std::make_shared<BenchCommArgs>();
+  CLI::App* cmd = bench.add_subcommand("comm", "nccl-tests-style table of every collective on the virtual or MPI backend");
+  cmd->add_option("--backend", a->opt.backend, "virtual (threads) or mpi (run under mpirun)")
+      ->check(CLI::IsMember({"virtual", "mpi"}))
+      ->capture_default_str();
+  cmd->add_option("--ranks", a->opt.ranks, "virtual GPUs (virtual backend; MPI uses the world size)")
+      ->capture_default_str();
+  cmd->add_option("--gpus-per-node", a->opt.gpus_per_node, "GPUs per node in the cluster model")
+      ->capture_default_str();
+  cmd->add_option("--op", a->op, "all, or one of all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, sendrecv")
+      ->capture_default_str();
+  cmd->add_option("--min-bytes", a->opt.min_bytes, "smallest message (suffixes K, M, G = 2^10, 2^20, 2^30)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--max-bytes", a->opt.max_bytes, "largest message; sizes double from min to max")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "f32, f64, bf16, f16 (moves only), i32, i64, u8")->capture_default_str();
+  cmd->add_option("--algo", a->algo, "reduction algorithm: ordered (rank order) or ring (NCCL's)")
+      ->check(CLI::IsMember({"ordered", "ring"}))
+      ->capture_default_str();
+  cmd->add_option("--iters", a->opt.iters, "timed calls per size (0 = about 0.2 s worth, 2..100)")
+      ->capture_default_str();
+  cmd->add_option("--warmup", a->opt.warmup, "untimed calls per size first")->capture_default_str();
+  cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
+  cmd->callback([a] {
+    CommBenchOptions o = a->opt;
+    if (a->op != "all") o.ops = {a->op};
+    std::string upper = a->dtype;
+    std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return char(std::toupper(c)); });
+    o.dtype = dtype_from_name(upper);
+    o.algo = parse_reduce_algo(a->algo);
+    std::fprintf(stderr, "bench comm: %s backend, algo %s, %s, %lld..%lld bytes\n", o.backend.c_str(), a->algo.c_str(),
+                 upper.c_str(), (long long)o.min_bytes, (long long)o.max_bytes);
+    const CommBenchReport report = run_comm_bench(o);
+    if (report.rank != 0) return;  // MPI: one table, from rank 0
+    if (a->json)
+      std::printf("%s\n", report.to_json().dump(2).c_str());
+    else
+      std::printf("%s", report.table().c_str());
+    std::fflush(stdout);
+  });
+}
+
+}  // namespace llama4d::cli

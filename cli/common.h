@@ -1,0 +1,47 @@
+#pragma once
+// Pieces every subcommand shares: how the model is chosen, output conventions, --json.
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/model/config.h"
+
+namespace llama4d::cli {
+
+// --preset / --config / --checkpoint: exactly one way to pick the model shape.
+struct ModelChoice {
+  std::string preset;      // "tiny", "small", ...
+  std::string config;      // path to a Hugging Face config.json
+  std::string checkpoint;  // a checkpoint directory (config.json + model.safetensors)
+  std::string dtype = "f32";
+
+  void add_options(CLI::App& cmd, const std::string& default_preset, bool with_checkpoint);
+  // The chosen config, validated. InputError for unknown presets or bad files.
+  LlamaConfig resolve() const;
+  bool fp64() const { return dtype == "f64"; }
+};
+
+// Refuses shapes whose training state would not fit in this machine's memory (the real
+// llama3-* presets), unless the user insists. bytes_per_param: 16 for fp32 params, grads and
+// two AdamW moments.
+void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what);
+
+// Where human-readable progress goes: stderr always, so --json output stays clean on stdout.
+template <class... Args>
+void progress(const char* fmt, Args... args) {
+  std::fprintf(stderr, fmt, args...);
+  std::fflush(stderr);
+}
+
+// Prints the final result: one JSON object on stdout.
+void print_json(const nlohmann::json& j);
+
+// Creates `dir` (and parents) and checks that a file can be written in it, so a bad --out fails
+// before any work is done. InputError naming the directory otherwise.
+void ensure_writable_dir(const std::string& dir);
+
+void set_threads(int threads);
+
+}  // namespace llama4d::cli

@@ -1,0 +1,80 @@
+// `llama4d eval`: mean next-token cross-entropy of a checkpoint (or a fresh model) over a text
+// file, in consecutive windows of --seq-len + 1 tokens. Reported next to the byte-unigram
+// entropy of the same text, the loss a model that ignores context would reach.
+#include <cmath>
+
+#include "cli/common.h"
+#include "core/data/batch_sampler.h"
+#include "core/data/dataset.h"
+#include "core/data/entropy.h"
+#include "core/error.h"
+#include "core/io/checkpoint.h"
+#include "core/model/llama.h"
+#include "core/train/evaluate.h"
+
+namespace llama4d::cli {
+
+namespace {
+
+struct EvalArgs {
+  ModelChoice model;
+  std::string data;
+  int64_t seq_len = 256, batch_size = 8, max_windows = 0;
+  uint64_t seed = 1337;
+  int threads = 0;
+  bool json = false, force = false;
+};
+
+template <class T>
+nlohmann::json run_eval(const EvalArgs& a) {
+  const LlamaConfig cfg = a.model.resolve();
+  check_fits_in_memory(cfg, sizeof(T), a.force, "evaluating");
+  if (a.seq_len < 1) throw InputError("--seq-len must be >= 1");
+  const std::string path = a.data.empty() ? default_corpus_path() : a.data;
+  const std::string text = load_text(path);
+  const std::vector<int32_t> tokens = ByteTokenizer{}.encode(text);
+  if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
+
+  Llama<T> model(cfg);
+  if (!a.model.checkpoint.empty())
+    load_model(a.model.checkpoint, model.param_specs(), model.params());
+  else
+    model.init_weights(a.seed);
+
+  const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows);
+  const UnigramEntropy unigram = unigram_entropy(TokenSpan(tokens));
+  progress("eval: %s: %lld tokens predicted, loss %.4f nats (%.4f bits/byte), perplexity %.3f; unigram entropy %.4f nats\n",
+           path.c_str(), (long long)loss.tokens, loss.mean(), loss.mean() / std::log(2.0), std::exp(loss.mean()),
+           unigram.nats);
+  return {{"loss", loss.mean()},
+          {"tokens", loss.tokens},
+          {"bits_per_byte", loss.mean() / std::log(2.0)},
+          {"perplexity", std::exp(loss.mean())},
+          {"unigram_entropy_nats", unigram.nats},
+          {"data", path},
+          {"seq_len", a.seq_len}};
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* cmd = app.add_subcommand("eval", "mean next-token cross-entropy over a text file");
+  a->model.add_options(*cmd, "small", true);
+  cmd->add_option("--data", a->data, "UTF-8 text file (default: shipped corpus)");
+  cmd->add_option("--seq-len", a->seq_len, "window length")->capture_default_str();
+  cmd->add_option("--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
+  cmd->add_option("--max-windows", a->max_windows, "evaluate at most N windows (0: all)")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "initial weights when no --checkpoint is given")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");
+  cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
+  cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
+  cmd->callback([a] {
+    set_threads(a->threads);
+    if (a->batch_size < 1) throw InputError("--batch-size must be >= 1");
+    const nlohmann::json result = a->model.fp64() ? run_eval<double>(*a) : run_eval<float>(*a);
+    if (a->json) print_json(result);
+  });
+}
+
+}  // namespace llama4d::cli

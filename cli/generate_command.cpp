@@ -1,0 +1,102 @@
+// `llama4d generate`: autoregressive decoding with a KV cache. The prompt goes through the
+// model in one pass (prefill), then one token per step reuses every earlier key and value.
+#include <chrono>
+
+#include "cli/common.h"
+#include "core/data/tokenizer.h"
+#include "core/error.h"
+#include "core/io/checkpoint.h"
+#include "core/model/llama.h"
+#include "core/model/sampler.h"
+
+namespace llama4d::cli {
+
+namespace {
+
+struct GenerateArgs {
+  ModelChoice model;
+  std::string prompt = "The ";
+  int64_t max_new_tokens = 200;
+  SamplerOptions sampler;
+  uint64_t init_seed = 1337;
+  int threads = 0;
+  bool json = false, force = false;
+};
+
+template <class T>
+nlohmann::json run_generate(const GenerateArgs& a) {
+  const LlamaConfig cfg = a.model.resolve();
+  check_fits_in_memory(cfg, sizeof(T), a.force, "generating with");
+  if (a.max_new_tokens < 0) throw InputError("--max-new-tokens must be >= 0");
+  Llama<T> model(cfg);
+  if (!a.model.checkpoint.empty())
+    load_model(a.model.checkpoint, model.param_specs(), model.params());
+  else
+    model.init_weights(a.init_seed);
+
+  const ByteTokenizer tok;
+  // No BOS: training windows are raw corpus bytes, so the model never saw one.
+  std::vector<int32_t> ids = tok.encode(a.prompt);
+  if (ids.empty()) throw InputError("--prompt must not be empty");
+  const int64_t total = int64_t(ids.size()) + a.max_new_tokens;
+  if (total > cfg.max_position_embeddings)
+    throw InputError("prompt + --max-new-tokens = " + std::to_string(total) + " exceeds max_position_embeddings " +
+                     std::to_string(cfg.max_position_embeddings));
+
+  KVCache<T> cache = model.make_kv_cache(1, total);
+  std::vector<T> logits(static_cast<size_t>(cfg.vocab_size));
+  std::vector<float> logits_f(logits.size());
+  Sampler sampler(a.sampler);
+  // Byte models may only emit bytes or <|end_of_text|>; other specials are never sampled.
+  const int64_t allowed = std::min<int64_t>(cfg.vocab_size, kEndOfTextToken + 1);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  model.decode(ids.data(), 1, int64_t(ids.size()), cache, logits.data());
+  std::vector<int32_t> generated;
+  std::string text;
+  for (int64_t i = 0; i < a.max_new_tokens; ++i) {
+    for (size_t v = 0; v < logits.size(); ++v) logits_f[v] = float(logits[v]);
+    const int32_t next = sampler.next(logits_f, allowed);
+    if (next == kEndOfTextToken) break;
+    generated.push_back(next);
+    const std::string piece = tok.decode(std::span<const int32_t>(&generated.back(), 1));
+    text += piece;
+    if (!a.json) std::fwrite(piece.data(), 1, piece.size(), stdout), std::fflush(stdout);
+    if (i + 1 < a.max_new_tokens) model.decode(&next, 1, 1, cache, logits.data());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.json) std::fputc('\n', stdout);
+  progress("generate: %zu tokens in %.2f s (%.1f tokens/s)\n", generated.size(), seconds,
+           double(generated.size()) / seconds);
+  return {{"prompt", a.prompt},
+          {"text", text},
+          {"tokens", generated},
+          {"new_tokens", generated.size()},
+          {"tokens_per_s", double(generated.size()) / seconds},
+          {"temperature", a.sampler.temperature},
+          {"top_p", a.sampler.top_p}};
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "continue a prompt, token by token, with a KV cache");
+  a->model.add_options(*cmd, "small", true);
+  cmd->add_option("--prompt", a->prompt, "text to continue")->capture_default_str();
+  cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", a->sampler.temperature, "0: greedy; > 0: sample")->capture_default_str();
+  cmd->add_option("--top-p", a->sampler.top_p, "nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--seed", a->sampler.seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--init-seed", a->init_seed, "initial weights when no --checkpoint is given")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");
+  cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
+  cmd->add_flag("--json", a->json, "print one JSON object (with the generated text) on stdout");
+  cmd->callback([a] {
+    set_threads(a->threads);
+    const nlohmann::json result = a->model.fp64() ? run_generate<double>(*a) : run_generate<float>(*a);
+    if (a->json) print_json(result);
+  });
+}
+
+}  // namespace llama4d::cli

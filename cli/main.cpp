@@ -1,0 +1,38 @@
+// llama4d: the command-line front end. Each subcommand registers itself from its own file
+// (see commands.h); this file only parses and maps errors to exit codes:
+//   0 success · 1 internal/runtime failure · 2 bad input (flags, files, configs, checkpoints)
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"llama4d: Llama 3 training, one rank or many virtual GPUs"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "llama4d 0.1");
+  llama4d::cli::add_train_command(app);
+  llama4d::cli::add_eval_command(app);
+  llama4d::cli::add_generate_command(app);
+  llama4d::cli::add_verify_command(app);
+  CLI::App* bench = llama4d::cli::add_bench_command(app);
+  llama4d::cli::add_bench_comm_command(*bench);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --version
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  } catch (const llama4d::cli::VerificationFailed& e) {
+    std::fprintf(stderr, "llama4d: equivalence check FAILED: %s\n", e.what());
+    return 1;
+  } catch (const llama4d::InputError& e) {
+    std::fprintf(stderr, "llama4d: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama4d: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,79 @@
+// `llama4d verify`: the equivalence harness. Trains K steps with a data-parallel strategy on N
+// ranks and replays them on one device, then prints every tensor's error and whether the bits
+// match. Exits 1 when the results are outside tolerance (with ordered reductions: not bitwise).
+#include "cli/common.h"
+#include "cli/launch.h"
+#include "cli/parallel_options.h"
+#include "core/data/dataset.h"
+#include "core/error.h"
+#include "core/verify/equivalence.h"
+
+namespace llama4d::cli {
+
+namespace {
+
+struct VerifyArgs {
+  ModelChoice model;
+  ParallelChoice parallel;
+  LaunchOptions launch;
+  TrainOptions opt;
+  std::string data;
+  int threads = 0;
+  bool json = false;
+};
+
+template <class T>
+EquivalenceReport run_verify(const VerifyArgs& a, RankLaunch& launcher) {
+  EquivalenceOptions o;
+  o.model = a.model.resolve();
+  o.mesh = a.parallel.data_mesh();
+  o.dp = a.parallel.config();
+  o.algo = parse_reduce_algo(a.launch.algo);
+  o.train = a.opt;
+  if (o.train.batch_size == 0) o.train.batch_size = 2 * o.mesh.size();  // two rows per rank
+  check_fits_in_memory(o.model, 4.0 * sizeof(T) * 2, false, "verifying");
+  const TextDataset data = load_dataset(a.data.empty() ? default_corpus_path() : a.data, o.train.seq_len);
+  return verify_data_parallel<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
+    launcher.run(o.mesh.size(), fn);
+  });
+}
+
+}  // namespace
+
+void add_verify_command(CLI::App& app) {
+  auto a = std::make_shared<VerifyArgs>();
+  CLI::App* cmd = app.add_subcommand("verify", "prove a parallel strategy computes the single-device gradients");
+  a->model.add_options(*cmd, "tiny", false);
+  a->parallel.add_options(*cmd, "dp=4");
+  a->launch.add_options(*cmd);
+  a->opt.steps = 3;
+  a->opt.batch_size = 0;
+  a->opt.seq_len = 64;
+  a->opt.warmup_steps = 1;
+  cmd->add_option("--steps", a->opt.steps, "AdamW steps to compare")->capture_default_str();
+  cmd->add_option("--batch-size", a->opt.batch_size, "global batch in sequences (0: two per rank)")->capture_default_str();
+  cmd->add_option("--micro-batch-size", a->opt.micro_batch_size, "sequences per forward on each rank (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
+  cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
+  cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->capture_default_str();
+  cmd->add_option("--data", a->data, "text to draw batches from (default: shipped corpus)");
+  cmd->add_option("--threads", a->threads, "compute threads of this process (default: all cores)");
+  cmd->add_flag("--json", a->json, "print one JSON object with the report on stdout");
+  cmd->callback([a] {
+    set_threads(a->threads);
+    RankLaunch launcher(a->launch);
+    const EquivalenceReport r = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
+    if (!launcher.reporting()) return;
+    if (a->json) {
+      nlohmann::json j = r.to_json();
+      j["traffic"] = launcher.traffic_totals();
+      print_json(j);
+    } else {
+      std::fputs(r.table().c_str(), stdout);
+    }
+    if (!r.ok) throw VerificationFailed(r.strategy + ": worst relative error " + std::to_string(r.max_rel_err) + " in " + r.worst_tensor);
+  });
+}
+
+}  // namespace llama4d::cli

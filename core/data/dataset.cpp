@@ -1,0 +1,123 @@
+#include "core/data/dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <system_error>
+#include <utility>
+
+#include "core/data/utf8.h"
+#include "core/error.h"
+
+#ifndef LLAMA4D_DATA_DIR
+#error "LLAMA4D_DATA_DIR must be defined by core/data/CMakeLists.txt"
+#endif
+
+namespace llama4d {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("cannot open data file " + path.string() + " for reading");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A directory opened as a file, or a read error mid-way, shows up as badbit.
+  if (in.bad()) throw InputError("error while reading data file " + path.string());
+  return bytes;
+}
+
+void check_utf8(std::string_view bytes, const fs::path& path) {
+  const int64_t bad = find_invalid_utf8(bytes);
+  if (bad < 0) return;
+  const int64_t line = 1 + std::count(bytes.begin(), bytes.begin() + bad, '\n');
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "0x%02X", unsigned(static_cast<unsigned char>(bytes[size_t(bad)])));
+  throw InputError("data file " + path.string() + " is not valid UTF-8: invalid sequence at byte " +
+                   std::to_string(bad) + " (line " + std::to_string(line) + ", byte " + hex + ")");
+}
+
+std::vector<fs::path> text_files_in(const fs::path& dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    const std::string name = p.filename().string();
+    if (name.empty() || name[0] == '.' || p.extension() != ".txt") continue;
+    if (!it->is_regular_file()) continue;
+    files.push_back(p);
+  }
+  if (ec) throw InputError("cannot list data directory " + dir.string() + ": " + ec.message());
+  // Byte order of names, so part-01.txt < part-02.txt on every platform and locale.
+  std::sort(files.begin(), files.end(),
+            [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
+  return files;
+}
+
+}  // namespace
+
+std::string load_text(const std::string& path) {
+  const fs::path p(path);
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (ec || !fs::exists(st)) throw InputError("data file not found: " + path);
+
+  if (fs::is_directory(st)) {
+    const std::vector<fs::path> files = text_files_in(p);
+    if (files.empty()) throw InputError("data directory " + path + " contains no .txt files");
+    std::string text;
+    size_t content_bytes = 0;
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string part = read_file_bytes(files[i]);
+      check_utf8(part, files[i]);  // per file, so the offset points into the file to fix
+      if (i > 0) text.push_back('\n');
+      text += part;
+      content_bytes += part.size();
+    }
+    if (content_bytes == 0) throw InputError("data directory " + path + " holds only empty .txt files");
+    return text;
+  }
+
+  std::string text = read_file_bytes(p);
+  if (text.empty()) throw InputError("data file is empty: " + path);
+  check_utf8(text, p);
+  return text;
+}
+
+TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_fraction, std::string source) {
+  if (seq_len < 1) throw InputError("seq_len must be at least 1, got " + std::to_string(seq_len));
+  if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
+    throw InputError("validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
+  }
+  if (text.empty()) throw InputError("data " + source + " is empty");
+
+  TextDataset ds;
+  ds.source = std::move(source);
+  ds.tokens = ByteTokenizer().encode(text);
+  const int64_t n = int64_t(ds.tokens.size());
+  const auto n_val = int64_t(std::floor(double(n) * val_fraction));
+  ds.train_size = n - n_val;
+
+  const int64_t window = seq_len + 1;  // inputs plus the one-token-shifted targets
+  auto too_short = [&](const char* side, int64_t have) {
+    return InputError(std::string(side) + " split of " + ds.source + " has " + std::to_string(have) +
+                      " tokens, fewer than one window of seq_len + 1 = " + std::to_string(window) +
+                      " (corpus " + std::to_string(n) + " tokens, validation fraction " +
+                      std::to_string(val_fraction) + "); use more text or a shorter seq_len");
+  };
+  if (ds.train_size < window) throw too_short("training", ds.train_size);
+  if (n_val < window) throw too_short("validation", n_val);
+  return ds;
+}
+
+TextDataset load_dataset(const std::string& path, int64_t seq_len, double val_fraction) {
+  return make_dataset(load_text(path), seq_len, val_fraction, path);
+}
+
+std::string default_corpus_path() { return std::string(LLAMA4D_DATA_DIR) + "/corpus"; }
+
+}  // namespace llama4d

@@ -1,0 +1,51 @@
+#pragma once
+// A text corpus as byte tokens, with a held-out validation split.
+//
+// Split rule (deterministic, no randomness, no shuffling):
+//   n_val   = floor(n * val_fraction)       (n = tokens in the corpus)
+//   train() = tokens[0, n - n_val)          the first 90% by default
+//   validation() = tokens[n - n_val, n)     the LAST 10% by default
+// The split is contiguous so no training window overlaps a validation window: a random
+// per-window split would leak validation text into training through the overlaps. The cut is
+// at a byte, which may fall inside a word or a multi-byte character; a byte model does not care.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/data/tokenizer.h"
+
+namespace llama4d {
+
+// Reads a corpus as bytes. `path` is either
+//   - a file: its bytes, or
+//   - a directory: every regular file in it whose name ends in ".txt" (not hidden, not
+//     recursive), in byte order of the file names, joined with one '\n' between files.
+// Throws InputError naming the path for a missing path, an unreadable or empty file, a
+// directory with no .txt file, or bytes that are not valid UTF-8 (with the file, byte offset
+// and line of the first invalid sequence).
+std::string load_text(const std::string& path);
+
+struct TextDataset {
+  std::string source;           // where the text came from (a path, or "<memory>")
+  std::vector<int32_t> tokens;  // the whole corpus, one byte token per byte
+  int64_t train_size = 0;       // tokens[0, train_size) train, the rest validation
+
+  TokenSpan train() const { return TokenSpan(tokens).first(size_t(train_size)); }
+  TokenSpan validation() const { return TokenSpan(tokens).subspan(size_t(train_size)); }
+};
+
+// Tokenizes `text` and splits it (rule above). seq_len is the model's training context: each
+// side must hold at least one window of seq_len + 1 tokens (inputs plus the shifted target),
+// else InputError. val_fraction must lie in (0, 1).
+TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_fraction = 0.1,
+                         std::string source = "<memory>");
+
+// load_text(path) then make_dataset.
+TextDataset load_dataset(const std::string& path, int64_t seq_len, double val_fraction = 0.1);
+
+// The corpus shipped with the source tree: LLAMA4D_DATA_DIR "/corpus", a directory of .txt
+// parts (see data/README.md). Works offline; the path is baked in at build time.
+std::string default_corpus_path();
+
+}  // namespace llama4d

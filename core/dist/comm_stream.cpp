@@ -1,0 +1,67 @@
+#include "core/dist/comm_stream.h"
+
+#include "core/error.h"
+
+namespace llama4d {
+
+CommStream::~CommStream() { stop(); }
+
+std::shared_ptr<Work> CommStream::submit(std::string description, std::function<void()> task,
+                                         std::function<void()> on_wait) {
+  auto work = std::make_shared<Work>(std::move(description));
+  if (on_wait) work->set_on_wait(std::move(on_wait));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) throw CommError(name_ + ": communication stream already stopped");
+    queue_.push_back({std::move(task), work});
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void CommStream::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+}
+
+void CommStream::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+}
+
+void CommStream::loop() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+      if (queue_.empty()) return;  // stopping and nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    std::exception_ptr error;
+    try {
+      item.task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    item.task = nullptr;  // release captured buffers before reporting completion
+    item.work->complete(error);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace llama4d

@@ -1,0 +1,269 @@
+// Checkpoint directories: config.json + (sharded) safetensors, in the Hugging Face layout.
+#include "core/io/checkpoint.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/io/atomic_file.h"
+
+namespace llama4d {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string join(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
+
+std::string single_file_name(const std::string& base) { return base + ".safetensors"; }
+std::string index_file_name(const std::string& base) { return base + ".safetensors.index.json"; }
+
+// Shard names must stay inside the checkpoint directory: no separators, no "..".
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\\') == std::string::npos;
+}
+
+std::string shard_name(const std::string& base, size_t i, size_t k) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i, k);
+  return base + buf;
+}
+
+}  // namespace
+
+// ---- JSON files -------------------------------------------------------------------------------
+
+json read_json_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw InputError("cannot open '" + path + "': " + std::strerror(errno));
+  std::string text;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const bool failed = std::ferror(f);
+  const int err = errno;
+  std::fclose(f);
+  if (failed) throw InputError("cannot read '" + path + "': " + std::strerror(err));
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InputError("'" + path + "' is not valid JSON: " + e.what());
+  }
+}
+
+void write_json_file(const std::string& path, const json& j) {
+  write_text_file_atomically(path, j.dump(2) + "\n");
+}
+
+// ---- Flat buffers <-> named tensors -----------------------------------------------------------
+
+template <class T>
+std::vector<TensorToWrite> flat_tensors(const std::vector<ParamSpec>& specs, const T* flat, DType storage,
+                                        const std::string& prefix) {
+  std::vector<TensorToWrite> out;
+  out.reserve(specs.size());
+  for (const ParamSpec& s : specs)
+    out.push_back(TensorToWrite{prefix + s.name, s.shape, storage, flat + s.offset, dtype_of<T>()});
+  return out;
+}
+
+void write_tensor_files(const std::string& dir, const std::string& base,
+                        const std::vector<TensorToWrite>& tensors, const TensorMetadata& metadata,
+                        int64_t max_shard_bytes) {
+  std::vector<uint64_t> bytes;
+  uint64_t total = 0;
+  for (const TensorToWrite& t : tensors) {
+    uint64_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) n *= uint64_t(d < 0 ? 0 : d);  // bad shapes are rejected by the writer
+    bytes.push_back(n);
+    total += n;
+  }
+  const std::string single = join(dir, single_file_name(base)), index = join(dir, index_file_name(base));
+  std::error_code ec;
+  if (max_shard_bytes <= 0 || total <= uint64_t(max_shard_bytes)) {
+    write_safetensors(single, tensors, metadata);
+    fs::remove(index, ec);  // a stale index beside the new file would only confuse readers
+    return;
+  }
+  // Greedy shards in tensor order; a tensor larger than the limit gets a shard of its own.
+  std::vector<std::vector<TensorToWrite>> shards(1);
+  uint64_t in_shard = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!shards.back().empty() && in_shard + bytes[i] > uint64_t(max_shard_bytes)) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(tensors[i]);
+    in_shard += bytes[i];
+  }
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string name = shard_name(base, s + 1, shards.size());
+    write_safetensors(join(dir, name), shards[s], metadata);
+    for (const TensorToWrite& t : shards[s]) weight_map[t.name] = name;
+  }
+  write_json_file(index, json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+  fs::remove(single, ec);  // TensorStore prefers the single file; never leave a stale one
+}
+
+// ---- TensorStore ------------------------------------------------------------------------------
+
+bool TensorStore::exists(const std::string& dir, const std::string& base) {
+  std::error_code ec;
+  return fs::is_regular_file(join(dir, single_file_name(base)), ec) ||
+         fs::is_regular_file(join(dir, index_file_name(base)), ec);
+}
+
+TensorStore TensorStore::open(const std::string& dir, const std::string& base) {
+  TensorStore store;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError("checkpoint directory '" + dir + "' does not exist");
+  const std::string single = join(dir, single_file_name(base)), index = join(dir, index_file_name(base));
+
+  if (fs::exists(single, ec)) {
+    store.where_ = single;
+    store.files_.push_back(std::make_unique<SafetensorsFile>(single));
+    for (const TensorInfo& t : store.files_[0]->tensors()) store.owner_[t.name] = 0;
+    return store;
+  }
+  if (!fs::exists(index, ec))
+    throw InputError("checkpoint directory '" + dir + "' has neither " + single_file_name(base) + " nor " +
+                     index_file_name(base));
+
+  store.where_ = index;
+  json j = read_json_file(index);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw InputError("sharded index '" + index + "' has no \"weight_map\" object");
+  std::map<std::string, size_t> file_slot;  // shard file name -> index into files_
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string() || !is_plain_file_name(file.get<std::string>()))
+      throw InputError("sharded index '" + index + "': tensor '" + tensor + "' maps to " + file.dump() +
+                       ", which is not a file name in the checkpoint directory");
+    const std::string name = file.get<std::string>();
+    auto it = file_slot.find(name);
+    if (it == file_slot.end()) {
+      try {
+        store.files_.push_back(std::make_unique<SafetensorsFile>(join(dir, name)));
+      } catch (const InputError& e) {
+        throw InputError("sharded index '" + index + "': shard '" + name + "' (holding '" + tensor +
+                         "') is unusable: " + e.what());
+      }
+      it = file_slot.emplace(name, store.files_.size() - 1).first;
+    }
+    if (!store.files_[it->second]->find(tensor))
+      throw InputError("sharded index '" + index + "' says tensor '" + tensor + "' is in '" + name +
+                       "', but that shard has no such tensor");
+    store.owner_[tensor] = it->second;
+  }
+  return store;
+}
+
+std::vector<std::string> TensorStore::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, slot] : owner_) out.push_back(name);
+  return out;
+}
+
+const TensorInfo* TensorStore::find(const std::string& name) const {
+  auto it = owner_.find(name);
+  return it == owner_.end() ? nullptr : files_[it->second]->find(name);
+}
+
+const SafetensorsFile& TensorStore::file_of(const std::string& name) const {
+  auto it = owner_.find(name);
+  if (it == owner_.end()) throw InputError("checkpoint '" + where_ + "' is missing tensor '" + name + "'");
+  return *files_[it->second];
+}
+
+template <class T>
+void TensorStore::read(const std::string& name, const std::vector<int64_t>& shape, T* out) const {
+  file_of(name).read(name, shape, out);
+}
+
+void TensorStore::read_raw(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                           void* out) const {
+  file_of(name).read_raw(name, dtype, shape, out);
+}
+
+template <class T>
+void read_flat_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs, T* flat,
+                       const std::string& prefix) {
+  // Check every name first, so a wrong checkpoint fails before any parameter is overwritten.
+  for (const ParamSpec& s : specs) {
+    const TensorInfo* t = store.find(prefix + s.name);
+    if (!t) throw InputError("checkpoint '" + store.description() + "' is missing tensor '" + prefix + s.name + "'");
+    if (t->shape != s.shape)
+      throw InputError("checkpoint '" + store.description() + "': tensor '" + prefix + s.name + "' has shape " +
+                       shape_string(t->shape) + ", expected " + shape_string(s.shape));
+  }
+  for (const ParamSpec& s : specs) store.read(prefix + s.name, s.shape, flat + s.offset);
+}
+
+// ---- Model checkpoints ------------------------------------------------------------------------
+
+std::string torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+    case DType::u8: return "uint8";
+  }
+  return "float32";
+}
+
+template <class T>
+void write_model_files(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
+                       const T* params, DType storage, int64_t max_shard_bytes) {
+  json j = cfg.to_json();
+  j["torch_dtype"] = torch_dtype_name(storage);
+  write_json_file(join(dir, kConfigFile), j);
+  // "format": "pt" is what transformers checks for in safetensors metadata.
+  write_tensor_files(dir, kModelBase, flat_tensors(specs, params, storage), {{"format", "pt"}}, max_shard_bytes);
+}
+
+template <class T>
+void save_model(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
+                const T* params, DType storage, int64_t max_shard_bytes) {
+  write_directory_atomically(
+      dir, [&](const std::string& staging) { write_model_files(staging, cfg, specs, params, storage, max_shard_bytes); },
+      kConfigFile);
+}
+
+LlamaConfig load_config(const std::string& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) return LlamaConfig::from_file(dir);
+  return LlamaConfig::from_file(join(dir, kConfigFile));
+}
+
+template <class T>
+void load_model(const std::string& dir, const std::vector<ParamSpec>& specs, T* params) {
+  read_flat_tensors(TensorStore::open(dir, kModelBase), specs, params);
+}
+
+template std::vector<TensorToWrite> flat_tensors<float>(const std::vector<ParamSpec>&, const float*, DType,
+                                                     const std::string&);
+template void TensorStore::read<float>(const std::string&, const std::vector<int64_t>&, float*) const;
+template void read_flat_tensors<float>(const TensorStore&, const std::vector<ParamSpec>&, float*, const std::string&);
+template void write_model_files<float>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,
+                                     const float*, DType, int64_t);
+template void save_model<float>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const float*,
+                              DType, int64_t);
+template void load_model<float>(const std::string&, const std::vector<ParamSpec>&, float*);
+template std::vector<TensorToWrite> flat_tensors<double>(const std::vector<ParamSpec>&, const double*, DType,
+                                                     const std::string&);
+template void TensorStore::read<double>(const std::string&, const std::vector<int64_t>&, double*) const;
+template void read_flat_tensors<double>(const TensorStore&, const std::vector<ParamSpec>&, double*, const std::string&);
+template void write_model_files<double>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,
+                                     const double*, DType, int64_t);
+template void save_model<double>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const double*,
+                              DType, int64_t);
+template void load_model<double>(const std::string&, const std::vector<ParamSpec>&, double*);
+
+}  // namespace llama4d

@@ -1,0 +1,113 @@
+#pragma once
+// Checkpoint directories in the Hugging Face layout, so transformers can load what we save and
+// we can load Meta's released Llama 3 weights (after HF conversion):
+//   config.json                      LlamaConfig (HF keys)
+//   model.safetensors                all parameters, HF names   -- or, for big models --
+//   model.safetensors.index.json     {"metadata": {"total_size": N}, "weight_map": {name: file}}
+//   model-00001-of-0000K.safetensors ...
+// Trainers add their own files (optimizer.safetensors, trainer_state.json) through the same
+// building blocks: flat_tensors / write_tensor_files / TensorStore / write_directory_atomically.
+//
+// Generic on purpose: it knows parameter specs and flat buffers, not the Llama class.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/io/atomic_dir.h"
+#include "core/io/safetensors.h"
+#include "core/model/config.h"
+#include "core/model/params.h"
+
+namespace llama4d {
+
+inline constexpr const char* kConfigFile = "config.json";
+inline constexpr const char* kModelBase = "model";  // model.safetensors / model.safetensors.index.json
+
+// ---- JSON files -------------------------------------------------------------------------------
+
+// Parses a JSON file; InputError naming the path (and the parser's complaint) if it is missing,
+// unreadable or malformed.
+nlohmann::json read_json_file(const std::string& path);
+// Writes pretty-printed JSON atomically; IoError naming the path on failure.
+void write_json_file(const std::string& path, const nlohmann::json& j);
+
+// ---- Flat buffers <-> named tensors -----------------------------------------------------------
+
+// One TensorToWrite per spec, viewing flat[spec.offset ...], stored as `storage` and named
+// prefix + spec.name (a prefix such as "exp_avg." lets optimizer moments share one file).
+// The result points into `flat`: keep it alive until written.
+template <class T>
+std::vector<TensorToWrite> flat_tensors(const std::vector<ParamSpec>& specs, const T* flat, DType storage,
+                                        const std::string& prefix = "");
+
+// Writes `tensors` into `dir` as `<base>.safetensors`, or, when max_shard_bytes > 0 and they do
+// not fit in one shard, as HF shards `<base>-0000i-of-0000K.safetensors` plus
+// `<base>.safetensors.index.json`. Tensors are never split; shards fill in order.
+void write_tensor_files(const std::string& dir, const std::string& base,
+                        const std::vector<TensorToWrite>& tensors, const TensorMetadata& metadata = {},
+                        int64_t max_shard_bytes = 0);
+
+// Named tensors from `<base>.safetensors` or from the shards listed in
+// `<base>.safetensors.index.json` (the single file wins if both exist).
+class TensorStore {
+ public:
+  // True if dir holds either form.
+  static bool exists(const std::string& dir, const std::string& base = kModelBase);
+  // Opens and validates the file(s). InputError naming the path if neither form exists, the
+  // index is malformed, a shard is missing, or a shard lacks a tensor the index promises.
+  static TensorStore open(const std::string& dir, const std::string& base = kModelBase);
+
+  const std::string& description() const { return where_; }  // path(s), for messages
+  std::vector<std::string> names() const;
+  const TensorInfo* find(const std::string& name) const;  // nullptr if absent
+
+  // Converting read into T (float/double); InputError naming the tensor and the checkpoint if
+  // it is missing or has the wrong shape.
+  template <class T>
+  void read(const std::string& name, const std::vector<int64_t>& shape, T* out) const;
+  void read_raw(const std::string& name, DType dtype, const std::vector<int64_t>& shape, void* out) const;
+
+ private:
+  const SafetensorsFile& file_of(const std::string& name) const;
+
+  std::string where_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> owner_;  // tensor name -> index into files_
+};
+
+// Reads every spec (named prefix + spec.name) from `store` into flat[spec.offset ...]. Tensors
+// in the store that no spec names (e.g. rotary_emb.inv_freq, or lm_head.weight for a tied
+// model) are ignored; a spec without a tensor is an InputError naming it.
+template <class T>
+void read_flat_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs, T* flat,
+                       const std::string& prefix = "");
+
+// ---- Model checkpoints ------------------------------------------------------------------------
+
+// Writes config.json (torch_dtype set from `storage`) and the model weights into an existing
+// directory `dir`. Use inside a write_directory_atomically callback to add more files.
+template <class T>
+void write_model_files(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
+                       const T* params, DType storage = DType::f32, int64_t max_shard_bytes = 0);
+
+// Saves a complete checkpoint directory atomically (replacing an older checkpoint there).
+template <class T>
+void save_model(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
+                const T* params, DType storage = DType::f32, int64_t max_shard_bytes = 0);
+
+// config.json of a checkpoint directory (or the path of a config file itself).
+LlamaConfig load_config(const std::string& dir);
+
+// Fills params (the flat buffer `specs` describes) from dir's model.safetensors or sharded
+// index, converting from whatever floating dtype is stored.
+template <class T>
+void load_model(const std::string& dir, const std::vector<ParamSpec>& specs, T* params);
+
+// "float32" / "bfloat16" / ..., as config.json's torch_dtype spells it.
+std::string torch_dtype_name(DType t);
+
+}  // namespace llama4d

@@ -1,0 +1,347 @@
+// LlamaConfig: presets, exact parameter counts, validation and Hugging Face config.json I/O.
+#include "core/model/config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace llama4d {
+
+using nlohmann::json;
+
+namespace {
+
+// ---- Typed access to config.json values, each failure naming the key ------------------------
+
+[[noreturn]] void wrong_type(const char* key, const char* want, const json& v) {
+  std::string shown = v.dump();
+  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+  throw InputError(std::string("config key '") + key + "' must be " + want + ", got " +
+                   v.type_name() + " " + shown);
+}
+
+int64_t as_int(const json& v, const char* key) {
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) wrong_type(key, "an int64", v);
+    return int64_t(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  wrong_type(key, "an integer", v);
+}
+
+double as_double(const json& v, const char* key) {
+  if (!v.is_number()) wrong_type(key, "a number", v);
+  return v.get<double>();
+}
+
+// A present, non-null value, or nullptr.
+const json* find(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+int64_t required_int(const json& j, const char* key) {
+  const json* v = find(j, key);
+  if (!v) throw InputError(std::string("config is missing required key '") + key + "'");
+  return as_int(*v, key);
+}
+
+int64_t optional_int(const json& j, const char* key, int64_t fallback) {
+  const json* v = find(j, key);
+  return v ? as_int(*v, key) : fallback;
+}
+
+double optional_double(const json& j, const char* key, double fallback) {
+  const json* v = find(j, key);
+  return v ? as_double(*v, key) : fallback;
+}
+
+bool optional_bool(const json& j, const char* key, bool fallback) {
+  const json* v = find(j, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+// bos/eos ids: an int, or a list of ints (Llama 3.1 Instruct lists several eos ids; generation
+// stops at the first, which is what we keep).
+int64_t token_id(const json& j, const char* key, int64_t fallback) {
+  const json* v = find(j, key);
+  if (!v) return fallback;
+  if (v->is_array()) {
+    if (v->empty()) wrong_type(key, "an integer or a non-empty list of integers", *v);
+    return as_int((*v)[0], key);
+  }
+  return as_int(*v, key);
+}
+
+std::optional<RopeScaling> parse_rope_scaling(const json& j) {
+  const json* v = find(j, "rope_scaling");
+  if (!v) return std::nullopt;
+  if (!v->is_object()) wrong_type("rope_scaling", "an object or null", *v);
+  // transformers >= 4.43 writes "rope_type"; older configs (and some tools) write "type".
+  const json* type = find(*v, "rope_type");
+  if (!type) type = find(*v, "type");
+  if (!type) throw InputError("config key 'rope_scaling' has no 'rope_type' (or 'type')");
+  if (!type->is_string()) wrong_type("rope_scaling.rope_type", "a string", *type);
+  std::string name = type->get<std::string>();
+  if (name == "default") return std::nullopt;
+  if (name != "llama3")
+    throw InputError("rope_scaling type '" + name +
+                     "' is not supported (only 'llama3', 'default' or null)");
+  RopeScaling rs;
+  const json* factor = find(*v, "factor");
+  if (!factor) throw InputError("config key 'rope_scaling' is missing 'factor'");
+  rs.factor = as_double(*factor, "rope_scaling.factor");
+  rs.low_freq_factor = optional_double(*v, "low_freq_factor", rs.low_freq_factor);
+  rs.high_freq_factor = optional_double(*v, "high_freq_factor", rs.high_freq_factor);
+  const json* orig = find(*v, "original_max_position_embeddings");
+  if (!orig) throw InputError("config key 'rope_scaling' is missing 'original_max_position_embeddings'");
+  rs.original_max_position_embeddings = as_int(*orig, "rope_scaling.original_max_position_embeddings");
+  return rs;
+}
+
+// Llama 3.1 shapes share everything but the widths and depth (Meta's params.json, HF config.json).
+LlamaConfig llama3_shape(int64_t C, int64_t I, int64_t L, int64_t nh) {
+  LlamaConfig c;
+  c.vocab_size = 128256;
+  c.hidden_size = C;
+  c.intermediate_size = I;
+  c.num_hidden_layers = L;
+  c.num_attention_heads = nh;
+  c.num_key_value_heads = 8;
+  c.head_dim = C / nh;
+  c.max_position_embeddings = 131072;
+  c.rope_theta = 500000.0;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = false;
+  c.rope_scaling = RopeScaling{};  // Llama 3.1: llama3, factor 8, low 1, high 4, original 8192
+  c.bos_token_id = 128000;
+  c.eos_token_id = 128001;
+  return c;
+}
+
+// The byte-level presets: 256 byte tokens + 8 special tokens (bos 256, eos 257, ...).
+LlamaConfig byte_shape(int64_t C, int64_t I, int64_t L, int64_t nh, int64_t nkv, int64_t max_pos) {
+  LlamaConfig c;
+  c.vocab_size = 264;
+  c.hidden_size = C;
+  c.intermediate_size = I;
+  c.num_hidden_layers = L;
+  c.num_attention_heads = nh;
+  c.num_key_value_heads = nkv;
+  c.head_dim = C / nh;
+  c.max_position_embeddings = max_pos;
+  c.rope_theta = 500000.0;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = false;
+  c.bos_token_id = 256;
+  c.eos_token_id = 257;
+  return c;
+}
+
+}  // namespace
+
+// ---- Parameter counts -----------------------------------------------------------------------
+
+int64_t LlamaConfig::num_parameters_per_layer() const {
+  const int64_t C = hidden_size;
+  return 2 * C                       // input_layernorm + post_attention_layernorm
+         + C * q_dim() + q_dim() * C  // q_proj, o_proj
+         + 2 * C * kv_dim()           // k_proj, v_proj
+         + 3 * C * intermediate_size; // gate_proj, up_proj, down_proj
+}
+
+int64_t LlamaConfig::num_parameters() const {
+  const int64_t embed = vocab_size * hidden_size;
+  return embed + num_hidden_layers * num_parameters_per_layer() + hidden_size  // final norm
+         + (tie_word_embeddings ? 0 : embed);
+}
+
+// ---- Validation -----------------------------------------------------------------------------
+
+void LlamaConfig::validate() const {
+  auto positive = [](int64_t v, const char* key) {
+    if (v <= 0) throw InputError(std::string("config: ") + key + " must be positive, got " + std::to_string(v));
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(max_position_embeddings, "max_position_embeddings");
+  if (num_attention_heads % num_key_value_heads != 0)
+    throw InputError("config: num_attention_heads (" + std::to_string(num_attention_heads) +
+                     ") is not divisible by num_key_value_heads (" +
+                     std::to_string(num_key_value_heads) + ")");
+  if (head_dim % 2 != 0)
+    throw InputError("config: head_dim (" + std::to_string(head_dim) +
+                     ") must be even: RoPE rotates pairs of dimensions");
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
+    throw InputError("config: rms_norm_eps must be a positive finite number");
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta))
+    throw InputError("config: rope_theta must be a positive finite number");
+  if (bos_token_id < 0 || bos_token_id >= vocab_size)
+    throw InputError("config: bos_token_id " + std::to_string(bos_token_id) +
+                     " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+  if (eos_token_id < 0 || eos_token_id >= vocab_size)
+    throw InputError("config: eos_token_id " + std::to_string(eos_token_id) +
+                     " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+  if (rope_scaling) {
+    const RopeScaling& rs = *rope_scaling;
+    if (rs.rope_type != "llama3")
+      throw InputError("config: rope_scaling type '" + rs.rope_type + "' is not supported (only 'llama3')");
+    if (!(rs.factor >= 1.0) || !std::isfinite(rs.factor))
+      throw InputError("config: rope_scaling.factor must be >= 1");
+    if (!(rs.low_freq_factor > 0) || !(rs.high_freq_factor > rs.low_freq_factor) ||
+        !std::isfinite(rs.high_freq_factor))
+      throw InputError("config: rope_scaling needs 0 < low_freq_factor < high_freq_factor");
+    if (rs.original_max_position_embeddings <= 0)
+      throw InputError("config: rope_scaling.original_max_position_embeddings must be positive");
+  }
+  // Counts are int64 everywhere (offsets into the flat buffer); refuse shapes that would overflow.
+  long double C = hidden_size, q = (long double)num_attention_heads * head_dim,
+              kv = (long double)num_key_value_heads * head_dim;
+  long double per_layer = 2 * C + 2 * C * q + 2 * C * kv + 3 * C * intermediate_size;
+  long double total = 2 * (long double)vocab_size * C + num_hidden_layers * per_layer + C;
+  if (total > (long double)(int64_t(1) << 60))
+    throw InputError("config: the model shape has more than 2^60 parameters");
+}
+
+// ---- JSON -----------------------------------------------------------------------------------
+
+json LlamaConfig::to_json() const {
+  json j;
+  j["architectures"] = json::array({"LlamaForCausalLM"});
+  j["model_type"] = "llama";
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rope_theta"] = rope_theta;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  if (rope_scaling) {
+    j["rope_scaling"] = {
+        {"rope_type", rope_scaling->rope_type},
+        {"factor", rope_scaling->factor},
+        {"low_freq_factor", rope_scaling->low_freq_factor},
+        {"high_freq_factor", rope_scaling->high_freq_factor},
+        {"original_max_position_embeddings", rope_scaling->original_max_position_embeddings},
+    };
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["bos_token_id"] = bos_token_id;
+  j["eos_token_id"] = eos_token_id;
+  // Fixed by the architecture we implement; written so transformers builds the same model.
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["mlp_bias"] = false;
+  j["pretraining_tp"] = 1;
+  j["initializer_range"] = 0.02;
+  j["use_cache"] = true;
+  j["torch_dtype"] = "float32";  // checkpoint writers overwrite this with the storage dtype
+  return j;
+}
+
+LlamaConfig LlamaConfig::from_json(const json& j) {
+  if (!j.is_object())
+    throw InputError(std::string("config must be a JSON object, got ") + j.type_name());
+  // Keys that would change the architecture into one we do not implement.
+  if (const json* act = find(j, "hidden_act")) {
+    if (!act->is_string()) wrong_type("hidden_act", "a string", *act);
+    if (act->get<std::string>() != "silu")
+      throw InputError("config: hidden_act '" + act->get<std::string>() + "' is not supported (only 'silu')");
+  }
+  if (optional_bool(j, "attention_bias", false))
+    throw InputError("config: attention_bias=true is not supported (Llama has no biases)");
+  if (optional_bool(j, "mlp_bias", false))
+    throw InputError("config: mlp_bias=true is not supported (Llama has no biases)");
+
+  LlamaConfig c;
+  c.vocab_size = required_int(j, "vocab_size");
+  c.hidden_size = required_int(j, "hidden_size");
+  c.intermediate_size = required_int(j, "intermediate_size");
+  c.num_hidden_layers = required_int(j, "num_hidden_layers");
+  c.num_attention_heads = required_int(j, "num_attention_heads");
+  // Defaults below are transformers' LlamaConfig defaults where they matter for the shape.
+  c.num_key_value_heads = optional_int(j, "num_key_value_heads", c.num_attention_heads);
+  c.head_dim = optional_int(j, "head_dim", 0);
+  if (c.head_dim == 0 && c.num_attention_heads > 0) {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      throw InputError("config: hidden_size (" + std::to_string(c.hidden_size) +
+                       ") is not divisible by num_attention_heads (" +
+                       std::to_string(c.num_attention_heads) + ") and head_dim is not given");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  c.max_position_embeddings = optional_int(j, "max_position_embeddings", 2048);
+  c.rope_theta = optional_double(j, "rope_theta", 10000.0);
+  c.rms_norm_eps = optional_double(j, "rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = optional_bool(j, "tie_word_embeddings", false);
+  c.rope_scaling = parse_rope_scaling(j);
+  // Absent ids keep our byte-vocabulary defaults (bos 256, eos 257).
+  c.bos_token_id = token_id(j, "bos_token_id", c.bos_token_id);
+  c.eos_token_id = token_id(j, "eos_token_id", c.eos_token_id);
+  c.validate();
+  return c;
+}
+
+LlamaConfig LlamaConfig::from_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError("config file '" + path + "' is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("cannot open config file '" + path + "': " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InputError("cannot read config file '" + path + "'");
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    throw InputError("config file '" + path + "' is not valid JSON: " + e.what());
+  }
+  try {
+    return from_json(j);
+  } catch (const InputError& e) {
+    throw InputError("config file '" + path + "': " + e.what());
+  }
+}
+
+// ---- Presets --------------------------------------------------------------------------------
+
+std::vector<std::string> LlamaConfig::preset_names() {
+  return {"tiny", "small", "llama3-8b", "llama3-70b", "llama3-405b"};
+}
+
+LlamaConfig LlamaConfig::preset(const std::string& name) {
+  // tiny: a full training step in milliseconds, for tests. small: trainable on a laptop.
+  if (name == "tiny") return byte_shape(64, 176, 2, 4, 2, 128);
+  if (name == "small") return byte_shape(288, 768, 6, 6, 2, 1024);
+  // Llama 3.1 shapes (Llama 3 herd paper, Table 3; HF meta-llama/Llama-3.1-*/config.json).
+  if (name == "llama3-8b") return llama3_shape(4096, 14336, 32, 32);
+  if (name == "llama3-70b") return llama3_shape(8192, 28672, 80, 64);
+  if (name == "llama3-405b") return llama3_shape(16384, 53248, 126, 128);
+  std::string valid;
+  for (const auto& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw InputError("unknown preset '" + name + "' (valid: " + valid + ")");
+}
+
+}  // namespace llama4d

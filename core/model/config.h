@@ -1,0 +1,61 @@
+#pragma once
+// The Llama 3 model configuration, spelled with Hugging Face `config.json` keys so a
+// checkpoint directory written here loads in transformers and vice versa.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace llama4d {
+
+// Llama 3.1 "llama3" RoPE frequency scaling (HF rope_scaling with rope_type "llama3"):
+// wavelengths longer than original_max_position_embeddings / low_freq_factor are divided by
+// `factor`, shorter than .../high_freq_factor are kept, and the band between is interpolated.
+struct RopeScaling {
+  std::string rope_type = "llama3";
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct LlamaConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;              // C
+  int64_t intermediate_size = 0;        // I, SwiGLU width
+  int64_t num_hidden_layers = 0;        // L
+  int64_t num_attention_heads = 0;      // nh
+  int64_t num_key_value_heads = 0;      // nkv, divides nh (GQA); nkv == nh is plain MHA
+  int64_t head_dim = 0;                 // hd; 0 in JSON means hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 0;  // longest sequence RoPE tables are built for
+  double rope_theta = 500000.0;         // Llama 3 uses 500,000 (Llama 2 used 10,000)
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+  std::optional<RopeScaling> rope_scaling;
+  int64_t bos_token_id = 256;           // byte vocabulary: ids >= 256 are special tokens
+  int64_t eos_token_id = 257;
+
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+
+  // Exact parameter count of this shape (embedding, L blocks, final norm, untied head).
+  int64_t num_parameters() const;
+  int64_t num_parameters_per_layer() const;
+
+  // Throws InputError naming the first inconsistency (non-positive size, nh % nkv != 0, ...).
+  void validate() const;
+
+  // Hugging Face config.json. from_json throws InputError on missing keys or wrong types.
+  nlohmann::json to_json() const;
+  static LlamaConfig from_json(const nlohmann::json& j);
+  static LlamaConfig from_file(const std::string& path);
+
+  // Presets: "tiny", "small", "llama3-8b", "llama3-70b", "llama3-405b".
+  // Throws InputError listing the valid names for an unknown one.
+  static LlamaConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+};
+
+}  // namespace llama4d

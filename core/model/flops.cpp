@@ -1,0 +1,16 @@
+#include "core/model/flops.h"
+
+namespace llama4d {
+
+int64_t matmul_parameters(const LlamaConfig& cfg) {
+  const int64_t C = cfg.hidden_size;
+  const int64_t per_layer = 2 * cfg.q_dim() * C + 2 * cfg.kv_dim() * C + 3 * cfg.intermediate_size * C;
+  return cfg.num_hidden_layers * per_layer + cfg.vocab_size * C;  // + LM head
+}
+
+double training_flops_per_token(const LlamaConfig& cfg, int64_t seq_len) {
+  return 6.0 * double(matmul_parameters(cfg)) +
+         12.0 * double(cfg.num_hidden_layers) * double(cfg.q_dim()) * double(seq_len);
+}
+
+}  // namespace llama4d

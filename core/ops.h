@@ -1,0 +1,128 @@
+#pragma once
+// The op signatures every compute backend implements (backends/cpu today, backends/cuda
+// later). The model calls only these; it never sees Eigen, OpenMP or CUDA.
+//
+// Conventions (kept everywhere in llama4d):
+// - Outputs first, then inputs, then sizes. Pointers are contiguous row-major buffers.
+// - Shapes are written in comments as [A, B, C]; BT means B*T rows flattened.
+// - Every backward ACCUMULATES (+=) into its gradient outputs, so a caller zeroes them once
+//   and gradients from several uses (tied embeddings, residual branches) simply add up.
+// - Forward outputs are overwritten (=), never accumulated.
+// - T is float or double; backends explicitly instantiate both.
+#include <cstdint>
+
+namespace llama4d::ops {
+
+// ---- Linear layer without bias, nn.Linear layout (weight is [OC, C]) -----------------------
+// out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC);
+// dinp[BT, C] += dout[BT, OC] @ weight[OC, C];  dweight[OC, C] += dout^T @ inp[BT, C].
+// Either of dinp / dweight may be null to skip it (e.g. no input gradient for layer 0's input).
+template <class T>
+void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
+                     int64_t C, int64_t OC);
+
+// ---- RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight ---------------------------------
+// out[BT, C], rstd[BT] (saved 1/rms for backward), inp[BT, C], weight[C]
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t BT, int64_t C, T eps);
+// dinp[BT, C] +=, dweight[C] +=
+template <class T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                      const T* rstd, int64_t BT, int64_t C);
+
+// ---- Rotary position embedding, rotate-half convention (Hugging Face Llama) ----------------
+// x[B, T, nh, hd] rotated in place. Pair (i, i + hd/2) at absolute position p uses
+// cos[p, i], sin[p, i] from tables [max_pos, hd/2]; positions are pos_start .. pos_start+T-1.
+//   x'[i]        = x[i] * cos - x[i+hd/2] * sin
+//   x'[i+hd/2]   = x[i+hd/2] * cos + x[i] * sin
+template <class T>
+void rope_forward(T* x, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd,
+                  int64_t pos_start);
+// dx[B, T, nh, hd] in place: applies the transpose (inverse) rotation to the incoming gradient.
+template <class T>
+void rope_backward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd,
+                   int64_t pos_start);
+
+// ---- Causal grouped-query attention ---------------------------------------------------------
+// Query head h reads key/value head h / (nh / nkv). Query row i sits at absolute position
+// q_start + i, key row j at k_start + j; key j is visible to query i iff k_start + j <= q_start + i.
+// That one rule covers training (q_start = k_start = 0), KV-cache decoding (Tq = 1, q_start =
+// past) and context-parallel chunks. Keys/values may live in a larger cache: kv_batch_stride is
+// the distance between batch items in elements (0 means Tk * nkv * hd).
+struct AttentionShape {
+  int64_t B = 0, Tq = 0, Tk = 0, nh = 0, nkv = 0, hd = 0;
+  int64_t q_start = 0, k_start = 0;
+  int64_t kv_batch_stride = 0;
+};
+// out[B, Tq, nh, hd] = softmax(q k^T / sqrt(hd), causal) v
+// lse[B, nh, Tq] = log-sum-exp of each softmax row (saved instead of the [Tq, Tk] probabilities,
+// as flash attention does; also what context parallelism needs to merge partial results).
+// A query row with no visible key gets out = 0 and lse = -inf.
+// q[B, Tq, nh, hd], k[B, Tk, nkv, hd], v[B, Tk, nkv, hd]
+template <class T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s);
+// dq[B, Tq, nh, hd] +=, dk[B, Tk, nkv, hd] +=, dv[B, Tk, nkv, hd] += (kv_batch_stride applies to
+// dk/dv too). Probabilities are recomputed from q, k and lse.
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionShape& s);
+
+// ---- SwiGLU: out = silu(gate) * up ----------------------------------------------------------
+// out[N], gate[N], up[N] (N = BT * I)
+template <class T>
+void swiglu_forward(T* out, const T* gate, const T* up, int64_t N);
+// dgate[N] +=, dup[N] +=
+template <class T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t N);
+
+// ---- Token embedding ------------------------------------------------------------------------
+// out[BT, C] = wte[tokens[i], :]; tokens[BT] in [0, V)
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C);
+// dwte[V, C] += scatter-add of dout[BT, C] rows by token (in row order, deterministically)
+template <class T>
+void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C);
+
+// ---- Residual add ---------------------------------------------------------------------------
+// out[N] = a[N] + b[N] (out may alias a)
+template <class T>
+void add_forward(T* out, const T* a, const T* b, int64_t N);
+// y[N] += x[N]
+template <class T>
+void accumulate(T* y, const T* x, int64_t N);
+
+// ---- Fused softmax + cross-entropy over the vocabulary --------------------------------------
+// losses[BT] = logsumexp(logits[i]) - logits[i, targets[i]]; a target < 0 is ignored (loss 0).
+// logits[BT, V]
+template <class T>
+void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t BT, int64_t V);
+// dlogits[BT, V] += scale * (softmax(logits[i]) - onehot(targets[i])) for non-ignored rows.
+// `scale` is d(total loss)/d(losses[i]), the same for every row (1 / tokens in the global batch).
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, T scale, int64_t BT,
+                            int64_t V);
+
+// ---- Small helpers backends must provide ----------------------------------------------------
+// Sum of squares of x[N], accumulated in double whatever T is (for gradient-norm clipping).
+template <class T>
+double sum_squares(const T* x, int64_t N);
+// x[N] *= a
+template <class T>
+void scale(T* x, T a, int64_t N);
+
+// Measures this backend's peak fp32 GEMM rate: times square n x n x n products for about
+// `seconds` and returns the best FLOP/s seen (2*n^3 per product). Used by `llama4d bench` to
+// report model FLOP utilisation against what this machine can actually do.
+double measure_peak_gemm_flops(int64_t n, double seconds);
+
+// Name of this compute backend ("cpu", "cuda") and its thread count, for reports.
+const char* backend_name();
+int backend_threads();
+void set_backend_threads(int n);
+// Compute threads for ops called from the CALLING thread only. A virtual GPU is one thread of
+// the process: each sets its own share of the cores, so N ranks do not start N full teams.
+void set_backend_threads_for_this_thread(int n);
+
+}  // namespace llama4d::ops

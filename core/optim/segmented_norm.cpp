@@ -1,0 +1,48 @@
+#include "core/optim/segmented_norm.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/optim/grad_clip.h"
+
+namespace llama4d {
+
+std::vector<Segment> param_segments(const std::vector<ParamSpec>& specs) {
+  std::vector<Segment> segs;
+  const int64_t total = specs.back().offset + specs.back().numel;
+  int max_layer = -1;
+  for (const ParamSpec& p : specs) max_layer = std::max(max_layer, p.layer);
+  const ParamSpec& embed = find_param(specs, "model.embed_tokens.weight");
+  segs.push_back({embed.offset, embed.offset + embed.numel, -1});
+  for (int l = 0; l <= max_layer; ++l) {
+    const ParamRange r = layer_param_range(specs, l);
+    segs.push_back({r.begin, r.end, l});
+  }
+  segs.push_back({segs.back().end, total, -1});
+  for (size_t i = 1; i < segs.size(); ++i)
+    if (segs[i].begin != segs[i - 1].end) throw Error("param_segments: parameters are not laid out contiguously");
+  return segs;
+}
+
+template <class T>
+void append_chunk_partials(std::vector<double>& out, const T* g, int64_t numel) {
+  for (int64_t i = 0; i < numel; i += kShardAlign) {
+    double partial = 0;
+    chunk_sum_squares(&partial, g + i, std::min(kShardAlign, numel - i));  // one chunk: 512 <= 4096
+    out.push_back(partial);
+  }
+}
+
+template <class T>
+double segmented_grad_sum_squares(const std::vector<Segment>& segments, const T* flat_grads) {
+  std::vector<double> partials;
+  for (const Segment& s : segments) append_chunk_partials(partials, flat_grads + s.begin, s.numel());
+  return combine_chunk_sums(partials.data(), int64_t(partials.size()));
+}
+
+template void append_chunk_partials<float>(std::vector<double>&, const float*, int64_t);
+template void append_chunk_partials<double>(std::vector<double>&, const double*, int64_t);
+template double segmented_grad_sum_squares<float>(const std::vector<Segment>&, const float*);
+template double segmented_grad_sum_squares<double>(const std::vector<Segment>&, const double*);
+
+}  // namespace llama4d

@@ -1,0 +1,103 @@
+#include "core/train/checkpoint_state.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/io/atomic_dir.h"
+#include "core/io/checkpoint.h"
+
+namespace llama4d {
+
+template <class T>
+void save_training_checkpoint(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
+                              const TrainingState<T>& state, const TrainOptions& options) {
+  const DType storage = dtype_of<T>();
+  write_directory_atomically(
+      dir,
+      [&](const std::string& staging) {
+    write_model_files(staging, cfg, specs, state.params, storage);
+    std::vector<TensorToWrite> moments = flat_tensors(specs, state.exp_avg, storage, "exp_avg.");
+    for (auto& t : flat_tensors(specs, state.exp_avg_sq, storage, "exp_avg_sq.")) moments.push_back(std::move(t));
+    write_tensor_files(staging, kOptimizerBase, moments);
+    write_json_file(staging + "/" + kTrainerStateFile,
+                    {{"format", "llama4d-trainer-state-v1"},
+                     {"steps_done", state.steps_done},
+                     {"optimizer_step", state.optimizer_steps},
+                     {"dtype", std::string(dtype_name(storage))},
+                     {"options", options.to_json()}});
+      },
+      kConfigFile);  // an existing directory is replaced only if it is a checkpoint
+}
+
+template <class T>
+void save_training_checkpoint(const std::string& dir, const Llama<T>& model, const AdamW<T>& adamw,
+                              const TrainOptions& options, int64_t steps_done) {
+  if (adamw.begin() != 0 || adamw.end() != model.num_params())
+    throw Error("save_training_checkpoint: the optimizer must cover the whole model");
+  const TrainingState<T> state{model.params(), adamw.exp_avg().data(), adamw.exp_avg_sq().data(), adamw.step_count(),
+                               steps_done};
+  save_training_checkpoint(dir, model.config(), model.param_specs(), state, options);
+}
+
+TrainOptions read_train_options(const std::string& dir) {
+  const std::string path = dir + "/" + kTrainerStateFile;
+  if (!std::filesystem::exists(path))
+    throw InputError(dir + " is not a training checkpoint (no " + kTrainerStateFile + ")");
+  const nlohmann::json j = read_json_file(path);
+  if (!j.contains("options")) throw InputError(path + ": missing \"options\"");
+  return TrainOptions::from_json(j.at("options"));
+}
+
+template <class T>
+TrainingCheckpointInfo read_training_checkpoint(const std::string& dir, const LlamaConfig& cfg,
+                                                const std::vector<ParamSpec>& specs, std::vector<T>& params,
+                                                std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq,
+                                                int64_t& optimizer_steps) {
+  const LlamaConfig saved = load_config(dir);
+  if (saved.to_json() != cfg.to_json())
+    throw InputError("checkpoint " + dir + " holds a different model shape than the one requested");
+  TrainingCheckpointInfo info;
+  info.options = read_train_options(dir);
+  const nlohmann::json state = read_json_file(dir + "/" + kTrainerStateFile);
+  const size_t n = size_t(specs.back().offset + specs.back().numel);
+  try {
+    info.steps_done = state.at("steps_done").get<int64_t>();
+    optimizer_steps = state.at("optimizer_step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(dir + "/" + kTrainerStateFile + ": " + e.what());
+  }
+  params.resize(n), exp_avg.resize(n), exp_avg_sq.resize(n);
+  load_model(dir, specs, params.data());
+  const TensorStore store = TensorStore::open(dir, kOptimizerBase);
+  read_flat_tensors(store, specs, exp_avg.data(), "exp_avg.");
+  read_flat_tensors(store, specs, exp_avg_sq.data(), "exp_avg_sq.");
+  return info;
+}
+
+template <class T>
+TrainingCheckpointInfo load_training_checkpoint(const std::string& dir, Llama<T>& model, AdamW<T>& adamw) {
+  if (adamw.begin() != 0 || adamw.end() != model.num_params())
+    throw Error("load_training_checkpoint: the optimizer must cover the whole model");
+  std::vector<T> params, m, v;
+  int64_t optimizer_steps = 0;
+  const TrainingCheckpointInfo info =
+      read_training_checkpoint(dir, model.config(), model.param_specs(), params, m, v, optimizer_steps);
+  std::copy(params.begin(), params.end(), model.params());
+  adamw.load_state(optimizer_steps, m, v);
+  return info;
+}
+
+#define LLAMA4D_INSTANTIATE(T)                                                                                   \
+  template void save_training_checkpoint<T>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, \
+                                            const TrainingState<T>&, const TrainOptions&);                       \
+  template void save_training_checkpoint<T>(const std::string&, const Llama<T>&, const AdamW<T>&,                \
+                                            const TrainOptions&, int64_t);                                       \
+  template TrainingCheckpointInfo read_training_checkpoint<T>(const std::string&, const LlamaConfig&,            \
+                                                              const std::vector<ParamSpec>&, std::vector<T>&,    \
+                                                              std::vector<T>&, std::vector<T>&, int64_t&);       \
+  template TrainingCheckpointInfo load_training_checkpoint<T>(const std::string&, Llama<T>&, AdamW<T>&);
+LLAMA4D_INSTANTIATE(float)
+LLAMA4D_INSTANTIATE(double)
+#undef LLAMA4D_INSTANTIATE
+
+}  // namespace llama4d

@@ -1,0 +1,84 @@
+#include "core/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "core/data/batch_sampler.h"
+#include "core/error.h"
+#include "core/optim/grad_clip.h"
+#include "core/optim/segmented_norm.h"
+#include "core/train/checkpoint_state.h"
+#include "core/train/evaluate.h"
+
+namespace llama4d {
+
+template <class T>
+Trainer<T>::Trainer(Llama<T>& model, const TextDataset& data, const TrainOptions& options)
+    : model_(model), data_(data), opt_(options), adamw_(options.adamw, model.param_specs()),
+      segments_(param_segments(model.param_specs())) {
+  opt_.validate();
+  if (opt_.seq_len > model_.config().max_position_embeddings)
+    throw InputError("--seq-len " + std::to_string(opt_.seq_len) + " exceeds the model's max_position_embeddings " +
+                     std::to_string(model_.config().max_position_embeddings));
+  schedule_ = LrSchedule{.max_lr = opt_.lr, .min_lr = opt_.min_lr,
+                         .warmup_steps = std::min(opt_.warmup_steps, opt_.steps), .total_steps = opt_.steps};
+  schedule_.validate();
+}
+
+template <class T>
+StepStats Trainer<T>::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t s = steps_done_, mb = opt_.micro();
+  const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
+
+  model_.zero_grad();
+  LossSum loss;
+  for (int64_t m = 0; m < opt_.micro_batches(); ++m) {
+    const Batch b = sample_rows(data_.train(), opt_.seq_len, opt_.seed, s, m * mb, (m + 1) * mb);
+    const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+    loss.loss_sum += part.loss_sum;
+    loss.tokens += part.tokens;
+    model_.backward(loss_scale);
+  }
+
+  const int64_t n = model_.num_params();
+  // The segmented order is the one sharded strategies reproduce bitwise from their shards.
+  const double sum_sq = segmented_grad_sum_squares(segments_, model_.grads());
+  if (opt_.grad_clip > 0) apply_grad_clip(model_.grads(), n, clip_coefficient(sum_sq, opt_.grad_clip));
+
+  StepStats st;
+  st.lr = lr_at_step(schedule_, s + 1);  // the schedule counts updates from 1
+  adamw_.step(model_.params(), model_.grads(), st.lr);
+  steps_done_ = s + 1;
+
+  st.step = steps_done_;
+  st.loss = loss.mean();
+  st.grad_norm = std::sqrt(sum_sq);
+  st.tokens = loss.tokens;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+template <class T>
+LossSum Trainer<T>::validate(int64_t max_windows) const {
+  return evaluate_loss(model_, data_.validation(), opt_.seq_len, opt_.micro(), max_windows);
+}
+
+template <class T>
+void Trainer<T>::save_checkpoint(const std::string& dir) const {
+  save_training_checkpoint(dir, model_, adamw_, opt_, steps_done_);
+}
+
+template <class T>
+void Trainer<T>::load_checkpoint(const std::string& dir) {
+  const TrainingCheckpointInfo info = load_training_checkpoint(dir, model_, adamw_);
+  if (info.options.to_json() != opt_.to_json())
+    throw InputError("checkpoint " + dir + " was trained with different options: saved " + info.options.to_json().dump() +
+                     ", requested " + opt_.to_json().dump());
+  steps_done_ = info.steps_done;
+}
+
+template class Trainer<float>;
+template class Trainer<double>;
+
+}  // namespace llama4d

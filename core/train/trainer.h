@@ -1,0 +1,71 @@
+#pragma once
+// The single-rank training loop: gradient accumulation over micro-batches, global
+// gradient-norm clipping, warm-up + cosine learning rate, AdamW; checkpoints that resume bitwise.
+//
+// One optimizer step `s` (0-based):
+//   grads = 0
+//   for each micro-batch m:  rows [m*mb, (m+1)*mb) of the global batch of step s
+//       loss_sum += forward(rows);  backward(scale = 1 / tokens_per_step)
+//   norm = ||grads||_2;  grads *= min(1, clip / (norm + 1e-6))
+//   AdamW(params, grads, lr(s))
+// Because every micro-batch's loss is scaled by the GLOBAL token count, the accumulated
+// gradient is the gradient of the global mean loss no matter how the batch is cut up — the
+// same property data parallelism relies on later.
+#include <cstdint>
+#include <string>
+
+#include "core/data/dataset.h"
+#include "core/model/llama.h"
+#include "core/optim/adamw.h"
+#include "core/optim/lr_schedule.h"
+#include "core/optim/segmented_norm.h"
+#include "core/train/train_options.h"
+
+namespace llama4d {
+
+struct StepStats {
+  int64_t step = 0;       // 1-based number of the step just taken
+  double loss = 0;        // mean training loss of the global batch
+  double lr = 0;
+  double grad_norm = 0;   // before clipping
+  int64_t tokens = 0;
+  double seconds = 0;     // wall time of the step
+};
+
+template <class T>
+class Trainer {
+ public:
+  // The model must already hold its initial (or loaded) weights.
+  Trainer(Llama<T>& model, const TextDataset& data, const TrainOptions& options);
+
+  StepStats step();
+  int64_t steps_done() const { return steps_done_; }
+  const TrainOptions& options() const { return opt_; }
+  AdamW<T>& optimizer() { return adamw_; }
+  Llama<T>& model() { return model_; }
+
+  // Validation loss over up to max_windows windows of the held-out split.
+  LossSum validate(int64_t max_windows) const;
+
+  // Writes <dir>/config.json, model.safetensors (in T, so resume is bitwise),
+  // optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>) and trainer_state.json, all or
+  // nothing (a temporary directory renamed into place).
+  void save_checkpoint(const std::string& dir) const;
+  // Restores weights, optimizer state and step count saved by save_checkpoint. The options
+  // saved in the checkpoint must match this trainer's (InputError names the first difference).
+  void load_checkpoint(const std::string& dir);
+
+ private:
+  Llama<T>& model_;
+  const TextDataset& data_;
+  TrainOptions opt_;
+  LrSchedule schedule_;
+  AdamW<T> adamw_;
+  std::vector<Segment> segments_;
+  int64_t steps_done_ = 0;
+};
+
+extern template class Trainer<float>;
+extern template class Trainer<double>;
+
+}  // namespace llama4d

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite: installs and builds what it needs, then runs every test in the release
+# build, under AddressSanitizer + UBSan, and under ThreadSanitizer.
+#   scripts/test.sh            all three
+#   scripts/test.sh release    one preset (release | asan | tsan)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+presets=("$@")
+[ ${#presets[@]} -gt 0 ] || presets=(release asan tsan)
+jobs=$(nproc 2>/dev/null || echo 2)
+for preset in "${presets[@]}"; do
+  echo "=== $preset: build"
+  scripts/build.sh "$preset"
+  echo "=== $preset: test"
+  ctest --preset "$preset" -j "$jobs"
+done

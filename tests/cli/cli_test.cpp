@@ -1,0 +1,157 @@
+// End-to-end checks of the command line, the way a user meets it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs `llama4d <args>`, capturing stdout and stderr separately.
+Result run(const std::string& args) {
+  const std::string err_file = testing::TempDir() + "/llama4d_cli_stderr.txt";
+  const std::string cmd = std::string(LLAMA4D_BIN) + " " + args + " 2>" + err_file;
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream e(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  return r;
+}
+
+std::string tmp(const std::string& name) {
+  const std::string d = testing::TempDir() + "/llama4d_cli_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+void expect_bad_input(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << "expected a one-line error, got:\n" << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "error should mention '" << needle << "': " << r.err;
+}
+
+TEST(Cli, UnknownPreset) {
+  const std::string out = tmp("unknown_preset");
+  expect_bad_input(run("train --preset llama5 --out " + out), "llama5");
+  EXPECT_FALSE(fs::exists(out + "/checkpoint"));
+}
+
+TEST(Cli, MalformedConfig) {
+  const std::string dir = tmp("bad_config");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << "{\"hidden_size\": 64, ";
+  expect_bad_input(run("train --config " + dir + "/config.json --out " + dir + "/out"), "config.json");
+  EXPECT_FALSE(fs::exists(dir + "/out/checkpoint"));
+}
+
+TEST(Cli, HeadsNotDivisibleByKvHeads) {
+  const std::string dir = tmp("gqa");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"vocab_size": 264, "hidden_size": 48, "intermediate_size": 96,
+    "num_hidden_layers": 1, "num_attention_heads": 6, "num_key_value_heads": 4, "max_position_embeddings": 64,
+    "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": false})";
+  expect_bad_input(run("train --config " + dir + "/config.json --out " + dir + "/out"), "divisible");
+}
+
+TEST(Cli, MissingAndEmptyDataFile) {
+  const std::string dir = tmp("data");
+  fs::create_directories(dir);
+  expect_bad_input(run("train --preset tiny --data " + dir + "/nope.txt --out " + dir + "/out"), "nope.txt");
+  std::ofstream(dir + "/empty.txt").flush();
+  expect_bad_input(run("train --preset tiny --data " + dir + "/empty.txt --out " + dir + "/out"), "empty.txt");
+  EXPECT_FALSE(fs::exists(dir + "/out/checkpoint"));
+}
+
+TEST(Cli, LyingSafetensorsHeader) {
+  const std::string dir = tmp("lying");
+  fs::create_directories(dir);
+  ASSERT_EQ(run("train --preset tiny --steps 1 --seq-len 16 --batch-size 2 --out " + dir + "/run").code, 0);
+  const std::string ckpt = dir + "/run/checkpoint";
+  // Rewrite the header so one tensor claims bytes past the end of the file.
+  std::ifstream in(ckpt + "/model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  auto& offsets = header["model.norm.weight"]["data_offsets"];
+  offsets[1] = offsets[1].get<uint64_t>() + 1000000;
+  std::string h = header.dump();
+  h.resize(n, ' ');  // keep the header length so only the lie changes
+  std::ofstream(ckpt + "/model.safetensors", std::ios::binary | std::ios::trunc) << bytes.substr(0, 8) << h << bytes.substr(8 + n);
+  expect_bad_input(run("eval --checkpoint " + ckpt + " --max-windows 1 --seq-len 16"), "model.norm.weight");
+}
+
+TEST(Cli, NonWritableOut) {
+  const std::string dir = tmp("nonwritable");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/a_file") << "x";  // a directory cannot be created under a regular file
+  expect_bad_input(run("train --preset tiny --out " + dir + "/a_file/out"), "a_file");
+}
+
+TEST(Cli, BadFlagValueExitsTwo) {
+  const Result r = run("train --steps notanumber");
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST(Cli, TrainEvalGenerateJson) {
+  const std::string out = tmp("json");
+  const Result t = run("train --preset tiny --steps 3 --seq-len 32 --batch-size 2 --eval-every 0 --out " + out + " --json");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const auto j = nlohmann::json::parse(t.out);  // exactly one JSON object on stdout
+  EXPECT_EQ(j.at("steps").get<int>(), 3);
+  EXPECT_TRUE(j.at("final_loss").is_number());
+  EXPECT_GT(j.at("tokens_per_s").get<double>(), 0);
+  EXPECT_TRUE(fs::exists(out + "/checkpoint/model.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoint/optimizer.safetensors"));
+  std::ifstream metrics(out + "/metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  while (std::getline(metrics, line)) {
+    const auto m = nlohmann::json::parse(line);
+    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s"}) EXPECT_TRUE(m.contains(k)) << k;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 3);
+
+  const Result e = run("eval --checkpoint " + out + "/checkpoint --seq-len 32 --max-windows 4 --json");
+  ASSERT_EQ(e.code, 0) << e.err;
+  const auto je = nlohmann::json::parse(e.out);
+  EXPECT_GT(je.at("loss").get<double>(), 0);
+  EXPECT_EQ(je.at("tokens").get<int>(), 4 * 32);
+
+  const Result g = run("generate --checkpoint " + out + "/checkpoint --prompt Hi --max-new-tokens 5 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  const auto jg = nlohmann::json::parse(g.out);
+  EXPECT_LE(jg.at("new_tokens").get<int>(), 5);
+
+  // Resume continues the step count from the checkpoint.
+  const Result r = run("train --resume " + out + "/checkpoint --out " + out + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("steps_this_run").get<int>(), 0);  // it had finished all 3
+}
+
+TEST(Cli, RealShapesAreNotAllocatedUnlessForced) {
+  expect_bad_input(run("train --preset llama3-405b --out " + tmp("huge")), "--force");
+}
+
+}  // namespace

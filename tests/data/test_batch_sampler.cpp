@@ -1,0 +1,206 @@
+// Counter-based batch sampling and sequential evaluation windows.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/data/batch_sampler.h"
+#include "core/data/dataset.h"
+#include "core/error.h"
+
+namespace llama4d {
+namespace {
+
+// Reference SplitMix64 written as the original stateful generator (state += gamma; mix).
+struct SplitMix64Generator {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+};
+
+// The documented start rule, rebuilt from the reference generator: the first output of a
+// generator seeded with x is splitmix64(x).
+int64_t reference_start(int64_t n, int64_t T, uint64_t seed, int64_t step, int64_t row) {
+  auto first_output = [](uint64_t x) { return SplitMix64Generator{x}.next(); };
+  const uint64_t h = first_output(first_output(first_output(seed) ^ uint64_t(step)) ^ uint64_t(row));
+  return int64_t(h % uint64_t(n - T));
+}
+
+std::string sample_text() {
+  // Varied, non-periodic text so distinct windows have distinct contents.
+  std::string text;
+  uint64_t s = 99;
+  const char* words[] = {"gradient ", "shard ", "ring ", "all-reduce ", "pipeline ", "bubble ", "rank ",
+                         "tensor ", "the ", "a ", "of ", "and, ", "memory. ", "step\n"};
+  while (text.size() < 5000) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    text += words[(s >> 33) % 14];
+  }
+  return text;
+}
+
+TEST(SplitMix64, MatchesPublishedReferenceValues) {
+  // Outputs of SplitMix64 seeded with 0, as listed with the reference implementation (Vigna).
+  EXPECT_EQ(splitmix64(0), 0xE220A8397B1DCDAFull);
+  SplitMix64Generator g{0};
+  const uint64_t expected[] = {0xE220A8397B1DCDAFull, 0x6E789E6AA1B965F4ull, 0x06C45D188009454Full,
+                               0xF88BB8A8724C81ECull};
+  uint64_t state = 0;
+  for (uint64_t e : expected) {
+    EXPECT_EQ(g.next(), e);
+    EXPECT_EQ(splitmix64(state), e);
+    state += 0x9E3779B97F4A7C15ull;
+  }
+}
+
+TEST(BatchSampler, RowsAreWindowsOfTheCorpusAtTheDocumentedStarts) {
+  const std::string text = sample_text();
+  const TextDataset ds = make_dataset(text, 32, 0.1);
+  const int64_t T = 32, n = ds.train_size;
+  for (int64_t step : {0, 1, 7, 1000000}) {
+    const Batch b = sample_batch(ds.train(), T, 42, step, 6);
+    ASSERT_EQ(b.B, 6);
+    ASSERT_EQ(b.T, T);
+    ASSERT_EQ(b.tokens.size(), size_t(6 * T));
+    ASSERT_EQ(b.targets.size(), size_t(6 * T));
+    for (int64_t r = 0; r < 6; ++r) {
+      const int64_t start = reference_start(n, T, 42, step, r);
+      ASSERT_LE(start + T, n - 1) << "window runs past the training split";
+      EXPECT_EQ(window_start(n, T, 42, step, r), start);
+      for (int64_t t = 0; t < T; ++t) {
+        // Straight from the raw bytes: input is byte start+t, target is the byte after it.
+        ASSERT_EQ(b.tokens[size_t(r * T + t)], int32_t(static_cast<unsigned char>(text[size_t(start + t)])));
+        ASSERT_EQ(b.targets[size_t(r * T + t)], int32_t(static_cast<unsigned char>(text[size_t(start + t + 1)])));
+        if (t + 1 < T) {
+          ASSERT_EQ(b.targets[size_t(r * T + t)], b.tokens[size_t(r * T + t + 1)]);
+        }
+      }
+    }
+    EXPECT_EQ(b.counted_targets(), 6 * T);
+  }
+}
+
+TEST(BatchSampler, IsAPureFunctionAndRowsSliceLikeDataParallelRanks) {
+  const TextDataset ds = make_dataset(sample_text(), 16, 0.1);
+  const Batch full = sample_rows(ds.train(), 16, 7, 3, 0, 4);
+  EXPECT_EQ(sample_rows(ds.train(), 16, 7, 3, 0, 4).tokens, full.tokens);  // same inputs, same output
+
+  // Two "ranks" each build half of the global batch; their concatenation is the full batch.
+  const Batch lo = sample_rows(ds.train(), 16, 7, 3, 0, 2);
+  const Batch hi = sample_rows(ds.train(), 16, 7, 3, 2, 4);
+  std::vector<int32_t> tokens = lo.tokens, targets = lo.targets;
+  tokens.insert(tokens.end(), hi.tokens.begin(), hi.tokens.end());
+  targets.insert(targets.end(), hi.targets.begin(), hi.targets.end());
+  EXPECT_EQ(tokens, full.tokens);
+  EXPECT_EQ(targets, full.targets);
+
+  // Resuming: step 3 computed after steps 0..2 equals step 3 computed cold.
+  for (int64_t s = 0; s < 3; ++s) sample_rows(ds.train(), 16, 7, s, 0, 4);
+  EXPECT_EQ(sample_rows(ds.train(), 16, 7, 3, 0, 4).targets, full.targets);
+
+  EXPECT_EQ(sample_rows(ds.train(), 16, 7, 3, 2, 2).B, 0);  // an empty slice is allowed
+}
+
+TEST(BatchSampler, DifferentStepsSeedsAndRowsDiffer) {
+  const TextDataset ds = make_dataset(sample_text(), 16, 0.1);
+  const Batch a = sample_batch(ds.train(), 16, 1, 0, 8);
+  EXPECT_NE(sample_batch(ds.train(), 16, 1, 1, 8).tokens, a.tokens);
+  EXPECT_NE(sample_batch(ds.train(), 16, 2, 0, 8).tokens, a.tokens);
+  std::set<int64_t> starts;
+  for (int64_t r = 0; r < 8; ++r) starts.insert(window_start(ds.train_size, 16, 1, 0, r));
+  EXPECT_GE(starts.size(), 7u) << "rows of one batch should almost never share a window";
+}
+
+TEST(BatchSampler, StartsCoverTheWholeSplitAndStayInside) {
+  // 40 tokens, T = 8: the valid starts are 0..31, and the last one reads token 39.
+  std::vector<int32_t> split(40);
+  for (int i = 0; i < 40; ++i) split[size_t(i)] = i;
+  std::set<int64_t> seen;
+  for (int64_t step = 0; step < 400; ++step) {
+    const Batch b = sample_batch(split, 8, 5, step, 2);
+    for (int64_t r = 0; r < 2; ++r) {
+      const int64_t start = b.tokens[size_t(r * 8)];
+      ASSERT_GE(start, 0);
+      ASSERT_LE(start, 31);
+      seen.insert(start);
+    }
+  }
+  EXPECT_EQ(seen.size(), 32u);
+}
+
+TEST(BatchSampler, RejectsBadArguments) {
+  std::vector<int32_t> split(10, 1);
+  EXPECT_THROW(sample_rows(split, 10, 0, 0, 0, 1), InputError);  // needs 11 tokens
+  EXPECT_NO_THROW(sample_rows(split, 9, 0, 0, 0, 1));
+  EXPECT_THROW(sample_rows(split, 4, 0, 0, 3, 2), InputError);
+  EXPECT_THROW(sample_rows(split, 4, 0, -1, 0, 2), InputError);
+  EXPECT_THROW(sample_rows(split, 4, 0, 0, -1, 2), InputError);
+  EXPECT_THROW(sample_rows(split, 0, 0, 0, 0, 2), InputError);
+}
+
+// Every (input, target) pair of the split, in order, exactly once; pads only at the end.
+void expect_windows_cover(const std::vector<int32_t>& split, int64_t T) {
+  const int64_t n = int64_t(split.size());
+  const int64_t windows = num_eval_windows(n, T);
+  EXPECT_EQ(windows, (n - 1 + T - 1) / T);
+  const Batch b = eval_windows(split, T, 0, windows);
+  ASSERT_EQ(b.B, windows);
+  EXPECT_EQ(b.counted_targets(), n - 1);
+  int64_t next = 0;  // the next split position expected as an input with a target
+  for (int64_t i = 0; i < b.B * T; ++i) {
+    if (b.targets[size_t(i)] < 0) {
+      EXPECT_EQ(i / T, windows - 1) << "padding only in the last window";
+      continue;
+    }
+    ASSERT_LT(next + 1, n);
+    EXPECT_EQ(b.tokens[size_t(i)], split[size_t(next)]);
+    EXPECT_EQ(b.targets[size_t(i)], split[size_t(next + 1)]);
+    ++next;
+  }
+  EXPECT_EQ(next, n - 1);
+  for (int64_t w = 0; w + 1 < windows; ++w) {  // window w's last token opens window w+1
+    EXPECT_EQ(b.targets[size_t(w * T + T - 1)], b.tokens[size_t((w + 1) * T)]);
+  }
+}
+
+TEST(EvalWindows, CoverTheSplitExactly) {
+  std::vector<int32_t> split(23);
+  for (int i = 0; i < 23; ++i) split[size_t(i)] = 100 + i;
+  expect_windows_cover(split, 5);  // 22 targets: 4 full windows + one with 2 targets
+  const Batch b = eval_windows(split, 5, 0, 5);
+  EXPECT_EQ(b.tokens[size_t(4 * 5 + 2)], 122);  // the last token is an input with no target
+  EXPECT_EQ(b.targets[size_t(4 * 5 + 2)], -1);
+  EXPECT_EQ(b.tokens[size_t(4 * 5 + 3)], 0);    // padding
+  EXPECT_EQ(b.targets[size_t(4 * 5 + 4)], -1);
+
+  split.resize(21);  // 20 targets = 4 full windows, no padding
+  expect_windows_cover(split, 5);
+  EXPECT_EQ(eval_windows(split, 5, 0, 4).counted_targets(), 20);
+  expect_windows_cover(std::vector<int32_t>{1, 2}, 1);
+}
+
+TEST(EvalWindows, SubrangesAreRowsOfTheFullBatch) {
+  std::vector<int32_t> split(50);
+  for (int i = 0; i < 50; ++i) split[size_t(i)] = i;
+  const Batch all = eval_windows(split, 6, 0, num_eval_windows(50, 6));
+  const Batch mid = eval_windows(split, 6, 2, 5);
+  ASSERT_EQ(mid.B, 3);
+  EXPECT_EQ(mid.tokens, std::vector<int32_t>(all.tokens.begin() + 12, all.tokens.begin() + 30));
+  EXPECT_EQ(mid.targets, std::vector<int32_t>(all.targets.begin() + 12, all.targets.begin() + 30));
+  EXPECT_THROW(eval_windows(split, 6, 0, num_eval_windows(50, 6) + 1), InputError);
+}
+
+TEST(EvalWindows, CoverARealValidationSplit) {
+  const TextDataset ds = make_dataset(sample_text(), 64, 0.1);
+  const std::vector<int32_t> val(ds.validation().begin(), ds.validation().end());
+  expect_windows_cover(val, 64);
+}
+
+}  // namespace
+}  // namespace llama4d

@@ -1,0 +1,106 @@
+// The comm benchmark engine and the `llama4d bench comm` command.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/comm_bench.h"
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace llama4d {
+namespace {
+
+CommBenchOptions small_options() {
+  CommBenchOptions o;
+  o.ranks = 3;
+  o.min_bytes = 1024;
+  o.max_bytes = 4096;
+  o.iters = 2;
+  o.warmup = 1;
+  return o;
+}
+
+TEST(CommBench, RowsFollowNcclTestsConventions) {
+  const CommBenchReport report = run_comm_bench(small_options());
+  EXPECT_EQ(report.ranks, 3);
+  EXPECT_GT(report.memcpy_gbps, 0.0);
+  ASSERT_EQ(report.rows.size(), 6u * 3u);  // six ops x sizes 1, 2, 4 KiB
+  const double n = 3;
+  for (const CommBenchRow& r : report.rows) {
+    SCOPED_TRACE(r.op + " " + std::to_string(r.bytes));
+    EXPECT_EQ(r.iters, 2);
+    EXPECT_GT(r.time_us, 0.0);
+    EXPECT_NEAR(r.algbw_gbps, double(r.bytes) / (r.time_us * 1e3), 1e-9 * r.algbw_gbps);
+    double factor = 1.0;
+    if (r.op == "all_reduce") factor = 2 * (n - 1) / n;
+    if (r.op == "reduce_scatter" || r.op == "all_gather" || r.op == "all_to_all") factor = (n - 1) / n;
+    EXPECT_NEAR(r.busbw_gbps, r.algbw_gbps * factor, 1e-9 * r.algbw_gbps);
+    EXPECT_EQ(r.bytes, r.count * 4);
+    if (r.op == "all_reduce" || r.op == "broadcast" || r.op == "sendrecv")
+      EXPECT_TRUE(r.bytes == 1024 || r.bytes == 2048 || r.bytes == 4096);
+    else
+      EXPECT_EQ(r.count % 3, 0);  // N blocks of equal size
+    EXPECT_GT(r.sim_us, 0.0);
+  }
+  // The model's time for a 4 KiB ring all_reduce on 3 NVLink ranks: 2(N-1) steps of
+  // alpha + chunk / bandwidth with balanced chunks of 342, 341, 341 floats (slowest hop: 342).
+  const CommBenchRow& ar = report.rows[2];
+  ASSERT_EQ(ar.op, "all_reduce");
+  EXPECT_NEAR(ar.sim_us, 4 * (1.0 + 342 * 4 / 900e3), 1e-9);
+
+  const nlohmann::json j = report.to_json();
+  EXPECT_EQ(j.at("backend"), "virtual");
+  EXPECT_EQ(j.at("ranks"), 3);
+  EXPECT_EQ(j.at("rows").size(), 18u);
+  for (const char* key : {"op", "bytes", "count", "time_us", "algbw_gbps", "busbw_gbps", "sim_us"})
+    EXPECT_TRUE(j.at("rows")[0].contains(key)) << key;
+  const std::string table = report.table();
+  EXPECT_NE(table.find("memcpy bandwidth"), std::string::npos);
+  EXPECT_NE(table.find("busbw(GB/s)"), std::string::npos);
+}
+
+TEST(CommBench, RejectsBadOptions) {
+  CommBenchOptions o = small_options();
+  o.ops = {"all_reduse"};
+  EXPECT_THROW(run_comm_bench(o), InputError);
+  o = small_options();
+  o.min_bytes = 8192;
+  EXPECT_THROW(run_comm_bench(o), InputError);
+  o = small_options();
+  o.backend = "nccl";
+  EXPECT_THROW(run_comm_bench(o), InputError);
+}
+
+TEST(CommBench, CliPrintsOneJsonObject) {
+  CLI::App app;
+  CLI::App* bench = app.add_subcommand("bench");
+  cli::add_bench_comm_command(*bench);
+  testing::internal::CaptureStdout();
+  app.parse("bench comm --ranks 2 --op all_gather --min-bytes 1K --max-bytes 2K --iters 2 --dtype bf16 --json", false);
+  const std::string out = testing::internal::GetCapturedStdout();
+  const nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("ranks"), 2);
+  EXPECT_EQ(j.at("dtype"), "BF16");
+  ASSERT_EQ(j.at("rows").size(), 2u);
+  EXPECT_EQ(j.at("rows")[0].at("op"), "all_gather");
+  EXPECT_EQ(j.at("rows")[1].at("bytes"), 2048);
+}
+
+TEST(CommBench, CliTableAndErrors) {
+  CLI::App app;
+  CLI::App* bench = app.add_subcommand("bench");
+  cli::add_bench_comm_command(*bench);
+  testing::internal::CaptureStdout();
+  app.parse("bench comm --ranks 2 --op broadcast --min-bytes 1024 --max-bytes 1024 --iters 2 --algo ordered", false);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("broadcast"), std::string::npos);
+  EXPECT_NE(out.find("algo ordered"), std::string::npos);
+
+  CLI::App app2;
+  CLI::App* bench2 = app2.add_subcommand("bench");
+  cli::add_bench_comm_command(*bench2);
+  EXPECT_THROW(app2.parse("bench comm --ranks 2 --dtype f8", false), InputError);
+}
+
+}  // namespace
+}  // namespace llama4d

@@ -1,0 +1,322 @@
+// LlamaConfig: preset shapes and exact parameter counts, Hugging Face config.json parsing and
+// writing, validation messages.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/model/config.h"
+#include "io_test_util.h"
+
+namespace llama4d {
+namespace {
+
+using test::expect_error;
+using json = nlohmann::json;
+
+// meta-llama/Llama-3.1-8B config.json as published on the Hugging Face hub (transformers 4.43).
+const char* kHfLlama31_8B = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+// Parameter count written out from the architecture, independently of num_parameters().
+int64_t count_by_hand(int64_t V, int64_t C, int64_t I, int64_t L, int64_t nh, int64_t nkv, int64_t hd, bool tied) {
+  int64_t attn = C * nh * hd + 2 * C * nkv * hd + nh * hd * C;
+  int64_t mlp = 3 * C * I;
+  int64_t norms = 2 * C;
+  return V * C + L * (attn + mlp + norms) + C + (tied ? 0 : V * C);
+}
+
+TEST(Config, Llama3ParameterCountsAreExact) {
+  EXPECT_EQ(LlamaConfig::preset("llama3-8b").num_parameters(), 8'030'261'248);
+  EXPECT_EQ(LlamaConfig::preset("llama3-70b").num_parameters(), 70'553'706'496);
+  EXPECT_EQ(LlamaConfig::preset("llama3-405b").num_parameters(), 405'853'388'800);
+}
+
+TEST(Config, PresetShapes) {
+  LlamaConfig c8 = LlamaConfig::preset("llama3-8b");
+  EXPECT_EQ(c8.vocab_size, 128256);
+  EXPECT_EQ(c8.hidden_size, 4096);
+  EXPECT_EQ(c8.intermediate_size, 14336);
+  EXPECT_EQ(c8.num_hidden_layers, 32);
+  EXPECT_EQ(c8.num_attention_heads, 32);
+  EXPECT_EQ(c8.num_key_value_heads, 8);
+  EXPECT_EQ(c8.head_dim, 128);
+  EXPECT_EQ(c8.rope_theta, 500000.0);
+  EXPECT_EQ(c8.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c8.tie_word_embeddings);
+  EXPECT_EQ(c8.max_position_embeddings, 131072);
+  ASSERT_TRUE(c8.rope_scaling.has_value());
+  EXPECT_EQ(c8.rope_scaling->factor, 8.0);
+  EXPECT_EQ(c8.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(c8.bos_token_id, 128000);
+  EXPECT_EQ(c8.eos_token_id, 128001);
+
+  LlamaConfig c70 = LlamaConfig::preset("llama3-70b");
+  EXPECT_EQ(c70.hidden_size, 8192);
+  EXPECT_EQ(c70.intermediate_size, 28672);
+  EXPECT_EQ(c70.num_hidden_layers, 80);
+  EXPECT_EQ(c70.num_attention_heads, 64);
+  EXPECT_EQ(c70.num_key_value_heads, 8);
+  LlamaConfig c405 = LlamaConfig::preset("llama3-405b");
+  EXPECT_EQ(c405.hidden_size, 16384);
+  EXPECT_EQ(c405.intermediate_size, 53248);
+  EXPECT_EQ(c405.num_hidden_layers, 126);
+  EXPECT_EQ(c405.num_attention_heads, 128);
+  EXPECT_EQ(c405.head_dim, 128);
+
+  LlamaConfig tiny = LlamaConfig::preset("tiny");
+  EXPECT_EQ(tiny.hidden_size, 64);
+  EXPECT_EQ(tiny.num_hidden_layers, 2);
+  EXPECT_EQ(tiny.num_attention_heads, 4);
+  EXPECT_EQ(tiny.num_key_value_heads, 2);
+  EXPECT_EQ(tiny.intermediate_size, 176);
+  EXPECT_EQ(tiny.vocab_size, 264);
+  EXPECT_EQ(tiny.max_position_embeddings, 128);
+  EXPECT_EQ(tiny.num_parameters(), 126'272);  // 2*264*64 + 2*(128 + 2*64*64 + 2*64*32 + 3*64*176) + 64
+
+  LlamaConfig small = LlamaConfig::preset("small");
+  EXPECT_EQ(small.hidden_size, 288);
+  EXPECT_EQ(small.num_hidden_layers, 6);
+  EXPECT_EQ(small.num_attention_heads, 6);
+  EXPECT_EQ(small.num_key_value_heads, 2);
+  EXPECT_EQ(small.intermediate_size, 768);
+  EXPECT_EQ(small.vocab_size, 264);
+  EXPECT_EQ(small.max_position_embeddings, 1024);
+  EXPECT_FALSE(small.tie_word_embeddings);
+  EXPECT_EQ(small.bos_token_id, 256);
+  EXPECT_EQ(small.eos_token_id, 257);
+  EXPECT_EQ(small.num_parameters(), 5'464'224);
+}
+
+TEST(Config, CountMatchesHandFormulaForEveryPresetAndTying) {
+  for (const std::string& name : LlamaConfig::preset_names()) {
+    for (bool tied : {false, true}) {
+      LlamaConfig c = LlamaConfig::preset(name);
+      c.tie_word_embeddings = tied;
+      EXPECT_EQ(c.num_parameters(), count_by_hand(c.vocab_size, c.hidden_size, c.intermediate_size,
+                                                  c.num_hidden_layers, c.num_attention_heads,
+                                                  c.num_key_value_heads, c.head_dim, tied))
+          << name << " tied=" << tied;
+    }
+  }
+  // head_dim decoupled from hidden / heads (allowed by HF) still counts correctly.
+  LlamaConfig c = LlamaConfig::preset("tiny");
+  c.head_dim = 24;
+  EXPECT_EQ(c.num_parameters(), count_by_hand(264, 64, 176, 2, 4, 2, 24, false));
+}
+
+TEST(Config, UnknownPresetListsValidNames) {
+  expect_error<InputError>([] { LlamaConfig::preset("llama3-7b"); },
+                           {"llama3-7b", "tiny", "small", "llama3-8b", "llama3-70b", "llama3-405b"});
+}
+
+TEST(Config, ParsesHuggingFaceLlama31Config) {
+  LlamaConfig c = LlamaConfig::from_json(json::parse(kHfLlama31_8B));
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.hidden_size, 4096);
+  EXPECT_EQ(c.intermediate_size, 14336);
+  EXPECT_EQ(c.num_hidden_layers, 32);
+  EXPECT_EQ(c.num_attention_heads, 32);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);  // absent: hidden / heads
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->rope_type, "llama3");
+  EXPECT_EQ(c.rope_scaling->factor, 8.0);
+  EXPECT_EQ(c.rope_scaling->low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_scaling->high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.bos_token_id, 128000);
+  EXPECT_EQ(c.eos_token_id, 128001);
+  EXPECT_EQ(c.num_parameters(), 8'030'261'248);
+}
+
+TEST(Config, AcceptsConfigVariantsSeenInTheWild) {
+  json j = json::parse(kHfLlama31_8B);
+  // Instruct: several eos ids (generation stops at the first).
+  j["eos_token_id"] = {128001, 128008, 128009};
+  // Older writers spell rope_scaling's kind "type".
+  j["rope_scaling"].erase("rope_type");
+  j["rope_scaling"]["type"] = "llama3";
+  j["some_future_key"] = {{"nested", true}};
+  LlamaConfig c = LlamaConfig::from_json(j);
+  EXPECT_EQ(c.eos_token_id, 128001);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->factor, 8.0);
+
+  // Llama 3 (not 3.1): no rope scaling at all; "default" means the same.
+  j["rope_scaling"] = nullptr;
+  EXPECT_FALSE(LlamaConfig::from_json(j).rope_scaling.has_value());
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_FALSE(LlamaConfig::from_json(j).rope_scaling.has_value());
+
+  // No num_key_value_heads: plain multi-head attention (Llama 2 7B style).
+  json mha = {{"vocab_size", 32000}, {"hidden_size", 4096}, {"intermediate_size", 11008},
+              {"num_hidden_layers", 32}, {"num_attention_heads", 32}, {"bos_token_id", 1}, {"eos_token_id", 2}};
+  LlamaConfig m = LlamaConfig::from_json(mha);
+  EXPECT_EQ(m.num_key_value_heads, 32);
+  EXPECT_EQ(m.head_dim, 128);
+  EXPECT_EQ(m.num_parameters(), 6'738'415'616);  // Llama 2 7B
+}
+
+TEST(Config, JsonRoundTripForEveryPreset) {
+  for (const std::string& name : LlamaConfig::preset_names()) {
+    LlamaConfig a = LlamaConfig::preset(name);
+    a.tie_word_embeddings = (name == "tiny");
+    json j = a.to_json();
+    // What transformers' LlamaConfig needs to build the same model.
+    EXPECT_EQ(j["architectures"], json::array({"LlamaForCausalLM"}));
+    EXPECT_EQ(j["model_type"], "llama");
+    EXPECT_EQ(j["hidden_act"], "silu");
+    EXPECT_EQ(j["attention_bias"], false);
+    EXPECT_EQ(j["mlp_bias"], false);
+    EXPECT_TRUE(j.contains("torch_dtype"));
+    EXPECT_EQ(j["head_dim"], a.head_dim);
+    if (a.rope_scaling) {
+      EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+      EXPECT_EQ(j["rope_scaling"]["factor"], 8.0);
+      EXPECT_EQ(j["rope_scaling"]["original_max_position_embeddings"], 8192);
+    } else {
+      EXPECT_TRUE(j["rope_scaling"].is_null());
+    }
+    // Through text, as a file would go.
+    LlamaConfig b = LlamaConfig::from_json(json::parse(j.dump(2)));
+    EXPECT_EQ(b.vocab_size, a.vocab_size);
+    EXPECT_EQ(b.hidden_size, a.hidden_size);
+    EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+    EXPECT_EQ(b.num_hidden_layers, a.num_hidden_layers);
+    EXPECT_EQ(b.num_attention_heads, a.num_attention_heads);
+    EXPECT_EQ(b.num_key_value_heads, a.num_key_value_heads);
+    EXPECT_EQ(b.head_dim, a.head_dim);
+    EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
+    EXPECT_EQ(b.rope_theta, a.rope_theta);
+    EXPECT_EQ(b.rms_norm_eps, a.rms_norm_eps);
+    EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+    EXPECT_EQ(b.rope_scaling.has_value(), a.rope_scaling.has_value());
+    EXPECT_EQ(b.bos_token_id, a.bos_token_id);
+    EXPECT_EQ(b.eos_token_id, a.eos_token_id);
+    EXPECT_EQ(b.num_parameters(), a.num_parameters()) << name;
+  }
+}
+
+TEST(Config, HeadsNotDivisibleByKvHeads) {
+  json j = LlamaConfig::preset("tiny").to_json();
+  j["num_key_value_heads"] = 3;
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); },
+                           {"not divisible", "num_attention_heads (4)", "num_key_value_heads (3)"});
+  LlamaConfig c = LlamaConfig::preset("small");
+  c.num_key_value_heads = 4;
+  expect_error<InputError>([&] { c.validate(); }, {"not divisible"});
+}
+
+TEST(Config, ValidateNamesTheProblem) {
+  auto broken = [](auto edit) {
+    LlamaConfig c = LlamaConfig::preset("tiny");
+    edit(c);
+    return c;
+  };
+  expect_error<InputError>([&] { broken([](LlamaConfig& c) { c.hidden_size = 0; }).validate(); }, {"hidden_size"});
+  expect_error<InputError>([&] { broken([](LlamaConfig& c) { c.vocab_size = -5; }).validate(); }, {"vocab_size"});
+  expect_error<InputError>([&] { broken([](LlamaConfig& c) { c.num_hidden_layers = 0; }).validate(); },
+                           {"num_hidden_layers"});
+  expect_error<InputError>([&] { broken([](LlamaConfig& c) { c.head_dim = 15; }).validate(); }, {"head_dim", "even"});
+  expect_error<InputError>([&] { broken([](LlamaConfig& c) { c.rms_norm_eps = 0; }).validate(); }, {"rms_norm_eps"});
+  expect_error<InputError>([&] { broken([](LlamaConfig& c) { c.rope_theta = -1; }).validate(); }, {"rope_theta"});
+  expect_error<InputError>([&] { broken([](LlamaConfig& c) { c.eos_token_id = 264; }).validate(); },
+                           {"eos_token_id", "264"});
+  expect_error<InputError>(
+      [&] { broken([](LlamaConfig& c) { c.rope_scaling = RopeScaling{"yarn"}; }).validate(); }, {"yarn"});
+  expect_error<InputError>(
+      [&] {
+        broken([](LlamaConfig& c) {
+          c.vocab_size = int64_t(1) << 40;
+          c.hidden_size = int64_t(1) << 21;
+        }).validate();
+      },
+      {"2^60"});
+  EXPECT_NO_THROW(LlamaConfig::preset("tiny").validate());
+}
+
+TEST(Config, FromJsonNamesMissingOrWrongTypedKeys) {
+  json base = LlamaConfig::preset("tiny").to_json();
+  json j = base;
+  j.erase("hidden_size");
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"missing", "hidden_size"});
+  j = base;
+  j["num_hidden_layers"] = "2";
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"num_hidden_layers", "integer", "string"});
+  j = base;
+  j["intermediate_size"] = 176.5;
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"intermediate_size", "integer"});
+  j = base;
+  j["rope_theta"] = "big";
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"rope_theta", "number"});
+  j = base;
+  j["tie_word_embeddings"] = 1;
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"tie_word_embeddings", "boolean"});
+  j = base;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"yarn", "not supported"});
+  j = base;
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"original_max_position_embeddings", 8192}};
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"factor"});
+  j = base;
+  j["hidden_act"] = "gelu";
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"hidden_act", "gelu"});
+  j = base;
+  j["eos_token_id"] = json::array();
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"eos_token_id"});
+  expect_error<InputError>([&] { LlamaConfig::from_json(json::array({1, 2})); }, {"JSON object"});
+}
+
+TEST(Config, FromFileErrorsNameThePath) {
+  test::ScratchDir dir;
+  const std::string missing = dir / "nope.json";
+  expect_error<InputError>([&] { LlamaConfig::from_file(missing); }, {missing});
+
+  const std::string bad = dir / "config.json";
+  test::write_bytes(bad, "{\"hidden_size\": 64,, }");
+  expect_error<InputError>([&] { LlamaConfig::from_file(bad); }, {bad, "not valid JSON", "parse error"});
+
+  test::write_bytes(bad, "{\"hidden_size\": 64}");
+  expect_error<InputError>([&] { LlamaConfig::from_file(bad); }, {bad, "vocab_size"});
+
+  expect_error<InputError>([&] { LlamaConfig::from_file(dir.str()); }, {dir.str(), "directory"});
+
+  test::write_bytes(bad, kHfLlama31_8B);
+  EXPECT_EQ(LlamaConfig::from_file(bad).num_parameters(), 8'030'261'248);
+}
+
+}  // namespace
+}  // namespace llama4d

@@ -1,0 +1,104 @@
+// KV-cache decoding must produce the logits a full forward over the same prefix produces at
+// its last position: a prompt fed in one decode call, a chunk of two, then one token at a
+// time, every step compared, for a batch of two different sequences.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "core/error.h"
+#include "core/model/llama.h"
+#include "tests/model/model_test_util.h"
+
+namespace llama4d {
+namespace {
+
+template <class T>
+void check_decode_matches_forward(bool tied, bool rope_scaling, double tol) {
+  const LlamaConfig cfg = test::tiny_config(tied, rope_scaling);
+  const int64_t B = 2, total = 9, V = cfg.vocab_size;
+  Llama<T> m(cfg);
+  m.init_weights(17);
+  test::perturb_params(m, 18);
+  const test::Batch seq = test::make_batch(B, total, V, 19, false);
+
+  // Decode calls: prompt of 3 in one call, then 2 at once, then single tokens.
+  const std::vector<int64_t> chunks = {3, 2, 1, 1, 1, 1};
+  KVCache<T> cache = m.make_kv_cache(B, total);
+  std::vector<T> step_logits(size_t(B * V));
+  int64_t len = 0;
+  double worst = 0;
+  for (int64_t n : chunks) {
+    std::vector<int32_t> chunk(size_t(B * n));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < n; ++t) chunk[size_t(b * n + t)] = seq.tokens[size_t(b * total + len + t)];
+    m.decode(chunk.data(), B, n, cache, step_logits.data());
+    len += n;
+    ASSERT_EQ(cache.len, len);
+
+    // Reference: a fresh training forward over the prefix [0, len) of each row.
+    std::vector<int32_t> prefix(size_t(B * len));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < len; ++t) prefix[size_t(b * len + t)] = seq.tokens[size_t(b * total + t)];
+    m.forward(prefix.data(), nullptr, B, len);
+    for (int64_t b = 0; b < B; ++b) {
+      const T* ref = m.logits() + (b * len + len - 1) * V;
+      const double rel = test::rel_error(step_logits.data() + b * V, ref, V);
+      EXPECT_LE(rel, tol) << "row " << b << " after " << len << " tokens";
+      worst = std::max(worst, rel);
+    }
+  }
+  ASSERT_EQ(len, total);
+  std::printf("decode vs forward (%s, tied=%d, rope_scaling=%d): worst rel error %.3g\n",
+              sizeof(T) == 8 ? "fp64" : "fp32", int(tied), int(rope_scaling), worst);
+  // The cache is full now: one more token must be refused, not written past the end.
+  std::vector<int32_t> one(size_t(B), 0);
+  EXPECT_THROW(m.decode(one.data(), B, 1, cache, step_logits.data()), InputError);
+}
+
+TEST(KvCache, DecodeMatchesForwardFp64) {
+  check_decode_matches_forward<double>(false, false, 1e-12);
+  check_decode_matches_forward<double>(true, true, 1e-12);
+}
+
+TEST(KvCache, DecodeMatchesForwardFp32) {
+  check_decode_matches_forward<float>(false, false, 1e-5);
+  check_decode_matches_forward<float>(true, true, 1e-5);
+}
+
+// Rows of a batch decode independently: row 1's logits do not depend on row 0's tokens.
+TEST(KvCache, BatchRowsAreIndependent) {
+  const LlamaConfig cfg = test::tiny_config(false, false);
+  const int64_t V = cfg.vocab_size;
+  Llama<double> m(cfg);
+  m.init_weights(23);
+  test::perturb_params(m, 24);
+  std::vector<int32_t> a = {1, 2, 3, 4, 5, 6}, c = {9, 8, 7, 4, 5, 6};  // [2, 3] each
+  std::vector<double> la(size_t(2 * V)), lc(size_t(2 * V));
+  KVCache<double> ka = m.make_kv_cache(2, 3), kc = m.make_kv_cache(2, 3);
+  m.decode(a.data(), 2, 3, ka, la.data());
+  m.decode(c.data(), 2, 3, kc, lc.data());
+  for (int64_t v = 0; v < V; ++v) EXPECT_EQ(la[size_t(V + v)], lc[size_t(V + v)]);
+  EXPECT_GT(test::rel_error(la.data(), lc.data(), V), 1e-6);  // row 0 did change
+}
+
+TEST(KvCache, RejectsBadInput) {
+  const LlamaConfig cfg = test::tiny_config(false, false);
+  Llama<double> m(cfg);
+  m.init_weights(1);
+  EXPECT_THROW(m.make_kv_cache(1, cfg.max_position_embeddings + 1), InputError);
+  KVCache<double> cache = m.make_kv_cache(2, 4);
+  std::vector<double> logits(size_t(2 * cfg.vocab_size));
+  std::vector<int32_t> bad = {0, int32_t(cfg.vocab_size)};
+  EXPECT_THROW(m.decode(bad.data(), 2, 1, cache, logits.data()), InputError);
+  std::vector<int32_t> neg = {-1, 0};
+  EXPECT_THROW(m.decode(neg.data(), 2, 1, cache, logits.data()), InputError);
+  std::vector<int32_t> ok = {0, 1, 2};
+  EXPECT_THROW(m.decode(ok.data(), 3, 1, cache, logits.data()), InputError);  // batch != cache batch
+  std::vector<int32_t> five(10, 1);
+  EXPECT_THROW(m.decode(five.data(), 2, 5, cache, logits.data()), InputError);  // longer than the cache
+  EXPECT_EQ(cache.len, 0);
+}
+
+}  // namespace
+}  // namespace llama4d

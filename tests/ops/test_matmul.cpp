@@ -1,0 +1,130 @@
+// matmul_forward / matmul_backward: out[BT, OC] = inp[BT, C] @ weight[OC, C]^T.
+#include <gtest/gtest.h>
+
+#include "tests/ops/op_test_util.h"
+
+namespace llama4d::test {
+namespace {
+
+// Naive reference with a long double accumulator.
+std::vector<double> matmul_reference(const std::vector<double>& x, const std::vector<double>& w,
+                                     int64_t BT, int64_t C, int64_t OC) {
+  std::vector<double> y(BT * OC);
+  for (int64_t r = 0; r < BT; ++r)
+    for (int64_t o = 0; o < OC; ++o) {
+      long double s = 0;
+      for (int64_t c = 0; c < C; ++c) s += static_cast<long double>(x[r * C + c]) * w[o * C + c];
+      y[r * OC + o] = static_cast<double>(s);
+    }
+  return y;
+}
+
+TEST(Matmul, ForwardMatchesNaiveLoops) {
+  // Sizes both below and above Eigen's small-product threshold, odd on purpose.
+  for (auto [BT, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{3, 5, 4}, {37, 29, 41}, {130, 72, 96}}) {
+    auto x = random_vector(BT * C, 1), w = random_vector(OC * C, 2);
+    std::vector<double> y(BT * OC);
+    ops::matmul_forward(y.data(), x.data(), w.data(), BT, C, OC);
+    EXPECT_LT(max_rel_error(y, matmul_reference(x, w, BT, C, OC)), 1e-13) << BT << "x" << C << "x" << OC;
+  }
+}
+
+TEST(Matmul, BackwardMatchesFiniteDifferences) {
+  const int64_t BT = 6, C = 5, OC = 7;
+  auto x = random_vector(BT * C, 3), w = random_vector(OC * C, 4), dout = random_vector(BT * OC, 5);
+  auto objective = [&] {
+    std::vector<double> y(BT * OC);
+    ops::matmul_forward(y.data(), x.data(), w.data(), BT, C, OC);
+    return dot(y, dout);
+  };
+  std::vector<double> dx(BT * C, 0.0), dw(OC * C, 0.0);
+  ops::matmul_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), BT, C, OC);
+  EXPECT_LT(max_rel_error(dx, fd_gradient(objective, x)), 1e-6);
+  EXPECT_LT(max_rel_error(dw, fd_gradient(objective, w)), 1e-6);
+}
+
+TEST(Matmul, BackwardMatchesNaiveLoopsOnTiledShapes) {
+  // BT = 1100 spans three BT chunks of the weight gradient; OC = 530 two row tiles.
+  const int64_t BT = 1100, C = 20, OC = 530;
+  auto x = random_vector(BT * C, 15), w = random_vector(OC * C, 16), dout = random_vector(BT * OC, 17);
+  auto dx = random_vector(BT * C, 18), dw = random_vector(OC * C, 19);  // accumulated onto
+  auto dx_ref = dx, dw_ref = dw;
+  ops::matmul_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), BT, C, OC);
+  for (int64_t r = 0; r < BT; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      long double s = 0;
+      for (int64_t o = 0; o < OC; ++o) s += static_cast<long double>(dout[r * OC + o]) * w[o * C + c];
+      dx_ref[r * C + c] += static_cast<double>(s);
+    }
+  for (int64_t o = 0; o < OC; ++o)
+    for (int64_t c = 0; c < C; ++c) {
+      long double s = 0;
+      for (int64_t r = 0; r < BT; ++r) s += static_cast<long double>(dout[r * OC + o]) * x[r * C + c];
+      dw_ref[o * C + c] += static_cast<double>(s);
+    }
+  EXPECT_LT(max_rel_error(dx, dx_ref), 1e-13);
+  EXPECT_LT(max_rel_error(dw, dw_ref), 1e-13);
+}
+
+TEST(Matmul, BackwardAccumulatesAndSkipsNullOutputs) {
+  const int64_t BT = 40, C = 24, OC = 36;
+  auto x = random_vector(BT * C, 6), w = random_vector(OC * C, 7), dout = random_vector(BT * OC, 8);
+  std::vector<double> dx(BT * C, 0.0), dw(OC * C, 0.0);
+  ops::matmul_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), BT, C, OC);
+  std::vector<double> dx2 = dx, dw2 = dw;
+  ops::matmul_backward(dx2.data(), dw2.data(), dout.data(), x.data(), w.data(), BT, C, OC);
+  for (double& v : dx) v *= 2;
+  for (double& v : dw) v *= 2;
+  EXPECT_LT(max_rel_error(dx2, dx), 1e-14);
+  EXPECT_LT(max_rel_error(dw2, dw), 1e-14);
+
+  // A null gradient output is skipped; the other one is still produced.
+  std::vector<double> only_dx(BT * C, 0.0), only_dw(OC * C, 0.0);
+  ops::matmul_backward(only_dx.data(), static_cast<double*>(nullptr), dout.data(), x.data(), w.data(),
+                       BT, C, OC);
+  ops::matmul_backward(static_cast<double*>(nullptr), only_dw.data(), dout.data(), x.data(), w.data(),
+                       BT, C, OC);
+  for (double& v : dx) v /= 2;
+  for (double& v : dw) v /= 2;
+  EXPECT_LT(max_rel_error(only_dx, dx), 1e-14);
+  EXPECT_LT(max_rel_error(only_dw, dw), 1e-14);
+}
+
+TEST(Matmul, FloatAgreesWithDouble) {
+  const int64_t BT = 64, C = 96, OC = 80;
+  auto x = random_vector(BT * C, 9), w = random_vector(OC * C, 10), dout = random_vector(BT * OC, 11);
+  std::vector<double> y(BT * OC), dx(BT * C, 0.0), dw(OC * C, 0.0);
+  ops::matmul_forward(y.data(), x.data(), w.data(), BT, C, OC);
+  ops::matmul_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), BT, C, OC);
+  auto xf = cast_to<float>(x), wf = cast_to<float>(w), doutf = cast_to<float>(dout);
+  std::vector<float> yf(BT * OC), dxf(BT * C, 0.0f), dwf(OC * C, 0.0f);
+  ops::matmul_forward(yf.data(), xf.data(), wf.data(), BT, C, OC);
+  ops::matmul_backward(dxf.data(), dwf.data(), doutf.data(), xf.data(), wf.data(), BT, C, OC);
+  EXPECT_LT(max_rel_error(yf, y), 1e-5);
+  EXPECT_LT(max_rel_error(dxf, dx), 1e-5);
+  EXPECT_LT(max_rel_error(dwf, dw), 1e-5);
+}
+
+TEST(Matmul, BitwiseIdenticalAcrossRunsAndThreadCounts) {
+  // Model-sized and ragged: several output tiles and several BT chunks of the weight gradient.
+  const int64_t BT = 1100, C = 288, OC = 600;
+  auto x = cast_to<float>(random_vector(BT * C, 12)), w = cast_to<float>(random_vector(OC * C, 13));
+  auto dout = cast_to<float>(random_vector(BT * OC, 14));
+  auto run = [&](int threads) {
+    std::vector<float> y(BT * OC), dx(BT * C, 0.0f), dw(OC * C, 0.0f);
+    with_threads(threads, [&] {
+      ops::matmul_forward(y.data(), x.data(), w.data(), BT, C, OC);
+      ops::matmul_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), BT, C, OC);
+    });
+    return std::vector<std::vector<float>>{y, dx, dw};
+  };
+  const auto one = run(1), one_again = run(1), two = run(2), three = run(3);
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_TRUE(bitwise_equal(one[t], one_again[t])) << "tensor " << t;
+    EXPECT_TRUE(bitwise_equal(one[t], two[t])) << "tensor " << t;
+    EXPECT_TRUE(bitwise_equal(one[t], three[t])) << "tensor " << t;
+  }
+}
+
+}  // namespace
+}  // namespace llama4d::test

@@ -1,0 +1,51 @@
+#pragma once
+// Shared set-up for the data-parallel tests: the tiny model, a corpus, options whose global
+// batch splits over 2, 3, 4 and 8 ranks, and a launcher on the virtual backend.
+#include <string>
+
+#include "backends/virtual/virtual_cluster.h"
+#include "core/data/dataset.h"
+#include "core/ops.h"
+#include "core/verify/equivalence.h"
+
+namespace llama4d::test {
+
+inline const TextDataset& corpus() {
+  static const TextDataset data = [] {
+    std::string text;
+    for (int i = 0; i < 300; ++i) text += "Rank " + std::to_string(i % 7) + " sends its shard of layer " + std::to_string(i) + ". ";
+    return make_dataset(text, 16);
+  }();
+  return data;
+}
+
+inline TrainOptions options(int64_t steps, int64_t micro_batch_size) {
+  TrainOptions o;
+  o.steps = steps;
+  o.batch_size = 24;  // divisible by 2, 3, 4 and 8 ranks
+  o.micro_batch_size = micro_batch_size;
+  o.seq_len = 16;
+  o.lr = 1e-2;
+  o.min_lr = 1e-3;
+  o.warmup_steps = 1;
+  o.grad_clip = 1.0;  // active: the gradient norm of an untrained model is above 1
+  o.seed = 11;
+  return o;
+}
+
+inline RankLauncher virtual_launcher(int ranks, ReduceAlgo algo = ReduceAlgo::ordered) {
+  return [ranks, algo](const std::function<void(ProcessGroup&)>& fn) {
+    VirtualClusterOptions vo;
+    vo.ranks = ranks;
+    vo.algo = algo;
+    vo.timeout = std::chrono::milliseconds(120000);
+    VirtualCluster cluster(vo);
+    // One compute thread per virtual GPU: N ranks must not each start a full OpenMP team.
+    cluster.run([&](ProcessGroup& world) {
+      ops::set_backend_threads_for_this_thread(1);
+      fn(world);
+    });
+  };
+}
+
+}  // namespace llama4d::test

@@ -1,0 +1,83 @@
+// Resume: 10 steps, save, a fresh process-like restart that loads the checkpoint and runs 10
+// more, must equal 20 straight steps BITWISE (every loss and every parameter). This holds only
+// if the checkpoint stores weights and both AdamW moments in the training dtype, restores the
+// step counter (bias correction, LR schedule) and batches depend on the step alone.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/train/checkpoint_state.h"
+#include "core/train/trainer.h"
+#include "train_test_util.h"
+
+namespace llama4d {
+namespace {
+
+template <class T>
+void check_resume_bitwise() {
+  const TextDataset data = make_dataset(test::small_corpus(), 32);
+  const TrainOptions opt = test::tiny_options(20);
+  const std::string dir = testing::TempDir() + "/llama4d_resume_" + std::string(dtype_name(dtype_of<T>()));
+  std::filesystem::remove_all(dir);
+
+  // 20 straight steps.
+  Llama<T> straight(test::tiny_config());
+  straight.init_weights(opt.seed);
+  Trainer<T> a(straight, data, opt);
+  std::vector<double> losses_straight;
+  for (int i = 0; i < 20; ++i) losses_straight.push_back(a.step().loss);
+
+  // 10 steps, checkpoint, a new model + trainer from the checkpoint, 10 more.
+  std::vector<double> losses_resumed;
+  {
+    Llama<T> first(test::tiny_config());
+    first.init_weights(opt.seed);
+    Trainer<T> b(first, data, opt);
+    for (int i = 0; i < 10; ++i) losses_resumed.push_back(b.step().loss);
+    b.save_checkpoint(dir);
+  }
+  Llama<T> second(test::tiny_config());
+  second.init_weights(12345);  // deliberately different: everything must come from the checkpoint
+  Trainer<T> c(second, data, opt);
+  c.load_checkpoint(dir);
+  EXPECT_EQ(c.steps_done(), 10);
+  for (int i = 0; i < 10; ++i) losses_resumed.push_back(c.step().loss);
+
+  ASSERT_EQ(losses_straight.size(), losses_resumed.size());
+  for (size_t i = 0; i < losses_straight.size(); ++i)
+    EXPECT_EQ(losses_straight[i], losses_resumed[i]) << "loss of step " << i + 1 << " differs";
+  EXPECT_EQ(0, std::memcmp(straight.params(), second.params(), size_t(straight.num_params()) * sizeof(T)))
+      << "parameters after 20 steps differ";
+  EXPECT_EQ(0, std::memcmp(a.optimizer().exp_avg_sq().data(), c.optimizer().exp_avg_sq().data(),
+                           size_t(straight.num_params()) * sizeof(T)));
+  // Training moved the weights (so the comparison above is not trivially true).
+  Llama<T> init(test::tiny_config());
+  init.init_weights(opt.seed);
+  EXPECT_NE(0, std::memcmp(init.params(), straight.params(), size_t(init.num_params()) * sizeof(T)));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Resume, TenPlusTenEqualsTwentyBitwiseFp32) { check_resume_bitwise<float>(); }
+TEST(Resume, TenPlusTenEqualsTwentyBitwiseFp64) { check_resume_bitwise<double>(); }
+
+TEST(Resume, RefusesCheckpointTrainedWithOtherOptions) {
+  const TextDataset data = make_dataset(test::small_corpus(), 32);
+  const std::string dir = testing::TempDir() + "/llama4d_resume_mismatch";
+  std::filesystem::remove_all(dir);
+  TrainOptions opt = test::tiny_options(4);
+  Llama<float> m(test::tiny_config());
+  m.init_weights(1);
+  Trainer<float> t(m, data, opt);
+  t.step();
+  t.save_checkpoint(dir);
+  opt.lr *= 2;
+  Trainer<float> other(m, data, opt);
+  EXPECT_THROW(other.load_checkpoint(dir), InputError);
+  EXPECT_EQ(read_train_options(dir).lr, test::tiny_options(4).lr);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace llama4d
