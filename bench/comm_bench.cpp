@@ -231,6 +231,7 @@ CommBenchReport run_comm_bench(const CommBenchOptions& o) {
       }
     });
     report.ranks = o.ranks;
+    if (!o.trace_path.empty()) cluster.write_trace(o.trace_path);
     return report;
   }
 #ifdef LLAMA4D_HAVE_MPI
@@ -245,6 +246,9 @@ CommBenchReport run_comm_bench(const CommBenchOptions& o) {
   report.rows = run_comm_bench_on(world, o);
   report.ranks = world.size();
   report.rank = world.rank();
+  if (!o.trace_path.empty())
+    write_chrome_trace(world.size() == 1 ? o.trace_path : o.trace_path + ".rank" + std::to_string(world.rank()) + ".json",
+                       {&world.trace()});
   return report;
 #else
   throw InputError("this build has no MPI backend (MPI was not found when it was configured)");

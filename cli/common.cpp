@@ -39,7 +39,10 @@ void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool f
                      std::to_string(int64_t(have / 1e9)) + " GB; pass --force to try anyway");
 }
 
-void print_json(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
+// A byte model can emit a sequence that is not UTF-8; JSON output shows it as U+FFFD instead of failing.
+void print_json(const nlohmann::json& j) {
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+}
 
 void ensure_writable_dir(const std::string& dir) {
   namespace fs = std::filesystem;

@@ -31,7 +31,7 @@ constexpr int64_t kParallelWork = 1 << 18;
 
 // Query positions per block: small enough to skip most of the masked triangle, large enough
 // (times the group size) to keep the GEMMs efficient.
-constexpr int64_t kBlockRows = 64;
+constexpr int64_t kBlockRows = 32;
 
 void check_shape(const AttentionShape& s) {
   if (s.B < 0 || s.Tq < 0 || s.Tk < 0 || s.nh < 1 || s.nkv < 1 || s.hd < 1)
@@ -88,7 +88,8 @@ void gather_rows(T* dst, const T* src, const Layout& L, int64_t b, int64_t g, in
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionShape& s) {
   check_shape(s);
   const Layout L(s);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
@@ -116,9 +117,9 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
     T* inv_sum = cpu::scratch<T>(2, stacked);
     gather_rows(q_buf, q, L, b, g, i0, rows);
     cpu::ConstMatrixMap<T> Q(q_buf, stacked, s.hd);  // [rows*group, hd]
-    cpu::MatrixMap<T> P(p_buf, stacked, keys);      // scores, then unnormalised probabilities
-    auto K = L.kv_view(k, b, g).topRows(keys);              // [keys, hd]
-    auto V = L.kv_view(v, b, g).topRows(keys);              // [keys, hd]
+    cpu::MatrixMap<T> P(p_buf, stacked, keys);       // scores, then unnormalised probabilities
+    auto K = L.kv_view(k, b, g).topRows(keys);       // [keys, hd]
+    auto V = L.kv_view(v, b, g).topRows(keys);       // [keys, hd]
     P.noalias() = Q * K.transpose();
     for (int64_t row = 0; row < stacked; ++row) {
       const int64_t r = row / L.group, h = g * L.group + row % L.group;
@@ -144,7 +145,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
                          Eigen::OuterStride<>(s.nh * s.hd));
     cpu::MatrixMap<T> O_stacked(q_buf, stacked, s.hd);  // reuses the query buffer
     O_stacked.noalias() = P * V;
-    O_stacked.array().colwise() *= Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(inv_sum, stacked);
+    O_stacked.array().colwise() *=
+        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(inv_sum, stacked);
     O = cpu::ConstMatrixMap<T>(q_buf, rows, L.group * s.hd);
   });
 }
@@ -230,7 +232,7 @@ template void attention_backward<float>(float*, float*, float*, const float*, co
                                         const float*, const float*, const float*, const float*,
                                         const AttentionShape&);
 template void attention_backward<double>(double*, double*, double*, const double*, const double*,
-                                         const double*, const double*, const double*,
-                                         const double*, const AttentionShape&);
+                                         const double*, const double*, const double*, const double*,
+                                         const AttentionShape&);
 
 }  // namespace llama4d::ops

@@ -10,6 +10,11 @@
 // - exp is written in plain arithmetic (exp_det) so a SIMD lane and a scalar tail perform the
 //   same IEEE operations;
 // - work is split so each output element is produced by one thread in a fixed order.
+// Eigen never starts threads of its own: kernels split work themselves (see matmul.cpp). Also
+// set for the target in CMakeLists.txt; repeated here so every includer agrees.
+#ifndef EIGEN_DONT_PARALLELIZE
+#define EIGEN_DONT_PARALLELIZE
+#endif
 #include <Eigen/Core>
 #include <algorithm>
 #include <bit>
@@ -47,7 +52,8 @@ void parallel_for(int64_t n, bool parallel, F&& f) {
   for (int64_t i = 0; i < n; ++i) f(i);
 }
 
-// Same with a dynamic schedule, for items of uneven cost (causal attention blocks).
+// Same with a dynamic schedule: for items of uneven cost (causal attention blocks) or few
+// large ones (GEMM tiles), where a thread that is late (a busy machine) must not hold up the rest.
 template <class F>
 void parallel_for_dynamic(int64_t n, bool parallel, F&& f) {
 #ifdef _OPENMP
@@ -104,21 +110,19 @@ using Vec64 = typename VecOf<T>::type;
 template <class T>
 inline constexpr int kLanes = static_cast<int>(64 / sizeof(T));
 
-// Loads lanes from p; a tail shorter than a vector is padded with `fill`.
+// Loads lanes from p; a tail shorter than a vector is padded with `fill`. (Vectors travel by
+// reference: passing 64-byte vectors by value has a different ABI with and without AVX-512.)
 template <class T>
-inline Vec64<T> load_lanes(const T* p, int64_t count, T fill) {
-  Vec64<T> v;
+inline void load_lanes(Vec64<T>& v, const T* p, int64_t count, T fill) {
   if (count >= kLanes<T>) {
     std::memcpy(&v, p, sizeof(v));
   } else {
     for (int l = 0; l < kLanes<T>; ++l) v[l] = l < count ? p[l] : fill;
   }
-  return v;
 }
 
-template <class V>
-inline auto sum_lanes(V v) {
-  using T = std::remove_cvref_t<decltype(v[0])>;
+template <class T>
+inline T sum_lanes(const Vec64<T>& v) {
   T s = 0;
   for (int l = 0; l < kLanes<T>; ++l) s += v[l];
   return s;
@@ -127,27 +131,34 @@ inline auto sum_lanes(V v) {
 // sum_i a[i] * b[i]
 template <class T>
 inline T reduce_dot(const T* a, const T* b, int64_t n) {
-  Vec64<T> acc = {};
-  for (int64_t i = 0; i < n; i += kLanes<T>)
-    acc += load_lanes(a + i, n - i, T(0)) * load_lanes(b + i, n - i, T(0));
-  return sum_lanes(acc);
+  Vec64<T> acc = {}, va = {}, vb = {};
+  for (int64_t i = 0; i < n; i += kLanes<T>) {
+    load_lanes(va, a + i, n - i, T(0));
+    load_lanes(vb, b + i, n - i, T(0));
+    acc += va * vb;
+  }
+  return sum_lanes<T>(acc);
 }
 
 // sum_i a[i]
 template <class T>
 inline T reduce_sum(const T* a, int64_t n) {
-  Vec64<T> acc = {};
-  for (int64_t i = 0; i < n; i += kLanes<T>) acc += load_lanes(a + i, n - i, T(0));
-  return sum_lanes(acc);
+  Vec64<T> acc = {}, va = {};
+  for (int64_t i = 0; i < n; i += kLanes<T>) {
+    load_lanes(va, a + i, n - i, T(0));
+    acc += va;
+  }
+  return sum_lanes<T>(acc);
 }
 
 // max_i a[i] for n >= 1 (max is exact, so the order is irrelevant; lanes are for speed).
 template <class T>
 inline T reduce_max(const T* a, int64_t n) {
-  Vec64<T> acc = load_lanes(a, n, a[0]);
+  Vec64<T> acc = {}, va = {};
+  load_lanes(acc, a, n, a[0]);
   for (int64_t i = kLanes<T>; i < n; i += kLanes<T>) {
-    const Vec64<T> v = load_lanes(a + i, n - i, a[0]);
-    acc = v > acc ? v : acc;
+    load_lanes(va, a + i, n - i, a[0]);
+    acc = va > acc ? va : acc;
   }
   T m = acc[0];
   for (int l = 1; l < kLanes<T>; ++l) m = acc[l] > m ? acc[l] : m;
@@ -163,8 +174,8 @@ inline float exp_det(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;  // ln 2 split so n * kLn2Hi is exact (Cephes)
   constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kShift = 12582912.0f;   // 1.5 * 2^23: adding it rounds to an integer
-  constexpr float kLow = -87.3f;          // exp(kLow) is just above FLT_MIN
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  constexpr float kLow = -87.3f;         // exp(kLow) is just above FLT_MIN
   const float xc = std::min(std::max(x, kLow), 88.0f);
   const float t = xc * kLog2e + kShift;
   const float n = t - kShift;

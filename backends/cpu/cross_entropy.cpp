@@ -1,11 +1,20 @@
 // Softmax + cross-entropy over the vocabulary, fused so the probabilities are never stored.
 #include <cmath>
-#include <vector>
+#include <string>
 
 #include "backends/cpu/cpu_common.h"
+#include "core/error.h"
 #include "core/ops.h"
 
 namespace llama4d::ops {
+
+// Checked before any thread starts: an exception cannot leave an OpenMP region.
+static void check_targets(const int32_t* targets, int64_t BT, int64_t V) {
+  for (int64_t r = 0; r < BT; ++r)
+    if (targets[r] >= V)
+      throw InputError("cross-entropy target " + std::to_string(targets[r]) +
+                       " is outside the vocabulary of " + std::to_string(V));
+}
 
 // log(sum_j exp(row[j])) with the max subtracted first so exp never overflows. The exps go
 // through a small buffer so the exp loop vectorises and the sum keeps the fixed lane pattern.
@@ -14,17 +23,22 @@ static T row_logsumexp(const T* row, int64_t V) {
   const T m = cpu::reduce_max(row, V);
   constexpr int64_t kPiece = 256;  // a multiple of the lane count, so lanes stay i mod lanes
   T buf[kPiece];
-  cpu::Vec64<T> acc = {};
+  cpu::Vec64<T> acc = {}, v = {};
   for (int64_t j0 = 0; j0 < V; j0 += kPiece) {
     const int64_t n = std::min(kPiece, V - j0);
     cpu::exp_affine(buf, row + j0, n, T(1), m);
-    for (int64_t j = 0; j < n; j += cpu::kLanes<T>) acc += cpu::load_lanes(buf + j, n - j, T(0));
+    for (int64_t j = 0; j < n; j += cpu::kLanes<T>) {
+      cpu::load_lanes(v, buf + j, n - j, T(0));
+      acc += v;
+    }
   }
-  return m + std::log(cpu::sum_lanes(acc));
+  return m + std::log(cpu::sum_lanes<T>(acc));
 }
 
 template <class T>
-void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t BT, int64_t V) {
+void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t BT,
+                           int64_t V) {
+  check_targets(targets, BT, V);
   cpu::parallel_for(BT, BT * V >= (1 << 14), [&](int64_t r) {
     const int32_t t = targets[r];
     if (t < 0) {
@@ -37,15 +51,16 @@ void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, i
 }
 
 template <class T>
-void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, T scale, int64_t BT,
-                            int64_t V) {
+void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, T scale,
+                            int64_t BT, int64_t V) {
+  check_targets(targets, BT, V);
   cpu::parallel_for(BT, BT * V >= (1 << 14), [&](int64_t r) {
     const int32_t t = targets[r];
     if (t < 0) return;
     const T* row = logits + r * V;
     T* drow = dlogits + r * V;
     const T lse = row_logsumexp(row, V);
-    constexpr int64_t kPiece = 256;
+    constexpr int64_t kPiece = 256;  // softmax(row) = exp(row - lse), a piece at a time
     T buf[kPiece];
     for (int64_t j0 = 0; j0 < V; j0 += kPiece) {
       const int64_t n = std::min(kPiece, V - j0);

@@ -23,7 +23,8 @@ double measure_peak_gemm_flops(int64_t n, double seconds) {
     b[i] = static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
   }
   using Clock = std::chrono::steady_clock;
-  const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  const double flops =
+      2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
   // The exact product the model runs for a linear layer: out = inp @ weight^T.
   matmul_forward<float>(c.data(), a.data(), b.data(), n, n, n);  // warm-up (caches, threads)
   double best = 0;

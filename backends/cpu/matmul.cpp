@@ -44,7 +44,7 @@ void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C
   cpu::ConstMatrixMap<T> w(weight, OC, C);  // [OC, C]
   cpu::MatrixMap<T> y(out, BT, OC);         // [BT, OC]
   const Split rows(BT, kTile), cols(OC, kTile);
-  cpu::parallel_for(rows.count * cols.count, BT * C * OC >= kParallelWork, [&](int64_t t) {
+  cpu::parallel_for_dynamic(rows.count * cols.count, BT * C * OC >= kParallelWork, [&](int64_t t) {
     const int64_t r0 = rows.begin(t / cols.count), nr = rows.length(t / cols.count);
     const int64_t c0 = cols.begin(t % cols.count), nc = cols.length(t % cols.count);
     y.block(r0, c0, nr, nc).noalias() = x.middleRows(r0, nr) * w.middleRows(c0, nc).transpose();
@@ -60,7 +60,7 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
     cpu::ConstMatrixMap<T> w(weight, OC, C);  // [OC, C]
     cpu::MatrixMap<T> dx(dinp, BT, C);        // [BT, C]
     const Split rows(BT, kTile), cols(C, kTile);
-    cpu::parallel_for(rows.count * cols.count, parallel, [&](int64_t t) {
+    cpu::parallel_for_dynamic(rows.count * cols.count, parallel, [&](int64_t t) {
       const int64_t r0 = rows.begin(t / cols.count), nr = rows.length(t / cols.count);
       const int64_t c0 = cols.begin(t % cols.count), nc = cols.length(t % cols.count);
       dx.block(r0, c0, nr, nc).noalias() += dy.middleRows(r0, nr) * w.middleCols(c0, nc);
@@ -74,7 +74,7 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
     const Split depth(BT, kDepthChunk, OC * C <= kMaxPartialElements ? kMaxDepthChunks : 1);
     const Split rows(OC, kTile);
     T* partial = depth.count > 1 ? cpu::scratch<T>(7, (depth.count - 1) * OC * C) : nullptr;
-    cpu::parallel_for(depth.count * rows.count, parallel, [&](int64_t t) {
+    cpu::parallel_for_dynamic(depth.count * rows.count, parallel, [&](int64_t t) {
       const int64_t k0 = depth.begin(t / rows.count), nk = depth.length(t / rows.count);
       const int64_t r0 = rows.begin(t % rows.count), nr = rows.length(t % rows.count);
       auto product = dy.block(k0, r0, nk, nr).transpose() * x.middleRows(k0, nk);
@@ -101,7 +101,7 @@ template void matmul_forward<double>(double*, const double*, const double*, int6
                                      int64_t);
 template void matmul_backward<float>(float*, float*, const float*, const float*, const float*,
                                      int64_t, int64_t, int64_t);
-template void matmul_backward<double>(double*, double*, const double*, const double*,
-                                      const double*, int64_t, int64_t, int64_t);
+template void matmul_backward<double>(double*, double*, const double*, const double*, const double*,
+                                      int64_t, int64_t, int64_t);
 
 }  // namespace llama4d::ops

@@ -34,11 +34,14 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
     T* dx = dinp + r * C;
     const T s = rstd[r];
     // sum(dout * weight * x), in the fixed lane pattern of cpu::reduce_dot
-    cpu::Vec64<T> acc = {};
-    for (int64_t c = 0; c < C; c += cpu::kLanes<T>)
-      acc += cpu::load_lanes(dy + c, C - c, T(0)) * cpu::load_lanes(weight + c, C - c, T(0)) *
-             cpu::load_lanes(x + c, C - c, T(0));
-    const T gx = cpu::sum_lanes(acc);
+    cpu::Vec64<T> acc = {}, vy = {}, vw = {}, vx = {};
+    for (int64_t c = 0; c < C; c += cpu::kLanes<T>) {
+      cpu::load_lanes(vy, dy + c, C - c, T(0));
+      cpu::load_lanes(vw, weight + c, C - c, T(0));
+      cpu::load_lanes(vx, x + c, C - c, T(0));
+      acc += vy * vw * vx;
+    }
+    const T gx = cpu::sum_lanes<T>(acc);
     const T k = s * s * s * gx / static_cast<T>(C);
     for (int64_t c = 0; c < C; ++c) dx[c] += s * dy[c] * weight[c] - k * x[c];
   });

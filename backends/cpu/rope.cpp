@@ -41,8 +41,8 @@ void rope_backward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int
 
 template void rope_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t,
                                   int64_t, int64_t);
-template void rope_forward<double>(double*, const double*, const double*, int64_t, int64_t,
-                                   int64_t, int64_t, int64_t);
+template void rope_forward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t,
+                                   int64_t, int64_t);
 template void rope_backward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t,
                                    int64_t, int64_t);
 template void rope_backward<double>(double*, const double*, const double*, int64_t, int64_t,

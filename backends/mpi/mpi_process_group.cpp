@@ -121,6 +121,7 @@ std::vector<MPI_Status> MpiProcessGroup::wait(std::vector<Request>& reqs, Clock:
   std::vector<MPI_Request> r;
   for (const Request& q : reqs) r.push_back(q.request);
   std::vector<MPI_Status> statuses(r.size());
+  const auto started = Clock::now();
   for (int spins = 0;; ++spins) {
     int done = 0;
     const int rc = MPI_Testall(int(r.size()), r.data(), &done, statuses.data());
@@ -150,14 +151,14 @@ std::vector<MPI_Status> MpiProcessGroup::wait(std::vector<Request>& reqs, Clock:
       }
       fail("timeout in " + context + ": no answer from " + names);
     }
-    // Spin briefly (small messages complete in microseconds), then back off to sleeping: ranks
-    // may share cores (mpirun --oversubscribe), and a waiting rank must not steal the CPU its
-    // peers need to reach this collective.
+    // Spin briefly (small messages complete in microseconds), then yield: ranks may share cores
+    // (mpirun --oversubscribe) and a waiting rank must let its peers run. After a few ms of
+    // waiting, sleep in short naps so a long wait costs no CPU.
     if (spins < 64) continue;
-    if (spins < 256)
+    if (Clock::now() - started < std::chrono::milliseconds(3))
       std::this_thread::yield();
     else
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, 10 * (spins - 255))));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

@@ -84,6 +84,10 @@ void MpiProcessGroup::node_barrier(Clock::time_point deadline, const std::string
   MPI_Win_sync(window_->win);  // ... and I see everyone's
 }
 
+// Member k owns chunk k of the balanced split, as in the virtual backend. Everyone copies the
+// chunks it does not own into its segment; each owner reduces its chunk (tile by tile, its own
+// contribution read straight from its input) into its output and into its segment; everyone
+// copies the other owners' results out.
 void MpiProcessGroup::shared_all_reduce(const CommCall& call, Clock::time_point deadline, const std::string& context) {
   const int n = size(), me = rank();
   const int64_t elem = int64_t(dtype_size(call.dtype)), bytes = call.count * elem;
@@ -91,34 +95,37 @@ void MpiProcessGroup::shared_all_reduce(const CommCall& call, Clock::time_point 
   auto T0 = Clock::now();
   ensure_window(bytes);
   const std::vector<char*>& seg = window_->segment;
-  copy(seg[size_t(me)], call.in, bytes);
+  const char* in = static_cast<const char*>(call.in);
+  char* out = static_cast<char*>(call.out);
+  for (int k = 0; k < n; ++k)
+    if (k != me) copy(seg[size_t(me)] + off[size_t(k)] * elem, in + off[size_t(k)] * elem, counts[size_t(k)] * elem);
   auto T1 = Clock::now();
   node_barrier(deadline, context);
   auto T2 = Clock::now();
-  // Reduce chunk `me` of every segment, tile by tile; the result goes to my output and back
-  // into my own segment's chunk `me`, which no other member reads until the next barrier.
   const std::vector<int> order = reduction_order(n, me, algo());
   const int64_t tile = std::max<int64_t>(1, kTileBytes / elem);
   alignas(64) unsigned char reduced[kTileBytes];
   std::vector<const void*> inputs(static_cast<size_t>(n));
-  char* out = static_cast<char*>(call.out);
   const int64_t end = off[size_t(me)] + counts[size_t(me)];
   for (int64_t t0 = off[size_t(me)]; t0 < end; t0 += tile) {
     const int64_t m = std::min(tile, end - t0);
-    for (int k = 0; k < n; ++k) inputs[size_t(k)] = seg[size_t(order[size_t(k)])] + t0 * elem;
+    for (int k = 0; k < n; ++k) {
+      const int from = order[size_t(k)];
+      inputs[size_t(k)] = (from == me ? in : seg[size_t(from)]) + t0 * elem;
+    }
     reduce_sequence(reduced, inputs.data(), n, m, call.dtype, call.reduce, n, algo() == ReduceAlgo::ring);
-    std::memcpy(out + t0 * elem, reduced, size_t(m * elem));
+    std::memcpy(out + t0 * elem, reduced, size_t(m * elem));  // in place: this tile of `in` was read above
     std::memcpy(seg[size_t(me)] + t0 * elem, reduced, size_t(m * elem));
   }
   auto T3 = Clock::now();
   node_barrier(deadline, context);
   auto T4 = Clock::now();
-  for (int j = 0; j < n; ++j)
-    if (j != me) copy(out + off[size_t(j)] * elem, seg[size_t(j)] + off[size_t(j)] * elem, counts[size_t(j)] * elem);
+  for (int k = 0; k < n; ++k)
+    if (k != me) copy(out + off[size_t(k)] * elem, seg[size_t(k)] + off[size_t(k)] * elem, counts[size_t(k)] * elem);
   auto T5 = Clock::now();
   node_barrier(deadline, context);  // segments are free for the next collective
   auto T6 = Clock::now();
-  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  auto ms = [](auto x, auto y) { return std::chrono::duration<double, std::milli>(y - x).count(); };
   if (bytes > (1 << 24)) fprintf(stderr, "rank %d: copyin %.1f bar %.1f reduce %.1f bar %.1f copyout %.1f bar %.1f\n", me, ms(T0,T1), ms(T1,T2), ms(T2,T3), ms(T3,T4), ms(T4,T5), ms(T5,T6));
 }
 

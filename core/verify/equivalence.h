@@ -15,7 +15,8 @@
 //   HSDP        as ZeRO-2/3, summing inside each shard group, then across replicas.
 // Then the bits match exactly. With `ring` reductions every chunk is summed starting at a
 // different rank, so results differ by rounding (~1e-7 relative in fp32) and the harness
-// checks a tolerance instead: that difference is why NCCL training is not bitwise reproducible.
+// checks tolerances instead (gradients 1e-6 in fp32, 1e-12 in fp64; parameters after AdamW
+// 1e-4 / 1e-10): that difference is why NCCL training is not bitwise reproducible.
 #include <functional>
 #include <string>
 #include <vector>
@@ -49,7 +50,13 @@ struct EquivalenceReport {
   std::vector<double> grad_norms_single, grad_norms_parallel;  // pre-clip global norms per step
   std::vector<TensorComparison> tensors;
   bool losses_bitwise = true, bitwise = true, ok = false;
-  double max_abs_err = 0, max_rel_err = 0, tolerance = 0;  // tolerance on max_rel_err (0: bitwise required)
+  double max_abs_err = 0, max_rel_err = 0;
+  // Ring reductions only: bounds on the relative error of gradients and of parameters (0 with
+  // ordered reductions, where bitwise equality is required). Parameters get a looser bound:
+  // AdamW divides every gradient entry by its own running RMS, so where contributions of the
+  // ranks nearly cancel, a last-bit difference in the gradient is a visible one in the update.
+  double tolerance = 0, param_tolerance = 0;
+  double max_grad_rel_err = 0, max_param_rel_err = 0;
   std::string worst_tensor;
   std::vector<DataParallelMemory> memory;  // per rank peaks of the parallel run
 

@@ -1,6 +1,7 @@
 // End-to-end checks of the command line, the way a user meets it.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -21,7 +22,10 @@ struct Result {
 
 // Runs `llama4d <args>`, capturing stdout and stderr separately.
 Result run(const std::string& args) {
-  const std::string err_file = testing::TempDir() + "/llama4d_cli_stderr.txt";
+  // ctest runs tests as parallel processes: each call needs its own file.
+  static int calls = 0;
+  const std::string err_file =
+      testing::TempDir() + "/llama4d_cli_stderr_" + std::to_string(getpid()) + "_" + std::to_string(++calls) + ".txt";
   const std::string cmd = std::string(LLAMA4D_BIN) + " " + args + " 2>" + err_file;
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
@@ -33,6 +37,7 @@ Result run(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   std::ifstream e(err_file);
   r.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(err_file);
   return r;
 }
 
@@ -148,6 +153,39 @@ TEST(Cli, TrainEvalGenerateJson) {
   const Result r = run("train --resume " + out + "/checkpoint --out " + out + " --json");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out).at("steps_this_run").get<int>(), 0);  // it had finished all 3
+}
+
+TEST(Cli, DataParallelTrainReportsMemoryAndTraffic) {
+  const std::string out = tmp("dp_train");
+  const Result t = run("train --preset tiny --mesh dp=2 --zero 3 --steps 2 --seq-len 32 --batch-size 4 --eval-every 0 --out " +
+                       out + " --json");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const auto j = nlohmann::json::parse(t.out);
+  EXPECT_EQ(j.at("ranks").get<int>(), 2);
+  EXPECT_EQ(j.at("peak_memory_per_rank").size(), 2u);
+  EXPECT_GT(j.at("traffic").at("total_bytes_sent").get<int64_t>(), 0);
+  // The checkpoint is unsharded: a single rank resumes it.
+  const Result r = run("train --resume " + out + "/checkpoint --out " + out + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("steps").get<int>(), 2);
+}
+
+TEST(Cli, VerifyJsonReportsBitwiseEquivalence) {
+  const Result v = run("verify --mesh dp=3 --zero 2 --steps 2 --seq-len 32 --json");
+  ASSERT_EQ(v.code, 0) << v.err;
+  const auto j = nlohmann::json::parse(v.out);
+  EXPECT_TRUE(j.at("ok").get<bool>());
+  EXPECT_TRUE(j.at("bitwise").get<bool>());
+  EXPECT_EQ(j.at("losses_single"), j.at("losses_parallel"));
+  EXPECT_EQ(j.at("tensors").size(), 21u);
+  for (const char* k : {"max_abs_err", "max_rel_err"}) EXPECT_EQ(j.at(k).get<double>(), 0.0);
+}
+
+TEST(Cli, BadMeshIsAnInputError) {
+  expect_bad_input(run("verify --mesh dp=two"), "dp=two");
+  expect_bad_input(run("verify --mesh tp=2,dp=2"), "tp");
+  expect_bad_input(run("verify --mesh dp=4 --batch-size 6"), "divisible");
+  expect_bad_input(run("verify --mesh dp=2 --zero 1 --keep-params"), "--keep-params");
 }
 
 TEST(Cli, RealShapesAreNotAllocatedUnlessForced) {

@@ -129,32 +129,37 @@ void expect_traffic(const ProcessGroup& pg, const char* op, int64_t sent, int64_
   EXPECT_EQ(r.sent_nvlink + r.sent_ib, r.bytes_sent) << ctx << ": link split";
 }
 
+// v as the dtype stores it (rounded to fp32 or bf16), back as a double.
+double stored(DType t, double v) {
+  if (t == DType::f32) return double(float(v));
+  if (t == DType::bf16) return double(bf16_to_float(float_to_bf16(float(v))));
+  return v;
+}
+
 // Expected reduction of the float inputs x (already rounded to the dtype) in the given order,
 // as the dtype's bytes. bf16 accumulates in fp32; `round_steps` rounds every partial to bf16.
-std::vector<unsigned char> reference_float(DType t, const std::vector<double>& x, const std::vector<int>& order,
-                                           ReduceOp op, bool round_steps) {
+void reference_float(unsigned char* out, DType t, const std::vector<double>& x, const std::vector<int>& order,
+                     ReduceOp op, bool round_steps) {
   const int n = int(x.size());
-  std::vector<unsigned char> out(dtype_size(t));
   if (t == DType::f64) {
     double acc = x[size_t(order[0])];
     for (int k = 1; k < n; ++k) acc = acc + x[size_t(order[size_t(k)])];
     if (op == ReduceOp::avg) acc = acc / double(n);
-    std::memcpy(out.data(), &acc, 8);
-  } else {
-    float acc = float(x[size_t(order[0])]);
-    for (int k = 1; k < n; ++k) {
-      acc = acc + float(x[size_t(order[size_t(k)])]);
-      if (t == DType::bf16 && round_steps) acc = bf16_to_float(float_to_bf16(acc));
-    }
-    if (op == ReduceOp::avg) acc = acc / float(n);
-    if (t == DType::bf16) {
-      const bf16 b = float_to_bf16(acc);
-      std::memcpy(out.data(), &b.bits, 2);
-    } else {
-      std::memcpy(out.data(), &acc, 4);
-    }
+    std::memcpy(out, &acc, 8);
+    return;
   }
-  return out;
+  float acc = float(x[size_t(order[0])]);
+  for (int k = 1; k < n; ++k) {
+    acc = acc + float(x[size_t(order[size_t(k)])]);
+    if (t == DType::bf16 && round_steps) acc = bf16_to_float(float_to_bf16(acc));
+  }
+  if (op == ReduceOp::avg) acc = acc / float(n);
+  if (t == DType::bf16) {
+    const bf16 b = float_to_bf16(acc);
+    std::memcpy(out, &b.bits, 2);
+  } else {
+    std::memcpy(out, &acc, 4);
+  }
 }
 
 // Summation order of the chunk owned by group rank k: rank order, or the ring's k+1, ..., k.
@@ -213,11 +218,10 @@ void check_all_reduce(ProcessGroup& pg) {
         const std::string ctx = where(pg, std::string("all_reduce ") + std::string(reduce_op_name(op)) +
                                               (in_place ? " in place" : ""), t, count);
         Buffer in(t, count), out(t, count);
-        std::vector<double> want(static_cast<size_t>(count));
+        std::vector<double> want(static_cast<size_t>(count)), vals(static_cast<size_t>(n));
         for (int64_t i = 0; i < count; ++i) {
           in.set(i, int_value(t, me, i));
-          std::vector<double> vals;
-          for (int r = 0; r < n; ++r) vals.push_back(int_value(t, r, i));
+          for (int r = 0; r < n; ++r) vals[size_t(r)] = int_value(t, r, i);
           want[size_t(i)] = expected_int_reduce(t, op, n, vals);
         }
         const Buffer original = in;
@@ -240,16 +244,14 @@ void check_all_reduce(ProcessGroup& pg) {
         for (int64_t i = 0; i < count; ++i) buf.set(i, float_value(me, i));
         pg.all_reduce(buf.data(), count, t, op);
         bool reported = false;
+        std::vector<double> x(static_cast<size_t>(n));
+        unsigned char want[8];
         for (int k = 0, i = 0; k < n; ++k) {
           const std::vector<int> order = order_for(pg.algo(), n, k);
           for (int64_t e = 0; e < chunks[size_t(k)]; ++e, ++i) {
-            std::vector<double> x;
-            Buffer one(t, 1);
-            for (int r = 0; r < n; ++r) {
-              one.set(0, float_value(r, i));
-              x.push_back(one.get(0));  // the value as stored in the dtype
-            }
-            expect_bits(buf, i, reference_float(t, x, order, op, pg.algo() == ReduceAlgo::ring).data(), ctx, &reported);
+            for (int r = 0; r < n; ++r) x[size_t(r)] = stored(t, float_value(r, i));
+            reference_float(want, t, x, order, op, pg.algo() == ReduceAlgo::ring);
+            expect_bits(buf, i, want, ctx, &reported);
           }
         }
       }
@@ -288,10 +290,9 @@ void check_reduce_scatter(ProcessGroup& pg) {
                                       t, total);
         Buffer in(t, total), out(t, mine);
         for (int64_t i = 0; i < total; ++i) in.set(i, int_value(t, me, i));
-        std::vector<double> want(static_cast<size_t>(mine));
+        std::vector<double> want(static_cast<size_t>(mine)), vals(static_cast<size_t>(n));
         for (int64_t i = 0; i < mine; ++i) {
-          std::vector<double> vals;
-          for (int r = 0; r < n; ++r) vals.push_back(int_value(t, r, my_off + i));
+          for (int r = 0; r < n; ++r) vals[size_t(r)] = int_value(t, r, my_off + i);
           want[size_t(i)] = expected_int_reduce(t, op, n, vals);
         }
         void* dst = in_place ? in.at(my_off) : out.data();
@@ -312,15 +313,12 @@ void check_reduce_scatter(ProcessGroup& pg) {
       pg.reduce_scatter_v(out.data(), in.data(), counts, t, ReduceOp::sum);
       const std::vector<int> order = order_for(pg.algo(), n, me);
       bool reported = false;
+      std::vector<double> x(static_cast<size_t>(n));
+      unsigned char want[8];
       for (int64_t i = 0; i < mine; ++i) {
-        std::vector<double> x;
-        Buffer one(t, 1);
-        for (int r = 0; r < n; ++r) {
-          one.set(0, float_value(r, my_off + i));
-          x.push_back(one.get(0));
-        }
-        expect_bits(out, i, reference_float(t, x, order, ReduceOp::sum, pg.algo() == ReduceAlgo::ring).data(), ctx,
-                    &reported);
+        for (int r = 0; r < n; ++r) x[size_t(r)] = stored(t, float_value(r, my_off + i));
+        reference_float(want, t, x, order, ReduceOp::sum, pg.algo() == ReduceAlgo::ring);
+        expect_bits(out, i, want, ctx, &reported);
       }
     }
   }

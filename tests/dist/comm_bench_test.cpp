@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "bench/comm_bench.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -84,6 +86,21 @@ TEST(CommBench, CliPrintsOneJsonObject) {
   ASSERT_EQ(j.at("rows").size(), 2u);
   EXPECT_EQ(j.at("rows")[0].at("op"), "all_gather");
   EXPECT_EQ(j.at("rows")[1].at("bytes"), 2048);
+}
+
+TEST(CommBench, WritesAChromeTrace) {
+  CommBenchOptions o = small_options();
+  o.ops = {"all_reduce"};
+  o.max_bytes = 1024;
+  o.trace_path = testing::TempDir() + "comm_bench_trace.json";
+  run_comm_bench(o);
+  std::ifstream in(o.trace_path);
+  ASSERT_TRUE(in.good());
+  const nlohmann::json j = nlohmann::json::parse(in);
+  int comm = 0;
+  for (const auto& e : j.at("traceEvents")) comm += e.value("cat", "") == "comm";
+  // 3 ranks x (warm-up + 2 timed all_reduces + barrier + max-time all_reduce) x 2 timelines
+  EXPECT_EQ(comm, 3 * 5 * 2);
 }
 
 TEST(CommBench, CliTableAndErrors) {

@@ -16,7 +16,8 @@
 namespace llama4d::test {
 
 // Uniform values in [lo, hi), reproducible from the seed.
-inline std::vector<double> random_vector(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+inline std::vector<double> random_vector(size_t n, uint64_t seed, double lo = -1.0,
+                                         double hi = 1.0) {
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> dist(lo, hi);
   std::vector<double> v(n);

@@ -24,8 +24,8 @@ TEST(BackendInfo, NameAndThreads) {
 
 TEST(BackendInfo, PeakGemmProbeReportsAPlausibleRate) {
   const double flops = ops::measure_peak_gemm_flops(64, 0.01);
-  EXPECT_GT(flops, 1e6);    // even a sanitizer build does a MFLOP/s
-  EXPECT_LT(flops, 1e14);   // and no CPU does 100 TFLOP/s in fp32
+  EXPECT_GT(flops, 1e6);   // even a sanitizer build does a MFLOP/s
+  EXPECT_LT(flops, 1e14);  // and no CPU does 100 TFLOP/s in fp32
   EXPECT_THROW(ops::measure_peak_gemm_flops(0, 0.01), InputError);
   EXPECT_THROW(ops::measure_peak_gemm_flops(8, -1.0), InputError);
 }

@@ -1,6 +1,7 @@
 // cross_entropy_forward / cross_entropy_backward: fused softmax + negative log-likelihood.
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "tests/ops/op_test_util.h"
 
 namespace llama4d::test {
@@ -55,7 +56,8 @@ TEST(CrossEntropy, FloatAgreesWithDoubleAndThreadCountDoesNotChangeBits) {
   const int64_t BT = 512, V = 264;
   auto logits = random_vector(BT * V, 3, -6, 6);
   std::vector<int32_t> targets(BT);
-  for (int64_t r = 0; r < BT; ++r) targets[r] = r % 7 == 0 ? -1 : static_cast<int32_t>((r * 31) % V);
+  for (int64_t r = 0; r < BT; ++r)
+    targets[r] = r % 7 == 0 ? -1 : static_cast<int32_t>((r * 31) % V);
   std::vector<double> losses(BT), dlogits(BT * V, 0.0);
   ops::cross_entropy_forward(losses.data(), logits.data(), targets.data(), BT, V);
   ops::cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), 1.0 / BT, BT, V);
@@ -73,6 +75,17 @@ TEST(CrossEntropy, FloatAgreesWithDoubleAndThreadCountDoesNotChangeBits) {
   EXPECT_LT(max_rel_error(one.second, dlogits), 1e-5);
   EXPECT_TRUE(bitwise_equal(one.first, two.first));
   EXPECT_TRUE(bitwise_equal(one.second, two.second));
+}
+
+TEST(CrossEntropy, RejectsTargetsOutsideTheVocabulary) {
+  const std::vector<double> logits(2 * 4, 0.0);
+  const std::vector<int32_t> targets = {1, 4};  // V = 4
+  std::vector<double> losses(2), dlogits(8, 0.0);
+  EXPECT_THROW(ops::cross_entropy_forward(losses.data(), logits.data(), targets.data(), 2, 4),
+               InputError);
+  EXPECT_THROW(
+      ops::cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), 1.0, 2, 4),
+      InputError);
 }
 
 }  // namespace

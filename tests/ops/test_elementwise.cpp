@@ -34,9 +34,11 @@ TEST(Elementwise, SumSquaresIsAccurateAndBitwiseStable) {
     ref += static_cast<long double>(x[i]) * x[i];
     ref_f += static_cast<long double>(xf[i]) * xf[i];
   }
-  EXPECT_NEAR(ops::sum_squares(x.data(), N), static_cast<double>(ref), 1e-12 * static_cast<double>(ref));
+  EXPECT_NEAR(ops::sum_squares(x.data(), N), static_cast<double>(ref),
+              1e-12 * static_cast<double>(ref));
   // fp32 input is squared and summed in double: as accurate as the double path.
-  EXPECT_NEAR(ops::sum_squares(xf.data(), N), static_cast<double>(ref_f), 1e-12 * static_cast<double>(ref_f));
+  EXPECT_NEAR(ops::sum_squares(xf.data(), N), static_cast<double>(ref_f),
+              1e-12 * static_cast<double>(ref_f));
 
   double one = 0, one_again = 0, two = 0;
   with_threads(1, [&] {

@@ -57,7 +57,8 @@ TEST(Embedding, BackwardAddsInRowOrderWhateverTheThreadCount) {
     for (int64_t c = 0; c < C; ++c) ref[tokens[r] * C + c] += dout[r * C + c];
   for (int threads : {1, 2}) {
     std::vector<float> dwte(V * C, 0.0f);
-    with_threads(threads, [&] { ops::embedding_backward(dwte.data(), dout.data(), tokens.data(), BT, C); });
+    with_threads(threads,
+                 [&] { ops::embedding_backward(dwte.data(), dout.data(), tokens.data(), BT, C); });
     EXPECT_TRUE(bitwise_equal(dwte, ref)) << threads << " threads";
   }
 }

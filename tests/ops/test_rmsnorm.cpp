@@ -27,7 +27,8 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   // C = 70 crosses the 64-column blocks of the dweight reduction.
   const int64_t BT = 5, C = 70;
   const double eps = 1e-5;
-  auto x = random_vector(BT * C, 3), w = random_vector(C, 4, 0.5, 1.5), dout = random_vector(BT * C, 5);
+  auto x = random_vector(BT * C, 3), w = random_vector(C, 4, 0.5, 1.5),
+       dout = random_vector(BT * C, 5);
   std::vector<double> y(BT * C), rstd(BT);
   auto objective = [&] {
     ops::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), BT, C, eps);
@@ -41,7 +42,8 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
 
   // Accumulates: a second call doubles the gradients.
   std::vector<double> dx2 = dx, dw2 = dw;
-  ops::rmsnorm_backward(dx2.data(), dw2.data(), dout.data(), x.data(), w.data(), rstd.data(), BT, C);
+  ops::rmsnorm_backward(dx2.data(), dw2.data(), dout.data(), x.data(), w.data(), rstd.data(), BT,
+                        C);
   for (double& v : dx) v *= 2;
   for (double& v : dw) v *= 2;
   EXPECT_LT(max_rel_error(dx2, dx), 1e-15);
@@ -50,7 +52,8 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
 
 TEST(RmsNorm, FloatAgreesWithDoubleAndThreadCountDoesNotChangeBits) {
   const int64_t BT = 300, C = 288;  // large enough to run in parallel
-  auto x = random_vector(BT * C, 6), w = random_vector(C, 7, 0.5, 1.5), dout = random_vector(BT * C, 8);
+  auto x = random_vector(BT * C, 6), w = random_vector(C, 7, 0.5, 1.5),
+       dout = random_vector(BT * C, 8);
   std::vector<double> y(BT * C), rstd(BT), dx(BT * C, 0.0), dw(C, 0.0);
   ops::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), BT, C, 1e-5);
   ops::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), BT, C);
@@ -60,7 +63,8 @@ TEST(RmsNorm, FloatAgreesWithDoubleAndThreadCountDoesNotChangeBits) {
     auto xf = cast_to<float>(x), wf = cast_to<float>(w), df = cast_to<float>(dout);
     with_threads(threads, [&] {
       ops::rmsnorm_forward(yf.data(), rf.data(), xf.data(), wf.data(), BT, C, 1e-5f);
-      ops::rmsnorm_backward(dxf.data(), dwf.data(), df.data(), xf.data(), wf.data(), rf.data(), BT, C);
+      ops::rmsnorm_backward(dxf.data(), dwf.data(), df.data(), xf.data(), wf.data(), rf.data(), BT,
+                            C);
     });
     return std::vector<std::vector<float>>{yf, dxf, dwf};
   };

@@ -45,7 +45,8 @@ TEST(SwiGLU, BackwardMatchesFiniteDifferencesAndAccumulates) {
 TEST(SwiGLU, FloatAgreesWithDoubleAndBitsDoNotDependOnOffsetOrThreads) {
   // 100003 elements: several parallel chunks and a ragged tail.
   const int64_t N = 100003;
-  auto gate = random_vector(N + 1, 6, -6, 6), up = random_vector(N + 1, 7), dout = random_vector(N + 1, 8);
+  auto gate = random_vector(N + 1, 6, -6, 6), up = random_vector(N + 1, 7),
+       dout = random_vector(N + 1, 8);
   std::vector<double> out(N);
   ops::swiglu_forward(out.data(), gate.data(), up.data(), N);
   auto gf = cast_to<float>(gate), uf = cast_to<float>(up), df = cast_to<float>(dout);
@@ -53,7 +54,8 @@ TEST(SwiGLU, FloatAgreesWithDoubleAndBitsDoNotDependOnOffsetOrThreads) {
     std::vector<float> o(N), dg(N, 0.0f), du(N, 0.0f);
     with_threads(threads, [&] {
       ops::swiglu_forward(o.data(), gf.data() + offset, uf.data() + offset, N);
-      ops::swiglu_backward(dg.data(), du.data(), df.data() + offset, gf.data() + offset, uf.data() + offset, N);
+      ops::swiglu_backward(dg.data(), du.data(), df.data() + offset, gf.data() + offset,
+                           uf.data() + offset, N);
     });
     return std::vector<std::vector<float>>{o, dg, du};
   };

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/tensor/dtype.h"
 #include "core/train/checkpoint_state.h"
 #include "core/train/trainer.h"
 #include "train_test_util.h"

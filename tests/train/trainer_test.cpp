@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/data/batch_sampler.h"
+#include "core/error.h"
 #include "core/train/evaluate.h"
 #include "core/train/trainer.h"
 #include "train_test_util.h"

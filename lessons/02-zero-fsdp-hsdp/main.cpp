@@ -1,0 +1,331 @@
+// Lesson 02: ZeRO-1/2/3 (FSDP) and HSDP. The flat parameter buffer is cut into per-rank pieces;
+// rank r keeps only its pieces of the optimizer state (ZeRO-1), also of the gradients (ZeRO-2),
+// also of the parameters (ZeRO-3 = FSDP). HSDP shards inside a group and replicates the groups.
+// The program shows who owns which piece, what each collective moved, per-rank memory by
+// category, checks the README's formulas against the measurements, and proves equivalence.
+//   lesson02_zero [--zero 3] [--keep-params] [--ranks 4] [--replicas 2] [--step] [--json]
+#include <algorithm>
+
+#include "core/data/dataset.h"
+#include "core/dist/text_table.h"
+#include "core/model/params.h"
+#include "core/parallel/shard_layout.h"
+#include "lessons/common/lesson.h"
+
+namespace llama4d::lesson {
+namespace {
+
+struct ZeroArgs {
+  int zero = 3;
+  bool keep_params = false;
+  int replicas = 1;
+};
+
+// The README's shard rule, written independently of ShardLayout (the exercises compare them):
+// segment of `len` elements over n ranks, piece size S = ceil(len / n) rounded up to a multiple
+// of 512; rank j owns [j*S, (j+1)*S) clipped to the segment, so the last pieces are short or empty.
+int64_t piece_size(int64_t len, int n) { return ((len + n - 1) / n + kShardAlign - 1) / kShardAlign * kShardAlign; }
+int64_t piece_numel(int64_t len, int n, int j) {
+  return std::clamp<int64_t>(len - int64_t(j) * piece_size(len, n), 0, piece_size(len, n));
+}
+std::vector<int64_t> pieces_of(int64_t len, int n) {
+  std::vector<int64_t> c;
+  for (int j = 0; j < n; ++j) c.push_back(piece_numel(len, n, j));
+  return c;
+}
+
+std::string segment_name(const Segment& s, size_t index) {
+  if (s.layer >= 0) return "layer " + std::to_string(s.layer);
+  return index == 0 ? "embedding" : "norm + lm_head";
+}
+
+// Which piece of each segment each shard rank owns (elements), and the padding n*S - len.
+std::string shard_map(const ShardLayout& layout) {
+  const int n = layout.num_shards();
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> head = {"segment", "flat range", "numel", "piece S"};
+  for (int j = 0; j < n; ++j) head.push_back("shard " + std::to_string(j));
+  head.push_back("padding");
+  rows.push_back(head);
+  for (size_t k = 0; k < layout.segments().size(); ++k) {
+    const Segment& s = layout.segments()[k];
+    std::vector<std::string> row = {segment_name(s, k), "[" + grouped(s.begin) + ", " + grouped(s.end) + ")",
+                                    grouped(s.numel()), grouped(layout.piece_size(k))};
+    for (int j = 0; j < n; ++j) row.push_back(grouped(layout.piece(k, j).numel()));
+    row.push_back(grouped(n * layout.piece_size(k) - s.numel()));
+    rows.push_back(row);
+  }
+  std::vector<std::string> total = {"shard total", "", "", ""};
+  for (int j = 0; j < n; ++j) total.push_back(grouped(layout.shard_numel(j)));
+  rows.push_back(total);
+  return format_table(rows);
+}
+
+int run(const LessonOptions& o, const ZeroArgs& z) {
+  Narrator say(o);
+  if (z.replicas < 1 || o.ranks % z.replicas != 0)
+    throw InputError("--replicas " + std::to_string(z.replicas) + " must divide --ranks " + std::to_string(o.ranks));
+  RunSetup s;
+  s.model = LlamaConfig::preset(o.preset);
+  s.train = o.train_options();
+  s.mesh.dp_shard = o.ranks / z.replicas;
+  s.mesh.dp_replicate = z.replicas;
+  s.dp.stage = ZeroStage(z.zero);
+  if (z.keep_params && s.dp.stage != ZeroStage::zero3) throw InputError("--keep-params applies to --zero 3 only");
+  s.dp.reshard_after_forward = !z.keep_params;
+  s.cluster = o.cluster_options();
+  const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
+  const std::vector<ParamSpec> specs = llama_param_specs(s.model);
+  const ShardLayout layout(specs, s.mesh.dp_shard);
+  const std::vector<Segment>& segs = layout.segments();
+  const int n = s.mesh.dp_shard, q = s.mesh.dp_replicate, W = s.mesh.size(), stage = z.zero;
+  const int64_t N = s.model.num_parameters(), M = o.micro_batches, L = s.model.num_hidden_layers;
+  const bool reshard = s.dp.reshard_after_forward;
+
+  say.phase("the mesh and the batch");
+  say.say("Model '" + o.preset + "': N = " + grouped(N) + " parameters (4N = " + grouped(4 * N) + " bytes in fp32). " +
+          s.dp.describe() + " over " + std::to_string(n) + " shard ranks" +
+          (q > 1 ? " x " + std::to_string(q) + " replicas (HSDP)" : "") + ", " +
+          std::string(reduce_algo_name(s.cluster.algo)) + " reductions; " + s.cluster.cluster.describe() + ".\n\n");
+  say.say(mesh_table(s.mesh, s.cluster.cluster));
+  if (q > 1)
+    say.say("\nShard groups are consecutive ranks (one node: NVLink); replica groups stride across nodes (InfiniBand).\n");
+  say.say("\nAs in plain DP, data rank d trains rows [d*B/W, (d+1)*B/W) of the global batch. Rows of step 1:\n\n");
+  say.say(batch_table(data, s.train, W, 0));
+  say.pause();
+
+  StepReporter steps(say, o.step, "",
+                     " (grads include the full gradients of layers whose reduction is still in flight;\n"
+                     "how many depends on thread timing, so it can differ between ranks and runs)");
+  const std::vector<PhaseView> phases = run_phases(s, data, [&](const PhaseView& p) {
+    if (p.step > 0) return steps.show(p);
+    say.phase("the shard map, and memory at rest (" + p.strategy + ")");
+    say.say("Each segment (the unit FSDP gathers and frees together) is cut into " + std::to_string(n) +
+            " pieces of S = ceil(numel / " + std::to_string(n) +
+            ") elements rounded up to a multiple of 512; shard j owns [begin + j*S, begin + (j+1)*S) clipped "
+            "to the segment.\nThe pieces hold the AdamW moments" +
+            std::string(stage >= 2 ? ", the reduced gradients" : "") + (stage == 3 ? " and the parameters" : "") +
+            " of their range" + (q > 1 ? "; world ranks j, j+" + std::to_string(n) + ", ... hold the same shard j" : "") +
+            ".\n\n");
+    say.say(shard_map(layout));
+    say.say("\nBytes live on each virtual GPU right after construction (between steps):\n\n");
+    say.say(memory_table(live_of(p)));
+    say.pause();
+  });
+
+  // ---- Exercises -----------------------------------------------------------------------------
+  say.phase("exercises: formula vs measured");
+  const PhaseView& rest = phases.front();
+  const PhaseView& last = phases.back();
+  const ReduceAlgo algo = s.cluster.algo;
+  int64_t root = 0, layer = 0;  // elements of the root segments (embedding, norm + head), of a layer
+  for (const Segment& g : segs) {
+    if (g.layer < 0)
+      root += g.numel();
+    else
+      layer = std::max(layer, g.numel());
+  }
+  const double dn = n, dN = double(N), dM = double(M), mean_shard = dN / dn;
+
+  // What the formulas say for each world rank w (shard index j = w % n, replica w / n).
+  const std::vector<int64_t> zeros(static_cast<size_t>(W), 0);
+  std::vector<int64_t> shard = zeros, state_rest = zeros, opt = zeros, comm = zeros, par_lo = zeros, grad_lo = zeros,
+                       grad_hi = zeros, rs = zeros, rep = zeros, ag = zeros, norm = zeros, total = zeros;
+  std::vector<int64_t> partials(static_cast<size_t>(n), 0);  // fp64 grad-norm partials per shard rank: one per 512 elements
+  for (int j = 0; j < n; ++j)
+    for (const Segment& g : segs) partials[size_t(j)] += (piece_numel(g.numel(), n, j) + kShardAlign - 1) / kShardAlign;
+  bool layout_matches = true;
+  for (int w = 0; w < W; ++w) {
+    const int j = w % n;
+    int64_t sh = 0, rs_bytes = 0, ag_bytes = 0;
+    for (size_t k = 0; k < segs.size(); ++k) {
+      const std::vector<int64_t> c = pieces_of(segs[k].numel(), n);
+      sh += c[size_t(j)];
+      layout_matches = layout_matches && layout.piece(k, j).numel() == c[size_t(j)];
+      if (stage == 1)
+        rs_bytes += all_reduce_sent(segs[k].numel(), n, j, 4, algo);  // full gradients, as in DP
+      else
+        rs_bytes += M * reduce_scatter_sent(c, j, 4);  // every micro-batch, as soon as a layer is done
+      const int times = stage < 3 ? 1 : int(M) * (reshard && segs[k].layer >= 0 ? 2 : 1);
+      ag_bytes += times * all_gather_sent(c, j, 4, algo);
+    }
+    shard[size_t(w)] = sh;
+    opt[size_t(w)] = 8 * sh;
+    comm[size_t(w)] = stage >= 2 ? 4 * sh : 0;
+    state_rest[size_t(w)] = stage == 1 ? 8 * N + 8 * sh : stage == 2 ? 4 * N + 12 * sh : 16 * sh;
+    par_lo[size_t(w)] = stage < 3 ? 4 * N : reshard ? 4 * sh + 4 * (root + std::min<int64_t>(L, 2) * layer) : 4 * sh + 4 * N;
+    grad_lo[size_t(w)] = stage == 1 ? 4 * N : 4 * sh + 4 * (root + std::min<int64_t>(L, 1) * layer);
+    grad_hi[size_t(w)] = stage == 1 ? 4 * N : 4 * sh + 4 * (root + std::min<int64_t>(L, 3) * layer);
+    rs[size_t(w)] = rs_bytes;
+    rep[size_t(w)] = q > 1 ? M * all_reduce_sent(sh, q, w / n, 4, algo) : 0;
+    ag[size_t(w)] = ag_bytes;
+    norm[size_t(w)] = stage >= 2 ? all_gather_sent(partials, j, 8, algo) : 0;
+    total[size_t(w)] = rs_bytes + rep[size_t(w)] + ag_bytes + norm[size_t(w)] + all_reduce_sent(2, W, w, 8, algo);
+  }
+
+  // What was measured, per world rank.
+  std::vector<int64_t> m_shard, m_state, m_opt, m_comm, m_par, m_grad, m_total;
+  for (int w = 0; w < W; ++w) {
+    const RankSnapshot& r0 = rest.ranks[size_t(w)];
+    const RankSnapshot& r1 = last.ranks[size_t(w)];
+    m_shard.push_back(layout.shard_numel(w % n));
+    m_state.push_back(r0.live.params + r0.live.grads + r0.live.optimizer);
+    m_opt.push_back(r1.peak.optimizer);
+    m_comm.push_back(r1.peak.comm_buffers);
+    m_par.push_back(r1.peak.params);
+    m_grad.push_back(r1.peak.grads);
+    m_total.push_back(total_sent(r1.traffic));
+  }
+  const std::vector<int64_t> m_rs = per_rank_sent(last, stage == 1 ? "all_reduce" : "reduce_scatter", "grads layer"),
+                             m_rs_root = per_rank_sent(last, stage == 1 ? "all_reduce" : "reduce_scatter", "grads embed"),
+                             m_rep = per_rank_sent(last, "all_reduce", "grads across replicas"),
+                             m_ag = per_rank_sent(last, "all_gather", stage == 3 ? "params" : "updated parameters"),
+                             m_norm = per_rank_sent(last, "all_gather", "grad-norm partials");
+  std::vector<int64_t> m_grad_red = zeros;
+  for (int w = 0; w < W; ++w) m_grad_red[size_t(w)] = m_rs[size_t(w)] + m_rs_root[size_t(w)];
+
+  ExerciseSheet sheet;
+  Exercise x1{"Z1", "How many elements of the flat buffer does each rank own (its shard)?",
+              "the sum over segments of its piece; N/n on average (n = " + std::to_string(n) +
+                  "), but padding to 512-element pieces makes the last shard ranks short",
+              mean_shard, shard, m_shard, {}, "Measured = ShardLayout, the layout the strategy uses; every piece of "
+              "every segment is compared with the formula, not only the sums.", false};
+  x1.pass = layout_matches && x1.expected == x1.measured;
+  sheet.add(x1);
+  sheet.exact("Z2", "How many bytes of AdamW state does each rank hold?", "8 bytes per owned element: 8N/n",
+              8.0 * mean_shard, opt, m_opt);
+  const char* rest_formula = stage == 1   ? "ZeRO-1: params 4N + grads 4N + AdamW 8N/n"
+                             : stage == 2 ? "ZeRO-2: params 4N + grads 4N/n + AdamW 8N/n"
+                                          : "ZeRO-3: (4 + 4 + 8) N/n = 16N/n";
+  const double rest_textbook = stage == 1 ? 8.0 * dN + 8.0 * mean_shard
+                               : stage == 2 ? 4.0 * dN + 12.0 * mean_shard
+                                            : 16.0 * mean_shard;
+  sheet.exact("Z3", "How much model state (params + grads + AdamW) does each rank keep between steps?", rest_formula,
+              rest_textbook, state_rest, m_state);
+  sheet.exact("Z4", "How big is the communication buffer each rank keeps?",
+              stage == 1 ? "none: ZeRO-1 all-reduces the gradients in place"
+                         : "one shard of gradients (4N/n): each micro-batch's reduce-scatter lands there before it is "
+                           "added to the accumulated gradient shard",
+              stage == 1 ? 0.0 : 4.0 * mean_shard, comm, m_comm);
+  sheet.exact("Z5", "What is the peak of parameter memory per rank?",
+              stage < 3 ? "4N: every rank keeps the full parameters"
+              : reshard ? "shard + root (embedding, norm + head: gathered for the whole step) + 2 layers (the one "
+                          "computing and the prefetched next): 4 (N/n + R + 2 layer)"
+                        : "shard + the whole model: nothing is freed between forward and backward (Llama 3's "
+                          "choice): 4N/n + 4N",
+              -1, par_lo, m_par);
+  if (stage == 1)
+    sheet.exact("Z6", "What is the peak of gradient memory per rank?", "4N: ZeRO-1 keeps full gradients", 4.0 * dN,
+                grad_lo, m_grad);
+  else
+    sheet.range("Z6", "What is the peak of gradient memory per rank?",
+                "the gradient shard 4N/n + the full gradients of the root (embedding, norm + head: reduced last) + "
+                "1 to 3 layers (the one in backward, up to 2 still being reduced)",
+                grad_lo, grad_hi, m_grad,
+                "A range, because how many reductions are still in flight depends on thread timing.");
+  const double frac = (dn - 1) / dn;
+  if (stage == 1)
+    sheet.exact("Z7", "How many bytes does each rank send per step to reduce the gradients?",
+                "this implementation all-reduces the full gradients, as DP does: 2(n-1)/n * 4N (the ZeRO paper's "
+                "ZeRO-1 reduce-scatters instead: (n-1)/n * 4N)",
+                2 * frac * 4 * dN, rs, m_grad_red,
+                "Why all-reduce: each rank then clips with the global norm computed from the full gradient, no "
+                "extra collective needed; the price is (n-1)/n * 4N bytes more per step than the paper's ZeRO-1.");
+  else
+    sheet.exact("Z7", "How many bytes does each rank send per step to reduce the gradients?",
+                "a reduce-scatter per layer per micro-batch: M (n-1)/n * 4N, here M = " + std::to_string(M), dM * frac * 4 * dN,
+                rs, m_grad_red,
+                "Per micro-batch, not per step: the full gradient is never kept, so accumulation cannot wait (DP's "
+                "no_sync would need 4N of gradients).");
+  if (q > 1)
+    sheet.exact("Z8", "HSDP: how many bytes does each rank send to sum its shard across the replicas?",
+                "an all-reduce of the gradient shard over the " + std::to_string(q) +
+                    " replicas per micro-batch: M * 2(q-1)/q * 4N/n",
+                dM * 2.0 * (q - 1) / q * 4 * mean_shard, rep, m_rep,
+                "This crosses nodes (InfiniBand) but moves only 1/n of the gradients: the point of HSDP.");
+  const double ag_textbook = stage < 3 ? frac * 4 * dN : dM * frac * 4 * (reshard ? 2 * dN - double(root) : dN);
+  sheet.exact("Z9", "How many bytes does each rank send per step to all-gather parameters?",
+              stage < 3   ? "after the update, every rank's new pieces to everyone: (n-1)/n * 4N"
+              : reshard   ? "per micro-batch, forward gathers every segment and backward re-gathers every layer (the "
+                            "root stays gathered): M (n-1)/n * 4 (2N - R)"
+                          : "per micro-batch, forward gathers every segment once: M (n-1)/n * 4N",
+              ag_textbook, ag, m_ag,
+              stage == 3 && reshard ? "The textbook's ZeRO-3 figure is 2 (n-1)/n * 4N: here the root segments "
+                                      "(R = embedding + norm + head) are not re-gathered, as PyTorch FSDP does for "
+                                      "its root module."
+                                    : "");
+  if (stage >= 2)
+    sheet.exact("Z10", "What does the gradient-norm step send?",
+                "each rank's fp64 sums of squares per 512-element chunk of its gradient shard, all-gathered: about "
+                "(n-1)/n * 8 * N/512 bytes",
+                frac * 8.0 * double([&] {
+                  int64_t k = 0;
+                  for (int64_t p : partials) k += p;
+                  return k;
+                }()),
+                norm, m_norm, "Tiny next to the gradients, and it keeps clipping bitwise equal to one device.");
+  sheet.exact("Z11", "And in total, per rank and step?",
+              "the sum of the above + the loss all-reduce (2 doubles over all ranks): nothing else moves", -1, total,
+              m_total);
+  say.say(sheet.report());
+  say.pause();
+
+  say.phase("equivalence with one device");
+  const EquivalenceReport report = run_equivalence(s, data);
+  say.say(report.table());
+  const bool equivalent = report.ok && (algo != ReduceAlgo::ordered || report.bitwise);
+
+  if (o.json) {
+    std::vector<double> losses;
+    for (size_t k = 1; k < phases.size(); ++k) losses.push_back(phases[k].stats.loss);
+    nlohmann::json shards = nlohmann::json::array();
+    for (size_t k = 0; k < segs.size(); ++k)
+      shards.push_back({{"segment", segment_name(segs[k], k)},
+                        {"begin", segs[k].begin},
+                        {"end", segs[k].end},
+                        {"piece_size", layout.piece_size(k)},
+                        {"pieces", layout.piece_counts(k)}});
+    nlohmann::json j = {{"lesson", "02-zero-fsdp-hsdp"},
+                        {"preset", o.preset},
+                        {"parameters", N},
+                        {"mesh", s.mesh.describe()},
+                        {"strategy", last.strategy},
+                        {"algo", std::string(reduce_algo_name(algo))},
+                        {"steps", s.train.steps},
+                        {"micro_batches", M},
+                        {"losses", losses},
+                        {"shard_map", shards},
+                        {"memory_at_rest", memory_json(live_of(rest))},
+                        {"memory_peak", memory_json(peak_of(last))},
+                        {"traffic_last_step", traffic_json_of(last)},
+                        {"exercises", sheet.to_json()},
+                        {"equivalence", equivalence_json(report)},
+                        {"passed", sheet.failed() == 0 && equivalent}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return sheet.failed() == 0 && equivalent ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace llama4d::lesson
+
+int main(int argc, char** argv) {
+  llama4d::lesson::LessonOptions options;
+  llama4d::lesson::ZeroArgs zero;
+  CLI::App app{"Lesson 02: ZeRO-1/2/3 (FSDP) and HSDP on virtual GPUs", "lesson02_zero"};
+  options.add_options(app);
+  app.add_option("--zero", zero.zero, "ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)")
+      ->check(CLI::Range(1, 3))
+      ->capture_default_str();
+  app.add_flag("--keep-params", zero.keep_params,
+               "ZeRO-3: keep gathered parameters from forward to backward (Llama 3's choice)");
+  app.add_option("--replicas", zero.replicas, "HSDP: replicas of the shard group (--ranks / replicas shard ranks)")
+      ->capture_default_str();
+  return llama4d::lesson::lesson_main(app, argc, argv, [&] {
+    // HSDP: unless told otherwise, put one shard group on each node, so the replica all-reduce
+    // is the traffic that crosses InfiniBand.
+    if (zero.replicas > 1 && app.get_option("--gpus-per-node")->count() == 0 && zero.replicas <= options.ranks)
+      options.gpus_per_node = std::max(1, options.ranks / zero.replicas);
+    return llama4d::lesson::run(options, zero);
+  });
+}

@@ -1,0 +1,558 @@
+#include "lessons/common/lesson.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <mutex>
+
+#include "core/dist/memory_tracker.h"
+#include "core/dist/text_table.h"
+#include "core/error.h"
+#include "core/model/llama.h"
+#include "core/ops.h"
+
+namespace llama4d::lesson {
+
+// ---- Flags and narration ---------------------------------------------------------------------
+
+void LessonOptions::add_options(CLI::App& app) {
+  app.add_option("--preset", preset, "model shape (tiny: 2 layers, small: 6 layers)")->capture_default_str();
+  app.add_option("--ranks", ranks, "virtual GPUs")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--steps", steps, "AdamW steps")->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--micro-batches", micro_batches, "micro-batches per rank and step (gradient accumulation)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_option("--rows", rows, "sequences per micro-batch")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--seq-len", seq_len, "tokens per sequence")->check(CLI::Range(2, 4096))->capture_default_str();
+  app.add_option("--algo", algo, "reduction order: ordered (bitwise reproducible) or ring (NCCL's)")
+      ->check(CLI::IsMember({"ordered", "ring"}))
+      ->capture_default_str();
+  app.add_option("--gpus-per-node", gpus_per_node, "virtual GPUs per node: NVLink inside, InfiniBand across")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_flag("--step", step, "pause at every phase (press Enter; never blocks when stdin is not a terminal)");
+  app.add_flag("--json", json, "print one JSON object (measured vs expected) on stdout; narration on stderr");
+}
+
+TrainOptions LessonOptions::train_options() const {
+  TrainOptions t;
+  t.steps = steps;
+  t.batch_size = int64_t(ranks) * micro_batches * rows;
+  t.micro_batch_size = rows;
+  t.seq_len = seq_len;
+  t.warmup_steps = 1;
+  return t;
+}
+
+VirtualClusterOptions LessonOptions::cluster_options() const {
+  VirtualClusterOptions o;
+  o.ranks = ranks;
+  o.cluster = ClusterSpec::for_ranks(ranks, gpus_per_node);
+  o.algo = reduce_algo();
+  return o;
+}
+
+ReduceAlgo LessonOptions::reduce_algo() const { return parse_reduce_algo(algo); }
+
+Narrator::Narrator(const LessonOptions& o)
+    : out_(o.json ? stderr : stdout), step_(o.step), interactive_(o.step && isatty(STDIN_FILENO)) {}
+
+void Narrator::phase(const std::string& title) {
+  std::fprintf(out_, "\n== phase %d: %s ==\n\n", ++phase_, title.c_str());
+  std::fflush(out_);
+}
+
+void Narrator::say(const std::string& text) {
+  std::fputs(text.c_str(), out_);
+  std::fflush(out_);
+}
+
+void Narrator::pause() {
+  if (!step_) return;
+  if (!interactive_) {
+    if (!noted_) say("\n(--step: stdin is not a terminal, so the lesson does not wait)\n");
+    noted_ = true;
+    return;
+  }
+  say("\n-- press Enter to continue --");
+  std::string line;
+  if (!std::getline(std::cin, line)) interactive_ = false;  // stdin closed: stop waiting
+}
+
+// ---- One training run, phase by phase -------------------------------------------------------
+
+namespace {
+
+DataParallelMemory live_memory(const MemoryTracker& t) {
+  DataParallelMemory m;
+  m.params = t.live(MemoryCategory::params);
+  m.grads = t.live(MemoryCategory::grads);
+  m.optimizer = t.live(MemoryCategory::optimizer);
+  m.activations = t.live(MemoryCategory::activations);
+  m.comm_buffers = t.live(MemoryCategory::comm_buffers);
+  m.total = t.live_total();
+  return m;
+}
+
+}  // namespace
+
+std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
+                                  const std::function<void(const PhaseView&)>& on_phase) {
+  if (s.cluster.ranks != s.mesh.size()) throw Error("run_phases: cluster and mesh sizes differ");
+  VirtualCluster cluster(s.cluster);
+  std::vector<PhaseView> phases(size_t(s.train.steps + 1));
+  for (PhaseView& p : phases) p.ranks.resize(size_t(s.mesh.size()));
+  std::mutex mu;
+  cluster.run([&](ProcessGroup& world) {
+    // One compute thread per virtual GPU: N ranks must not each start a full OpenMP team.
+    ops::set_backend_threads_for_this_thread(1);
+    Llama<float> model(s.model);
+    model.init_weights(s.train.seed);
+    DataParallelTrainer<float> trainer(world, model, data, s.train, s.mesh, s.dp);
+    const size_t me = size_t(world.rank());
+
+    // Every rank files its snapshot, then all meet; rank 0 shows the phase while the others
+    // wait in a second barrier. The barriers run after the snapshot, so their (empty) records
+    // never count as the step's traffic. A learner may take minutes at a pause: long timeout.
+    auto publish = [&](int64_t step, const StepStats& st, size_t first_record) {
+      RankSnapshot snap;
+      const std::vector<TrafficRecord> all = world.traffic().records();
+      snap.traffic.assign(all.begin() + std::ptrdiff_t(std::min(first_record, all.size())), all.end());
+      snap.live = live_memory(world.memory());
+      snap.peak = trainer.strategy().peak_memory();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        PhaseView& p = phases[size_t(step)];
+        p.ranks[me] = std::move(snap);
+        if (me == 0) {
+          p.step = step;
+          p.stats = st;
+          p.strategy = trainer.strategy().describe();
+        }
+      }
+      BarrierOptions o;
+      o.label = "lesson pause";
+      o.timeout = std::chrono::hours(1);
+      world.barrier(o)->wait();
+      if (me == 0 && on_phase) {
+        PhaseView copy;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          copy = phases[size_t(step)];
+        }
+        on_phase(copy);
+      }
+      world.barrier(o)->wait();
+    };
+
+    publish(0, StepStats{}, 0);
+    for (int64_t k = 1; k <= s.train.steps; ++k) {
+      const size_t mark = world.traffic().records().size();
+      const StepStats st = trainer.step();
+      publish(k, st, mark);
+    }
+  });
+  return phases;
+}
+
+EquivalenceReport run_equivalence(const RunSetup& s, const TextDataset& data) {
+  EquivalenceOptions o;
+  o.model = s.model;
+  o.train = s.train;
+  o.mesh = s.mesh;
+  o.dp = s.dp;
+  o.algo = s.cluster.algo;
+  VirtualCluster cluster(s.cluster);
+  return verify_data_parallel<float>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
+    cluster.run([&](ProcessGroup& world) {
+      ops::set_backend_threads_for_this_thread(1);
+      fn(world);
+    });
+  });
+}
+
+void StepReporter::show(const PhaseView& p) {
+  say_.phase("step " + std::to_string(p.step) + ": what each rank sent and held");
+  char line[160];
+  std::snprintf(line, sizeof line, "loss %.6f, gradient norm %.6f (before clipping)\n\n", p.stats.loss,
+                p.stats.grad_norm);
+  say_.say(line);
+  const std::string traffic = traffic_table(p.ranks), memory = memory_table(peak_of(p));
+  if (traffic == last_traffic_ && memory == last_memory_) {
+    say_.say("Every rank sent and held exactly what it did in the previous step.\n");
+  } else {
+    say_.say("Bytes SENT by each rank during the step, per collective (labels 'layer N' folded):\n\n" + traffic);
+    if (!traffic_note_.empty()) say_.say("\n" + traffic_note_ + "\n");
+    say_.say("\nPeak bytes per rank so far" + memory_note_ + ":\n\n" + memory);
+  }
+  if (timeline_) say_.say("\nRank 0's collectives in the order they started:\n\n" + timeline_table(p.ranks[0].traffic, 60));
+  last_traffic_ = traffic;
+  last_memory_ = memory;
+  say_.pause();
+}
+
+// ---- Tables ----------------------------------------------------------------------------------
+
+std::string grouped(int64_t n) {
+  const bool neg = n < 0;
+  std::string digits = std::to_string(neg ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return neg ? "-" + out : out;
+}
+
+std::string mesh_table(const DataParallelMesh& mesh, const ClusterSpec& cluster) {
+  std::vector<std::vector<std::string>> rows;
+  const int n = mesh.dp_shard;
+  if (mesh.hsdp()) {
+    rows.push_back({"rank", "node", "shard index", "replica", "shard group (splits the state)",
+                    "replica group (same shard)"});
+    for (int w = 0; w < mesh.size(); ++w) {
+      const int j = w % n, q = w / n;
+      std::string shard_group, replica_group;
+      for (int i = 0; i < n; ++i) shard_group += (i ? "," : "") + std::to_string(q * n + i);
+      for (int i = 0; i < mesh.dp_replicate; ++i) replica_group += (i ? "," : "") + std::to_string(i * n + j);
+      rows.push_back({std::to_string(w), std::to_string(cluster.node_of(w)), std::to_string(j), std::to_string(q),
+                      "{" + shard_group + "}", "{" + replica_group + "}"});
+    }
+  } else {
+    rows.push_back({"rank", "node", "dp rank"});
+    for (int w = 0; w < mesh.size(); ++w)
+      rows.push_back({std::to_string(w), std::to_string(cluster.node_of(w)), std::to_string(w)});
+  }
+  return format_table(rows);
+}
+
+std::string batch_table(const TextDataset& data, const TrainOptions& train, int dp, int64_t step) {
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"rank", "micro-batch", "global row", "first characters of the row"});
+  const int64_t per_rank = train.batch_size / dp;
+  for (int d = 0; d < dp; ++d) {
+    const std::vector<Batch> mbs = data_rank_micro_batches(data.train(), train, step, d, dp);
+    int64_t row = d * per_rank;
+    for (size_t m = 0; m < mbs.size(); ++m)
+      for (int64_t b = 0; b < mbs[m].B; ++b, ++row) {
+        std::string text;
+        for (int64_t t = 0; t < std::min<int64_t>(mbs[m].T, 40); ++t) {
+          const int32_t tok = mbs[m].tokens[size_t(b * mbs[m].T + t)];
+          text += (tok >= 0x20 && tok < 0x7f) ? char(tok) : '.';  // newlines, UTF-8 bytes: '.'
+        }
+        rows.push_back({std::to_string(d), std::to_string(m), std::to_string(row), "\"" + text + "\""});
+      }
+  }
+  return format_table(rows);
+}
+
+namespace {
+
+// "grads layer 3" -> "grads layer *": one table row per kind of collective, not per layer.
+std::string fold_label(const std::string& label) {
+  const std::string key = "layer ";
+  const size_t at = label.rfind(key);
+  if (at == std::string::npos) return label;
+  const std::string tail = label.substr(at + key.size());
+  if (tail.empty() || !std::all_of(tail.begin(), tail.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return label;
+  return label.substr(0, at) + key + "*";
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+}  // namespace
+
+std::string traffic_table(const std::vector<RankSnapshot>& ranks) {
+  const size_t n = ranks.size();
+  std::vector<std::string> keys;  // "op|label", in order of first appearance
+  std::map<std::string, std::vector<int64_t>> bytes, calls;
+  std::vector<int64_t> ib(n, 0), totals(n, 0);
+  bool any_ib = false;
+  for (size_t r = 0; r < n; ++r)
+    for (const TrafficRecord& rec : ranks[r].traffic) {
+      if (rec.op == "barrier") continue;  // no payload
+      const std::string key = rec.op + "|" + fold_label(rec.label);
+      if (!bytes.count(key)) {
+        keys.push_back(key);
+        bytes[key].assign(n, 0);
+        calls[key].assign(n, 0);
+      }
+      bytes[key][r] += rec.bytes_sent;
+      calls[key][r] += 1;
+      totals[r] += rec.bytes_sent;
+      ib[r] += rec.sent_ib;
+      any_ib = any_ib || rec.sent_ib > 0;
+    }
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> head = {"op", "label", "calls"};
+  for (size_t r = 0; r < n; ++r) head.push_back("rank " + std::to_string(r));
+  rows.push_back(head);
+  for (const std::string& key : keys) {
+    const size_t bar = key.find('|');
+    std::vector<std::string> row = {key.substr(0, bar), key.substr(bar + 1), std::to_string(calls[key][0])};
+    for (size_t r = 0; r < n; ++r) row.push_back(grouped(bytes[key][r]));
+    rows.push_back(row);
+  }
+  std::vector<std::string> total = {"total", "bytes sent", ""};
+  for (size_t r = 0; r < n; ++r) total.push_back(grouped(totals[r]));
+  rows.push_back(total);
+  if (any_ib) {
+    std::vector<std::string> row = {"", "of which over InfiniBand", ""};
+    for (size_t r = 0; r < n; ++r) row.push_back(grouped(ib[r]));
+    rows.push_back(row);
+  }
+  return format_table(rows);
+}
+
+std::string timeline_table(const std::vector<TrafficRecord>& records, size_t max_rows) {
+  std::vector<TrafficRecord> sorted = records;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const TrafficRecord& a, const TrafficRecord& b) { return a.wall_start_us < b.wall_start_us; });
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"#", "op", "group", "label", "elements", "dtype", "bytes sent", "algorithm"});
+  size_t i = 0;
+  for (const TrafficRecord& r : sorted) {
+    if (r.op == "barrier") continue;
+    if (i == max_rows) {
+      rows.push_back({"...", "(" + std::to_string(sorted.size() - i) + " more)", "", "", "", "", "", ""});
+      break;
+    }
+    rows.push_back({std::to_string(++i), r.op, r.group, r.label, grouped(r.count), std::string(dtype_name(r.dtype)),
+                    grouped(r.bytes_sent), r.algorithm});
+  }
+  return format_table(rows);
+}
+
+std::string memory_table(const std::vector<DataParallelMemory>& per_rank) {
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"rank", "params", "grads", "optimizer", "activations", "comm buffers", "total", ""});
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const DataParallelMemory& m = per_rank[r];
+    rows.push_back({std::to_string(r), grouped(m.params), grouped(m.grads), grouped(m.optimizer), grouped(m.activations),
+                    grouped(m.comm_buffers), grouped(m.total), "(" + format_bytes(m.total) + ")"});
+  }
+  return format_table(rows);
+}
+
+std::vector<DataParallelMemory> live_of(const PhaseView& p) {
+  std::vector<DataParallelMemory> out;
+  for (const RankSnapshot& r : p.ranks) out.push_back(r.live);
+  return out;
+}
+
+std::vector<DataParallelMemory> peak_of(const PhaseView& p) {
+  std::vector<DataParallelMemory> out;
+  for (const RankSnapshot& r : p.ranks) out.push_back(r.peak);
+  return out;
+}
+
+// ---- Measured traffic ------------------------------------------------------------------------
+
+int64_t sent_bytes(const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix) {
+  int64_t n = 0;
+  for (const TrafficRecord& r : records)
+    if (r.op == op && starts_with(r.label, prefix)) n += r.bytes_sent;
+  return n;
+}
+
+int64_t call_count(const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix) {
+  int64_t n = 0;
+  for (const TrafficRecord& r : records)
+    if (r.op == op && starts_with(r.label, prefix)) ++n;
+  return n;
+}
+
+int64_t total_sent(const std::vector<TrafficRecord>& records) {
+  int64_t n = 0;
+  for (const TrafficRecord& r : records) n += r.bytes_sent;
+  return n;
+}
+
+std::vector<int64_t> per_rank_sent(const PhaseView& p, const std::string& op, const std::string& prefix) {
+  std::vector<int64_t> out;
+  for (const RankSnapshot& r : p.ranks) out.push_back(sent_bytes(r.traffic, op, prefix));
+  return out;
+}
+
+// ---- Wire volume per rank, from the README formulas ------------------------------------------
+
+std::vector<int64_t> balanced_chunks(int64_t count, int n) {
+  std::vector<int64_t> c(size_t(n), count / n);
+  for (int64_t i = 0; i < count % n; ++i) ++c[size_t(i)];
+  return c;
+}
+
+namespace {
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+}  // namespace
+
+int64_t reduce_scatter_sent(const std::vector<int64_t>& counts, int rank, int64_t elem) {
+  return (sum_of(counts) - counts[size_t(rank)]) * elem;
+}
+
+int64_t all_gather_sent(const std::vector<int64_t>& counts, int rank, int64_t elem, ReduceAlgo algo) {
+  const int n = int(counts.size());
+  if (algo == ReduceAlgo::ring) return (sum_of(counts) - counts[size_t((rank + 1) % n)]) * elem;
+  return int64_t(n - 1) * counts[size_t(rank)] * elem;
+}
+
+int64_t all_reduce_sent(int64_t count, int n, int rank, int64_t elem, ReduceAlgo algo) {
+  const std::vector<int64_t> c = balanced_chunks(count, n);
+  return reduce_scatter_sent(c, rank, elem) + all_gather_sent(c, rank, elem, algo);
+}
+
+// ---- Exercises -------------------------------------------------------------------------------
+
+namespace {
+
+double mean_of(const std::vector<int64_t>& v) { return v.empty() ? 0.0 : double(sum_of(v)) / double(v.size()); }
+
+std::string number(double v) {
+  if (std::fabs(v - std::round(v)) < 1e-9) return grouped(int64_t(std::llround(v)));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
+
+}  // namespace
+
+void ExerciseSheet::exact(std::string id, std::string question, std::string formula, double textbook,
+                          std::vector<int64_t> expected, std::vector<int64_t> measured, std::string note) {
+  Exercise e{std::move(id), std::move(question), std::move(formula), textbook, std::move(expected),
+             std::move(measured), {}, std::move(note), false};
+  e.pass = e.expected == e.measured;
+  if (textbook >= 0) e.pass = e.pass && std::fabs(mean_of(e.measured) - textbook) <= 1e-9 * std::max(1.0, textbook);
+  items_.push_back(std::move(e));
+}
+
+void ExerciseSheet::range(std::string id, std::string question, std::string formula, std::vector<int64_t> lower,
+                          std::vector<int64_t> upper, std::vector<int64_t> measured, std::string note) {
+  Exercise e{std::move(id), std::move(question), std::move(formula), -1, std::move(lower), std::move(measured),
+             std::move(upper), std::move(note), false};
+  e.pass = e.expected.size() == e.measured.size() && e.upper.size() == e.measured.size();
+  for (size_t r = 0; e.pass && r < e.measured.size(); ++r)
+    e.pass = e.expected[r] <= e.measured[r] && e.measured[r] <= e.upper[r];
+  items_.push_back(std::move(e));
+}
+
+void ExerciseSheet::add(Exercise e) { items_.push_back(std::move(e)); }
+
+std::string ExerciseSheet::report() const {
+  std::string out;
+  for (const Exercise& e : items_) {
+    out += std::string(e.pass ? "[PASS] " : "[FAIL] ") + e.id + ". " + e.question + "\n";
+    out += "       answer: " + e.formula + "\n";
+    if (e.textbook >= 0)
+      out += "       formula gives " + number(e.textbook) + " per rank; measured mean " + number(mean_of(e.measured)) + "\n";
+    std::vector<std::vector<std::string>> rows;
+    std::vector<std::string> head = {"       ", ""};
+    for (size_t r = 0; r < e.measured.size(); ++r) head.push_back("rank " + std::to_string(r));
+    rows.push_back(head);
+    std::vector<std::string> exp = {"       ", e.upper.empty() ? "expected" : "at least"}, up = {"       ", "at most"},
+                             mea = {"       ", "measured"};
+    for (size_t r = 0; r < e.measured.size(); ++r) {
+      exp.push_back(r < e.expected.size() ? grouped(e.expected[r]) : "?");
+      if (!e.upper.empty()) up.push_back(r < e.upper.size() ? grouped(e.upper[r]) : "?");
+      mea.push_back(grouped(e.measured[r]));
+    }
+    rows.push_back(exp);
+    if (!e.upper.empty()) rows.push_back(up);
+    rows.push_back(mea);
+    std::string table = format_table(rows);
+    // Drop the underline format_table draws under the header: these are inline tables.
+    const size_t first = table.find('\n'), second = table.find('\n', first + 1);
+    table.erase(first + 1, second - first);
+    out += table;
+    if (!e.note.empty()) out += "       " + e.note + "\n";
+    out += "\n";
+  }
+  int passed = 0;
+  for (const Exercise& e : items_) passed += e.pass ? 1 : 0;
+  out += std::to_string(passed) + " of " + std::to_string(items_.size()) + " exercises PASS\n";
+  return out;
+}
+
+nlohmann::json ExerciseSheet::to_json() const {
+  nlohmann::json a = nlohmann::json::array();
+  for (const Exercise& e : items_) {
+    nlohmann::json j = {{"id", e.id},           {"question", e.question}, {"answer", e.formula},
+                        {"expected", e.expected}, {"measured", e.measured}, {"pass", e.pass}};
+    if (e.textbook >= 0) j["formula_per_rank"] = e.textbook, j["measured_mean"] = mean_of(e.measured);
+    if (!e.upper.empty()) j["expected_at_most"] = e.upper;
+    if (!e.note.empty()) j["note"] = e.note;
+    a.push_back(j);
+  }
+  return a;
+}
+
+int ExerciseSheet::failed() const {
+  int n = 0;
+  for (const Exercise& e : items_) n += e.pass ? 0 : 1;
+  return n;
+}
+
+nlohmann::json equivalence_json(const EquivalenceReport& r) {
+  return {{"strategy", r.strategy}, {"ranks", r.ranks},         {"steps", r.steps},
+          {"algo", r.algo},         {"ok", r.ok},               {"bitwise", r.bitwise},
+          {"max_abs_err", r.max_abs_err}, {"max_rel_err", r.max_rel_err}, {"worst_tensor", r.worst_tensor},
+          {"losses_single", r.losses_single}, {"losses_parallel", r.losses_parallel}};
+}
+
+nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank) {
+  nlohmann::json a = nlohmann::json::array();
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const DataParallelMemory& m = per_rank[r];
+    a.push_back({{"rank", r},
+                 {"params", m.params},
+                 {"grads", m.grads},
+                 {"optimizer", m.optimizer},
+                 {"activations", m.activations},
+                 {"comm_buffers", m.comm_buffers},
+                 {"total", m.total}});
+  }
+  return a;
+}
+
+nlohmann::json traffic_json_of(const PhaseView& p) {
+  nlohmann::json a = nlohmann::json::array();
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    nlohmann::json by = nlohmann::json::object();
+    for (const TrafficRecord& rec : p.ranks[r].traffic) {
+      if (rec.op == "barrier") continue;
+      const std::string key = rec.op + " " + fold_label(rec.label);
+      by[key] = by.value(key, int64_t(0)) + rec.bytes_sent;
+    }
+    a.push_back({{"rank", r}, {"bytes_sent", total_sent(p.ranks[r].traffic)}, {"by_collective", by}});
+  }
+  return a;
+}
+
+int lesson_main(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  try {
+    return body();
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "%s: error: %s\n", app.get_name().c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", app.get_name().c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace llama4d::lesson

@@ -1,0 +1,188 @@
+#pragma once
+// What the lesson programs share, so each lesson's main.cpp holds only its own story:
+//   - the flags every lesson takes and the narration (phase banners, --step pauses);
+//   - a training run on virtual GPUs that stops after construction and after every step, on
+//     every rank at once, so rank 0 can show what each rank holds and what it sent;
+//   - tables: the mesh, the rows of the batch, traffic per collective, memory per category;
+//   - the per-rank wire volume of each collective, written from the lessons' README formulas
+//     (independent of core/dist/comm_model.cpp: the exercises compare the two);
+//   - an exercise sheet: expected vs measured per rank, PASS/FAIL, and a JSON summary.
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "backends/virtual/virtual_cluster.h"
+#include "core/data/dataset.h"
+#include "core/dist/traffic_log.h"
+#include "core/model/config.h"
+#include "core/parallel/data_parallel_trainer.h"
+#include "core/verify/equivalence.h"
+
+namespace llama4d::lesson {
+
+// ---- Flags and narration ---------------------------------------------------------------------
+
+struct LessonOptions {
+  std::string preset = "tiny";
+  int ranks = 4;
+  int64_t steps = 2;
+  int64_t micro_batches = 1;  // per rank and step
+  int64_t rows = 2;           // sequences per micro-batch
+  int64_t seq_len = 64;
+  std::string algo = "ordered";
+  int gpus_per_node = 8;
+  bool step = false;  // pause at every phase
+  bool json = false;  // one JSON object on stdout; the narration goes to stderr
+
+  void add_options(CLI::App& app);
+  // Global batch = ranks x micro_batches x rows, so every rank gets micro_batches micro-batches.
+  TrainOptions train_options() const;
+  VirtualClusterOptions cluster_options() const;
+  ReduceAlgo reduce_algo() const;
+};
+
+class Narrator {
+ public:
+  explicit Narrator(const LessonOptions& options);
+  std::FILE* out() const { return out_; }
+  void phase(const std::string& title);  // "== phase 3: ... =="
+  void say(const std::string& text);     // as is (add your own newlines)
+  // With --step: waits for Enter when stdin is a terminal; otherwise only notes the pause, so
+  // CI and pipes never block.
+  void pause();
+
+ private:
+  std::FILE* out_;
+  bool step_, interactive_, noted_ = false;
+  int phase_ = 0;
+};
+
+// ---- One training run, phase by phase -------------------------------------------------------
+
+struct RankSnapshot {
+  std::vector<TrafficRecord> traffic;  // what this rank sent and received during the step
+  DataParallelMemory live;             // bytes held now (between steps: "at rest")
+  DataParallelMemory peak;             // highest so far, per category
+};
+
+struct PhaseView {
+  int64_t step = 0;       // 0: right after construction, before any step
+  StepStats stats;        // rank 0's (loss, grad norm) for step >= 1
+  std::string strategy;   // DataParallelStrategy::describe()
+  std::vector<RankSnapshot> ranks;
+};
+
+struct RunSetup {
+  LlamaConfig model;
+  TrainOptions train;
+  DataParallelMesh mesh;
+  DataParallelConfig dp;
+  VirtualClusterOptions cluster;
+};
+
+// Trains setup.train.steps steps on a VirtualCluster of setup.mesh.size() ranks. After
+// construction and after every step all ranks stop; on_phase runs on rank 0's thread with every
+// rank's snapshot while the others wait (so it may print and pause). Returns every phase.
+std::vector<PhaseView> run_phases(const RunSetup& setup, const TextDataset& data,
+                                  const std::function<void(const PhaseView&)>& on_phase);
+
+// The equivalence harness on a fresh VirtualCluster: the same steps on N ranks and on one device.
+EquivalenceReport run_equivalence(const RunSetup& setup, const TextDataset& data);
+
+// Prints the phase of step k: loss, the traffic table, per-rank memory peaks and, with --step,
+// rank 0's collectives in order. A later step that moved and held exactly what the previous one
+// did gets one line instead of the same tables again.
+class StepReporter {
+ public:
+  StepReporter(Narrator& say, bool timeline, std::string traffic_note, std::string memory_note)
+      : say_(say), timeline_(timeline), traffic_note_(std::move(traffic_note)), memory_note_(std::move(memory_note)) {}
+  void show(const PhaseView& p);
+
+ private:
+  Narrator& say_;
+  bool timeline_;
+  std::string traffic_note_, memory_note_, last_traffic_, last_memory_;
+};
+
+// ---- Tables ----------------------------------------------------------------------------------
+
+std::string grouped(int64_t n);  // 1234567 -> "1,234,567"
+// Rank, node, and each rank's coordinates (dp, or shard index and replica for HSDP).
+std::string mesh_table(const DataParallelMesh& mesh, const ClusterSpec& cluster);
+// Which rows of the global batch of step `step` each data rank trains on, with a text preview.
+std::string batch_table(const TextDataset& data, const TrainOptions& train, int dp, int64_t step);
+// Bytes each rank SENT per (op, label) in one step; "layer 3" labels are folded into "layer *".
+std::string traffic_table(const std::vector<RankSnapshot>& ranks);
+// One rank's collectives in the order they started.
+std::string timeline_table(const std::vector<TrafficRecord>& records, size_t max_rows);
+// Bytes per category per rank (total: the peak of the sum, not the sum of the peaks).
+std::string memory_table(const std::vector<DataParallelMemory>& per_rank);
+std::vector<DataParallelMemory> live_of(const PhaseView& p);
+std::vector<DataParallelMemory> peak_of(const PhaseView& p);
+
+// ---- Measured traffic ------------------------------------------------------------------------
+
+// Bytes one rank sent in records of `op` ("all_reduce", ...) whose label starts with `prefix`.
+int64_t sent_bytes(const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix);
+int64_t call_count(const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix);
+int64_t total_sent(const std::vector<TrafficRecord>& records);
+// sent_bytes for every rank of a phase.
+std::vector<int64_t> per_rank_sent(const PhaseView& p, const std::string& op, const std::string& prefix);
+
+// ---- Wire volume per rank, from the README formulas ------------------------------------------
+// A collective over n ranks where rank i owns chunk counts[i] (elements of `elem` bytes):
+//   reduce-scatter (ring or direct): rank i sends everything but its own chunk: S - c_i
+//   all-gather, direct: rank i sends its chunk to the n-1 others: (n-1) c_i
+//   all-gather, ring: rank i forwards every chunk but the one of rank i+1: S - c_{i+1}
+//   all-reduce = reduce-scatter + all-gather over balanced chunks (the first count % n ranks
+//   get one element more).
+// Summed over ranks every one of them moves exactly (n-1) S (twice that for an all-reduce).
+std::vector<int64_t> balanced_chunks(int64_t count, int n);
+int64_t reduce_scatter_sent(const std::vector<int64_t>& counts, int rank, int64_t elem);
+int64_t all_gather_sent(const std::vector<int64_t>& counts, int rank, int64_t elem, ReduceAlgo algo);
+int64_t all_reduce_sent(int64_t count, int n, int rank, int64_t elem, ReduceAlgo algo);
+
+// ---- Exercises -------------------------------------------------------------------------------
+
+struct Exercise {
+  std::string id, question, formula;  // formula: the README's answer, in words
+  double textbook = -1;               // the formula's value per rank (mean over ranks); < 0: none
+  std::vector<int64_t> expected, measured, upper;  // upper: non-empty for a range [expected, upper]
+  std::string note;
+  bool pass = false;
+};
+
+class ExerciseSheet {
+ public:
+  // PASS when every rank's measured value equals its expected value and, if textbook >= 0, the
+  // mean over ranks equals the textbook value (padding moves bytes between ranks, not in total).
+  void exact(std::string id, std::string question, std::string formula, double textbook,
+             std::vector<int64_t> expected, std::vector<int64_t> measured, std::string note = "");
+  // PASS when lower[r] <= measured[r] <= upper[r] for every rank.
+  void range(std::string id, std::string question, std::string formula, std::vector<int64_t> lower,
+             std::vector<int64_t> upper, std::vector<int64_t> measured, std::string note = "");
+  void add(Exercise e);  // an exercise with its own verdict
+
+  std::string report() const;
+  nlohmann::json to_json() const;
+  int failed() const;
+
+ private:
+  std::vector<Exercise> items_;
+};
+
+// The equivalence verdict for the JSON summary (the full per-tensor table is report.table()).
+nlohmann::json equivalence_json(const EquivalenceReport& report);
+nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank);
+// Per rank: bytes sent per "op label" of one step.
+nlohmann::json traffic_json_of(const PhaseView& p);
+
+// Parses flags, runs body, turns errors into messages and exit codes (2: bad input, 1: other).
+int lesson_main(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
+
+}  // namespace llama4d::lesson
