@@ -5,11 +5,15 @@
 #include <chrono>
 
 #include "cli/common.h"
+#include "cli/launch.h"
+#include "cli/parallel_options.h"
 #include "core/data/dataset.h"
+#include "core/dist/memory_tracker.h"
 #include "core/error.h"
 #include "core/model/flops.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
+#include "core/parallel/data_parallel_trainer.h"
 #include "core/train/trainer.h"
 
 namespace llama4d::cli {
@@ -18,12 +22,53 @@ namespace {
 
 struct BenchArgs {
   ModelChoice model;
+  ParallelChoice parallel;
+  LaunchOptions launch;
   TrainOptions opt;
   int64_t warmup = 2, iters = 5, gemm_n = 1024;
   double gemm_seconds = 1.0;
   int threads = 0;
   bool json = false, force = false;
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The same global batch on a data-parallel mesh of virtual GPUs: step times (rank 0; the steps
+// end in collectives, so every rank finishes together) and the bytes each rank moved per step.
+template <class T>
+nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, const TextDataset& data,
+                                  const TrainOptions& opt) {
+  const DataParallelMesh mesh = a.parallel.data_mesh();
+  const DataParallelConfig dp = a.parallel.config();
+  RankLaunch launcher(a.launch);
+  std::vector<double> times;
+  std::string strategy;
+  launcher.run(mesh.size(), [&](ProcessGroup& world) {
+    Llama<T> model(cfg);
+    model.init_weights(opt.seed);
+    DataParallelTrainer<T> trainer(world, model, data, opt, mesh, dp);
+    std::vector<double> mine;
+    for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
+      const double s = trainer.step().seconds;
+      if (i >= a.warmup) mine.push_back(s);
+    }
+    if (world.rank() == 0) times = mine, strategy = trainer.strategy().describe();
+  });
+  if (!launcher.reporting()) return {};
+  const nlohmann::json traffic = launcher.traffic_totals();
+  const double steps = double(a.warmup + a.iters);
+  const double per_rank = double(traffic.at("total_bytes_sent").get<int64_t>()) / steps / mesh.size();
+  return {{"strategy", strategy},
+          {"ranks", mesh.size()},
+          {"step_seconds_median", median(times)},
+          {"step_seconds", times},
+          {"tokens_per_s", double(opt.tokens_per_step()) / median(times)},
+          {"bytes_sent_per_rank_per_step", per_rank},
+          {"backend", a.launch.backend}};
+}
 
 template <class T>
 nlohmann::json run_bench(const BenchArgs& a) {
@@ -43,8 +88,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
   for (int64_t i = 0; i < a.warmup; ++i) trainer.step();
   std::vector<double> times;
   for (int64_t i = 0; i < a.iters; ++i) times.push_back(trainer.step().seconds);
-  std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2], best = times.front();
+  const double median = llama4d::cli::median(times), best = *std::min_element(times.begin(), times.end());
   const double tokens = double(opt.tokens_per_step());
   const double flops_per_token = training_flops_per_token(cfg, opt.seq_len);
   const double model_flops = tokens * flops_per_token / median;
@@ -56,7 +100,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
            best * 1e3, tokens / median);
   progress("bench: model %.2f GFLOP/s (%.3g FLOP/token) = %.1f%% of measured peak GEMM %.2f GFLOP/s\n",
            model_flops / 1e9, flops_per_token, 100 * fraction, peak / 1e9);
-  return {{"tokens_per_s", tokens / median},
+  nlohmann::json result = {{"tokens_per_s", tokens / median},
           {"step_seconds_median", median},
           {"step_seconds_best", best},
           {"step_seconds", times},
@@ -70,6 +114,18 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"dtype", a.model.dtype},
           {"batch_size", opt.batch_size},
           {"seq_len", opt.seq_len}};
+  if (a.parallel.parallel()) {
+    const nlohmann::json par = run_parallel_bench<T>(a, cfg, data, opt);
+    if (par.is_null()) return {};
+    const double ratio = par.at("step_seconds_median").get<double>() / median;
+    progress("bench: %s on %d %s ranks: step %.1f ms = %.2fx the single-rank step; %s sent per rank per step\n",
+             par.at("strategy").get<std::string>().c_str(), par.at("ranks").get<int>(), a.launch.backend.c_str(),
+             par.at("step_seconds_median").get<double>() * 1e3, ratio,
+             format_bytes(int64_t(par.at("bytes_sent_per_rank_per_step").get<double>())).c_str());
+    result["parallel"] = par;
+    result["parallel_over_single_step_time"] = ratio;
+  }
+  return result;
 }
 
 }  // namespace
@@ -78,6 +134,8 @@ CLI::App* add_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "time training steps against this machine's peak GEMM rate");
   a->model.add_options(*cmd, "small", false);
+  a->parallel.add_options(*cmd, "");
+  a->launch.add_options(*cmd);
   cmd->add_option("--batch-size", a->opt.batch_size, "sequences per step")->capture_default_str();
   cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
@@ -91,7 +149,7 @@ CLI::App* add_bench_command(CLI::App& app) {
     if (cmd->get_subcommands().size() > 0) return;  // `bench comm` ran instead
     set_threads(a->threads);
     const nlohmann::json result = a->model.fp64() ? run_bench<double>(*a) : run_bench<float>(*a);
-    if (a->json) print_json(result);
+    if (a->json && !result.is_null()) print_json(result);
   });
   return cmd;
 }

@@ -16,6 +16,7 @@
 #include "core/model/llama.h"
 #include "core/ops.h"
 #include "core/parallel/data_parallel_trainer.h"
+#include "core/parallel/dp_common.h"
 #include "core/train/checkpoint_state.h"
 #include "core/train/trainer.h"
 
@@ -170,15 +171,7 @@ nlohmann::json run_parallel(const TrainArgs& a) {
     if (world.rank() == 0) result = j, strategy = trainer.strategy().describe();
   });
   if (!launcher.reporting()) return {};
-  nlohmann::json mem = nlohmann::json::array();
-  for (size_t r = 0; r < memory.size(); ++r)
-    mem.push_back({{"rank", r},
-                   {"params", memory[r].params},
-                   {"grads", memory[r].grads},
-                   {"optimizer", memory[r].optimizer},
-                   {"activations", memory[r].activations},
-                   {"comm_buffers", memory[r].comm_buffers},
-                   {"total", memory[r].total}});
+  const nlohmann::json mem = memory_json(memory);
   if (!a.json) std::fputs(launcher.summary().c_str(), stderr);
   result["unigram_entropy_nats"] = unigram.nats;
   result["parameters"] = s.cfg.num_parameters();

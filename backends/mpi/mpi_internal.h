@@ -48,7 +48,7 @@ struct SharedWindow {
 
 struct MpiSession::Impl {
   MpiOptions options;
-  CommStream stream{"mpi comm"};
+  CommStream stream{"mpi comm", /*allow_inline=*/false};  // MPI_THREAD_FUNNELED: one thread calls MPI
   int rank = 0, size = 1;
   std::unique_ptr<RankAccounting> accounting;
   std::shared_ptr<ProcessGroup> world;

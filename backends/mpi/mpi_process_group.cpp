@@ -66,7 +66,6 @@ void MpiProcessGroup::fail(const std::string& message) {
   throw CommError(message);
 }
 
-
 std::shared_ptr<Work> MpiProcessGroup::submit(CommCall call) {
   if (call.op == CommOp::send || call.op == CommOp::recv) {
     if (call.tag < 0 || call.tag > 32767) throw InputError("mpi: tags must be in [0, 32767], got " + std::to_string(call.tag));

@@ -13,7 +13,12 @@
 // it needs); that thread is also the rank's comm stream, so async operations overlap compute.
 // Waits poll with the group timeout: a peer that never answers is named in a CommError instead
 // of hanging. After such an error the session is broken: MPI is not finalised, and the process
-// should exit (mpirun then stops the other ranks).
+// should exit (mpirun then stops the other ranks). Groups must not be used once their session
+// is destroyed.
+//
+// Transport: groups whose members share one node move large buffers (>= 64 KiB) through an
+// MPI-3 shared-memory window; others, and small messages, use point-to-point messages. The
+// traffic log counts the modelled algorithm's bytes either way.
 #include <chrono>
 #include <memory>
 

@@ -4,7 +4,6 @@
 // of all segments in the virtual backend's order (ordered: rank order; ring: k+1, ..., k), with
 // the same kernel, so the bits equal the message-passing path and the virtual backend.
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include "backends/mpi/mpi_internal.h"
@@ -92,16 +91,13 @@ void MpiProcessGroup::shared_all_reduce(const CommCall& call, Clock::time_point 
   const int n = size(), me = rank();
   const int64_t elem = int64_t(dtype_size(call.dtype)), bytes = call.count * elem;
   const std::vector<int64_t> counts = split_counts(call.count, n), off = prefix_offsets(counts);
-  auto T0 = Clock::now();
   ensure_window(bytes);
   const std::vector<char*>& seg = window_->segment;
   const char* in = static_cast<const char*>(call.in);
   char* out = static_cast<char*>(call.out);
   for (int k = 0; k < n; ++k)
     if (k != me) copy(seg[size_t(me)] + off[size_t(k)] * elem, in + off[size_t(k)] * elem, counts[size_t(k)] * elem);
-  auto T1 = Clock::now();
   node_barrier(deadline, context);
-  auto T2 = Clock::now();
   const std::vector<int> order = reduction_order(n, me, algo());
   const int64_t tile = std::max<int64_t>(1, kTileBytes / elem);
   alignas(64) unsigned char reduced[kTileBytes];
@@ -117,16 +113,10 @@ void MpiProcessGroup::shared_all_reduce(const CommCall& call, Clock::time_point 
     std::memcpy(out + t0 * elem, reduced, size_t(m * elem));  // in place: this tile of `in` was read above
     std::memcpy(seg[size_t(me)] + t0 * elem, reduced, size_t(m * elem));
   }
-  auto T3 = Clock::now();
   node_barrier(deadline, context);
-  auto T4 = Clock::now();
   for (int k = 0; k < n; ++k)
     if (k != me) copy(out + off[size_t(k)] * elem, seg[size_t(k)] + off[size_t(k)] * elem, counts[size_t(k)] * elem);
-  auto T5 = Clock::now();
   node_barrier(deadline, context);  // segments are free for the next collective
-  auto T6 = Clock::now();
-  auto ms = [](auto x, auto y) { return std::chrono::duration<double, std::milli>(y - x).count(); };
-  if (bytes > (1 << 24)) fprintf(stderr, "rank %d: copyin %.1f bar %.1f reduce %.1f bar %.1f copyout %.1f bar %.1f\n", me, ms(T0,T1), ms(T1,T2), ms(T2,T3), ms(T3,T4), ms(T4,T5), ms(T5,T6));
 }
 
 void MpiProcessGroup::shared_reduce_scatter(const CommCall& call, Clock::time_point deadline,

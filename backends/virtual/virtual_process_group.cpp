@@ -20,6 +20,7 @@ VirtualProcessGroup::VirtualProcessGroup(Info info, std::shared_ptr<World> world
 
 std::shared_ptr<Work> VirtualProcessGroup::submit(CommCall call) {
   const double issue_us = trace().sim_now_us();
+  const bool async = call.async_op;
   const bool p2p = call.op == CommOp::send || call.op == CommOp::recv;
   const int64_t seq = p2p ? -1 : next_seq_++;
   auto sim_end = std::make_shared<double>(issue_us);
@@ -34,7 +35,8 @@ std::shared_ptr<Work> VirtualProcessGroup::submit(CommCall call) {
       *sim_end = self->run_collective(call, seq, issue_us);
   };
   RankAccounting* acc = &accounting();
-  return stream_.submit(std::move(description), std::move(task), [acc, sim_end] { acc->trace.join_comm(*sim_end); });
+  return stream_.submit(
+      std::move(description), std::move(task), [acc, sim_end] { acc->trace.join_comm(*sim_end); }, !async);
 }
 
 std::string VirtualProcessGroup::where(const CommCall& call, int64_t seq) const {
@@ -201,8 +203,8 @@ double VirtualProcessGroup::run_collective(const CommCall& call, int64_t seq, do
   move_data(s, me, w.algo);
   lock.lock();
   s.done[size_t(me)] = 1;
-  ++s.n_done;
-  w.cv.notify_all();
+  // Wake waiters only when it matters: everyone is done, or an abort is waiting for us to finish.
+  if (++s.n_done == n || w.aborted) w.cv.notify_all();
 
   // Peers may still be reading or writing this member's buffers: wait until all are done.
   deadline = Clock::now() + call.timeout;

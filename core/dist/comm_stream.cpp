@@ -6,13 +6,38 @@ namespace llama4d {
 
 CommStream::~CommStream() { stop(); }
 
+namespace {
+
+void run_task(const std::function<void()>& task, Work& work) {
+  std::exception_ptr error;
+  try {
+    task();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  work.complete(error);
+}
+
+}  // namespace
+
 std::shared_ptr<Work> CommStream::submit(std::string description, std::function<void()> task,
-                                         std::function<void()> on_wait) {
+                                         std::function<void()> on_wait, bool caller_waits) {
   auto work = std::make_shared<Work>(std::move(description));
   if (on_wait) work->set_on_wait(std::move(on_wait));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) throw CommError(name_ + ": communication stream already stopped");
+    if (caller_waits && allow_inline_ && queue_.empty() && !busy_) {
+      busy_ = true;  // the worker stays idle until we are done: order is kept
+      lock.unlock();
+      run_task(task, *work);
+      task = nullptr;
+      lock.lock();
+      busy_ = false;
+      lock.unlock();
+      cv_.notify_all();
+      return work;
+    }
     queue_.push_back({std::move(task), work});
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   }
@@ -42,20 +67,15 @@ void CommStream::loop() {
     Item item;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+      cv_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping and nothing left
       item = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;
     }
-    std::exception_ptr error;
-    try {
-      item.task();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    item.task = nullptr;  // release captured buffers before reporting completion
-    item.work->complete(error);
+    std::function<void()> task = std::move(item.task);
+    run_task(task, *item.work);
+    task = nullptr;  // captured state is released before the stream reports idle
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;

@@ -19,15 +19,20 @@ namespace llama4d {
 
 class CommStream {
  public:
-  explicit CommStream(std::string name) : name_(std::move(name)) {}
+  // allow_inline: a synchronous task submitted while the stream is idle runs on the caller's
+  // thread (same order, two thread hand-offs fewer). The MPI backend turns it off: all its MPI
+  // calls must come from one thread.
+  explicit CommStream(std::string name, bool allow_inline = true)
+      : name_(std::move(name)), allow_inline_(allow_inline) {}
   ~CommStream();
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
 
   // Queues `task`; the returned Work completes when it ran (with its exception if it threw).
-  // The worker thread starts on the first submit.
+  // The worker thread starts on the first queued task. `caller_waits`: the caller will wait
+  // for the Work right away, so the task may run inline (see allow_inline).
   std::shared_ptr<Work> submit(std::string description, std::function<void()> task,
-                               std::function<void()> on_wait = {});
+                               std::function<void()> on_wait = {}, bool caller_waits = false);
   // Blocks until every task submitted so far has run.
   void drain();
   // Runs what is queued, then joins the worker. Later submits throw CommError.
@@ -41,10 +46,11 @@ class CommStream {
   void loop();
 
   const std::string name_;
+  const bool allow_inline_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
-  bool busy_ = false, stopping_ = false, stopped_ = false;
+  bool busy_ = false, stopping_ = false, stopped_ = false;  // busy_: a task runs (worker or inline)
   std::thread thread_;
 };
 

@@ -25,6 +25,16 @@ DataParallelMemory memory_peaks(const MemoryTracker& t) {
   return m;
 }
 
+nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const DataParallelMemory& m = per_rank[r];
+    out.push_back({{"rank", r}, {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
+                   {"activations", m.activations}, {"comm_buffers", m.comm_buffers}, {"total", m.total}});
+  }
+  return out;
+}
+
 void StageTracer::end(const char* phase, int layer) {
   const std::string name = std::string(phase) + (layer == kRootStage ? " embed/head" : " layer " + std::to_string(layer));
   trace_.add_compute(name, start_us_, trace_.wall_now_us());

@@ -2,6 +2,9 @@
 // Small pieces every data-parallel strategy shares: summing losses across ranks, accounting
 // activations, timing stages for the trace, and reading memory peaks.
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/dist/memory_tracker.h"
 #include "core/dist/process_group.h"
@@ -17,6 +20,8 @@ LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local);
 
 // Peaks of a rank's memory tracker by category.
 DataParallelMemory memory_peaks(const MemoryTracker& tracker);
+// [{"rank": r, "params": ..., "grads": ..., ...}] for reports.
+nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank);
 
 // Records one compute span per model stage on the rank's trace ("forward layer 3"), so the
 // Chrome trace shows gradient reductions overlapping the backward of earlier layers.

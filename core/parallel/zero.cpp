@@ -4,8 +4,9 @@
 // al. 2020) removes the redundancy step by step; the flat parameter buffer is cut into
 // per-rank pieces (ShardLayout: every segment — the embedding, each layer, the norm + head —
 // split evenly across the shard group) and rank r keeps only its pieces of:
-//   ZeRO-1  the AdamW moments                 grads all-reduced, each rank updates its pieces,
-//                                             then the updated pieces are all-gathered
+//   ZeRO-1  the AdamW moments                 grads accumulate locally, are reduce-scattered
+//                                             once, each rank updates its pieces, then the
+//                                             updated pieces are all-gathered
 //   ZeRO-2  + the gradients                   grads reduce-scattered: each rank receives only
 //                                             the sum of its own pieces
 //   ZeRO-3  + the parameters (FSDP)           a layer's parameters are all-gathered just before
@@ -25,7 +26,7 @@
 // Exactness. Stages 2 and 3 reduce every micro-batch's gradients as soon as they exist (that
 // is the point: the full gradient never has to be kept), so the sum runs micro-batch by
 // micro-batch: acc = S_0, acc += S_1, ...  with S_m = (g_{0,m} + g_{1,m}) + ... in rank order.
-// Stage 1 accumulates locally and all-reduces once, like DP. The equivalence harness makes
+// Stage 1 accumulates locally and reduces once at the last micro-batch, like DP. The equivalence harness makes
 // its single device add in the same order, which is why the results are bitwise equal.
 #include <algorithm>
 #include <deque>
@@ -66,7 +67,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       grad_recv_.assign(size_t(shard_n), T(0));
       grads_mem_ = MemoryReservation(mem, MemoryCategory::grads, shard_n * sz, "gradient shard");
       recv_mem_ = MemoryReservation(mem, MemoryCategory::comm_buffers, shard_n * sz, "reduce-scatter output");
-    } else {
+    } else {  // ZeRO-1 accumulates full gradients and reduce-scatters them in place
       grads_mem_ = MemoryReservation(mem, MemoryCategory::grads, full_n * sz, "gradients (replicated)");
     }
     if (stage() == 3) {
@@ -102,20 +103,20 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
         MemoryReservation act(shard_.memory(), MemoryCategory::activations, model_.activation_bytes(), "activations");
         model_.backward(loss_scale);
       }
-      finish_reductions(m == 0);
+      if (sync_) finish_reductions(m == 0);
     }
     model_.set_hooks(nullptr);
     const LossSum global = all_reduce_loss(data_, local);
 
     // 2. Global gradient norm from what each rank holds, in the single-device order.
-    const double sum_sq = stage() >= 2 ? sharded_sum_squares() : segmented_grad_sum_squares(layout_.segments(), model_.grads());
+    const double sum_sq = sharded_sum_squares();
     const double coef = grad_clip > 0 ? clip_coefficient(sum_sq, grad_clip) : 1.0;
 
     // 3. Each rank updates only its pieces.
     for (size_t s = 0; s < layout_.segments().size(); ++s) {
       if (!adamw_[s]) continue;
       const Piece p = layout_.piece(s, rank_);
-      T* g = stage() >= 2 ? grad_shard_.data() + p.shard_offset : model_.grads() + p.begin;
+      T* g = reduced_grads(s);
       apply_grad_clip(g, p.numel(), coef);
       T* w = stage() == 3 ? param_shard_.data() + p.shard_offset : model_.params() + p.begin;
       adamw_[s]->step(w, g, lr);
@@ -189,8 +190,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   }
   void gather_grads(std::vector<T>& out) override {
     out.resize(size_t(model_.num_params()));
-    if (stage() <= 1) {
-      // Each rank clipped only its own pieces; assemble the clipped pieces.
+    if (stage() == 1) {  // the reduced pieces sit inside the full gradient buffer
       std::vector<T> own(static_cast<size_t>(layout_.shard_numel(rank_)));
       copy_pieces(own.data(), model_.grads());
       gather_shards(out.data(), own.data(), "gather gradients");
@@ -301,22 +301,23 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   }
 
   // ---- Gradient reduction ----------------------------------------------------------------
+  // This rank's summed gradient of its piece of segment s: inside the full gradient buffer for
+  // ZeRO-1 (reduced in place), in the gradient shard for stages 2/3.
+  T* reduced_grads(size_t s) {
+    const Piece p = layout_.piece(s, rank_);
+    return stage() == 1 ? model_.grads() + p.begin : grad_shard_.data() + p.shard_offset;
+  }
+
+  // Every stage reduce-scatters: a rank only needs the summed gradient of the pieces it updates.
   void start_reduce(size_t s) {
     const Segment& seg = layout_.segments()[s];
-    const std::string label = seg.layer == kRootStage ? "grads embed/head" : "grads layer " + std::to_string(seg.layer);
-    if (stage() == 1) {  // full gradients on every rank, as in DP
-      AllReduceOptions o;
-      o.async_op = true;
-      o.label = label;
-      reduce_work_[s] = shard_.all_reduce(model_.grads() + seg.begin, seg.numel(), dtype_of<T>(), ReduceOp::sum, o);
-      return;
-    }
     ReduceScatterOptions o;
     o.async_op = true;
-    o.label = label;
+    o.label = seg.layer == kRootStage ? "grads embed/head" : "grads layer " + std::to_string(seg.layer);
     in_flight_.push_back(s);
-    reduce_work_[s] = shard_.reduce_scatter_v(grad_recv_.data() + layout_.piece(s, rank_).shard_offset,
-                                              model_.grads() + seg.begin, layout_.piece_counts(s), dtype_of<T>(),
+    T* out = stage() == 1 ? model_.grads() + layout_.piece(s, rank_).begin  // in place
+                          : grad_recv_.data() + layout_.piece(s, rank_).shard_offset;
+    reduce_work_[s] = shard_.reduce_scatter_v(out, model_.grads() + seg.begin, layout_.piece_counts(s), dtype_of<T>(),
                                               ReduceOp::sum, o);
   }
 
@@ -325,7 +326,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   void reduction_done(size_t s) {
     reduce_work_[s]->wait();  // completed: rethrows a failure, joins the simulated clocks
     reduce_work_[s].reset();
-    if (stage() < 2) return;
+    if (stage() < 2) return;  // ZeRO-1 keeps its full gradient buffer for the next step
     const Segment& seg = layout_.segments()[s];
     if (cfg_.poison_freed) poison(model_.grads(), seg.begin, seg.end);  // the full gradient is gone
     seg_grad_mem_[s].reset();
@@ -335,13 +336,13 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       if (reduce_work_[s] && reduce_work_[s]->is_completed()) reduction_done(s);
   }
 
-  // After a micro-batch's backward: wait for its reductions; stages 2/3 then (HSDP) all-reduce
-  // the received shard across replicas and add it to the accumulated gradient shard.
+  // After a reducing backward: wait for its reductions, (HSDP) all-reduce the received shard
+  // across replicas, and add it to the accumulated gradient shard (ZeRO-1: the only one).
   void finish_reductions(bool first_micro_batch) {
     for (size_t s = 0; s < reduce_work_.size(); ++s)
       if (reduce_work_[s]) reduction_done(s);
     in_flight_.clear();
-    if (stage() < 2) return;
+    if (stage() == 1) return;  // reduced in place, once per step
     if (replicate_) {
       AllReduceOptions o;
       o.label = "grads across replicas";
@@ -362,8 +363,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     std::vector<double> mine;
     for (size_t s = 0; s < segs.size(); ++s) {
       for (int r = 0; r < n; ++r) counts[size_t(r)] += num_chunk_partials(layout_.piece(s, r).numel());
-      const Piece p = layout_.piece(s, rank_);
-      append_chunk_partials(mine, grad_shard_.data() + p.shard_offset, p.numel());
+      append_chunk_partials(mine, reduced_grads(s), layout_.piece(s, rank_).numel());
     }
     int64_t total = 0;
     for (int64_t c : counts) total += c;

@@ -15,8 +15,8 @@
 //   HSDP        as ZeRO-2/3, summing inside each shard group, then across replicas.
 // Then the bits match exactly. With `ring` reductions every chunk is summed starting at a
 // different rank, so results differ by rounding (~1e-7 relative in fp32) and the harness
-// checks tolerances instead (gradients 1e-6 in fp32, 1e-12 in fp64; parameters after AdamW
-// 1e-4 / 1e-10): that difference is why NCCL training is not bitwise reproducible.
+// checks tolerances instead (first-step gradients 1e-6 in fp32, 1e-12 in fp64; parameters after
+// AdamW 1e-3 / 1e-9): that difference is why NCCL training is not bitwise reproducible.
 #include <functional>
 #include <string>
 #include <vector>
@@ -55,8 +55,11 @@ struct EquivalenceReport {
   // ordered reductions, where bitwise equality is required). Parameters get a looser bound:
   // AdamW divides every gradient entry by its own running RMS, so where contributions of the
   // ranks nearly cancel, a last-bit difference in the gradient is a visible one in the update.
+  // The gradient bound applies to the FIRST step, where both sides start from the same weights,
+  // so any difference is the order of additions alone; later steps also carry the drift of the
+  // weights, which AdamW amplifies, and are covered by the parameter bound.
   double tolerance = 0, param_tolerance = 0;
-  double max_grad_rel_err = 0, max_param_rel_err = 0;
+  double max_grad_rel_err = 0, max_param_rel_err = 0, first_step_grad_rel_err = 0;
   std::string worst_tensor;
   std::vector<DataParallelMemory> memory;  // per rank peaks of the parallel run
 
@@ -71,6 +74,7 @@ template <class T>
 struct ReplayResult {
   std::vector<double> losses, grad_norms;
   std::vector<T> grads, params;  // last step's clipped gradient; final parameters
+  std::vector<T> first_grads;    // the first replayed step's clipped gradient
 };
 template <class T>
 ReplayResult<T> replay_on_one_device(const EquivalenceOptions& options, const TextDataset& data,

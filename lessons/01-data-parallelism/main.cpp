@@ -4,8 +4,6 @@
 // few steps with the library's DataParallelTrainer, shows what each rank held and sent, checks
 // the README's formulas against the measured numbers, and proves the result equals one device.
 //   lesson01_data_parallel [--ranks 4] [--micro-batches 2] [--step] [--json]
-#include <cinttypes>
-
 #include "core/data/dataset.h"
 #include "core/model/params.h"
 #include "core/optim/segmented_norm.h"
@@ -110,8 +108,8 @@ int run(const LessonOptions& o) {
                         {"steps", s.train.steps},
                         {"micro_batches", o.micro_batches},
                         {"losses", losses},
-                        {"memory_at_rest", memory_json(live_of(phases.front()))},
-                        {"memory_peak", memory_json(peak_of(last))},
+                        {"memory_at_rest", memory_rows_json(live_of(phases.front()))},
+                        {"memory_peak", memory_rows_json(peak_of(last))},
                         {"traffic_last_step", traffic_json_of(last)},
                         {"exercises", sheet.to_json()},
                         {"equivalence", equivalence_json(rep)},

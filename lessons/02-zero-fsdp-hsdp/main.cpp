@@ -143,7 +143,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
       sh += c[size_t(j)];
       layout_matches = layout_matches && layout.piece(k, j).numel() == c[size_t(j)];
       if (stage == 1)
-        rs_bytes += all_reduce_sent(segs[k].numel(), n, j, 4, algo);  // full gradients, as in DP
+        rs_bytes += reduce_scatter_sent(c, j, 4);  // once per step, after local accumulation
       else
         rs_bytes += M * reduce_scatter_sent(c, j, 4);  // every micro-batch, as soon as a layer is done
       const int times = stage < 3 ? 1 : int(M) * (reshard && segs[k].layer >= 0 ? 2 : 1);
@@ -159,7 +159,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     rs[size_t(w)] = rs_bytes;
     rep[size_t(w)] = q > 1 ? M * all_reduce_sent(sh, q, w / n, 4, algo) : 0;
     ag[size_t(w)] = ag_bytes;
-    norm[size_t(w)] = stage >= 2 ? all_gather_sent(partials, j, 8, algo) : 0;
+    norm[size_t(w)] = all_gather_sent(partials, j, 8, algo);  // every stage clips from its shard
     total[size_t(w)] = rs_bytes + rep[size_t(w)] + ag_bytes + norm[size_t(w)] + all_reduce_sent(2, W, w, 8, algo);
   }
 
@@ -176,8 +176,8 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     m_grad.push_back(r1.peak.grads);
     m_total.push_back(total_sent(r1.traffic));
   }
-  const std::vector<int64_t> m_rs = per_rank_sent(last, stage == 1 ? "all_reduce" : "reduce_scatter", "grads layer"),
-                             m_rs_root = per_rank_sent(last, stage == 1 ? "all_reduce" : "reduce_scatter", "grads embed"),
+  const std::vector<int64_t> m_rs = per_rank_sent(last, "reduce_scatter", "grads layer"),
+                             m_rs_root = per_rank_sent(last, "reduce_scatter", "grads embed"),
                              m_rep = per_rank_sent(last, "all_reduce", "grads across replicas"),
                              m_ag = per_rank_sent(last, "all_gather", stage == 3 ? "params" : "updated parameters"),
                              m_norm = per_rank_sent(last, "all_gather", "grad-norm partials");
@@ -203,7 +203,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   sheet.exact("Z3", "How much model state (params + grads + AdamW) does each rank keep between steps?", rest_formula,
               rest_textbook, state_rest, m_state);
   sheet.exact("Z4", "How big is the communication buffer each rank keeps?",
-              stage == 1 ? "none: ZeRO-1 all-reduces the gradients in place"
+              stage == 1 ? "none: ZeRO-1 reduce-scatters the gradients in place"
                          : "one shard of gradients (4N/n): each micro-batch's reduce-scatter lands there before it is "
                            "added to the accumulated gradient shard",
               stage == 1 ? 0.0 : 4.0 * mean_shard, comm, m_comm);
@@ -226,11 +226,11 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   const double frac = (dn - 1) / dn;
   if (stage == 1)
     sheet.exact("Z7", "How many bytes does each rank send per step to reduce the gradients?",
-                "this implementation all-reduces the full gradients, as DP does: 2(n-1)/n * 4N (the ZeRO paper's "
-                "ZeRO-1 reduce-scatters instead: (n-1)/n * 4N)",
-                2 * frac * 4 * dN, rs, m_grad_red,
-                "Why all-reduce: each rank then clips with the global norm computed from the full gradient, no "
-                "extra collective needed; the price is (n-1)/n * 4N bytes more per step than the paper's ZeRO-1.");
+                "one reduce-scatter per step, after local accumulation: (n-1)/n * 4N; with the all-gather of the "
+                "updated parameters, ZeRO-1 moves what DP's all-reduce moves, 2(n-1)/n * 4N",
+                frac * 4 * dN, rs, m_grad_red,
+                "In place: each rank's piece of the full gradient buffer receives the sum, so ZeRO-1 needs no "
+                "extra buffer; the global norm for clipping comes from the pieces (one tiny all-gather).");
   else
     sheet.exact("Z7", "How many bytes does each rank send per step to reduce the gradients?",
                 "a reduce-scatter per layer per micro-batch: M (n-1)/n * 4N, here M = " + std::to_string(M), dM * frac * 4 * dN,
@@ -295,8 +295,8 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
                         {"micro_batches", M},
                         {"losses", losses},
                         {"shard_map", shards},
-                        {"memory_at_rest", memory_json(live_of(rest))},
-                        {"memory_peak", memory_json(peak_of(last))},
+                        {"memory_at_rest", memory_rows_json(live_of(rest))},
+                        {"memory_peak", memory_rows_json(peak_of(last))},
                         {"traffic_last_step", traffic_json_of(last)},
                         {"exercises", sheet.to_json()},
                         {"equivalence", equivalence_json(report)},
@@ -311,6 +311,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
 
 int main(int argc, char** argv) {
   llama4d::lesson::LessonOptions options;
+  options.preset = "small";  // 6 layers: the gather / reduce windows are smaller than the model
   llama4d::lesson::ZeroArgs zero;
   CLI::App app{"Lesson 02: ZeRO-1/2/3 (FSDP) and HSDP on virtual GPUs", "lesson02_zero"};
   options.add_options(app);

@@ -506,7 +506,7 @@ nlohmann::json equivalence_json(const EquivalenceReport& r) {
           {"losses_single", r.losses_single}, {"losses_parallel", r.losses_parallel}};
 }
 
-nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank) {
+nlohmann::json memory_rows_json(const std::vector<DataParallelMemory>& per_rank) {
   nlohmann::json a = nlohmann::json::array();
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const DataParallelMemory& m = per_rank[r];

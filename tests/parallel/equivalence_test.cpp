@@ -78,9 +78,10 @@ TEST(Equivalence, RingReductionsDifferOnlyByRounding) {
   o.algo = ReduceAlgo::ring;
   const EquivalenceReport r = verify_data_parallel<float>(o, test::corpus(), test::virtual_launcher(4, ReduceAlgo::ring));
   EXPECT_FALSE(r.bitwise) << "ring order is expected to change some bits";
-  double worst_grad = 0;
-  for (const TensorComparison& t : r.tensors) worst_grad = std::max(worst_grad, t.grad_max_rel);
-  EXPECT_LE(worst_grad, 1e-6) << r.table();
+  // Same weights, different order of additions: rounding-level differences only.
+  EXPECT_GT(r.first_step_grad_rel_err, 0.0);
+  EXPECT_LE(r.first_step_grad_rel_err, 1e-6) << r.table();
+  EXPECT_TRUE(r.ok) << r.table();
 }
 
 TEST(Equivalence, Fp64AlsoBitwise) {

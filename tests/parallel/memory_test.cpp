@@ -64,10 +64,10 @@ TEST(Memory, ZeroStagesShardWhatTheyPromise) {
   const EquivalenceReport z1 = run(ZeroStage::zero1, dp), z2 = run(ZeroStage::zero2, dp), z3 = run(ZeroStage::zero3, dp);
   for (int r = 0; r < dp; ++r) {
     const int64_t shard = layout.shard_numel(r);
-    // ZeRO-1: only the optimizer is sharded.
+    // ZeRO-1: the optimizer is sharded; gradients accumulate in full, then reduce-scatter.
     EXPECT_EQ(z1.memory[size_t(r)].optimizer, 8 * shard);
     EXPECT_EQ(z1.memory[size_t(r)].params, 4 * N);
-    EXPECT_EQ(z1.memory[size_t(r)].grads, 4 * N);
+    EXPECT_EQ(z1.memory[size_t(r)].grads, 4 * N);  // reduce-scattered in place
     // ZeRO-2: + gradients: the shard plus the full gradients of the few layers still being
     // reduced (at most 2 in flight + the one computing + the two root segments).
     EXPECT_EQ(z2.memory[size_t(r)].optimizer, 8 * shard);
