@@ -50,6 +50,7 @@ nlohmann::json run_generate(const GenerateArgs& a) {
   // Byte models may only emit bytes or <|end_of_text|>; other specials are never sampled.
   const int64_t allowed = std::min<int64_t>(cfg.vocab_size, kEndOfTextToken + 1);
 
+  if (!a.json) std::fputs(a.prompt.c_str(), stdout);  // the continuation follows the prompt
   const auto t0 = std::chrono::steady_clock::now();
   model.decode(ids.data(), 1, int64_t(ids.size()), cache, logits.data());
   std::vector<int32_t> generated;

@@ -14,7 +14,7 @@ mkdir -p "$out"
 echo "=== train: small on 4 virtual GPUs, ZeRO-3"
 "$bin" train --preset small --mesh dp=4 --zero 3 --steps 300 --eval-every 100 --out "$out" --trace "$out/trace.json" "$@"
 
-echo "=== eval on the held-out text"
+echo "=== eval: first 64 windows of the corpus (training text; the held-out loss is val_loss above)"
 "$bin" eval --checkpoint "$out/checkpoint" --max-windows 64
 
 echo "=== sample"
