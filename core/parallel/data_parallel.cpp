@@ -16,6 +16,7 @@
 //     embedding / head). A bucket is all-reduced asynchronously the moment its layer's backward
 //     finishes, while the earlier layers are still computing. The trace shows the overlap.
 #include <algorithm>
+#include <cmath>
 
 #include "core/optim/grad_clip.h"
 #include "core/optim/segmented_norm.h"

@@ -29,6 +29,7 @@
 // Stage 1 accumulates locally and reduces once at the last micro-batch, like DP. The equivalence harness makes
 // its single device add in the same order, which is why the results are bitwise equal.
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <span>
 
