@@ -7,6 +7,7 @@
 #include "core/data/dataset.h"
 #include "core/model/params.h"
 #include "core/optim/segmented_norm.h"
+#include "core/parallel/dp_common.h"
 #include "lessons/common/lesson.h"
 
 namespace llama4d::lesson {
@@ -108,8 +109,8 @@ int run(const LessonOptions& o) {
                         {"steps", s.train.steps},
                         {"micro_batches", o.micro_batches},
                         {"losses", losses},
-                        {"memory_at_rest", memory_rows_json(live_of(phases.front()))},
-                        {"memory_peak", memory_rows_json(peak_of(last))},
+                        {"memory_at_rest", llama4d::memory_json(live_of(phases.front()))},
+                        {"memory_peak", llama4d::memory_json(peak_of(last))},
                         {"traffic_last_step", traffic_json_of(last)},
                         {"exercises", sheet.to_json()},
                         {"equivalence", equivalence_json(rep)},

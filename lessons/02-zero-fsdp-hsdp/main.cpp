@@ -10,6 +10,7 @@
 #include "core/dist/text_table.h"
 #include "core/model/params.h"
 #include "core/parallel/shard_layout.h"
+#include "core/parallel/dp_common.h"
 #include "lessons/common/lesson.h"
 
 namespace llama4d::lesson {
@@ -295,8 +296,8 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
                         {"micro_batches", M},
                         {"losses", losses},
                         {"shard_map", shards},
-                        {"memory_at_rest", memory_rows_json(live_of(rest))},
-                        {"memory_peak", memory_rows_json(peak_of(last))},
+                        {"memory_at_rest", llama4d::memory_json(live_of(rest))},
+                        {"memory_peak", llama4d::memory_json(peak_of(last))},
                         {"traffic_last_step", traffic_json_of(last)},
                         {"exercises", sheet.to_json()},
                         {"equivalence", equivalence_json(report)},

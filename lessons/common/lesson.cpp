@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
+#include "core/parallel/dp_common.h"
 
 namespace llama4d::lesson {
 
@@ -504,21 +505,6 @@ nlohmann::json equivalence_json(const EquivalenceReport& r) {
           {"algo", r.algo},         {"ok", r.ok},               {"bitwise", r.bitwise},
           {"max_abs_err", r.max_abs_err}, {"max_rel_err", r.max_rel_err}, {"worst_tensor", r.worst_tensor},
           {"losses_single", r.losses_single}, {"losses_parallel", r.losses_parallel}};
-}
-
-nlohmann::json memory_rows_json(const std::vector<DataParallelMemory>& per_rank) {
-  nlohmann::json a = nlohmann::json::array();
-  for (size_t r = 0; r < per_rank.size(); ++r) {
-    const DataParallelMemory& m = per_rank[r];
-    a.push_back({{"rank", r},
-                 {"params", m.params},
-                 {"grads", m.grads},
-                 {"optimizer", m.optimizer},
-                 {"activations", m.activations},
-                 {"comm_buffers", m.comm_buffers},
-                 {"total", m.total}});
-  }
-  return a;
 }
 
 nlohmann::json traffic_json_of(const PhaseView& p) {

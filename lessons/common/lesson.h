@@ -178,7 +178,6 @@ class ExerciseSheet {
 
 // The equivalence verdict for the JSON summary (the full per-tensor table is report.table()).
 nlohmann::json equivalence_json(const EquivalenceReport& report);
-nlohmann::json memory_rows_json(const std::vector<DataParallelMemory>& per_rank);
 // Per rank: bytes sent per "op label" of one step.
 nlohmann::json traffic_json_of(const PhaseView& p);
 
