@@ -14,15 +14,28 @@ LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local) {
   return {v[0], int64_t(v[1])};
 }
 
-DataParallelMemory memory_peaks(const MemoryTracker& t) {
+namespace {
+
+template <class Read>
+DataParallelMemory by_category(Read read, int64_t total) {
   DataParallelMemory m;
-  m.params = t.peak(MemoryCategory::params);
-  m.grads = t.peak(MemoryCategory::grads);
-  m.optimizer = t.peak(MemoryCategory::optimizer);
-  m.activations = t.peak(MemoryCategory::activations);
-  m.comm_buffers = t.peak(MemoryCategory::comm_buffers);
-  m.total = t.peak_total();
+  m.params = read(MemoryCategory::params);
+  m.grads = read(MemoryCategory::grads);
+  m.optimizer = read(MemoryCategory::optimizer);
+  m.activations = read(MemoryCategory::activations);
+  m.comm_buffers = read(MemoryCategory::comm_buffers);
+  m.total = total;
   return m;
+}
+
+}  // namespace
+
+DataParallelMemory memory_peaks(const MemoryTracker& t) {
+  return by_category([&](MemoryCategory c) { return t.peak(c); }, t.peak_total());
+}
+
+DataParallelMemory memory_live(const MemoryTracker& t) {
+  return by_category([&](MemoryCategory c) { return t.live(c); }, t.live_total());
 }
 
 nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank) {

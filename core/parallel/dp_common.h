@@ -18,8 +18,9 @@ namespace llama4d {
 // equal to a single device adding the ranks' sums in that order.
 LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local);
 
-// Peaks of a rank's memory tracker by category.
+// A rank's memory tracker by category: the peaks so far, or what is live now.
 DataParallelMemory memory_peaks(const MemoryTracker& tracker);
+DataParallelMemory memory_live(const MemoryTracker& tracker);
 // [{"rank": r, "params": ..., "grads": ..., ...}] for reports.
 nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank);
 

@@ -7,7 +7,6 @@
 #include "core/data/dataset.h"
 #include "core/model/params.h"
 #include "core/optim/segmented_norm.h"
-#include "core/parallel/dp_common.h"
 #include "lessons/common/lesson.h"
 
 namespace llama4d::lesson {
@@ -88,33 +87,12 @@ int run(const LessonOptions& o) {
   sheet.exact("E4", "What else moves during a step?",
               "only the loss: one all-reduce of 2 doubles (loss sum, tokens): 2(R-1)/R * (4N + 16) in all",
               ar * (4.0 * double(N) + 16.0), exp_all, all_bytes);
-  say.say(sheet.report());
-  say.pause();
-
-  // ---- The proof: the same steps on one device, compared bit by bit.
-  say.phase("equivalence with one device");
-  const EquivalenceReport rep = run_equivalence(s, data);
-  say.say(rep.table());
-  const bool equivalent = rep.ok && (algo != ReduceAlgo::ordered || rep.bitwise);
+  EquivalenceReport rep;
+  const bool equivalent = finish_with_equivalence(say, sheet, s, data, rep);
 
   if (o.json) {
-    std::vector<double> losses;
-    for (size_t k = 1; k < phases.size(); ++k) losses.push_back(phases[k].stats.loss);
-    nlohmann::json j = {{"lesson", "01-data-parallelism"},
-                        {"preset", o.preset},
-                        {"parameters", N},
-                        {"mesh", s.mesh.describe()},
-                        {"strategy", last.strategy},
-                        {"algo", std::string(reduce_algo_name(algo))},
-                        {"steps", s.train.steps},
-                        {"micro_batches", o.micro_batches},
-                        {"losses", losses},
-                        {"memory_at_rest", llama4d::memory_json(live_of(phases.front()))},
-                        {"memory_peak", llama4d::memory_json(peak_of(last))},
-                        {"traffic_last_step", traffic_json_of(last)},
-                        {"exercises", sheet.to_json()},
-                        {"equivalence", equivalence_json(rep)},
-                        {"passed", sheet.failed() == 0 && equivalent}};
+    const nlohmann::json j =
+        summary_json("01-data-parallelism", o.preset, s, phases, sheet, rep, sheet.failed() == 0 && equivalent);
     std::printf("%s\n", j.dump().c_str());
   }
   return sheet.failed() == 0 && equivalent ? 0 : 1;

@@ -10,7 +10,6 @@
 #include "core/dist/text_table.h"
 #include "core/model/params.h"
 #include "core/parallel/shard_layout.h"
-#include "core/parallel/dp_common.h"
 #include "lessons/common/lesson.h"
 
 namespace llama4d::lesson {
@@ -268,17 +267,10 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   sheet.exact("Z11", "And in total, per rank and step?",
               "the sum of the above + the loss all-reduce (2 doubles over all ranks): nothing else moves", -1, total,
               m_total);
-  say.say(sheet.report());
-  say.pause();
-
-  say.phase("equivalence with one device");
-  const EquivalenceReport report = run_equivalence(s, data);
-  say.say(report.table());
-  const bool equivalent = report.ok && (algo != ReduceAlgo::ordered || report.bitwise);
+  EquivalenceReport report;
+  const bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
 
   if (o.json) {
-    std::vector<double> losses;
-    for (size_t k = 1; k < phases.size(); ++k) losses.push_back(phases[k].stats.loss);
     nlohmann::json shards = nlohmann::json::array();
     for (size_t k = 0; k < segs.size(); ++k)
       shards.push_back({{"segment", segment_name(segs[k], k)},
@@ -286,22 +278,9 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
                         {"end", segs[k].end},
                         {"piece_size", layout.piece_size(k)},
                         {"pieces", layout.piece_counts(k)}});
-    nlohmann::json j = {{"lesson", "02-zero-fsdp-hsdp"},
-                        {"preset", o.preset},
-                        {"parameters", N},
-                        {"mesh", s.mesh.describe()},
-                        {"strategy", last.strategy},
-                        {"algo", std::string(reduce_algo_name(algo))},
-                        {"steps", s.train.steps},
-                        {"micro_batches", M},
-                        {"losses", losses},
-                        {"shard_map", shards},
-                        {"memory_at_rest", llama4d::memory_json(live_of(rest))},
-                        {"memory_peak", llama4d::memory_json(peak_of(last))},
-                        {"traffic_last_step", traffic_json_of(last)},
-                        {"exercises", sheet.to_json()},
-                        {"equivalence", equivalence_json(report)},
-                        {"passed", sheet.failed() == 0 && equivalent}};
+    nlohmann::json j =
+        summary_json("02-zero-fsdp-hsdp", o.preset, s, phases, sheet, report, sheet.failed() == 0 && equivalent);
+    j["shard_map"] = shards;
     std::printf("%s\n", j.dump().c_str());
   }
   return sheet.failed() == 0 && equivalent ? 0 : 1;

@@ -88,17 +88,6 @@ void Narrator::pause() {
 
 namespace {
 
-DataParallelMemory live_memory(const MemoryTracker& t) {
-  DataParallelMemory m;
-  m.params = t.live(MemoryCategory::params);
-  m.grads = t.live(MemoryCategory::grads);
-  m.optimizer = t.live(MemoryCategory::optimizer);
-  m.activations = t.live(MemoryCategory::activations);
-  m.comm_buffers = t.live(MemoryCategory::comm_buffers);
-  m.total = t.live_total();
-  return m;
-}
-
 }  // namespace
 
 std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
@@ -123,7 +112,7 @@ std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
       RankSnapshot snap;
       const std::vector<TrafficRecord> all = world.traffic().records();
       snap.traffic.assign(all.begin() + std::ptrdiff_t(std::min(first_record, all.size())), all.end());
-      snap.live = live_memory(world.memory());
+      snap.live = memory_live(world.memory());
       snap.peak = trainer.strategy().peak_memory();
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -337,6 +326,40 @@ std::string memory_table(const std::vector<DataParallelMemory>& per_rank) {
                     grouped(m.comm_buffers), grouped(m.total), "(" + format_bytes(m.total) + ")"});
   }
   return format_table(rows);
+}
+
+bool finish_with_equivalence(Narrator& say, const ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
+                             EquivalenceReport& report) {
+  say.say(sheet.report());
+  say.pause();
+  // The proof: the same steps on one device, compared bit by bit.
+  say.phase("equivalence with one device");
+  report = run_equivalence(setup, data);
+  say.say(report.table());
+  return report.ok && (setup.cluster.algo != ReduceAlgo::ordered || report.bitwise);
+}
+
+nlohmann::json summary_json(const std::string& lesson, const std::string& preset, const RunSetup& setup,
+                            const std::vector<PhaseView>& phases, const ExerciseSheet& sheet,
+                            const EquivalenceReport& report, bool passed) {
+  std::vector<double> losses;
+  for (size_t k = 1; k < phases.size(); ++k) losses.push_back(phases[k].stats.loss);
+  const PhaseView& last = phases.back();
+  return {{"lesson", lesson},
+          {"preset", preset},
+          {"parameters", setup.model.num_parameters()},
+          {"mesh", setup.mesh.describe()},
+          {"strategy", last.strategy},
+          {"algo", std::string(reduce_algo_name(setup.cluster.algo))},
+          {"steps", setup.train.steps},
+          {"micro_batches", setup.train.batch_size / setup.mesh.size() / rank_micro_batch_rows(setup.train, setup.mesh.size())},
+          {"losses", losses},
+          {"memory_at_rest", memory_json(live_of(phases.front()))},
+          {"memory_peak", memory_json(peak_of(last))},
+          {"traffic_last_step", traffic_json_of(last)},
+          {"exercises", sheet.to_json()},
+          {"equivalence", equivalence_json(report)},
+          {"passed", passed}};
 }
 
 std::vector<DataParallelMemory> live_of(const PhaseView& p) {

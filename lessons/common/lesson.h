@@ -178,6 +178,14 @@ class ExerciseSheet {
 
 // The equivalence verdict for the JSON summary (the full per-tensor table is report.table()).
 nlohmann::json equivalence_json(const EquivalenceReport& report);
+// How every lesson ends: the exercise sheet, then the equivalence check on one device, printed.
+// Returns whether the check holds (bitwise with ordered reductions, within tolerance with ring).
+bool finish_with_equivalence(Narrator& say, const ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
+                             EquivalenceReport& report);
+// The fields every lesson's --json summary has (a lesson adds its own, e.g. the shard map).
+nlohmann::json summary_json(const std::string& lesson, const std::string& preset, const RunSetup& setup,
+                            const std::vector<PhaseView>& phases, const ExerciseSheet& sheet,
+                            const EquivalenceReport& report, bool passed);
 // Per rank: bytes sent per "op label" of one step.
 nlohmann::json traffic_json_of(const PhaseView& p);
 
