@@ -30,17 +30,31 @@ double bus_factor(const std::string& op, int n) {
   return 1.0;
 }
 
+// One of a point's buffers: the group's symmetric memory or this rank's private heap.
+struct Buffer {
+  std::shared_ptr<void> memory;
+  int64_t bytes = 0;
+  unsigned char* data() const { return static_cast<unsigned char*>(memory.get()); }
+};
+
+Buffer allocate(ProcessGroup& pg, int64_t bytes, bool symmetric) {
+  if (symmetric) return {pg.allocate_symmetric(bytes), bytes};  // collective: every rank, same order
+  return {std::shared_ptr<void>(new unsigned char[size_t(std::max<int64_t>(bytes, 1))],
+                                std::default_delete<unsigned char[]>()),
+          bytes};
+}
+
 // One (op, size) point: buffers of this rank and how to issue the call once.
 struct Point {
-  std::vector<unsigned char> in, out;
+  Buffer in, out;
   int64_t count = 0;  // elements of the nccl-tests "size" buffer
   int64_t per_rank = 0;
 };
 
-void fill(std::vector<unsigned char>& b, DType t, int rank) {
+void fill(const Buffer& b, DType t, int rank) {
   // Small integers in the dtype (bf16 / f16 as their bit patterns of small values), so
   // reductions stay finite however many iterations run.
-  const int64_t elem = int64_t(dtype_size(t)), n = int64_t(b.size()) / elem;
+  const int64_t elem = int64_t(dtype_size(t)), n = b.bytes / elem;
   for (int64_t i = 0; i < n; ++i) {
     const int v = int((i + rank) % 3);
     unsigned char* p = b.data() + i * elem;
@@ -56,30 +70,27 @@ void fill(std::vector<unsigned char>& b, DType t, int rank) {
   }
 }
 
-Point make_point(const std::string& op, int64_t bytes, DType t, int n, int rank) {
+Point make_point(ProcessGroup& pg, const std::string& op, int64_t bytes, DType t, bool symmetric) {
+  const int n = pg.size();
   const int64_t elem = int64_t(dtype_size(t));
   Point p;
+  int64_t in_bytes = 0, out_bytes = 0;
   if (op == "all_reduce" || op == "broadcast" || op == "sendrecv") {
     p.count = std::max<int64_t>(1, bytes / elem);
     p.per_rank = p.count;
-    p.in.resize(size_t(p.count * elem));
-    p.out.resize(op == "sendrecv" ? p.in.size() : 0);
+    in_bytes = p.count * elem;
+    out_bytes = op == "sendrecv" ? in_bytes : 0;
   } else {  // reduce_scatter, all_gather, all_to_all: `bytes` is the full N-block buffer
     p.per_rank = std::max<int64_t>(1, bytes / (elem * n));
     p.count = p.per_rank * n;
     const int64_t big = p.count * elem, small = p.per_rank * elem;
-    if (op == "reduce_scatter") {
-      p.in.resize(size_t(big));
-      p.out.resize(size_t(small));
-    } else if (op == "all_gather") {
-      p.in.resize(size_t(small));
-      p.out.resize(size_t(big));
-    } else {
-      p.in.resize(size_t(big));
-      p.out.resize(size_t(big));
-    }
+    in_bytes = op == "all_gather" ? small : big;
+    out_bytes = op == "reduce_scatter" ? small : big;
   }
-  fill(p.in, t, rank);
+  p.in = allocate(pg, in_bytes, symmetric);
+  p.out = allocate(pg, out_bytes, symmetric);
+  fill(p.in, t, pg.rank());
+  if (out_bytes > 0) std::memset(p.out.data(), 0, size_t(out_bytes));  // touched: no page faults timed
   return p;
 }
 
@@ -173,14 +184,14 @@ double measure_memcpy_gbps(int64_t bytes) {
 
 std::vector<CommBenchRow> run_comm_bench_on(ProcessGroup& pg, const CommBenchOptions& o) {
   check_options(o);
-  const int n = pg.size(), me = pg.rank();
+  const int n = pg.size();
   std::vector<std::string> ops = o.ops.empty() ? comm_bench_ops() : o.ops;
   std::vector<CommBenchRow> rows;
   for (const std::string& op : ops) {
     if (reduces(op) && !reduction_supported(o.dtype)) continue;  // f16 only moves
     if (op == "sendrecv" && n < 2) continue;
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
-      Point p = make_point(op, bytes, o.dtype, n, me);
+      Point p = make_point(pg, op, bytes, o.dtype, o.symmetric);
       for (int i = 0; i < o.warmup; ++i) issue(pg, op, p, o.dtype);
       int iters = o.iters;
       if (iters == 0) {  // one timed call decides, identically on every rank
@@ -272,6 +283,7 @@ nlohmann::json CommBenchReport::to_json() const {
           {"ranks", ranks},
           {"gpus_per_node", options.gpus_per_node},
           {"algo", std::string(reduce_algo_name(options.algo))},
+          {"buffers", options.symmetric ? "symmetric" : "private"},
           {"dtype", std::string(dtype_name(options.dtype))},
           {"redop", "sum"},
           {"memcpy_gbps", memcpy_gbps},
@@ -281,7 +293,8 @@ nlohmann::json CommBenchReport::to_json() const {
 std::string CommBenchReport::table() const {
   std::string out = "# llama4d bench comm: backend " + options.backend + ", " + std::to_string(ranks) +
                     " ranks, algo " + std::string(reduce_algo_name(options.algo)) + ", dtype " +
-                    std::string(dtype_name(options.dtype)) + "\n";
+                    std::string(dtype_name(options.dtype)) + ", " +
+                    (options.symmetric ? "symmetric" : "private") + " buffers\n";
   out += "# memcpy bandwidth (1 thread, this machine): " + fmt("%.2f", memcpy_gbps) + " GB/s\n";
   out += "# busbw = algbw x 2(N-1)/N for all_reduce, x (N-1)/N for reduce_scatter/all_gather/all_to_all;"
          " sim = cluster model (NVLink 900 GB/s, IB 50 GB/s)\n";

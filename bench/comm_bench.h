@@ -30,6 +30,9 @@ struct CommBenchOptions {
   ReduceAlgo algo = ReduceAlgo::ring;
   int iters = 0;                    // timed calls per size; 0 = as many as fit ~0.2 s (2..100)
   int warmup = 1;
+  // Buffers in the group's symmetric memory (ProcessGroup::allocate_symmetric), as nccl-tests
+  // registers them with -R; otherwise each rank's private heap.
+  bool symmetric = false;
   std::string trace_path;           // write the run's Chrome trace here (MPI: one file per rank)
 };
 

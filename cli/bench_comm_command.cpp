@@ -51,6 +51,9 @@ void add_bench_comm_command(CLI::App& bench) {
   cmd->add_option("--iters", a->opt.iters, "timed calls per size (0 = about 0.2 s worth, 2..100)")
       ->capture_default_str();
   cmd->add_option("--warmup", a->opt.warmup, "untimed calls per size first")->capture_default_str();
+  cmd->add_flag("--symmetric", a->opt.symmetric,
+                "allocate the buffers in symmetric memory, which peers on one node address directly (MPI: no "
+                "staging copy; like nccl-tests -R)");
   cmd->add_option("--trace", a->opt.trace_path,
                   "write a Chrome trace / Perfetto JSON of the run (per rank, wall and simulated time)");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");

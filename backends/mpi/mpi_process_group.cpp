@@ -47,12 +47,8 @@ MpiProcessGroup::MpiProcessGroup(Info info, MpiSession::Impl& session, MPI_Comm 
   check_mpi(MPI_Comm_split_type(coll_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   int node_size = 0;
   MPI_Comm_size(node, &node_size);
-  s_.adopt(node);
-  if (node_size == size()) {  // true on every member or on none
-    node_ = node;
-    window_ = std::make_shared<SharedWindow>();
-    s_.windows.push_back(window_);
-  }
+  MPI_Comm_free(&node);
+  probe_single_copy(node_size == size());  // same node: true on every member or on none
 }
 
 std::string MpiProcessGroup::where(const CommCall& call, int64_t seq) const {
@@ -347,14 +343,11 @@ double MpiProcessGroup::run_collective(const CommCall& call, int64_t seq, double
 
   CommPlan plan;
   // The traffic log counts the modelled algorithm (ring or direct) whatever the transport.
-  const bool shared = use_shared_memory(call);
+  const bool single_copy = use_single_copy(call);
   switch (call.op) {
     case CommOp::all_reduce: {
       plan = plan_all_reduce(cluster(), world_ranks(), call.count, elem, algo());
-      if (shared) {
-        shared_all_reduce(call, deadline, context);
-        break;
-      }
+      if (single_copy && single_copy_all_reduce(call, deadline, context)) break;
       const std::vector<int64_t> counts = split_counts(call.count, n);
       char* out = static_cast<char*>(call.out);
       if (algo() == ReduceAlgo::ring) {
@@ -370,10 +363,7 @@ double MpiProcessGroup::run_collective(const CommCall& call, int64_t seq, double
     }
     case CommOp::reduce_scatter: {
       plan = plan_reduce_scatter(cluster(), world_ranks(), call.counts, elem, algo());
-      if (shared) {
-        shared_reduce_scatter(call, deadline, context);
-        break;
-      }
+      if (single_copy && single_copy_reduce_scatter(call, deadline, context)) break;
       const int64_t mine = call.counts[size_t(me)] * elem;
       if (algo() == ReduceAlgo::ring) {
         const int64_t total = (prefix_offsets(call.counts).back() + call.counts.back()) * elem;
@@ -391,10 +381,7 @@ double MpiProcessGroup::run_collective(const CommCall& call, int64_t seq, double
     }
     case CommOp::all_gather: {
       plan = plan_all_gather(cluster(), world_ranks(), call.counts, elem, algo());
-      if (shared) {
-        shared_all_gather(call, deadline, context);
-        break;
-      }
+      if (single_copy && single_copy_all_gather(call, deadline, context)) break;
       char* out = static_cast<char*>(call.out);
       const int64_t mine = call.counts[size_t(me)] * elem;
       char* my_block = out + prefix_offsets(call.counts)[size_t(me)] * elem;
@@ -407,10 +394,7 @@ double MpiProcessGroup::run_collective(const CommCall& call, int64_t seq, double
     }
     case CommOp::broadcast:
       plan = plan_broadcast(cluster(), world_ranks(), call.count * elem, call.root);
-      if (shared) {
-        shared_broadcast(call, deadline, context);
-        break;
-      }
+      if (single_copy && single_copy_broadcast(call, deadline, context)) break;
       chain_broadcast(static_cast<char*>(call.out), call.count * elem, call.root, deadline, context);
       break;
     case CommOp::all_to_all: {

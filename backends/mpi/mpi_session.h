@@ -16,9 +16,12 @@
 // should exit (mpirun then stops the other ranks). Groups must not be used once their session
 // is destroyed.
 //
-// Transport: groups whose members share one node move large buffers (>= 64 KiB) through an
-// MPI-3 shared-memory window; others, and small messages, use point-to-point messages. The
-// traffic log counts the modelled algorithm's bytes either way.
+// Transport: groups whose members share one node move large buffers (>= 64 KiB) straight
+// between the members' buffers: with plain loads and stores where they lie in symmetric memory
+// (ProcessGroup::allocate_symmetric), otherwise by single kernel copies (Linux cross-memory
+// attach, when the kernel allows it). Others, and small messages, use point-to-point messages.
+// The traffic log counts the modelled algorithm's bytes either way. Symmetric memory, like the
+// groups, must not be used once its session is destroyed.
 #include <chrono>
 #include <memory>
 
@@ -37,6 +40,10 @@ struct MpiOptions {
   // Exchange a small signature of every collective first, to report mismatched calls (rank 0 in
   // all_reduce while rank 1 is in all_gather) with both calls instead of corrupting memory.
   bool check_calls = true;
+  // Node-local collectives on private buffers read and write peers' memory with single kernel
+  // copies (process_vm_readv/writev) where the kernel allows it. Off: only buffers in symmetric
+  // memory take the node-local path; the rest travel as messages.
+  bool cross_memory_attach = true;
 };
 
 class MpiSession {

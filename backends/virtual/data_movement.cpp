@@ -18,13 +18,6 @@ void copy(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, size_t(bytes));
 }
 
-// The order in which member `me`'s chunk adds the members' contributions.
-std::vector<int> reduction_order(int n, int me, ReduceAlgo algo) {
-  std::vector<int> order(static_cast<size_t>(n));
-  for (int k = 0; k < n; ++k) order[size_t(k)] = algo == ReduceAlgo::ring ? (me + 1 + k) % n : k;
-  return order;
-}
-
 void all_reduce_share(const Slot& s, int me, ReduceAlgo algo) {
   const int n = int(s.pub.size());
   const CommCall& c = s.pub[size_t(me)].call;

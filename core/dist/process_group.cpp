@@ -1,6 +1,7 @@
 #include "core/dist/process_group.h"
 
 #include <algorithm>
+#include <new>
 #include <numeric>
 #include <set>
 
@@ -315,6 +316,17 @@ void ProcessGroup::record_comm(const CommCall& call, const CommPlan& plan, int64
   if (!call.label.empty()) detail += ", " + call.label;
   trace().add_comm(r.op, std::move(detail), r.wall_start_us, r.wall_end_us, sim_start_us, sim_end_us);
   traffic().add(std::move(r));
+}
+
+std::shared_ptr<void> ProcessGroup::allocate_symmetric(int64_t bytes) {
+  if (bytes < 0) throw InputError("allocate_symmetric: negative size " + std::to_string(bytes));
+  return make_symmetric(bytes);
+}
+
+std::shared_ptr<void> ProcessGroup::make_symmetric(int64_t bytes) {
+  constexpr std::align_val_t kAlign{64};
+  return std::shared_ptr<void>(::operator new(size_t(std::max<int64_t>(bytes, 1)), kAlign),
+                               [](void* p) { ::operator delete(p, kAlign); });
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {

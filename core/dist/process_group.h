@@ -124,6 +124,16 @@ class ProcessGroup {
   // group's name and the list).
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name = "");
 
+  // Memory every member of this group can address directly, for buffers communicated often
+  // (gradients, parameter shards, benchmark buffers): NCCL's ncclMemAlloc + buffer
+  // registration, NVSHMEM, PyTorch's SymmetricMemory. Where ranks are separate processes on one
+  // node (MPI), a collective whose buffers all lie in this group's symmetric memory reads and
+  // writes the peers' buffers in place, with no staging copy; elsewhere it is ordinary memory.
+  // Collective: every member calls it, in the same order (sizes may differ). The memory is
+  // 64-byte aligned and lives while the returned pointer does; drop it only when no operation
+  // uses it any more.
+  std::shared_ptr<void> allocate_symmetric(int64_t bytes);
+
   // "rank 3" in the world group, "rank 1 (world rank 5)" elsewhere: how messages name members.
   std::string rank_label(int group_rank) const;
 
@@ -133,6 +143,8 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> submit(CommCall call) = 0;
   // Creates this member's handle of the sub-group of `world_ranks`.
   virtual std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& world_ranks, const std::string& name) = 0;
+  // allocate_symmetric once `bytes` is validated; the default is private aligned heap memory.
+  virtual std::shared_ptr<void> make_symmetric(int64_t bytes);
   const Info& info() const { return info_; }
   // Backends call this when an operation finished: appends this rank's traffic record (bytes
   // from `plan`) and a comm span to its trace. seq: the call's index on this group.

@@ -114,6 +114,12 @@ void reduce_sequence(void* out, const void* const* inputs, int n, int64_t count,
   });
 }
 
+std::vector<int> reduction_order(int n, int me, ReduceAlgo algo) {
+  std::vector<int> order(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) order[size_t(k)] = algo == ReduceAlgo::ring ? (me + 1 + k) % n : k;
+  return order;
+}
+
 void reduce_step(void* acc, const void* x, int64_t count, DType dtype, ReduceOp op) {
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);

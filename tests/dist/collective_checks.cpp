@@ -15,16 +15,33 @@ namespace {
 
 // ---- typed buffers ------------------------------------------------------------------------
 
+// Where new Buffers live: the calling thread's private heap, or the symmetric memory of a group
+// (set by SymmetricBuffers for the duration of a check; every rank then makes the same sequence
+// of Buffers, as allocate_symmetric requires).
+thread_local ProcessGroup* t_symmetric_group = nullptr;
+
 struct Buffer {
-  Buffer(DType t, int64_t n) : dtype(t), count(n), bytes(size_t(n) * dtype_size(t), 0xA5) {}
+  Buffer(DType t, int64_t n) : dtype(t), count(n), size(size_t(n) * dtype_size(t)) {
+    memory = t_symmetric_group ? t_symmetric_group->allocate_symmetric(int64_t(size))
+                               : std::shared_ptr<void>(new unsigned char[size + 1], std::default_delete<unsigned char[]>());
+    std::memset(memory.get(), 0xA5, size);
+  }
+  // Copies are private snapshots.
+  Buffer(const Buffer& o) : dtype(o.dtype), count(o.count), size(o.size) {
+    memory = std::shared_ptr<void>(new unsigned char[size + 1], std::default_delete<unsigned char[]>());
+    std::memcpy(memory.get(), o.memory.get(), size);
+  }
+  Buffer& operator=(const Buffer&) = delete;
   DType dtype;
   int64_t count;
-  std::vector<unsigned char> bytes;
+  size_t size;
+  std::shared_ptr<void> memory;
 
+  bool same_bytes(const Buffer& o) const { return size == o.size && std::memcmp(data(), o.data(), size) == 0; }
   int64_t elem() const { return int64_t(dtype_size(dtype)); }
-  void* data() { return bytes.data(); }
-  unsigned char* at(int64_t i) { return bytes.data() + i * elem(); }
-  const unsigned char* at(int64_t i) const { return bytes.data() + i * elem(); }
+  unsigned char* data() const { return static_cast<unsigned char*>(memory.get()); }
+  unsigned char* at(int64_t i) { return data() + i * elem(); }
+  const unsigned char* at(int64_t i) const { return data() + i * elem(); }
 
   void set(int64_t i, double v) {
     unsigned char* p = at(i);
@@ -231,7 +248,7 @@ void check_all_reduce(ProcessGroup& pg) {
         } else {
           pg.all_reduce(out.data(), in.data(), count, t, op);
           expect_values(out, want, ctx);
-          EXPECT_EQ(in.bytes, original.bytes) << ctx << ": input changed";
+          EXPECT_TRUE(in.same_bytes(original)) << ctx << ": input changed";
         }
         expect_traffic(pg, "all_reduce", sent, recv, ctx);
       }
@@ -529,6 +546,78 @@ void check_barrier_and_async(ProcessGroup& pg) {
   std::vector<double> want;
   for (int64_t i = 0; i < 9; ++i) want.push_back(double(i) * n);
   expect_values(b, want, where(pg, "async broadcast then all_reduce", DType::i32, 9));
+}
+
+// ---- symmetric memory ----------------------------------------------------------------------
+
+void with_symmetric_buffers(ProcessGroup& pg, const std::function<void(ProcessGroup&)>& check) {
+  ASSERT_EQ(t_symmetric_group, nullptr);
+  t_symmetric_group = &pg;
+  check(pg);
+  t_symmetric_group = nullptr;
+}
+
+namespace {
+
+// all_reduce(sum) of `count` small integers in place in `buf`, checked exactly.
+void all_reduce_symmetric(ProcessGroup& pg, void* buf, int64_t count, const std::string& ctx) {
+  const int n = pg.size(), me = pg.rank();
+  auto* x = static_cast<int32_t*>(buf);
+  for (int64_t i = 0; i < count; ++i) x[i] = int32_t(int_value(DType::i32, me, i));
+  pg.all_reduce(buf, count, DType::i32, ReduceOp::sum);
+  for (int64_t i = 0; i < count; ++i) {
+    int32_t want = 0;
+    for (int r = 0; r < n; ++r) want += int32_t(int_value(DType::i32, r, i));
+    if (x[i] != want) {
+      ADD_FAILURE() << ctx << ": element " << i << " is " << x[i] << ", expected " << want;
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void check_symmetric_allocation(ProcessGroup& pg) {
+  const int me = pg.rank();
+  const std::string ctx = where(pg, "allocate_symmetric", DType::i32, 0);
+  // Sizes may differ by member (uneven shards); every block is 64-byte aligned, even empty ones.
+  std::shared_ptr<void> uneven = pg.allocate_symmetric(30000 + 4000 * me);
+  std::shared_ptr<void> empty = pg.allocate_symmetric(0);
+  ASSERT_NE(uneven, nullptr) << ctx;
+  ASSERT_NE(empty, nullptr) << ctx;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(uneven.get()) % 64, 0u) << ctx << ": alignment";
+  std::memset(uneven.get(), 0x5A, size_t(30000 + 4000 * me));  // the whole block is this member's
+
+  // Rank 0 keeps a block the others drop: the next allocation must not hand it out again.
+  const int64_t count = 40000;  // 160 KB: MPI's node-local path
+  std::shared_ptr<void> kept = pg.allocate_symmetric(count * 4);
+  std::memset(kept.get(), 0x33, size_t(count * 4));
+  std::shared_ptr<void> held = me == 0 ? kept : nullptr;
+  void* const was_kept = kept.get();
+  kept.reset();
+  std::shared_ptr<void> fresh = pg.allocate_symmetric(count * 4);
+  if (me == 0) {
+    EXPECT_NE(fresh.get(), held.get()) << ctx << ": a block still held was handed out again";
+  }
+  all_reduce_symmetric(pg, fresh.get(), count, ctx + ", fresh block");
+  if (me == 0) {
+    const auto* h = static_cast<const unsigned char*>(held.get());
+    for (int64_t i = 0; i < count * 4; ++i)
+      if (h[i] != 0x33) {
+        ADD_FAILURE() << ctx << ": the block rank 0 held changed at byte " << i;
+        break;
+      }
+  }
+
+  // Dropped by everyone: recycled (MPI keeps one of the two dropped windows and frees the other).
+  void* const was_fresh = fresh.get();
+  held.reset();
+  fresh.reset();
+  std::shared_ptr<void> again = pg.allocate_symmetric(count * 4);
+  if (pg.backend() == "mpi" && pg.size() > 1) {
+    EXPECT_TRUE(again.get() == was_kept || again.get() == was_fresh) << ctx << ": no dropped block was recycled";
+  }
+  all_reduce_symmetric(pg, again.get(), count, ctx + ", recycled block");
 }
 
 }  // namespace llama4d::test

@@ -9,6 +9,7 @@
 //   - the bytes this rank's traffic record counts, against the textbook volumes.
 // Failures are reported with ADD_FAILURE naming the rank, so they work from any thread.
 #include <cstdint>
+#include <functional>
 
 #include "core/dist/process_group.h"
 
@@ -21,6 +22,12 @@ void check_broadcast(ProcessGroup& pg);
 void check_send_recv(ProcessGroup& pg);
 void check_all_to_all(ProcessGroup& pg);
 void check_barrier_and_async(ProcessGroup& pg);
+// Runs `check` with every buffer it makes in pg's symmetric memory (ProcessGroup::
+// allocate_symmetric), the route MPI groups on one node take without staging copies.
+void with_symmetric_buffers(ProcessGroup& pg, const std::function<void(ProcessGroup&)>& check);
+// allocate_symmetric itself: alignment, sizes that differ by member, memory one member keeps
+// while the others dropped it, and recycling of memory everyone dropped.
+void check_symmetric_allocation(ProcessGroup& pg);
 
 inline void check_everything(ProcessGroup& pg) {
   check_all_reduce(pg);

@@ -1,6 +1,6 @@
 // Every collective, checked on groups of 1, 2, 3, 4 and 8 virtual ranks with both reduction
 // algorithms. The same binary runs the same checks on real processes:
-//   mpirun -np 4 dist_collectives_test --backend=mpi
+//   mpirun -np 4 dist_collectives_test --backend=mpi [--no-cross-memory-attach]
 // where the groups are the MPI world (4 ranks) and its sub-groups of 1, 2 and 3 ranks.
 #include <gtest/gtest.h>
 
@@ -57,6 +57,15 @@ TEST_P(Collectives, Broadcast) { on_groups(GetParam(), check_broadcast); }
 TEST_P(Collectives, SendRecv) { on_groups(GetParam(), check_send_recv); }
 TEST_P(Collectives, AllToAll) { on_groups(GetParam(), check_all_to_all); }
 TEST_P(Collectives, BarrierAndAsync) { on_groups(GetParam(), check_barrier_and_async); }
+TEST_P(Collectives, SymmetricMemory) {
+  on_groups(GetParam(), [](ProcessGroup& pg) {
+    check_symmetric_allocation(pg);
+    with_symmetric_buffers(pg, check_all_reduce);
+    with_symmetric_buffers(pg, check_reduce_scatter);
+    with_symmetric_buffers(pg, check_all_gather);
+    with_symmetric_buffers(pg, check_broadcast);
+  });
+}
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Collectives, ::testing::Values(ReduceAlgo::ordered, ReduceAlgo::ring),
                          [](const ::testing::TestParamInfo<ReduceAlgo>& info) {
@@ -68,18 +77,23 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, Collectives, ::testing::Values(ReduceAlgo::
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  bool mpi = false;
+  bool mpi = false, cma = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--backend=mpi") == 0) {
       mpi = true;
+    } else if (std::strcmp(argv[i], "--no-cross-memory-attach") == 0) {
+      cma = false;  // MPI: node-local collectives only through symmetric memory, the rest by messages
     } else if (std::strcmp(argv[i], "--backend=virtual") != 0) {
-      std::fprintf(stderr, "unknown argument '%s' (expected --backend=virtual or --backend=mpi)\n", argv[i]);
+      std::fprintf(stderr, "unknown argument '%s' (expected --backend=virtual, --backend=mpi, --no-cross-memory-attach)\n",
+                   argv[i]);
       return 2;
     }
   }
   if (mpi) {
 #ifdef LLAMA4D_HAVE_MPI
-    llama4d::test::g_mpi = std::make_unique<llama4d::MpiSession>();
+    llama4d::MpiOptions options;
+    options.cross_memory_attach = cma;
+    llama4d::test::g_mpi = std::make_unique<llama4d::MpiSession>(options);
 #else
     std::fprintf(stderr, "this build has no MPI backend\n");
     return 2;

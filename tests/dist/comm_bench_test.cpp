@@ -52,6 +52,7 @@ TEST(CommBench, RowsFollowNcclTestsConventions) {
 
   const nlohmann::json j = report.to_json();
   EXPECT_EQ(j.at("backend"), "virtual");
+  EXPECT_EQ(j.at("buffers"), "private");
   EXPECT_EQ(j.at("ranks"), 3);
   EXPECT_EQ(j.at("rows").size(), 18u);
   for (const char* key : {"op", "bytes", "count", "time_us", "algbw_gbps", "busbw_gbps", "sim_us"})
@@ -78,11 +79,13 @@ TEST(CommBench, CliPrintsOneJsonObject) {
   CLI::App* bench = app.add_subcommand("bench");
   cli::add_bench_comm_command(*bench);
   testing::internal::CaptureStdout();
-  app.parse("bench comm --ranks 2 --op all_gather --min-bytes 1K --max-bytes 2K --iters 2 --dtype bf16 --json", false);
+  app.parse("bench comm --ranks 2 --op all_gather --min-bytes 1K --max-bytes 2K --iters 2 --dtype bf16 --symmetric --json",
+            false);
   const std::string out = testing::internal::GetCapturedStdout();
   const nlohmann::json j = nlohmann::json::parse(out);
   EXPECT_EQ(j.at("ranks"), 2);
   EXPECT_EQ(j.at("dtype"), "BF16");
+  EXPECT_EQ(j.at("buffers"), "symmetric");
   ASSERT_EQ(j.at("rows").size(), 2u);
   EXPECT_EQ(j.at("rows")[0].at("op"), "all_gather");
   EXPECT_EQ(j.at("rows")[1].at("bytes"), 2048);
