@@ -101,9 +101,7 @@ bool MpiProcessGroup::use_single_copy(const CommCall& call) const {
     case CommOp::all_reduce:
     case CommOp::broadcast: bytes = call.count * elem; break;
     case CommOp::reduce_scatter:
-    case CommOp::all_gather:
-      for (int64_t c : call.counts) bytes += c * elem;
-      break;
+    case CommOp::all_gather: bytes = total_of(call.counts) * elem; break;
     default: return false;  // all_to_all and barriers stay on messages
   }
   return bytes >= kSingleCopyThreshold;  // the same answer on every member
