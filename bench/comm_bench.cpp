@@ -7,8 +7,8 @@
 #include <mutex>
 
 #include "backends/virtual/virtual_cluster.h"
-#include "core/dist/comm_model.h"
-#include "core/dist/text_table.h"
+#include "core/comm/comm_model.h"
+#include "core/comm/text_table.h"
 #include "core/error.h"
 #ifdef LLAMA4D_HAVE_MPI
 #include "backends/mpi/mpi_session.h"

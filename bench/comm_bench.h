@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/dist/comm_types.h"
-#include "core/dist/process_group.h"
+#include "core/comm/comm_types.h"
+#include "core/comm/process_group.h"
 
 namespace llama4d {
 

@@ -8,12 +8,12 @@
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
 #include "core/data/dataset.h"
-#include "core/dist/memory_tracker.h"
+#include "core/tensor/memory_tracker.h"
 #include "core/error.h"
 #include "core/model/flops.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
-#include "core/parallel/data_parallel_trainer.h"
+#include "core/parallel/parallel_trainer.h"
 #include "core/train/trainer.h"
 
 namespace llama4d::cli {
@@ -41,15 +41,14 @@ double median(std::vector<double> v) {
 template <class T>
 nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, const TextDataset& data,
                                   const TrainOptions& opt) {
-  const DataParallelMesh mesh = a.parallel.data_mesh();
-  const DataParallelConfig dp = a.parallel.config();
+  const ParallelPlan plan = a.parallel.plan(cfg, a.launch.algo);
+  const int ranks = plan.world_size();
   RankLaunch launcher(a.launch);
   std::vector<double> times;
   std::string strategy;
-  launcher.run(mesh.size(), [&](ProcessGroup& world) {
-    Llama<T> model(cfg);
-    model.init_weights(opt.seed);
-    DataParallelTrainer<T> trainer(world, model, data, opt, mesh, dp);
+  launcher.run(ranks, [&](ProcessGroup& world) {
+    Llama<T> model(cfg, &world.memory());
+    ParallelTrainer<T> trainer(world, model, data, opt, plan);
     std::vector<double> mine;
     for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
       const double s = trainer.step().seconds;
@@ -60,9 +59,10 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   if (!launcher.reporting()) return {};
   const nlohmann::json traffic = launcher.traffic_totals();
   const double steps = double(a.warmup + a.iters);
-  const double per_rank = double(traffic.at("total_bytes_sent").get<int64_t>()) / steps / mesh.size();
+  const double per_rank = double(traffic.at("total_bytes_sent").get<int64_t>()) / steps / ranks;
   return {{"strategy", strategy},
-          {"ranks", mesh.size()},
+          {"ranks", ranks},
+          {"plan", plan.to_json()},
           {"step_seconds_median", median(times)},
           {"step_seconds", times},
           {"tokens_per_s", double(opt.tokens_per_step()) / median(times)},
@@ -78,7 +78,9 @@ nlohmann::json run_bench(const BenchArgs& a) {
   TrainOptions opt = a.opt;
   opt.steps = a.warmup + a.iters;
   const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
+  const ParallelPlan plan = a.parallel.plan(cfg, a.launch.algo);
   Llama<T> model(cfg);
+  model.set_checkpointing(plan.ac);
   model.init_weights(opt.seed);
   Trainer<T> trainer(model, data, opt);
 
@@ -92,14 +94,18 @@ nlohmann::json run_bench(const BenchArgs& a) {
   const double tokens = double(opt.tokens_per_step());
   const double flops_per_token = training_flops_per_token(cfg, opt.seq_len);
   const double model_flops = tokens * flops_per_token / median;
+  const double recompute_per_token = recompute_flops_per_token(cfg, opt.seq_len, plan.ac);
+  const double hardware_flops = tokens * (flops_per_token + recompute_per_token) / median;
 
   progress("bench: measuring peak fp32 GEMM (%lld^3) for %.1f s\n", (long long)a.gemm_n, a.gemm_seconds);
   const double peak = ops::measure_peak_gemm_flops(a.gemm_n, a.gemm_seconds);
-  const double fraction = model_flops / peak;
+  const double fraction = model_flops / peak, hfu = hardware_flops / peak;
   progress("bench: step %.1f ms (median of %lld, best %.1f ms), %.0f tokens/s\n", median * 1e3, (long long)a.iters,
            best * 1e3, tokens / median);
-  progress("bench: model %.2f GFLOP/s (%.3g FLOP/token) = %.1f%% of measured peak GEMM %.2f GFLOP/s\n",
+  progress("bench: model %.2f GFLOP/s (%.3g FLOP/token) = %.1f%% of measured peak GEMM %.2f GFLOP/s (MFU)\n",
            model_flops / 1e9, flops_per_token, 100 * fraction, peak / 1e9);
+  progress("bench: activation checkpointing %s: +%.3g FLOP/token recomputed, hardware %.2f GFLOP/s = %.1f%% (HFU)\n",
+           plan.ac.describe().c_str(), recompute_per_token, hardware_flops / 1e9, 100 * hfu);
   nlohmann::json result = {{"tokens_per_s", tokens / median},
           {"step_seconds_median", median},
           {"step_seconds_best", best},
@@ -109,6 +115,11 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"model_flops_per_s", model_flops},
           {"peak_gemm_flops_per_s", peak},
           {"fraction_of_peak", fraction},
+          {"mfu", fraction},
+          {"hfu", hfu},
+          {"ac", plan.ac.describe()},
+          {"recompute_flops_per_token", recompute_per_token},
+          {"peak_memory", memory_json({memory_peaks(model.memory())})[0]},
           {"parameters", model.num_params()},
           {"threads", ops::backend_threads()},
           {"dtype", a.model.dtype},

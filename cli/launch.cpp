@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "backends/virtual/virtual_cluster.h"
-#include "core/dist/traffic_log.h"
+#include "core/comm/traffic_log.h"
 #include "core/error.h"
 #include "core/ops.h"
 #ifdef LLAMA4D_HAVE_MPI

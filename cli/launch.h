@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 
 namespace llama4d::cli {
 

@@ -13,14 +13,20 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh)
       ->capture_default_str();
   cmd.add_flag("--keep-params", keep_params,
                "ZeRO-3: keep a layer's gathered parameters from forward to backward (Llama 3's choice)");
+  cmd.add_option("--ac", ac, "activation checkpointing: none, selective, full, every:K or every:sqrt")
+      ->capture_default_str();
 }
 
-DataParallelConfig ParallelChoice::config() const {
-  DataParallelConfig c;
-  c.stage = ZeroStage(zero);
-  if (keep_params && c.stage != ZeroStage::zero3) throw InputError("--keep-params applies to --zero 3 only");
-  c.reshard_after_forward = !keep_params;
-  return c;
+ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& algo) const {
+  ParallelPlan p = ParallelPlan::parse(mesh);
+  p.zero = ZeroStage(zero);
+  p.reshard_after_forward = !keep_params;
+  p.ac = Checkpointing::parse(ac, int(model.num_hidden_layers));
+  p.algo = parse_reduce_algo(algo);
+  if (p.single_device() && (zero != 0 || keep_params))
+    throw InputError("--zero and --keep-params need a data-parallel --mesh (e.g. --mesh dp=4)");
+  p.validate();
+  return p;
 }
 
 }  // namespace llama4d::cli

@@ -1,9 +1,11 @@
 #pragma once
-// --mesh and --zero: how the data-parallel family is chosen on the command line.
+// --mesh, --zero, --keep-params and --ac: how the parallel plan is chosen on the command line.
+// Parsed once into a ParallelPlan, which every command passes on unchanged.
 #include <string>
 
 #include "cli/commands.h"
-#include "core/parallel/data_parallel_trainer.h"
+#include "core/model/config.h"
+#include "core/parallel/plan.h"
 
 namespace llama4d::cli {
 
@@ -11,11 +13,12 @@ struct ParallelChoice {
   std::string mesh;  // "dp=4", "dp_shard=2,dp_replicate=2"; empty: one rank, no ProcessGroup
   int zero = 0;
   bool keep_params = false;  // ZeRO-3: keep gathered parameters from forward to backward
+  std::string ac = "none";   // activation checkpointing policy
 
   void add_options(CLI::App& cmd, const std::string& default_mesh);
   bool parallel() const { return !mesh.empty(); }
-  DataParallelMesh data_mesh() const { return DataParallelMesh::parse(mesh); }
-  DataParallelConfig config() const;  // InputError for inconsistent flags
+  // The plan (validated: InputError for anything this build cannot run). algo: ordered | ring.
+  ParallelPlan plan(const LlamaConfig& model, const std::string& algo) const;
 };
 
 }  // namespace llama4d::cli

@@ -15,7 +15,7 @@
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
-#include "core/parallel/data_parallel_trainer.h"
+#include "core/parallel/parallel_trainer.h"
 #include "core/parallel/dp_common.h"
 #include "core/train/checkpoint_state.h"
 #include "core/train/trainer.h"
@@ -116,7 +116,9 @@ nlohmann::json run_single(const TrainArgs& a) {
   const Setup s = prepare(a, 4.0 * sizeof(T));
   const TextDataset data = load_dataset(s.data_path, s.opt.seq_len);
   const UnigramEntropy unigram = unigram_entropy(data.validation());
+  const ParallelPlan plan = a.parallel.plan(s.cfg, a.launch.algo);
   Llama<T> model(s.cfg);
+  model.set_checkpointing(plan.ac);
   model.init_weights(s.opt.seed);
   Trainer<T> trainer(model, data, s.opt);
   if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
@@ -133,34 +135,35 @@ nlohmann::json run_single(const TrainArgs& a) {
   j["parameters"] = model.num_params();
   j["dtype"] = a.model.dtype;
   j["ranks"] = 1;
+  j["plan"] = plan.to_json();
+  j["peak_memory_per_rank"] = memory_json({memory_peaks(model.memory())});
   return j;
 }
 
 template <class T>
 nlohmann::json run_parallel(const TrainArgs& a) {
   const Setup s = prepare(a, 4.0 * sizeof(T));
-  const DataParallelMesh mesh = a.parallel.data_mesh();
-  const DataParallelConfig dp = a.parallel.config();
+  const ParallelPlan plan = a.parallel.plan(s.cfg, a.launch.algo);
+  const int ranks = plan.world_size();
   const TextDataset data = load_dataset(s.data_path, s.opt.seq_len);
   const UnigramEntropy unigram = unigram_entropy(data.validation());
   RankLaunch launcher(a.launch);
   nlohmann::json result;
-  std::vector<DataParallelMemory> memory(size_t(mesh.size()));
+  std::vector<RankMemory> memory(static_cast<size_t>(ranks));
   std::mutex mu;
   std::string strategy;
-  launcher.run(mesh.size(), [&](ProcessGroup& world) {
-    Llama<T> model(s.cfg);
-    model.init_weights(s.opt.seed);
-    DataParallelTrainer<T> trainer(world, model, data, s.opt, mesh, dp);
+  launcher.run(ranks, [&](ProcessGroup& world) {
+    Llama<T> model(s.cfg, &world.memory());
+    ParallelTrainer<T> trainer(world, model, data, s.opt, plan);
     if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
       progress("train: %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
                (long long)model.num_params(), a.model.dtype.c_str(), trainer.strategy().describe().c_str(),
-               mesh.size(), a.launch.backend.c_str(), a.launch.algo.c_str(), s.data_path.c_str());
+               ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), s.data_path.c_str());
       progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
-               (long long)s.opt.batch_size, (long long)s.opt.seq_len, (long long)(s.opt.batch_size / mesh.size()),
-               (long long)rank_micro_batch_rows(s.opt, mesh.size()));
+               (long long)s.opt.batch_size, (long long)s.opt.seq_len, (long long)(s.opt.batch_size / plan.dp()),
+               (long long)rank_micro_batch_rows(s.opt, plan.dp()));
     }
     const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
                              [&](int64_t w) { return trainer.validate(w).mean(); },
@@ -176,8 +179,9 @@ nlohmann::json run_parallel(const TrainArgs& a) {
   result["unigram_entropy_nats"] = unigram.nats;
   result["parameters"] = s.cfg.num_parameters();
   result["dtype"] = a.model.dtype;
-  result["ranks"] = mesh.size();
-  result["mesh"] = mesh.describe();
+  result["ranks"] = ranks;
+  result["mesh"] = plan.describe_mesh();
+  result["plan"] = plan.to_json();
   result["strategy"] = strategy;
   result["backend"] = a.launch.backend;
   result["peak_memory_per_rank"] = mem;
@@ -189,7 +193,7 @@ nlohmann::json run_parallel(const TrainArgs& a) {
 
 void add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand("train", "train a Llama on one rank or a data-parallel mesh");
+  CLI::App* cmd = app.add_subcommand("train", "train a Llama on one rank or a parallel mesh of ranks");
   a->model.add_options(*cmd, "small", false);
   a->parallel.add_options(*cmd, "");
   a->launch.add_options(*cmd);

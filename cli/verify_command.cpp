@@ -26,15 +26,14 @@ template <class T>
 EquivalenceReport run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   EquivalenceOptions o;
   o.model = a.model.resolve();
-  o.mesh = a.parallel.data_mesh();
-  o.dp = a.parallel.config();
-  o.algo = parse_reduce_algo(a.launch.algo);
+  o.plan = a.parallel.plan(o.model, a.launch.algo);
+  if (o.plan.single_device()) throw InputError("verify needs a parallel --mesh to compare against one device");
   o.train = a.opt;
-  if (o.train.batch_size == 0) o.train.batch_size = 2 * o.mesh.size();  // two rows per rank
+  if (o.train.batch_size == 0) o.train.batch_size = 2 * o.plan.dp();  // two rows per data rank
   check_fits_in_memory(o.model, 4.0 * sizeof(T) * 2, false, "verifying");
   const TextDataset data = load_dataset(a.data.empty() ? default_corpus_path() : a.data, o.train.seq_len);
-  return verify_data_parallel<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
-    launcher.run(o.mesh.size(), fn);
+  return verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
+    launcher.run(o.plan.world_size(), fn);
   });
 }
 

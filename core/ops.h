@@ -112,6 +112,92 @@ double sum_squares(const T* x, int64_t N);
 template <class T>
 void scale(T* x, T a, int64_t N);
 
+// ---- Buffer and vector ops (what the model, optimizer and strategies would otherwise loop over)
+// Outside backends/ no code touches tensor elements, so the same model, optimizer and
+// strategies run wherever the buffers live. Every op here produces each output element (or
+// each partial sum) in an order fixed by the sizes alone, never by the thread count.
+
+// x[N] = value
+template <class T>
+void fill(T* x, T value, int64_t N);
+// dst[N] = src[N] (memcpy semantics: the buffers must not overlap)
+template <class T>
+void copy(T* dst, const T* src, int64_t N);
+// y[N] += a * x[N]  (one rounding for the product, one for the sum: never fused)
+template <class T>
+void add_scaled(T* y, const T* x, T a, int64_t N);
+
+// The per-step scalars of one AdamW step, computed on the host in double and rounded once to
+// T, exactly as core/optim/adamw.cpp does (see adamw_step_scalars below). The update itself
+// runs in T, in PyTorch's operation order (torch.optim.AdamW; decoupled weight decay as in
+// Loshchilov & Hutter, "Decoupled Weight Decay Regularization", 2019):
+//   p = w * decay;  m = beta1 * m + one_minus_beta1 * g;  v = beta2 * v + one_minus_beta2 * g * g
+//   w = p - step_size * (m / (sqrt(v) / bc2_sqrt + eps))
+// The defaults are placeholders, not a usable step: fill it with adamw_step_scalars.
+template <class T>
+struct AdamWStep {
+  T decay = T(1);            // 1 - lr * weight_decay; exactly 1 for parameters without decay
+  T beta1 = T(0);
+  T one_minus_beta1 = T(0);  // rounded from 1.0 - beta1 in double, not T(1) - beta1
+  T beta2 = T(0);
+  T one_minus_beta2 = T(0);
+  T step_size = T(0);        // lr / (1 - beta1^t)
+  T bc2_sqrt = T(1);         // sqrt(1 - beta2^t)
+  T eps = T(0);
+};
+// Fills AdamWStep for step t (t = 1 for the first step, as PyTorch counts) with learning rate
+// lr; `decay` false gives decay = 1 (RMSNorm weights). Bitwise the scalars AdamW<T>::step uses.
+template <class T>
+AdamWStep<T> adamw_step_scalars(double lr, double beta1, double beta2, double eps,
+                                double weight_decay, int64_t t, bool decay);
+// One AdamW step over N elements: w[N], m[N] (exp_avg), v[N] (exp_avg_sq) updated in place from
+// g[N]. Each element depends only on its own w, m, v, g and the scalars, so any split of the
+// elements (threads, ZeRO shards) gives the same bits. The four buffers must not overlap.
+template <class T>
+void adamw_update(T* w, T* m, T* v, const T* g, int64_t N, const AdamWStep<T>& s);
+
+// partials[ceil(N / chunk)]: partials[k] = sum of x[i]^2 over i in [k*chunk, min((k+1)*chunk, N)),
+// in double. Inside a chunk, element i goes to accumulator (i - k*chunk) % 8 and the eight are
+// added accumulator 0 first: for chunk <= 4096 these are the bits of core/optim/grad_clip's
+// chunk_sum_squares on that chunk, so chunk = 512 reproduces segmented_norm's partials.
+// chunk must be > 0.
+template <class T>
+void sum_squares_chunks(double* partials, const T* x, int64_t N, int64_t chunk);
+
+// *loss_sum = sum of losses[i] over rows with targets[i] >= 0, converted to double and added in
+// row order; *count = number of such rows. losses[BT], targets[BT].
+template <class T>
+void sum_losses(double* loss_sum, int64_t* count, const T* losses, const int32_t* targets,
+                int64_t BT);
+
+// Vocabulary-parallel token embedding: this rank holds rows [row_begin, row_begin + rows) of
+// the [V, C] table as wte_rows[rows, C]. out[BT, C] row i = that row when tokens[i] is in range,
+// zeros otherwise; summing out over the ranks that tile [0, V) (an all-reduce) gives
+// embedding_forward. With row_begin = 0, rows = V it is embedding_forward.
+template <class T>
+void embedding_forward_rows(T* out, const int32_t* tokens, const T* wte_rows, int64_t BT, int64_t C,
+                            int64_t row_begin, int64_t rows);
+// dwte_rows[rows, C] += scatter-add of the dout[BT, C] rows whose token is in range, in row order
+// as embedding_backward (each table row lives on one rank, so the shards are exact slices of it).
+template <class T>
+void embedding_backward_rows(T* dwte_rows, const T* dout, const int32_t* tokens, int64_t BT,
+                             int64_t C, int64_t row_begin, int64_t rows);
+
+// True when x[N] holds no NaN and no infinity (a diverged run shows up here first).
+template <class T>
+bool all_finite(const T* x, int64_t N);
+
+// ---- Memory owned by the backend --------------------------------------------------------------
+// Raw storage where this backend computes (host memory on the CPU, HBM on a GPU). Allocations are
+// 64-byte aligned (one cache line, one AVX-512 vector); bytes == 0 gives nullptr. Throws
+// OutOfMemoryError when the memory is not there (InputError for bytes < 0).
+void* device_alloc(int64_t bytes);
+// Frees what device_alloc returned; nullptr is a no-op.
+void device_free(void* p);
+// dst[bytes] = src[bytes] between device_alloc'd buffers (or host buffers on the CPU backend);
+// the ranges must not overlap.
+void device_memcpy(void* dst, const void* src, int64_t bytes);
+
 // Measures this backend's peak fp32 GEMM rate: times square n x n x n products for about
 // `seconds` and returns the best FLOP/s seen (2*n^3 per product). Used by `llama4d bench` to
 // report model FLOP utilisation against what this machine can actually do.

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "backends/mpi/mpi_session.h"
-#include "core/dist/comm_model.h"
-#include "core/dist/comm_stream.h"
+#include "core/comm/comm_model.h"
+#include "core/comm/comm_stream.h"
 
 namespace llama4d {
 

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "backends/mpi/mpi_internal.h"
-#include "core/dist/reduce_kernels.h"
+#include "core/comm/reduce_kernels.h"
 #include "core/error.h"
 
 namespace llama4d::mpi_detail {

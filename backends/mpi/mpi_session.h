@@ -25,9 +25,9 @@
 #include <chrono>
 #include <memory>
 
-#include "core/dist/cluster.h"
-#include "core/dist/comm_types.h"
-#include "core/dist/process_group.h"
+#include "core/comm/cluster.h"
+#include "core/comm/comm_types.h"
+#include "core/comm/process_group.h"
 
 namespace llama4d {
 

@@ -32,7 +32,7 @@
 #include <cstring>
 
 #include "backends/mpi/mpi_internal.h"
-#include "core/dist/reduce_kernels.h"
+#include "core/comm/reduce_kernels.h"
 #include "core/error.h"
 
 #if defined(__linux__)

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/dist/reduce_kernels.h"
+#include "core/comm/reduce_kernels.h"
 
 namespace llama4d::virt {
 

@@ -4,8 +4,8 @@
 
 #include "backends/virtual/virtual_process_group.h"
 #include "backends/virtual/virtual_world.h"
-#include "core/dist/comm_stream.h"
-#include "core/dist/text_table.h"
+#include "core/comm/comm_stream.h"
+#include "core/comm/text_table.h"
 #include "core/error.h"
 
 namespace llama4d {

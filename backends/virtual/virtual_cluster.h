@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "core/dist/cluster.h"
-#include "core/dist/comm_types.h"
-#include "core/dist/process_group.h"
-#include "core/dist/rank_accounting.h"
+#include "core/comm/cluster.h"
+#include "core/comm/comm_types.h"
+#include "core/comm/process_group.h"
+#include "core/comm/rank_accounting.h"
 
 namespace llama4d {
 

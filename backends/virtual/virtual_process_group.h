@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "backends/virtual/virtual_world.h"
-#include "core/dist/comm_stream.h"
-#include "core/dist/process_group.h"
+#include "core/comm/comm_stream.h"
+#include "core/comm/process_group.h"
 
 namespace llama4d::virt {
 

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "backends/virtual/virtual_cluster.h"
-#include "core/dist/comm_model.h"
-#include "core/dist/memory_tracker.h"
-#include "core/dist/process_group.h"
+#include "core/comm/comm_model.h"
+#include "core/tensor/memory_tracker.h"
+#include "core/comm/process_group.h"
 
 namespace llama4d::virt {
 

@@ -1,74 +1,120 @@
 #include "core/model/block.h"
 
-#include <algorithm>
-#include <cstring>
-
 #include "core/ops.h"
 
 namespace llama4d {
 
+template <class T>
+BlockWeights<T> block_weights(T* p, const BlockDims& d) {
+  const int64_t C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
+  BlockWeights<T> w;
+  w.ln1 = p, p += C;
+  w.wq = p, p += qd * C;
+  w.wk = p, p += kvd * C;
+  w.wv = p, p += kvd * C;
+  w.wo = p, p += C * qd;
+  w.ln2 = p, p += C;
+  w.wgate = p, p += I * C;
+  w.wup = p, p += I * C;
+  w.wdown = p;
+  return w;
+}
+
+template <class T>
+void BlockActivations<T>::allocate(MemoryTracker* m, const BlockDims& d) {
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
+  const auto act = MemoryCategory::activations;
+  q = Buffer<T>(m, act, BT * qd, "q"), k = Buffer<T>(m, act, BT * kvd, "k"), v = Buffer<T>(m, act, BT * kvd, "v");
+  h = Buffer<T>(m, act, BT * C, "h");
+  gate = Buffer<T>(m, act, BT * I, "gate"), up = Buffer<T>(m, act, BT * I, "up");
+  allocate_recomputable(m, d);
+}
+
+template <class T>
+void BlockActivations<T>::allocate_recomputable(MemoryTracker* m, const BlockDims& d) {
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, I = d.I;
+  const auto act_cat = MemoryCategory::activations;
+  n1 = Buffer<T>(m, act_cat, BT * C, "n1"), rstd1 = Buffer<T>(m, act_cat, BT, "rstd1");
+  att = Buffer<T>(m, act_cat, BT * qd, "att"), lse = Buffer<T>(m, act_cat, BT * d.nh, "lse");
+  n2 = Buffer<T>(m, act_cat, BT * C, "n2"), rstd2 = Buffer<T>(m, act_cat, BT, "rstd2");
+  act = Buffer<T>(m, act_cat, BT * I, "act");
+}
+
+template <class T>
+void BlockActivations<T>::release_recomputable() {
+  for (Buffer<T>* b : {&n1, &rstd1, &att, &lse, &n2, &rstd2, &act}) b->reset();
+}
+
+template <class T>
+void BlockActivations<T>::reset() {
+  release_recomputable();
+  for (Buffer<T>* b : {&q, &k, &v, &h, &gate, &up}) b->reset();
+}
+
+template <class T>
+int64_t BlockActivations<T>::bytes() const {
+  int64_t n = 0;
+  for (const Buffer<T>* b : {&q, &k, &v, &h, &gate, &up, &n1, &rstd1, &att, &lse, &n2, &rstd2, &act}) n += b->bytes();
+  return n;
+}
+
+template <class T>
+void BlockScratch<T>::allocate(MemoryTracker* m, const BlockDims& d) {
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
+  const auto s = MemoryCategory::scratch;
+  dn = Buffer<T>(m, s, BT * C, "backward dn"), dh = Buffer<T>(m, s, BT * C, "backward dh");
+  dq = Buffer<T>(m, s, BT * qd, "backward dq"), dk = Buffer<T>(m, s, BT * kvd, "backward dk");
+  dv = Buffer<T>(m, s, BT * kvd, "backward dv"), datt = Buffer<T>(m, s, BT * qd, "backward datt");
+  dgate = Buffer<T>(m, s, BT * I, "backward dgate"), dup = Buffer<T>(m, s, BT * I, "backward dup");
+  dact = Buffer<T>(m, s, BT * I, "backward dact");
+}
+
+template <class T>
+void BlockScratch<T>::reset() {
+  for (Buffer<T>* b : {&dn, &dh, &dq, &dk, &dv, &datt, &dgate, &dup, &dact}) b->reset();
+}
+
 namespace {
 
 template <class T>
-void zero(std::vector<T>& v, int64_t n) {
-  std::fill_n(v.data(), n, T(0));
+ops::AttentionShape attention_shape(const BlockDims& d, int64_t pos_start) {
+  return {.B = d.B, .Tq = d.T, .Tk = d.T, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = pos_start,
+          .k_start = pos_start};
+}
+
+template <class T>
+BlockComm<T>& comm_or_none(BlockComm<T>* comm) {
+  static BlockComm<T> none;  // stateless: every point is a no-op
+  return comm ? *comm : none;
 }
 
 }  // namespace
 
 template <class T>
-void BlockActivations<T>::resize(const BlockDims& d) {
-  const auto BT = size_t(d.BT()), C = size_t(d.C), qd = size_t(d.nh * d.hd), kvd = size_t(d.nkv * d.hd),
-             I = size_t(d.I);
-  n1.resize(BT * C), rstd1.resize(BT);
-  q.resize(BT * qd), k.resize(BT * kvd), v.resize(BT * kvd);
-  att.resize(BT * qd), lse.resize(BT * size_t(d.nh));
-  h.resize(BT * C);
-  n2.resize(BT * C), rstd2.resize(BT);
-  gate.resize(BT * I), up.resize(BT * I), act.resize(BT * I);
-  out.resize(BT * C);
-}
-
-template <class T>
-int64_t BlockActivations<T>::bytes() const {
-  size_t n = 0;
-  for (const auto* vec : {&n1, &rstd1, &q, &k, &v, &att, &lse, &h, &n2, &rstd2, &gate, &up, &act, &out})
-    n += vec->size();
-  return int64_t(n * sizeof(T));
-}
-
-template <class T>
-void BlockScratch<T>::resize(const BlockDims& d) {
-  const auto BT = size_t(d.BT()), C = size_t(d.C), qd = size_t(d.nh * d.hd), kvd = size_t(d.nkv * d.hd),
-             I = size_t(d.I);
-  dn.resize(BT * C), dh.resize(BT * C);
-  dq.resize(BT * qd), dk.resize(BT * kvd), dv.resize(BT * kvd), datt.resize(BT * qd);
-  dgate.resize(BT * I), dup.resize(BT * I), dact.resize(BT * I);
-}
-
-template <class T>
-void block_forward(BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
-                   const RopeTables<T>& rope, int64_t pos_start, BlockKvCache<T>* cache) {
+void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
+                   const RopeTables<T>& rope, int64_t pos_start, BlockComm<T>* comm_ptr, BlockKvCache<T>* cache) {
   const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
+  BlockComm<T>& comm = comm_or_none(comm_ptr);
 
   // Attention half: n1 = rmsnorm(x); q, k, v projections; RoPE on q and k.
   ops::rmsnorm_forward(a.n1.data(), a.rstd1.data(), x, w.ln1, BT, C, T(d.eps));
+  comm.attention_input(a.n1.data(), d);
   ops::matmul_forward(a.q.data(), a.n1.data(), w.wq, BT, C, qd);
   ops::matmul_forward(a.k.data(), a.n1.data(), w.wk, BT, C, kvd);
   ops::matmul_forward(a.v.data(), a.n1.data(), w.wv, BT, C, kvd);
   ops::rope_forward(a.q.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nh, d.hd, pos_start);
   ops::rope_forward(a.k.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nkv, d.hd, pos_start);
+  comm.key_value(a.k.data(), a.v.data(), d);
 
-  ops::AttentionShape s{.B = d.B, .Tq = d.T, .Tk = d.T, .nh = d.nh, .nkv = d.nkv, .hd = d.hd,
-                        .q_start = pos_start, .k_start = pos_start};
+  ops::AttentionShape s = attention_shape<T>(d, pos_start);
   const T* keys = a.k.data();
   const T* values = a.v.data();
   if (cache) {
     // Append this call's keys/values at [len, len + T) of each batch row, attend over all.
     for (int64_t b = 0; b < d.B; ++b) {
-      const size_t src = size_t(b * d.T * kvd), dst = size_t((b * cache->max_len + cache->len) * kvd);
-      std::memcpy(cache->k + dst, a.k.data() + src, size_t(d.T * kvd) * sizeof(T));
-      std::memcpy(cache->v + dst, a.v.data() + src, size_t(d.T * kvd) * sizeof(T));
+      const int64_t src = b * d.T * kvd, dst = (b * cache->max_len + cache->len) * kvd;
+      ops::copy(cache->k + dst, a.k.data() + src, d.T * kvd);
+      ops::copy(cache->v + dst, a.v.data() + src, d.T * kvd);
     }
     s.Tk = cache->len + d.T;
     s.k_start = 0;
@@ -81,68 +127,90 @@ void block_forward(BlockActivations<T>& a, const BlockWeights<T>& w, const T* x,
 
   // h = x + o_proj(att)
   ops::matmul_forward(a.h.data(), a.att.data(), w.wo, BT, qd, C);
+  comm.attention_output(a.h.data(), d);
   ops::add_forward(a.h.data(), a.h.data(), x, BT * C);
 
   // Feed-forward half: out = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h).
   ops::rmsnorm_forward(a.n2.data(), a.rstd2.data(), a.h.data(), w.ln2, BT, C, T(d.eps));
+  comm.mlp_input(a.n2.data(), d);
   ops::matmul_forward(a.gate.data(), a.n2.data(), w.wgate, BT, C, I);
   ops::matmul_forward(a.up.data(), a.n2.data(), w.wup, BT, C, I);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
-  ops::matmul_forward(a.out.data(), a.act.data(), w.wdown, BT, I, C);
-  ops::add_forward(a.out.data(), a.out.data(), a.h.data(), BT * C);
+  ops::matmul_forward(out, a.act.data(), w.wdown, BT, I, C);
+  comm.mlp_output(out, d);
+  ops::add_forward(out, out, a.h.data(), BT * C);
+}
+
+template <class T>
+void block_recompute_selective(BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
+                               const RopeTables<T>& rope, int64_t pos_start, BlockComm<T>* comm_ptr) {
+  const int64_t BT = d.BT(), C = d.C, I = d.I;
+  BlockComm<T>& comm = comm_or_none(comm_ptr);
+  ops::rmsnorm_forward(a.n1.data(), a.rstd1.data(), x, w.ln1, BT, C, T(d.eps));
+  comm.attention_input(a.n1.data(), d);
+  ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), attention_shape<T>(d, pos_start));
+  ops::rmsnorm_forward(a.n2.data(), a.rstd2.data(), a.h.data(), w.ln2, BT, C, T(d.eps));
+  comm.mlp_input(a.n2.data(), d);
+  ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
 }
 
 template <class T>
 void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockActivations<T>& a,
                     const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
-                    int64_t pos_start, BlockScratch<T>& s) {
+                    int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm_ptr) {
   const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
+  BlockComm<T>& comm = comm_or_none(comm_ptr);
 
   // Feed-forward half, last op first. The residual passes dout straight to dh.
-  std::memcpy(s.dh.data(), dout, size_t(BT * C) * sizeof(T));
-  zero(s.dact, BT * I);
-  ops::matmul_backward(s.dact.data(), g.wdown, dout, a.act.data(), w.wdown, BT, I, C);
-  zero(s.dgate, BT * I);
-  zero(s.dup, BT * I);
+  ops::copy(s.dh.data(), dout, BT * C);
+  ops::copy(s.dn.data(), dout, BT * C);  // d(mlp output): the down_proj output's gradient
+  comm.mlp_output_backward(s.dn.data(), d);
+  ops::fill(s.dact.data(), T(0), BT * I);
+  ops::matmul_backward(s.dact.data(), g.wdown, s.dn.data(), a.act.data(), w.wdown, BT, I, C);
+  ops::fill(s.dgate.data(), T(0), BT * I);
+  ops::fill(s.dup.data(), T(0), BT * I);
   ops::swiglu_backward(s.dgate.data(), s.dup.data(), s.dact.data(), a.gate.data(), a.up.data(), BT * I);
-  zero(s.dn, BT * C);
+  ops::fill(s.dn.data(), T(0), BT * C);
   ops::matmul_backward(s.dn.data(), g.wgate, s.dgate.data(), a.n2.data(), w.wgate, BT, C, I);
   ops::matmul_backward(s.dn.data(), g.wup, s.dup.data(), a.n2.data(), w.wup, BT, C, I);
+  comm.mlp_input_backward(s.dn.data(), d);
   ops::rmsnorm_backward(s.dh.data(), g.ln2, s.dn.data(), a.h.data(), w.ln2, a.rstd2.data(), BT, C);
 
   // Attention half. dout is no longer read, so dx may alias it from here on.
-  std::memcpy(dx, s.dh.data(), size_t(BT * C) * sizeof(T));
-  zero(s.datt, BT * qd);
+  ops::copy(dx, s.dh.data(), BT * C);
+  comm.attention_output_backward(s.dh.data(), d);
+  ops::fill(s.datt.data(), T(0), BT * qd);
   ops::matmul_backward(s.datt.data(), g.wo, s.dh.data(), a.att.data(), w.wo, BT, qd, C);
-  zero(s.dq, BT * qd);
-  zero(s.dk, BT * kvd);
-  zero(s.dv, BT * kvd);
-  const ops::AttentionShape shape{.B = d.B, .Tq = d.T, .Tk = d.T, .nh = d.nh, .nkv = d.nkv, .hd = d.hd,
-                                  .q_start = pos_start, .k_start = pos_start};
-  ops::attention_backward(s.dq.data(), s.dk.data(), s.dv.data(), s.datt.data(), a.q.data(), a.k.data(),
-                          a.v.data(), a.att.data(), a.lse.data(), shape);
+  ops::fill(s.dq.data(), T(0), BT * qd);
+  ops::fill(s.dk.data(), T(0), BT * kvd);
+  ops::fill(s.dv.data(), T(0), BT * kvd);
+  ops::attention_backward(s.dq.data(), s.dk.data(), s.dv.data(), s.datt.data(), a.q.data(), a.k.data(), a.v.data(),
+                          a.att.data(), a.lse.data(), attention_shape<T>(d, pos_start));
+  comm.key_value_backward(s.dk.data(), s.dv.data(), d);
   ops::rope_backward(s.dq.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nh, d.hd, pos_start);
   ops::rope_backward(s.dk.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nkv, d.hd, pos_start);
-  zero(s.dn, BT * C);
+  ops::fill(s.dn.data(), T(0), BT * C);
   ops::matmul_backward(s.dn.data(), g.wq, s.dq.data(), a.n1.data(), w.wq, BT, C, qd);
   ops::matmul_backward(s.dn.data(), g.wk, s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
   ops::matmul_backward(s.dn.data(), g.wv, s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
+  comm.attention_input_backward(s.dn.data(), d);
   ops::rmsnorm_backward(dx, g.ln1, s.dn.data(), x, w.ln1, a.rstd1.data(), BT, C);
 }
 
-template struct BlockActivations<float>;
-template struct BlockActivations<double>;
-template struct BlockScratch<float>;
-template struct BlockScratch<double>;
-template void block_forward<float>(BlockActivations<float>&, const BlockWeights<float>&, const float*,
-                                   const BlockDims&, const RopeTables<float>&, int64_t, BlockKvCache<float>*);
-template void block_forward<double>(BlockActivations<double>&, const BlockWeights<double>&, const double*,
-                                    const BlockDims&, const RopeTables<double>&, int64_t, BlockKvCache<double>*);
-template void block_backward<float>(float*, const BlockWeights<float>&, const float*, const BlockActivations<float>&,
-                                    const BlockWeights<float>&, const float*, const BlockDims&,
-                                    const RopeTables<float>&, int64_t, BlockScratch<float>&);
-template void block_backward<double>(double*, const BlockWeights<double>&, const double*,
-                                     const BlockActivations<double>&, const BlockWeights<double>&, const double*,
-                                     const BlockDims&, const RopeTables<double>&, int64_t, BlockScratch<double>&);
+#define LLAMA4D_BLOCK(T)                                                                                            \
+  template BlockWeights<T> block_weights<T>(T*, const BlockDims&);                                                  \
+  template struct BlockActivations<T>;                                                                              \
+  template struct BlockScratch<T>;                                                                                  \
+  template class BlockComm<T>;                                                                                      \
+  template void block_forward<T>(T*, BlockActivations<T>&, const BlockWeights<T>&, const T*, const BlockDims&,       \
+                                 const RopeTables<T>&, int64_t, BlockComm<T>*, BlockKvCache<T>*);                   \
+  template void block_recompute_selective<T>(BlockActivations<T>&, const BlockWeights<T>&, const T*,                \
+                                             const BlockDims&, const RopeTables<T>&, int64_t, BlockComm<T>*);       \
+  template void block_backward<T>(T*, const BlockWeights<T>&, const T*, const BlockActivations<T>&,                 \
+                                  const BlockWeights<T>&, const T*, const BlockDims&, const RopeTables<T>&, int64_t, \
+                                  BlockScratch<T>&, BlockComm<T>*);
+LLAMA4D_BLOCK(float)
+LLAMA4D_BLOCK(double)
+#undef LLAMA4D_BLOCK
 
 }  // namespace llama4d

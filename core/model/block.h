@@ -4,9 +4,9 @@
 //   out = h + down_proj( silu(gate_proj(n2)) * up_proj(n2) ),                         n2 = rmsnorm(h)
 // Shapes: x, h, out [B, T, C]; q [B, T, nh, hd]; k, v [B, T, nkv, hd]; gate, up [B, T, I].
 #include <cstdint>
-#include <vector>
 
 #include "core/model/rope.h"
+#include "core/tensor/buffer.h"
 
 namespace llama4d {
 
@@ -21,7 +21,7 @@ struct BlockDims {
   int64_t BT() const { return B * T; }
 };
 
-// Pointers into the flat parameter (or gradient) buffer for one layer.
+// Pointers into a unit's parameter (or gradient) segment.
 template <class T>
 struct BlockWeights {
   T* ln1 = nullptr;    // [C]          input_layernorm
@@ -34,27 +34,63 @@ struct BlockWeights {
   T* wup = nullptr;    // [I, C]
   T* wdown = nullptr;  // [C, I]
 };
+// The nine tensors of a block segment, laid out consecutively in params.h order.
+template <class T>
+BlockWeights<T> block_weights(T* segment, const BlockDims& d);
 
-// Everything the forward keeps for the backward (for one layer).
+// What the forward keeps for the backward (for one block). The block's input x is kept by the
+// caller (it is the previous unit's output). Which tensors are held depends on the activation
+// checkpointing policy (core/model/checkpointing.h); all are allocated on the rank's tracker.
 template <class T>
 struct BlockActivations {
-  std::vector<T> n1, rstd1;      // [B,T,C], [B,T]
-  std::vector<T> q, k, v;        // [B,T,nh,hd], [B,T,nkv,hd] x2 (q, k after RoPE)
-  std::vector<T> att, lse;       // [B,T,nh,hd], [B,nh,T]
-  std::vector<T> h;              // [B,T,C] residual stream after attention
-  std::vector<T> n2, rstd2;      // [B,T,C], [B,T]
-  std::vector<T> gate, up, act;  // [B,T,I] x3 (act = silu(gate) * up)
-  std::vector<T> out;            // [B,T,C] block output
+  // Kept by every policy that keeps this block at all (selective keeps only these):
+  Buffer<T> q, k, v;             // [B,T,nh,hd], [B,T,nkv,hd] x2 (q, k after RoPE)
+  Buffer<T> h;                   // [B,T,C] residual stream after attention
+  Buffer<T> gate, up;            // [B,T,I] x2
+  // Recomputable from the above and x (dropped by selective, rebuilt in its backward):
+  Buffer<T> n1, rstd1;           // [B,T,C], [B,T]
+  Buffer<T> att, lse;            // [B,T,nh,hd], [B,nh,T]
+  Buffer<T> n2, rstd2;           // [B,T,C], [B,T]
+  Buffer<T> act;                 // [B,T,I] silu(gate) * up
 
-  void resize(const BlockDims& d);
+  void allocate(MemoryTracker* memory, const BlockDims& d);               // every tensor
+  void allocate_recomputable(MemoryTracker* memory, const BlockDims& d);  // the second group
+  void release_recomputable();
+  void reset();
+  bool holds_anything() const { return !q.empty(); }
+  bool complete() const { return !n1.empty(); }
   int64_t bytes() const;
 };
 
-// Backward temporaries, shared by all layers (only one layer runs backward at a time).
+// Backward temporaries, shared by all blocks of one backward pass (scratch category).
 template <class T>
 struct BlockScratch {
-  std::vector<T> dn, dh, dq, dk, dv, datt, dgate, dup, dact;
-  void resize(const BlockDims& d);
+  Buffer<T> dn, dh, dq, dk, dv, datt, dgate, dup, dact;
+  void allocate(MemoryTracker* memory, const BlockDims& d);
+  void reset();
+};
+
+// Named communication points inside a block, no-ops here. Tensor and sequence parallelism
+// (which split the matmuls and the sequence) and context parallelism (which exchanges keys and
+// values around attention) fill them in without editing the block's math. Each forward point
+// has its backward twin, called on the gradient of the same tensor.
+template <class T>
+class BlockComm {
+ public:
+  virtual ~BlockComm() = default;
+  // n1 / n2 [B,T,C] as they enter the q/k/v (gate/up) projections.
+  virtual void attention_input(T* n1, const BlockDims& d) {}
+  virtual void attention_input_backward(T* dn1, const BlockDims& d) {}
+  virtual void mlp_input(T* n2, const BlockDims& d) {}
+  virtual void mlp_input_backward(T* dn2, const BlockDims& d) {}
+  // The o_proj (down_proj) output [B,T,C] before it joins the residual stream.
+  virtual void attention_output(T* y, const BlockDims& d) {}
+  virtual void attention_output_backward(T* dy, const BlockDims& d) {}
+  virtual void mlp_output(T* y, const BlockDims& d) {}
+  virtual void mlp_output_backward(T* dy, const BlockDims& d) {}
+  // Keys and values after RoPE, k, v [B,T,nkv,hd], as attention is about to read them.
+  virtual void key_value(T* k, T* v, const BlockDims& d) {}
+  virtual void key_value_backward(T* dk, T* dv, const BlockDims& d) {}
 };
 
 // Where attention reads keys/values from when decoding with a cache: the block appends this
@@ -66,16 +102,25 @@ struct BlockKvCache {
   int64_t len = 0, max_len = 0;
 };
 
-// out = block(x). pos_start is the absolute position of token 0 (for RoPE and causality).
+// out[B,T,C] = block(x); fills every tensor of `a` (which must be allocated). pos_start is the
+// absolute position of token 0 (for RoPE and causality). comm may be null (no communication).
 template <class T>
-void block_forward(BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
-                   const RopeTables<T>& rope, int64_t pos_start, BlockKvCache<T>* cache = nullptr);
+void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
+                   const RopeTables<T>& rope, int64_t pos_start, BlockComm<T>* comm = nullptr,
+                   BlockKvCache<T>* cache = nullptr);
+
+// Rebuilds the recomputable tensors of `a` (n1, rstd1, att, lse, n2, rstd2, act) from x and
+// the kept ones: the backward half of selective checkpointing. Same ops, same inputs, so the
+// same bits as the forward produced.
+template <class T>
+void block_recompute_selective(BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
+                               const RopeTables<T>& rope, int64_t pos_start, BlockComm<T>* comm = nullptr);
 
 // dx[B,T,C] = d(out)/d(x)^T dout (OVERWRITTEN); weight gradients ACCUMULATE into g.
 // dx may alias dout: dout is consumed first.
 template <class T>
 void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockActivations<T>& a,
                     const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
-                    int64_t pos_start, BlockScratch<T>& s);
+                    int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm = nullptr);
 
 }  // namespace llama4d

@@ -13,4 +13,15 @@ double training_flops_per_token(const LlamaConfig& cfg, int64_t seq_len) {
          12.0 * double(cfg.num_hidden_layers) * double(cfg.q_dim()) * double(seq_len);
 }
 
+double recompute_flops_per_token(const LlamaConfig& cfg, int64_t seq_len, const Checkpointing& ac) {
+  const double attention_forward = 4.0 * double(cfg.num_hidden_layers) * double(cfg.q_dim()) * double(seq_len);
+  switch (ac.kind) {
+    case Checkpointing::Kind::none: return 0;
+    case Checkpointing::Kind::selective: return attention_forward;
+    case Checkpointing::Kind::every:
+      return 2.0 * double(matmul_parameters(cfg) - cfg.vocab_size * cfg.hidden_size) + attention_forward;
+  }
+  return 0;
+}
+
 }  // namespace llama4d

@@ -2,6 +2,7 @@
 // Model FLOPs of one training token, the numerator of model FLOP utilisation (MFU).
 #include <cstdint>
 
+#include "core/model/checkpointing.h"
 #include "core/model/config.h"
 
 namespace llama4d {
@@ -15,5 +16,13 @@ namespace llama4d {
 //              although a causal kernel skips about half of it.
 double training_flops_per_token(const LlamaConfig& cfg, int64_t seq_len);
 int64_t matmul_parameters(const LlamaConfig& cfg);
+
+// FLOPs per token that activation checkpointing adds by running forward work again: the
+// numerator of hardware FLOP utilisation (HFU) is training + recompute, MFU's is training only
+// (the distinction of Chowdhery et al. 2022, App. B). Counted with the same conventions:
+//   full, every:k  every block's forward once more: 2 N_blocks + 4 L nh hd T
+//   selective      the attention core's forward (q k^T and p v): 4 L nh hd T
+//                  (RMSNorm and SwiGLU recomputation is elementwise, O(C) per token, left out)
+double recompute_flops_per_token(const LlamaConfig& cfg, int64_t seq_len, const Checkpointing& ac);
 
 }  // namespace llama4d

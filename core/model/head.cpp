@@ -1,21 +1,24 @@
 #include "core/model/head.h"
 
-#include <algorithm>
-
 #include "core/ops.h"
 
 namespace llama4d {
 
 template <class T>
-void HeadActivations<T>::resize(int64_t BT, int64_t C, int64_t V) {
-  n.resize(size_t(BT * C)), rstd.resize(size_t(BT));
-  logits.resize(size_t(BT * V)), losses.resize(size_t(BT));
-  dlogits.resize(size_t(BT * V)), dn.resize(size_t(BT * C));
+void HeadActivations<T>::allocate(MemoryTracker* m, int64_t BT, int64_t C, int64_t V) {
+  const auto act = MemoryCategory::activations;
+  n = Buffer<T>(m, act, BT * C, "final norm"), rstd = Buffer<T>(m, act, BT, "final norm rstd");
+  logits = Buffer<T>(m, act, BT * V, "logits"), losses = Buffer<T>(m, act, BT, "token losses");
+}
+
+template <class T>
+void HeadActivations<T>::reset() {
+  for (Buffer<T>* b : {&n, &rstd, &logits, &losses}) b->reset();
 }
 
 template <class T>
 int64_t HeadActivations<T>::bytes() const {
-  return int64_t((n.size() + rstd.size() + logits.size() + losses.size()) * sizeof(T));
+  return n.bytes() + rstd.bytes() + logits.bytes() + losses.bytes();
 }
 
 template <class T>
@@ -27,34 +30,32 @@ LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T
   ops::cross_entropy_forward(a.losses.data(), a.logits.data(), targets, BT, V);
   // Summed in double in row order: deterministic, and exact enough to compare runs bitwise.
   LossSum sum;
-  for (int64_t i = 0; i < BT; ++i)
-    if (targets[i] >= 0) {
-      sum.loss_sum += double(a.losses[size_t(i)]);
-      ++sum.tokens;
-    }
+  ops::sum_losses(&sum.loss_sum, &sum.tokens, a.losses.data(), targets, BT);
   return sum;
 }
 
 template <class T>
-void head_backward(T* dx, T* dnorm_w, T* dlm_w, HeadActivations<T>& a, const T* x, const T* norm_w, const T* lm_w,
-                   const int32_t* targets, T loss_scale, int64_t BT, int64_t C, int64_t V) {
-  std::fill(a.dlogits.begin(), a.dlogits.end(), T(0));
-  ops::cross_entropy_backward(a.dlogits.data(), a.logits.data(), targets, loss_scale, BT, V);
-  std::fill(a.dn.begin(), a.dn.end(), T(0));
-  ops::matmul_backward(a.dn.data(), dlm_w, a.dlogits.data(), a.n.data(), lm_w, BT, C, V);
-  std::fill_n(dx, BT * C, T(0));
-  ops::rmsnorm_backward(dx, dnorm_w, a.dn.data(), x, norm_w, a.rstd.data(), BT, C);
+void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, const T* x, const T* norm_w,
+                   const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C, int64_t V,
+                   MemoryTracker* memory) {
+  Buffer<T> dlogits(memory, MemoryCategory::scratch, BT * V, "backward dlogits");
+  Buffer<T> dn(memory, MemoryCategory::scratch, BT * C, "backward dn (head)");
+  ops::fill(dlogits.data(), T(0), BT * V);
+  ops::cross_entropy_backward(dlogits.data(), a.logits.data(), targets, loss_scale, BT, V);
+  ops::fill(dn.data(), T(0), BT * C);
+  ops::matmul_backward(dn.data(), dlm_w, dlogits.data(), a.n.data(), lm_w, BT, C, V);
+  ops::fill(dx, T(0), BT * C);
+  ops::rmsnorm_backward(dx, dnorm_w, dn.data(), x, norm_w, a.rstd.data(), BT, C);
 }
 
-template struct HeadActivations<float>;
-template struct HeadActivations<double>;
-template LossSum head_forward<float>(HeadActivations<float>&, const float*, const float*, const float*,
-                                     const int32_t*, int64_t, int64_t, int64_t, double);
-template LossSum head_forward<double>(HeadActivations<double>&, const double*, const double*, const double*,
-                                      const int32_t*, int64_t, int64_t, int64_t, double);
-template void head_backward<float>(float*, float*, float*, HeadActivations<float>&, const float*, const float*,
-                                   const float*, const int32_t*, float, int64_t, int64_t, int64_t);
-template void head_backward<double>(double*, double*, double*, HeadActivations<double>&, const double*,
-                                    const double*, const double*, const int32_t*, double, int64_t, int64_t, int64_t);
+#define LLAMA4D_HEAD(T)                                                                                         \
+  template struct HeadActivations<T>;                                                                           \
+  template LossSum head_forward<T>(HeadActivations<T>&, const T*, const T*, const T*, const int32_t*, int64_t, \
+                                   int64_t, int64_t, double);                                                   \
+  template void head_backward<T>(T*, T*, T*, const HeadActivations<T>&, const T*, const T*, const T*,           \
+                                 const int32_t*, T, int64_t, int64_t, int64_t, MemoryTracker*);
+LLAMA4D_HEAD(float)
+LLAMA4D_HEAD(double)
+#undef LLAMA4D_HEAD
 
 }  // namespace llama4d

@@ -9,19 +9,29 @@
 
 namespace llama4d {
 
+std::string unit_name(int unit, int num_layers) {
+  if (unit == embedding_unit()) return "embedding";
+  if (unit == head_unit(num_layers)) return "head";
+  return "layer " + std::to_string(unit - 1);
+}
+
 namespace {
 
-// splitmix64: a counter-based generator, identical on every platform and compiler.
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+
+// splitmix64: its k-th output depends only on seed + k * golden, so draw j of a stream can be
+// computed without drawing the j before it (what sharded initialisation needs).
 uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  uint64_t z = (state += kGolden);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
 
-// Standard normal draws by Box-Muller from splitmix64 uniforms (std::normal_distribution is
-// implementation-defined, and we want the same initial weights everywhere).
-double normal_draw(uint64_t& state) {
+// Standard normal draw j of the stream `seed` by Box-Muller over outputs 2j+1 and 2j+2
+// (std::normal_distribution is implementation-defined; we want the same weights everywhere).
+double normal_draw(uint64_t seed, int64_t j) {
+  uint64_t state = seed + uint64_t(2 * j) * kGolden;
   const double u1 = (double(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
   const double u2 = double(splitmix64(state) >> 11) * 0x1.0p-53;          // [0, 1)
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
@@ -30,45 +40,184 @@ double normal_draw(uint64_t& state) {
 }  // namespace
 
 template <class T>
-Llama<T>::Llama(const LlamaConfig& cfg) : cfg_(cfg) {
+int64_t MicroBatchState<T>::activation_bytes() const {
+  int64_t n = tokens.bytes() + targets.bytes() + head.bytes() + input_grad.bytes();
+  for (const Buffer<T>& b : x) n += b.bytes();
+  for (const BlockActivations<T>& a : blocks) n += a.bytes();
+  return n;
+}
+
+template <class T>
+void MicroBatchState<T>::reset() {
+  tokens.reset(), targets.reset(), head.reset(), input_grad.reset();
+  for (Buffer<T>& b : x) b.reset();
+  for (BlockActivations<T>& a : blocks) a.reset();
+  loss = {};
+  forward_done = false;
+}
+
+template <class T>
+Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory) : cfg_(cfg), memory_(memory) {
   cfg_.validate();
   specs_ = llama_param_specs(cfg_);
-  const int64_t n = specs_.back().offset + specs_.back().numel;
-  params_.assign(size_t(n), T(0));
-  grads_.assign(size_t(n), T(0));
-  off_embed_ = find_param(specs_, "model.embed_tokens.weight").offset;
-  off_norm_ = find_param(specs_, "model.norm.weight").offset;
-  off_lm_head_ = cfg_.tie_word_embeddings ? off_embed_ : find_param(specs_, "lm_head.weight").offset;
+  total_ = specs_.back().offset + specs_.back().numel;
+  const int L = num_layers();
+  const ParamSpec& embed = find_param(specs_, "model.embed_tokens.weight");
+  unit_ranges_.push_back({embed.offset, embed.offset + embed.numel});
+  for (int l = 0; l < L; ++l) unit_ranges_.push_back(layer_param_range(specs_, l));
+  unit_ranges_.push_back({find_param(specs_, "model.norm.weight").offset, total_});
+  if (!memory_) {
+    own_memory_ = std::make_unique<MemoryTracker>(0, 0);
+    memory_ = own_memory_.get();
+  }
   rope_ = make_rope_tables<T>(cfg_, cfg_.max_position_embeddings);
-  blocks_.resize(size_t(cfg_.num_hidden_layers));
+  unit_params_.resize(size_t(num_units()));
+  unit_grads_.resize(size_t(num_units()));
+}
+
+template <class T>
+Llama<T>::~Llama() = default;
+
+template <class T>
+std::vector<int> Llama<T>::segments_used_by(int u) const {
+  if (u == head_unit(num_layers()) && cfg_.tie_word_embeddings) return {u, embedding_unit()};
+  return {u};
+}
+
+template <class T>
+void Llama<T>::set_residency(Residency params, Residency grads) {
+  bool allocated = !whole_params_.empty() || !whole_grads_.empty();
+  for (size_t u = 0; u < unit_params_.size(); ++u) allocated = allocated || !unit_params_[u].empty() || !unit_grads_[u].empty();
+  if (allocated && (params != param_res_ || grads != grad_res_))
+    throw Error("Llama::set_residency: storage is already allocated; set residency before initialising");
+  param_res_ = params, grad_res_ = grads;
+}
+
+template <class T>
+T* Llama<T>::params() {
+  if (param_res_ != Residency::whole) throw Error("Llama::params(): parameters are held per unit on this rank");
+  if (whole_params_.empty()) whole_params_ = Buffer<T>(memory_, MemoryCategory::params, total_, "parameters");
+  return whole_params_.data();
+}
+
+template <class T>
+T* Llama<T>::grads() {
+  if (grad_res_ != Residency::whole) throw Error("Llama::grads(): gradients are held per unit on this rank");
+  if (whole_grads_.empty()) {
+    whole_grads_ = Buffer<T>(memory_, MemoryCategory::grads, total_, "gradients");
+    ops::fill(whole_grads_.data(), T(0), total_);
+  }
+  return whole_grads_.data();
+}
+
+template <class T>
+const T* Llama<T>::params() const {
+  if (param_res_ != Residency::whole || whole_params_.empty()) throw Error("Llama::params(): no flat parameter buffer");
+  return whole_params_.data();
+}
+
+template <class T>
+const T* Llama<T>::grads() const {
+  if (grad_res_ != Residency::whole || whole_grads_.empty()) throw Error("Llama::grads(): no flat gradient buffer");
+  return whole_grads_.data();
+}
+
+template <class T>
+T* Llama<T>::unit_params(int u) {
+  if (param_res_ == Residency::whole) return whole_params_.empty() ? nullptr : whole_params_.data() + unit_range(u).begin;
+  return unit_params_[size_t(u)].data();
+}
+
+template <class T>
+T* Llama<T>::unit_grads(int u) {
+  if (grad_res_ == Residency::whole) return whole_grads_.empty() ? nullptr : whole_grads_.data() + unit_range(u).begin;
+  return unit_grads_[size_t(u)].data();
+}
+
+template <class T>
+void Llama<T>::allocate_unit_params(int u, std::string_view what) {
+  if (param_res_ != Residency::per_unit) throw Error("Llama::allocate_unit_params needs per-unit residency");
+  Buffer<T>& b = unit_params_[size_t(u)];
+  const ParamRange r = unit_range(u);
+  if (b.empty()) b = Buffer<T>(memory_, MemoryCategory::params, r.end - r.begin, what);
+}
+
+template <class T>
+void Llama<T>::free_unit_params(int u) {
+  if (param_res_ != Residency::per_unit) throw Error("Llama::free_unit_params needs per-unit residency");
+  unit_params_[size_t(u)].reset();
+}
+
+template <class T>
+void Llama<T>::free_unit_grads(int u) {
+  if (grad_res_ != Residency::per_unit) throw Error("Llama::free_unit_grads needs per-unit residency");
+  unit_grads_[size_t(u)].reset();
+}
+
+template <class T>
+T* Llama<T>::ensure_unit_grads(int u) {
+  if (grad_res_ == Residency::whole) return grads() + unit_range(u).begin;
+  Buffer<T>& b = unit_grads_[size_t(u)];
+  if (b.empty()) {
+    const ParamRange r = unit_range(u);
+    b = Buffer<T>(memory_, MemoryCategory::grads, r.end - r.begin, "gradients of " + unit_name(u, num_layers()));
+    ops::fill(b.data(), T(0), r.end - r.begin);
+  }
+  return b.data();
 }
 
 template <class T>
 T* Llama<T>::param(std::string_view name) {
-  return params_.data() + find_param(specs_, std::string(name)).offset;
+  const ParamSpec& p = find_param(specs_, std::string(name));
+  for (int u = 0; u < num_units(); ++u)
+    if (p.offset >= unit_range(u).begin && p.offset < unit_range(u).end) {
+      T* seg = unit_params(u);
+      if (!seg) throw Error("parameter " + p.name + " is not held on this rank now");
+      return seg + (p.offset - unit_range(u).begin);
+    }
+  throw Error("parameter " + p.name + " lies in no unit");
 }
 
 template <class T>
 T* Llama<T>::grad(std::string_view name) {
-  return grads_.data() + find_param(specs_, std::string(name)).offset;
+  const ParamSpec& p = find_param(specs_, std::string(name));
+  for (int u = 0; u < num_units(); ++u)
+    if (p.offset >= unit_range(u).begin && p.offset < unit_range(u).end) return ensure_unit_grads(u) + (p.offset - unit_range(u).begin);
+  throw Error("parameter " + p.name + " lies in no unit");
+}
+
+template <class T>
+void Llama<T>::init_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end, T* out) {
+  int64_t draws_before = 0;  // normal draws consumed by the matrices before this spec
+  for (const ParamSpec& p : specs) {
+    const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+    const bool gain = p.shape.size() == 1;  // RMSNorm gains start at 1 and draw nothing
+    for (int64_t i = lo; i < hi; ++i)
+      out[i - begin] = gain ? T(1) : T(0.02 * normal_draw(seed, draws_before + (i - p.offset)));
+    if (!gain) draws_before += p.numel;
+  }
 }
 
 template <class T>
 void Llama<T>::init_weights(uint64_t seed) {
-  uint64_t state = seed;
-  for (const ParamSpec& p : specs_) {
-    T* w = params_.data() + p.offset;
-    if (p.shape.size() == 1) {  // RMSNorm gains start at 1
-      std::fill_n(w, p.numel, T(1));
-    } else {
-      for (int64_t i = 0; i < p.numel; ++i) w[i] = T(0.02 * normal_draw(state));
-    }
+  if (param_res_ == Residency::whole) {
+    init_values(specs_, seed, 0, total_, params());
+    return;
+  }
+  for (int u = 0; u < num_units(); ++u) {
+    allocate_unit_params(u, "parameters of " + unit_name(u, num_layers()));
+    init_values(specs_, seed, unit_range(u).begin, unit_range(u).end, unit_params(u));
   }
 }
 
 template <class T>
 void Llama<T>::zero_grad() {
-  std::fill(grads_.begin(), grads_.end(), T(0));
+  if (grad_res_ == Residency::whole) {
+    ops::fill(grads(), T(0), total_);
+    return;
+  }
+  for (Buffer<T>& b : unit_grads_)
+    if (!b.empty()) ops::fill(b.data(), T(0), b.size());
 }
 
 template <class T>
@@ -79,116 +228,204 @@ BlockDims Llama<T>::block_dims(int64_t B, int64_t T_) const {
 }
 
 template <class T>
-BlockWeights<T> Llama<T>::block_view(T* flat, int layer) const {
-  // The nine tensors of a layer are consecutive in params.h order.
-  const ParamRange r = layer_param_range(specs_, layer);
-  const int64_t C = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), I = cfg_.intermediate_size;
-  BlockWeights<T> w;
-  T* p = flat + r.begin;
-  w.ln1 = p, p += C;
-  w.wq = p, p += qd * C;
-  w.wk = p, p += kvd * C;
-  w.wv = p, p += kvd * C;
-  w.wo = p, p += C * qd;
-  w.ln2 = p, p += C;
-  w.wgate = p, p += I * C;
-  w.wup = p, p += I * C;
-  w.wdown = p, p += C * I;
-  return w;
+BlockWeights<T> Llama<T>::block_params(int layer) {
+  T* seg = unit_params(block_unit(layer));
+  if (!seg) throw Error("parameters of layer " + std::to_string(layer) + " are not held on this rank now");
+  return block_weights(seg, block_dims(0, 0));
 }
 
 template <class T>
-const T* Llama<T>::lm_head(const T* flat) const {
-  return flat + off_lm_head_;
+BlockWeights<T> Llama<T>::block_grads(int layer) {
+  return block_weights(ensure_unit_grads(block_unit(layer)), block_dims(0, 0));
 }
 
 template <class T>
-void Llama<T>::ensure_activations(int64_t B, int64_t T_) {
-  if (T_ > cfg_.max_position_embeddings)
-    throw InputError("sequence length " + std::to_string(T_) + " exceeds max_position_embeddings " +
-                     std::to_string(cfg_.max_position_embeddings));
-  batch_ = B, seq_ = T_;
-  const BlockDims d = block_dims(B, T_);
-  x0_.resize(size_t(d.BT() * d.C));
-  for (auto& a : blocks_) a.resize(d);
-  scratch_.resize(d);
-  head_.resize(d.BT(), d.C, cfg_.vocab_size);
-  dx_.resize(size_t(d.BT() * d.C));
-  tokens_.resize(size_t(d.BT()));
-  targets_.resize(size_t(d.BT()));
+T* Llama<T>::lm_head_params() {
+  const int u = cfg_.tie_word_embeddings ? embedding_unit() : head_unit(num_layers());
+  T* seg = unit_params(u);
+  if (!seg) throw Error("LM head parameters are not held on this rank now");
+  // Untied: lm_head.weight follows model.norm.weight [C] inside the head's segment.
+  return cfg_.tie_word_embeddings ? seg : seg + cfg_.hidden_size;
 }
 
 template <class T>
-LossSum Llama<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_) {
-  // Validate before touching any state, so a rejected call leaves the model as it was.
+void Llama<T>::check_ids(const int32_t* tokens, const int32_t* targets, int64_t n) const {
   const int64_t V = cfg_.vocab_size;
-  for (int64_t i = 0; i < B * T_; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= V)
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens && (tokens[i] < 0 || tokens[i] >= V))
       throw InputError("token id " + std::to_string(tokens[i]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
     if (targets && targets[i] >= V)
       throw InputError("target id " + std::to_string(targets[i]) + " outside the vocabulary [0, " + std::to_string(V) +
                        ") (use -1 to ignore a position)");
   }
-  ensure_activations(B, T_);
-  const BlockDims d = block_dims(B, T_);
-  const int64_t BT = d.BT(), C = d.C;
-  std::copy_n(tokens, BT, tokens_.begin());
-  if (targets)
-    std::copy_n(targets, BT, targets_.begin());
-  else  // inference: a later backward then sees only ignored targets and adds nothing
-    std::fill(targets_.begin(), targets_.end(), -1);
+}
 
-  StageHooks none;
-  StageHooks& h = hooks_ ? *hooks_ : none;
-  h.before_forward(kRootStage);
-  ops::embedding_forward(x0_.data(), tokens, params_.data() + off_embed_, BT, C);
-  const T* x = x0_.data();
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-    h.before_forward(l);
-    block_forward(blocks_[size_t(l)], block_view(params_.data(), l), x, d, rope_, 0);
-    h.after_forward(l);
-    x = blocks_[size_t(l)].out.data();
+template <class T>
+void Llama<T>::forward_block(MicroBatchState<T>& st, int layer, T* out) {
+  const BlockDims d = block_dims(st.B, st.seq);
+  BlockActivations<T>& a = st.blocks[size_t(layer)];
+  a.allocate(memory_, d);
+  block_forward(out, a, block_params(layer), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
+}
+
+template <class T>
+LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* tokens, const int32_t* targets,
+                          const T* hidden_in, int64_t B, int64_t T_) {
+  const int L = num_layers(), head = head_unit(L);
+  if (r.begin < 0 || r.end > num_units() || r.begin >= r.end)
+    throw Error("Llama::forward: unit range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ") is empty or outside the model");
+  if (T_ > cfg_.max_position_embeddings)
+    throw InputError("sequence length " + std::to_string(T_) + " exceeds max_position_embeddings " +
+                     std::to_string(cfg_.max_position_embeddings));
+  const bool has_embedding = r.contains(embedding_unit()), has_head = r.contains(head);
+  if (has_embedding && !tokens) throw Error("Llama::forward: a range with the embedding needs tokens");
+  if (!has_embedding && !hidden_in) throw Error("Llama::forward: a range without the embedding needs its input hidden state");
+  // Validate before touching any state, so a rejected call leaves the model as it was.
+  check_ids(has_embedding ? tokens : nullptr, has_head ? targets : nullptr, B * T_);
+
+  st.reset();
+  st.B = B, st.seq = T_, st.units = r;
+  st.x.resize(size_t(L + 1));
+  st.blocks.resize(size_t(L));
+  const int64_t BT = B * T_, C = cfg_.hidden_size, V = cfg_.vocab_size;
+  UnitHooks none;
+  UnitHooks& h = hooks_ ? *hooks_ : none;
+  const int first_block = std::max(r.begin, 1) - 1;  // block index of the range's first block unit
+
+  if (has_embedding) {
+    st.tokens = Buffer<int32_t>(memory_, MemoryCategory::activations, BT, "tokens");
+    ops::device_memcpy(st.tokens.data(), tokens, BT * int64_t(sizeof(int32_t)));
+    h.before_forward(embedding_unit());
+    st.x[0] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "x_0 (embedding output)");
+    ops::embedding_forward(st.x[0].data(), tokens, unit_params(embedding_unit()), BT, C);
+    h.after_forward(embedding_unit());
+  } else {
+    st.x[size_t(first_block)] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "range input");
+    ops::copy(st.x[size_t(first_block)].data(), hidden_in, BT * C);
   }
-  const LossSum loss = head_forward(head_, x, params_.data() + off_norm_, lm_head(params_.data()),
-                                    targets ? targets_.data() : nullptr, BT, C, V, cfg_.rms_norm_eps);
-  h.after_forward(kRootStage);
-  return loss;
+
+  for (int u = std::max(r.begin, 1); u < std::min(r.end, head); ++u) {
+    const int l = u - 1;
+    h.before_forward(u);
+    st.x[size_t(l + 1)] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "x_" + std::to_string(l + 1));
+    forward_block(st, l, st.x[size_t(l + 1)].data());
+    // Keep what the policy keeps; the next block's input stays until that block has run.
+    BlockActivations<T>& a = st.blocks[size_t(l)];
+    if (ac_.kind == Checkpointing::Kind::selective) a.release_recomputable();
+    if (ac_.recomputes_blocks()) a.reset();
+    if (!ac_.keeps_input(l, first_block)) st.x[size_t(l)].reset();
+    h.after_forward(u);
+  }
+
+  if (has_head) {
+    h.before_forward(head);
+    st.head.allocate(memory_, BT, C, V);
+    if (targets) {
+      st.targets = Buffer<int32_t>(memory_, MemoryCategory::activations, BT, "targets");
+      ops::device_memcpy(st.targets.data(), targets, BT * int64_t(sizeof(int32_t)));
+    }
+    T* norm_w = unit_params(head);
+    if (!norm_w) throw Error("head parameters are not held on this rank now");
+    st.loss = head_forward(st.head, st.x[size_t(L)].data(), norm_w, lm_head_params(),
+                           targets ? st.targets.data() : nullptr, BT, C, V, cfg_.rms_norm_eps);
+    h.after_forward(head);
+  }
+  st.forward_done = true;
+  return st.loss;
+}
+
+template <class T>
+void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitHooks& h) {
+  BlockActivations<T>& a = st.blocks[size_t(layer)];
+  if (a.complete()) return;
+  const BlockDims d = block_dims(st.B, st.seq);
+  if (a.holds_anything()) {  // selective: rebuild the cheap tensors from the kept ones
+    a.allocate_recomputable(memory_, d);
+    block_recompute_selective(a, block_params(layer), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
+    return;
+  }
+  // every:k: rerun the segment from the nearest kept input below, keeping every block's
+  // activations; the blocks under this one then find theirs complete.
+  int s = layer;
+  while (st.x[size_t(s)].empty()) --s;
+  for (int j = s; j <= layer; ++j) {
+    h.before_recompute(block_unit(j));
+    Buffer<T> out;
+    if (j < layer)
+      st.x[size_t(j + 1)] = Buffer<T>(memory_, MemoryCategory::activations, d.BT() * d.C, "x_" + std::to_string(j + 1) + " (recomputed)");
+    else  // the block's own output is not needed again: its gradient arrives from above
+      out = Buffer<T>(memory_, MemoryCategory::scratch, d.BT() * d.C, "recomputed output");
+    forward_block(st, j, j < layer ? st.x[size_t(j + 1)].data() : out.data());
+    h.after_recompute(block_unit(j));
+  }
+}
+
+template <class T>
+void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out) {
+  if (!st.forward_done) throw Error("Llama::backward called without a forward");
+  const int L = num_layers(), head = head_unit(L);
+  const UnitRange r = st.units;
+  const bool has_head = r.contains(head);
+  if (!has_head && !grad_out) throw Error("Llama::backward: a range without the head needs the gradient of its output");
+  const BlockDims d = block_dims(st.B, st.seq);
+  const int64_t BT = d.BT(), C = d.C, V = cfg_.vocab_size;
+  UnitHooks none;
+  UnitHooks& h = hooks_ ? *hooks_ : none;
+
+  // dx [B,T,C]: the gradient flowing down the residual stream, unit by unit.
+  Buffer<T> dx(memory_, MemoryCategory::scratch, BT * C, "residual gradient");
+  if (!has_head) ops::copy(dx.data(), grad_out, BT * C);
+  BlockScratch<T> scratch;
+  if (r.end - 1 > 0 && r.begin < head) scratch.allocate(memory_, d);
+
+  for (int u = r.end - 1; u >= r.begin; --u) {
+    h.before_backward(u);
+    if (u == head) {
+      T* g_head = ensure_unit_grads(head);
+      T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + C;
+      head_backward(dx.data(), g_head, g_lm, st.head, st.x[size_t(L)].data(), unit_params(head), lm_head_params(),
+                    st.targets.empty() ? nullptr : st.targets.data(), loss_scale, BT, C, V, memory_);
+      st.head.reset();
+      st.targets.reset();
+    } else if (u == embedding_unit()) {
+      ops::embedding_backward(ensure_unit_grads(embedding_unit()), dx.data(), st.tokens.data(), BT, C);
+      st.tokens.reset();
+    } else {
+      const int l = u - 1;
+      ensure_block_activations(st, l, h);
+      block_backward(dx.data(), block_grads(l), dx.data(), st.blocks[size_t(l)], block_params(l),
+                     st.x[size_t(l)].data(), d, rope_, 0, scratch, comm_);
+      st.blocks[size_t(l)].reset();
+    }
+    st.x[size_t(std::max(u - 1, 0))].reset();  // the unit's input: nothing reads it again
+    h.after_backward(u);
+  }
+  if (!r.contains(embedding_unit())) st.input_grad = std::move(dx);
+  st.forward_done = false;
+}
+
+template <class T>
+LossSum Llama<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_) {
+  return forward(state_, all_units(), tokens, targets, nullptr, B, T_);
 }
 
 template <class T>
 void Llama<T>::backward(T loss_scale) {
-  if (batch_ == 0) throw Error("Llama::backward called before forward");
-  const BlockDims d = block_dims(batch_, seq_);
-  const int64_t BT = d.BT(), C = d.C, V = cfg_.vocab_size;
-  const int L = int(cfg_.num_hidden_layers);
-  StageHooks none;
-  StageHooks& h = hooks_ ? *hooks_ : none;
-  const T* x_last = L ? blocks_[size_t(L - 1)].out.data() : x0_.data();
-  h.before_backward(kRootStage);
-  head_backward(dx_.data(), grads_.data() + off_norm_, grads_.data() + off_lm_head_, head_, x_last,
-                params_.data() + off_norm_, lm_head(params_.data()), targets_.data(), loss_scale, BT, C, V);
-  for (int l = L - 1; l >= 0; --l) {
-    const T* x_in = l ? blocks_[size_t(l - 1)].out.data() : x0_.data();
-    h.before_backward(l);
-    block_backward(dx_.data(), block_view(grads_.data(), l), dx_.data(), blocks_[size_t(l)],
-                   block_view(params_.data(), l), x_in, d, rope_, 0, scratch_);
-    h.after_backward(l);
-  }
-  // With tied embeddings this adds to the same buffer the LM head already accumulated into.
-  ops::embedding_backward(grads_.data() + off_embed_, dx_.data(), tokens_.data(), BT, C);
-  h.after_backward(kRootStage);
+  backward(state_, loss_scale, nullptr);
 }
 
 template <class T>
-KVCache<T> Llama<T>::make_kv_cache(int64_t B, int64_t max_len) const {
+KVCache<T> Llama<T>::make_kv_cache(int64_t B, int64_t max_len) {
   if (max_len > cfg_.max_position_embeddings)
     throw InputError("KV cache length " + std::to_string(max_len) + " exceeds max_position_embeddings " +
                      std::to_string(cfg_.max_position_embeddings));
   KVCache<T> c;
   c.B = B, c.max_len = max_len;
-  const size_t per_layer = size_t(B * max_len * cfg_.kv_dim());
-  c.k.assign(size_t(cfg_.num_hidden_layers), std::vector<T>(per_layer));
-  c.v.assign(size_t(cfg_.num_hidden_layers), std::vector<T>(per_layer));
+  const int64_t per_layer = B * max_len * cfg_.kv_dim();
+  for (int l = 0; l < num_layers(); ++l) {
+    c.k.emplace_back(memory_, MemoryCategory::activations, per_layer, "KV cache keys");
+    c.v.emplace_back(memory_, MemoryCategory::activations, per_layer, "KV cache values");
+  }
   return c;
 }
 
@@ -198,38 +435,34 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   if (cache.len + Tn > cache.max_len)
     throw InputError("KV cache full: " + std::to_string(cache.len) + " + " + std::to_string(Tn) + " tokens > " +
                      std::to_string(cache.max_len));
+  check_ids(tokens, nullptr, B * Tn);
   const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
-  for (int64_t i = 0; i < B * Tn; ++i)
-    if (tokens[i] < 0 || tokens[i] >= V) throw InputError("token id " + std::to_string(tokens[i]) + " outside the vocabulary");
-  // Decoding reuses the training buffers (B x Tn), so a later backward would be meaningless.
-  ensure_activations(B, Tn);
-  batch_ = 0;
   const BlockDims d = block_dims(B, Tn);
-  ops::embedding_forward(x0_.data(), tokens, params_.data() + off_embed_, B * Tn, C);
-  const T* x = x0_.data();
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+  // Nothing is kept for a backward: one set of block activations and two residual buffers
+  // serve every layer in turn.
+  BlockActivations<T> a;
+  a.allocate(memory_, d);
+  Buffer<T> x(memory_, MemoryCategory::activations, B * Tn * C, "decode x");
+  Buffer<T> y(memory_, MemoryCategory::activations, B * Tn * C, "decode x (next)");
+  ops::embedding_forward(x.data(), tokens, unit_params(embedding_unit()), B * Tn, C);
+  for (int l = 0; l < num_layers(); ++l) {
     BlockKvCache<T> kv{cache.k[size_t(l)].data(), cache.v[size_t(l)].data(), cache.len, cache.max_len};
-    block_forward(blocks_[size_t(l)], block_view(params_.data(), l), x, d, rope_, cache.len, &kv);
-    x = blocks_[size_t(l)].out.data();
+    block_forward(y.data(), a, block_params(l), x.data(), d, rope_, cache.len, comm_, &kv);
+    std::swap(x, y);
   }
   cache.len += Tn;
   // Only each row's last position needs logits.
-  std::vector<T> last(static_cast<size_t>(B * C));
-  for (int64_t b = 0; b < B; ++b) std::copy_n(x + (b * Tn + Tn - 1) * C, C, last.begin() + b * C);
-  HeadActivations<T> h;
-  h.resize(B, C, V);
-  head_forward(h, last.data(), params_.data() + off_norm_, lm_head(params_.data()), nullptr, B, C, V,
+  Buffer<T> last(memory_, MemoryCategory::activations, B * C, "last positions");
+  for (int64_t b = 0; b < B; ++b) ops::copy(last.data() + b * C, x.data() + (b * Tn + Tn - 1) * C, C);
+  HeadActivations<T> ha;
+  ha.allocate(memory_, B, C, V);
+  head_forward(ha, last.data(), unit_params(head_unit(num_layers())), lm_head_params(), nullptr, B, C, V,
                cfg_.rms_norm_eps);
-  std::copy_n(h.logits.data(), B * V, logits_last);
+  ops::copy(logits_last, ha.logits.data(), B * V);
 }
 
-template <class T>
-int64_t Llama<T>::activation_bytes() const {
-  int64_t n = int64_t(x0_.size() * sizeof(T)) + head_.bytes();
-  for (const auto& a : blocks_) n += a.bytes();
-  return n;
-}
-
+template struct MicroBatchState<float>;
+template struct MicroBatchState<double>;
 template class Llama<float>;
 template class Llama<double>;
 

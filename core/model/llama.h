@@ -1,23 +1,35 @@
 #pragma once
-// One Llama 3 model on one rank: parameters and gradients in flat buffers (see params.h),
-// a hand-written forward and backward, and KV-cache decoding. T is float or double.
+// One Llama 3 model on one rank, as units (core/model/units.h) with a hand-written forward and
+// backward, per-micro-batch activation state, activation checkpointing and KV-cache decoding.
+// T is float or double.
 //
 // Data flow of the training forward (B sequences of T_ tokens, C hidden, V vocab):
-//   tokens[B,T_] -> embedding -> x0[B,T_,C]
-//   per layer l:  x_{l+1} = h + ffn(rmsnorm(h)),  h = x_l + attn(rmsnorm(x_l))
-//   rmsnorm(x_L) -> lm_head -> logits[B,T_,V] -> cross-entropy with targets[B,T_]
-// Each stage is a forward/backward pair in its own file (embedding, block, head); parallel
-// strategies call those stages directly instead of forking this class.
+//   unit 0      tokens[B,T_] -> embedding -> x_0[B,T_,C]
+//   unit 1+l    x_{l+1} = h + ffn(rmsnorm(h)),  h = x_l + attn(rmsnorm(x_l))
+//   unit L+1    rmsnorm(x_L) -> lm_head -> logits[B,T_,V] -> cross-entropy with targets[B,T_]
+// Forward and backward run over any range of units, taking and returning the boundary tensor
+// (x at the range's start, or its gradient at the end), so a pipeline stage runs its layers and
+// keeps several micro-batches in flight, each in its own MicroBatchState.
+//
+// Storage. Every tensor (parameters, gradients, activations, scratch) is a Buffer charged to
+// this model's MemoryTracker: on a virtual GPU, the rank's. Parameters and gradients are
+// either `whole` (one flat buffer each, in params.h order: what one device and plain DP hold)
+// or `per_unit` (each unit's segment allocated only while the rank needs it: ZeRO-3 gathers
+// a unit's weights before it runs and frees them after; ZeRO-2 frees a unit's gradient once
+// it is reduce-scattered). Nothing is allocated until it is first needed.
 #include <cstdint>
 #include <memory>
 #include <string_view>
 #include <vector>
 
 #include "core/model/block.h"
+#include "core/model/checkpointing.h"
 #include "core/model/config.h"
 #include "core/model/head.h"
 #include "core/model/params.h"
 #include "core/model/rope.h"
+#include "core/model/units.h"
+#include "core/tensor/buffer.h"
 
 namespace llama4d {
 
@@ -25,87 +37,157 @@ namespace llama4d {
 template <class T>
 struct KVCache {
   int64_t B = 0, max_len = 0, len = 0;  // len = positions already cached
-  std::vector<std::vector<T>> k, v;     // one buffer per layer
+  std::vector<Buffer<T>> k, v;          // one buffer per layer
 };
 
-// Called around every stage so a parallel strategy can act at layer granularity without
-// forking the model: FSDP gathers a layer's parameters before it runs and releases them after;
-// data parallelism starts reducing a layer's gradients the moment its backward is done.
-// `layer` is 0..L-1 for transformer blocks and kRootStage for the embedding + final norm +
-// LM head, which run first/last (the "root" unit of FSDP).
-inline constexpr int kRootStage = -1;
-class StageHooks {
- public:
-  virtual ~StageHooks() = default;
-  virtual void before_forward(int layer) {}
-  virtual void after_forward(int layer) {}
-  virtual void before_backward(int layer) {}
-  virtual void after_backward(int layer) {}  // this stage's gradients are complete
+// Everything one micro-batch's forward keeps for its backward, over the units it ran.
+// Several can be alive at once (a pipeline's micro-batches in flight). Freed unit by unit as
+// the backward consumes it; empty again when the backward returns.
+template <class T>
+struct MicroBatchState {
+  int64_t B = 0, seq = 0;                   // batch rows, tokens per row
+  UnitRange units;                          // the units the forward ran
+  Buffer<int32_t> tokens, targets;          // [B,T] when the embedding / head are in the range
+  std::vector<Buffer<T>> x;                 // [L+1] x[l] = input of block l, x[L] = the head's input
+  std::vector<BlockActivations<T>> blocks;  // [L] per the checkpointing policy
+  HeadActivations<T> head;
+  Buffer<T> input_grad;  // after backward of a range that starts at a block: d(objective)/d(x at the range's start)
+  LossSum loss;          // when the head is in the range
+  bool forward_done = false;
+
+  int64_t activation_bytes() const;  // what is held now
+  void reset();
 };
 
 template <class T>
 class Llama {
  public:
-  explicit Llama(const LlamaConfig& cfg);
+  enum class Residency { whole, per_unit };
+
+  // memory: the rank's tracker; null means the model keeps its own (unlimited) one, so a single
+  // device reports its memory too. Allocates nothing yet.
+  explicit Llama(const LlamaConfig& cfg, MemoryTracker* memory = nullptr);
+  ~Llama();
+  Llama(const Llama&) = delete;
+  Llama& operator=(const Llama&) = delete;
 
   const LlamaConfig& config() const { return cfg_; }
   const std::vector<ParamSpec>& param_specs() const { return specs_; }
-  int64_t num_params() const { return int64_t(params_.size()); }
-  T* params() { return params_.data(); }
-  const T* params() const { return params_.data(); }
-  T* grads() { return grads_.data(); }
-  const T* grads() const { return grads_.data(); }
+  int64_t num_params() const { return total_; }
+  int num_layers() const { return int(cfg_.num_hidden_layers); }
+  int num_units() const { return llama4d::num_units(num_layers()); }
+  UnitRange all_units() const { return {0, num_units()}; }
+  // Flat [begin, end) of unit u's parameter segment.
+  ParamRange unit_range(int u) const { return unit_ranges_[size_t(u)]; }
+  // The segments unit u reads (and writes gradients of): {u}, plus {0} for a tied head.
+  std::vector<int> segments_used_by(int u) const;
+  MemoryTracker& memory() { return *memory_; }
+
+  // ---- Parameter and gradient storage ------------------------------------------------------
+  // Set before anything is allocated (InputError otherwise). Default: whole, whole.
+  void set_residency(Residency params, Residency grads);
+  Residency param_residency() const { return param_res_; }
+  Residency grad_residency() const { return grad_res_; }
+  // Whole residency only: the flat buffers (allocated on first call). Error for per_unit.
+  T* params();
+  T* grads();
+  const T* params() const;  // Error unless allocated
+  const T* grads() const;
+  // A unit's segment, or nullptr when this rank does not hold it now.
+  T* unit_params(int u);
+  T* unit_grads(int u);
+  // per_unit: allocate / free a segment (what = the reason, for out-of-memory messages).
+  void allocate_unit_params(int u, std::string_view what);
+  void free_unit_params(int u);
+  void free_unit_grads(int u);
+  // A named tensor inside a held segment.
   T* param(std::string_view name);
   T* grad(std::string_view name);
 
   // Deterministic initialisation from a seed: matrices ~ N(0, 0.02), RMSNorm weights = 1.
-  // Draws in double, so the float and double models start from the same values (rounded).
+  // Allocates and fills every segment.
   void init_weights(uint64_t seed);
+  // The same values for flat elements [begin, end) only, written to out[end - begin]: sharded
+  // initialisation equals single-device initialisation element for element, because draw j
+  // of the generator can be computed directly (splitmix64 is counter-based).
+  static void init_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end, T* out);
+  // Zeroes every held gradient (whole: allocates the flat buffer first).
   void zero_grad();
 
-  // Training forward over tokens[B, T_] with next-token targets[B, T_]; keeps what backward
-  // needs. Logits of the last forward stay readable through logits().
-  LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_);
-  // Backward of the last forward. loss_scale = d(objective)/d(each token's loss), e.g.
-  // 1 / (tokens in the global batch). Gradients ACCUMULATE into grads().
-  void backward(T loss_scale);
-  // logits[B, T_, V] of the last forward.
-  const T* logits() const { return head_.logits.data(); }
+  // ---- Training over a range of units --------------------------------------------------------
+  // tokens[B,T_] when the range starts at the embedding, else hidden_in[B,T_,C] (copied);
+  // targets[B,T_] when it ends with the head (null: inference, no loss). Returns the range's
+  // loss (zero unless the head ran). The range's output x is st.x[last block + 1].
+  LossSum forward(MicroBatchState<T>& st, UnitRange range, const int32_t* tokens, const int32_t* targets,
+                  const T* hidden_in, int64_t B, int64_t T_);
+  // Backward of st's range, last unit first. grad_out[B,T_,C] = gradient of the range's output
+  // (null when the range ends with the head, which starts from the loss). Gradients ACCUMULATE
+  // into the unit gradients. Leaves the input's gradient in st.input_grad when the range starts
+  // at a block; frees the rest of st.
+  void backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out = nullptr);
 
-  // Inference with a KV cache: feeds tokens[B, Tn] at positions cache.len .. cache.len+Tn-1,
-  // appends their keys/values and writes the last position's logits to logits_last[B, V].
-  KVCache<T> make_kv_cache(int64_t B, int64_t max_len) const;
+  // The whole model through one internal state (one device, data parallelism).
+  LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_);
+  void backward(T loss_scale);
+  // logits[B, T_, V] of the last whole-model forward, until its backward.
+  const T* logits() const { return state_.head.logits.data(); }
+  // Bytes of activations the internal state holds now.
+  int64_t activation_bytes() const { return state_.activation_bytes(); }
+
+  // ---- Inference -------------------------------------------------------------------------------
+  // Feeds tokens[B, Tn] at positions cache.len .. cache.len+Tn-1, appends their keys/values and
+  // writes the last position's logits to logits_last[B, V].
+  KVCache<T> make_kv_cache(int64_t B, int64_t max_len);
   void decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& cache, T* logits_last);
 
-  // Bytes of activations held for backward after the last forward (for memory reports).
-  int64_t activation_bytes() const;
-
-  // Hooks for parallel strategies (nullptr: none). Not owned.
-  void set_hooks(StageHooks* hooks) { hooks_ = hooks; }
+  // ---- What strategies configure -------------------------------------------------------------
+  void set_checkpointing(const Checkpointing& ac) { ac_ = ac; }
+  const Checkpointing& checkpointing() const { return ac_; }
+  void set_block_comm(BlockComm<T>* comm) { comm_ = comm; }  // not owned; null: no communication
+  UnitHooks* hooks() const { return hooks_; }
 
  private:
-  void ensure_activations(int64_t B, int64_t T_);
-  BlockDims block_dims(int64_t B, int64_t T_) const;
-  BlockWeights<T> block_view(T* flat, int layer) const;
-  const T* lm_head(const T* flat) const;  // lm_head.weight, or the embedding when tied
+  template <class>
+  friend class ScopedHooks;
 
-  // Offsets into the flat buffer of the non-layer parameters.
-  int64_t off_embed_ = 0, off_norm_ = 0, off_lm_head_ = 0;
+  BlockDims block_dims(int64_t B, int64_t T_) const;
+  BlockWeights<T> block_params(int layer);
+  BlockWeights<T> block_grads(int layer);
+  T* lm_head_params();
+  T* ensure_unit_grads(int u);  // allocates (zeroed) when absent
+  void ensure_block_activations(MicroBatchState<T>& st, int layer, UnitHooks& h);
+  void forward_block(MicroBatchState<T>& st, int layer, T* out);
+  void check_ids(const int32_t* tokens, const int32_t* targets, int64_t n) const;
 
   LlamaConfig cfg_;
   std::vector<ParamSpec> specs_;
-  std::vector<T> params_, grads_;
+  std::vector<ParamRange> unit_ranges_;
+  int64_t total_ = 0;
+  std::unique_ptr<MemoryTracker> own_memory_;
+  MemoryTracker* memory_ = nullptr;
+  Residency param_res_ = Residency::whole, grad_res_ = Residency::whole;
+  Buffer<T> whole_params_, whole_grads_;
+  std::vector<Buffer<T>> unit_params_, unit_grads_;  // per_unit residency
   RopeTables<T> rope_;
+  Checkpointing ac_;
+  BlockComm<T>* comm_ = nullptr;
+  UnitHooks* hooks_ = nullptr;
+  MicroBatchState<T> state_;  // the whole-model forward/backward
+};
 
-  // Activations of the last forward.
-  int64_t batch_ = 0, seq_ = 0;  // B, T of the last training forward
-  std::vector<int32_t> tokens_, targets_;
-  std::vector<T> x0_;                         // embedding output [B,T,C]
-  std::vector<BlockActivations<T>> blocks_;   // one per layer; block l's output is x_{l+1}
-  HeadActivations<T> head_;                   // final norm, logits, losses
-  std::vector<T> dx_;                         // [B,T,C] gradient flowing down the residual stream
-  BlockScratch<T> scratch_;                   // backward temporaries shared by all layers
-  StageHooks* hooks_ = nullptr;
+// Installs hooks on a model for a scope and restores the previous ones when it ends, also when
+// an exception (an out-of-memory error, a failed collective) unwinds through it.
+template <class T>
+class ScopedHooks {
+ public:
+  ScopedHooks(Llama<T>& model, UnitHooks* hooks) : model_(model), previous_(model.hooks_) { model.hooks_ = hooks; }
+  ~ScopedHooks() { model_.hooks_ = previous_; }
+  ScopedHooks(const ScopedHooks&) = delete;
+  ScopedHooks& operator=(const ScopedHooks&) = delete;
+
+ private:
+  Llama<T>& model_;
+  UnitHooks* previous_;
 };
 
 extern template class Llama<float>;

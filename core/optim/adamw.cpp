@@ -5,13 +5,11 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/ops.h"
 
 namespace llama4d {
 
 namespace {
-
-// Below this many elements a parallel region costs more than the update itself.
-constexpr int64_t kParallelMinElements = 1 << 15;
 
 // Checks that `specs` tile [0, total) in order and returns total.
 int64_t checked_total(const std::vector<ParamSpec>& specs) {
@@ -49,7 +47,7 @@ void AdamWConfig::validate() const {
 
 template <class T>
 AdamW<T>::AdamW(const AdamWConfig& cfg, const std::vector<ParamSpec>& specs, int64_t begin,
-                int64_t end)
+                int64_t end, MemoryTracker* memory)
     : cfg_(cfg), begin_(begin), end_(end) {
   cfg_.validate();
   const int64_t total = checked_total(specs);
@@ -69,13 +67,15 @@ AdamW<T>::AdamW(const AdamWConfig& cfg, const std::vector<ParamSpec>& specs, int
       segments_.push_back(Segment{lo - begin, hi - begin, s.weight_decay});
     }
   }
-  exp_avg_.assign(static_cast<size_t>(numel()), T(0));
-  exp_avg_sq_.assign(static_cast<size_t>(numel()), T(0));
+  exp_avg_ = Buffer<T>(memory, MemoryCategory::optimizer, numel(), "AdamW exp_avg");
+  exp_avg_sq_ = Buffer<T>(memory, MemoryCategory::optimizer, numel(), "AdamW exp_avg_sq");
+  ops::fill(exp_avg_.data(), T(0), numel());
+  ops::fill(exp_avg_sq_.data(), T(0), numel());
 }
 
 template <class T>
-AdamW<T>::AdamW(const AdamWConfig& cfg, const std::vector<ParamSpec>& specs)
-    : AdamW(cfg, specs, 0, checked_total(specs)) {}
+AdamW<T>::AdamW(const AdamWConfig& cfg, const std::vector<ParamSpec>& specs, MemoryTracker* memory)
+    : AdamW(cfg, specs, 0, checked_total(specs), memory) {}
 
 template <class T>
 void AdamW<T>::step(T* params, const T* grads, double lr) {
@@ -83,46 +83,15 @@ void AdamW<T>::step(T* params, const T* grads, double lr) {
     throw InputError("AdamW: learning rate must be finite and >= 0, got " + std::to_string(lr));
   }
   ++step_count_;  // PyTorch counts from 1: the first step's bias corrections use t = 1
-  const double t = static_cast<double>(step_count_);
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, t);
-  const double bc2 = 1.0 - std::pow(cfg_.beta2, t);
-
-  // Per-step scalars in double, rounded once to T; everything per element is T arithmetic.
-  const T decay_on = static_cast<T>(1.0 - lr * cfg_.weight_decay);
-  const T beta1 = static_cast<T>(cfg_.beta1), one_minus_beta1 = static_cast<T>(1.0 - cfg_.beta1);
-  const T beta2 = static_cast<T>(cfg_.beta2), one_minus_beta2 = static_cast<T>(1.0 - cfg_.beta2);
-  const T step_size = static_cast<T>(lr / bc1);
-  const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-  const T eps = static_cast<T>(cfg_.eps);
-
-  T* m = exp_avg_.data();
-  T* v = exp_avg_sq_.data();
-  const int64_t n = numel();
-  (void)n;  // only read by the OpenMP clause
-
   // Each element's update reads and writes only index i, so any split of the elements over
-  // threads (or over ZeRO shards) produces bitwise the same numbers. `nowait` is safe because
-  // segments are disjoint.
-#ifdef _OPENMP
-#pragma omp parallel if (n >= kParallelMinElements)
-#endif
-  {
-    for (const Segment& seg : segments_) {
-      // No-decay elements multiply by exactly 1, which leaves them bitwise unchanged.
-      const T decay = seg.decay ? decay_on : T(1);
-#ifdef _OPENMP
-#pragma omp for schedule(static) nowait
-#endif
-      for (int64_t i = seg.begin; i < seg.end; ++i) {
-        const T g = grads[i];
-        T p = params[i] * decay;
-        m[i] = beta1 * m[i] + one_minus_beta1 * g;
-        v[i] = beta2 * v[i] + one_minus_beta2 * g * g;
-        const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-        p = p - step_size * (m[i] / denom);
-        params[i] = p;
-      }
-    }
+  // threads (or over ZeRO shards) produces bitwise the same numbers. The per-step scalars are
+  // computed in double and rounded once to T (ops::adamw_step_scalars); no-decay segments
+  // multiply by exactly 1, which leaves them bitwise unchanged.
+  for (const Segment& seg : segments_) {
+    const ops::AdamWStep<T> s = ops::adamw_step_scalars<T>(lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay,
+                                                           step_count_, seg.decay);
+    ops::adamw_update(params + seg.begin, exp_avg_.data() + seg.begin, exp_avg_sq_.data() + seg.begin,
+                      grads + seg.begin, seg.end - seg.begin, s);
   }
 }
 
@@ -139,8 +108,8 @@ void AdamW<T>::load_state(int64_t step_count, std::span<const T> exp_avg,
                      std::to_string(numel()));
   }
   step_count_ = step_count;
-  exp_avg_.assign(exp_avg.begin(), exp_avg.end());
-  exp_avg_sq_.assign(exp_avg_sq.begin(), exp_avg_sq.end());
+  ops::copy(exp_avg_.data(), exp_avg.data(), numel());
+  ops::copy(exp_avg_sq_.data(), exp_avg_sq.data(), numel());
 }
 
 template class AdamW<float>;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/model/params.h"
+#include "core/tensor/buffer.h"
 
 namespace llama4d {
 
@@ -52,10 +53,12 @@ class AdamW {
   // Updates flat elements [begin, end) of the buffer described by `specs` (flat order, tiling
   // [0, total) contiguously, as llama_param_specs returns them). The range may start or end in
   // the middle of a tensor. Throws InputError for a bad config, non-contiguous specs or a range
-  // outside [0, total).
-  AdamW(const AdamWConfig& cfg, const std::vector<ParamSpec>& specs, int64_t begin, int64_t end);
+  // outside [0, total). The moments are allocated on `memory` (the rank's tracker; null: not
+  // accounted) as optimizer state, zeroed.
+  AdamW(const AdamWConfig& cfg, const std::vector<ParamSpec>& specs, int64_t begin, int64_t end,
+        MemoryTracker* memory = nullptr);
   // The whole buffer, [0, total): the single-rank optimizer.
-  AdamW(const AdamWConfig& cfg, const std::vector<ParamSpec>& specs);
+  AdamW(const AdamWConfig& cfg, const std::vector<ParamSpec>& specs, MemoryTracker* memory = nullptr);
 
   // One optimizer step with learning rate `lr` (>= 0, finite; InputError otherwise).
   // params[numel()], grads[numel()] are RANGE-LOCAL: element 0 is flat element begin(). This is
@@ -73,8 +76,8 @@ class AdamW {
   // Number of steps taken so far (0 before the first step; bias corrections use step_count()).
   int64_t step_count() const { return step_count_; }
   // [numel()] each, range-local like the params.
-  const std::vector<T>& exp_avg() const { return exp_avg_; }
-  const std::vector<T>& exp_avg_sq() const { return exp_avg_sq_; }
+  std::span<const T> exp_avg() const { return {exp_avg_.data(), size_t(exp_avg_.size())}; }
+  std::span<const T> exp_avg_sq() const { return {exp_avg_sq_.data(), size_t(exp_avg_sq_.size())}; }
   // Restores a saved state. Throws InputError if a size differs from numel() or step_count < 0.
   void load_state(int64_t step_count, std::span<const T> exp_avg, std::span<const T> exp_avg_sq);
 
@@ -86,7 +89,7 @@ class AdamW {
   int64_t begin_ = 0, end_ = 0;
   int64_t step_count_ = 0;
   std::vector<Segment> segments_;
-  std::vector<T> exp_avg_, exp_avg_sq_;
+  Buffer<T> exp_avg_, exp_avg_sq_;
 };
 
 extern template class AdamW<float>;

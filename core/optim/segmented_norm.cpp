@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/optim/grad_clip.h"
 
 namespace llama4d {
@@ -13,12 +14,12 @@ std::vector<Segment> param_segments(const std::vector<ParamSpec>& specs) {
   int max_layer = -1;
   for (const ParamSpec& p : specs) max_layer = std::max(max_layer, p.layer);
   const ParamSpec& embed = find_param(specs, "model.embed_tokens.weight");
-  segs.push_back({embed.offset, embed.offset + embed.numel, -1});
+  segs.push_back({embed.offset, embed.offset + embed.numel, 0});
   for (int l = 0; l <= max_layer; ++l) {
     const ParamRange r = layer_param_range(specs, l);
-    segs.push_back({r.begin, r.end, l});
+    segs.push_back({r.begin, r.end, l + 1});
   }
-  segs.push_back({segs.back().end, total, -1});
+  segs.push_back({segs.back().end, total, max_layer + 2});
   for (size_t i = 1; i < segs.size(); ++i)
     if (segs[i].begin != segs[i - 1].end) throw Error("param_segments: parameters are not laid out contiguously");
   return segs;
@@ -26,11 +27,9 @@ std::vector<Segment> param_segments(const std::vector<ParamSpec>& specs) {
 
 template <class T>
 void append_chunk_partials(std::vector<double>& out, const T* g, int64_t numel) {
-  for (int64_t i = 0; i < numel; i += kShardAlign) {
-    double partial = 0;
-    chunk_sum_squares(&partial, g + i, std::min(kShardAlign, numel - i));  // one chunk: 512 <= 4096
-    out.push_back(partial);
-  }
+  const size_t at = out.size();
+  out.resize(at + size_t(num_chunk_partials(numel)));
+  ops::sum_squares_chunks(out.data() + at, g, numel, kNormChunk);
 }
 
 template <class T>

@@ -2,9 +2,9 @@
 // The gradient norm every strategy computes in the same order, so clipping is bitwise equal
 // whether the gradient lives on one rank or in shards.
 //
-// The flat parameter buffer (core/model/params.h) is split into SEGMENTS, the units FSDP gathers
-// and frees together: [embedding], [layer 0], ..., [layer L-1], [final norm + LM head]. The
-// sum of squares is taken in chunks of kShardAlign elements counted from each segment's start;
+// The flat parameter buffer (core/model/params.h) is split into SEGMENTS, one per model unit
+// (core/model/units.h): [embedding], [layer 0], ..., [layer L-1], [final norm + LM head]. The
+// sum of squares is taken in chunks of kNormChunk elements counted from each segment's start;
 // chunk partials are added in segment order, then chunk order. A shard that starts on a chunk
 // boundary (core/parallel/shard_layout.h guarantees it) computes exactly the partials a single
 // device does, so gathering them in order reproduces the single-device norm bit for bit.
@@ -15,11 +15,13 @@
 
 namespace llama4d {
 
-inline constexpr int64_t kShardAlign = 512;
+// 512: small enough that a shard boundary costs little padding, large enough that the partials
+// are few (one double per 2 KiB of fp32 gradient).
+inline constexpr int64_t kNormChunk = 512;
 
 struct Segment {
   int64_t begin = 0, end = 0;  // [begin, end) of the flat buffer
-  int layer = -1;              // transformer layer, or -1 for the root (embedding / norm + head)
+  int unit = 0;                // the model unit owning it (segment index == unit index)
   int64_t numel() const { return end - begin; }
 };
 
@@ -27,9 +29,9 @@ struct Segment {
 std::vector<Segment> param_segments(const std::vector<ParamSpec>& specs);
 
 // Number of partials append_chunk_partials writes for numel elements.
-constexpr int64_t num_chunk_partials(int64_t numel) { return (numel + kShardAlign - 1) / kShardAlign; }
+constexpr int64_t num_chunk_partials(int64_t numel) { return (numel + kNormChunk - 1) / kNormChunk; }
 
-// Appends the chunk partials of g[numel] (g at a chunk boundary): one double per kShardAlign elements.
+// Appends the chunk partials of g[numel] (g at a chunk boundary): one double per kNormChunk elements.
 template <class T>
 void append_chunk_partials(std::vector<double>& out, const T* g, int64_t numel);
 

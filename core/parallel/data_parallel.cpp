@@ -6,18 +6,20 @@
 // 1 / global tokens, so a sum, not an average, is right) and takes the same AdamW step.
 //
 // Memory per rank (N parameters, fp32):  params 4N + grads 4N + AdamW moments 8N = 16N bytes,
-// the same as one device: DP buys throughput, not memory.
+// the same as one device: DP buys throughput, not memory. (All of it allocated on the rank's
+// tracker by the model and the optimizer.)
 // Traffic per rank per step: one ring all-reduce of the gradients, 2 (dp-1)/dp * 4N bytes.
 //
 // Two things make it fast on real hardware, and both are here:
 //   - gradient accumulation without communication ("no_sync"): micro-batches before the last
 //     only accumulate locally; only the last micro-batch's backward communicates;
-//   - overlap: gradients are reduced in buckets, one per model segment (a layer, or the
-//     embedding / head). A bucket is all-reduced asynchronously the moment its layer's backward
+//   - overlap: gradients are reduced in buckets, one per model unit (the embedding, a layer,
+//     the head). A bucket is all-reduced asynchronously the moment its layer's backward
 //     finishes, while the earlier layers are still computing. The trace shows the overlap.
 #include <algorithm>
 #include <cmath>
 
+#include "core/ops.h"
 #include "core/optim/grad_clip.h"
 #include "core/optim/segmented_norm.h"
 #include "core/parallel/data_parallel.h"
@@ -32,30 +34,27 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
       : model_(model),
         data_(data),
         segments_(param_segments(model.param_specs())),
-        adamw_(adamw, model.param_specs()),
-        tracer_(data.trace()) {
-    const int64_t bytes = model.num_params() * int64_t(sizeof(T));
-    params_mem_ = MemoryReservation(data.memory(), MemoryCategory::params, bytes, "parameters (replicated)");
-    grads_mem_ = MemoryReservation(data.memory(), MemoryCategory::grads, bytes, "gradients (replicated)");
-    optim_mem_ = MemoryReservation(data.memory(), MemoryCategory::optimizer, 2 * bytes, "AdamW moments (replicated)");
-  }
+        adamw_(adamw, model.param_specs(), 0, model.num_params(), &model.memory()),
+        tracer_(data.trace(), model.num_layers()) {}
+
+  void init_weights(uint64_t seed) override { model_.init_weights(seed); }
 
   StepStats step(const std::vector<Batch>& micro_batches, double lr, T loss_scale, double grad_clip) override {
     // 1. Forward and backward over this rank's micro-batches, accumulating gradients locally;
     //    only the last backward launches the bucket all-reduces (through after_backward).
     model_.zero_grad();
     LossSum local;
-    model_.set_hooks(this);
-    for (size_t m = 0; m < micro_batches.size(); ++m) {
-      const Batch& b = micro_batches[m];
-      sync_ = (m + 1 == micro_batches.size());
-      const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-      local.loss_sum += part.loss_sum;
-      local.tokens += part.tokens;
-      MemoryReservation act(data_.memory(), MemoryCategory::activations, model_.activation_bytes(), "activations");
-      model_.backward(loss_scale);
+    {
+      ScopedHooks<T> hooks(model_, this);
+      for (size_t m = 0; m < micro_batches.size(); ++m) {
+        const Batch& b = micro_batches[m];
+        sync_ = (m + 1 == micro_batches.size());
+        const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+        local.loss_sum += part.loss_sum;
+        local.tokens += part.tokens;
+        model_.backward(loss_scale);
+      }
     }
-    model_.set_hooks(nullptr);
 
     // 2. Wait for the buckets still in flight: now every rank holds the summed gradient.
     for (auto& w : pending_) w->wait();
@@ -76,38 +75,48 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     return st;
   }
 
-  // StageHooks: time each stage for the trace; launch a bucket as soon as its grads are final.
+  LossSum evaluate(const Batch& b) override {
+    MicroBatchState<T> st;  // dropped at once: no backward follows
+    return model_.forward(st, model_.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+  }
+
+  // UnitHooks: time each unit for the trace; launch a bucket as soon as its grads are final.
   void before_forward(int) override { tracer_.begin(); }
-  void after_forward(int layer) override { tracer_.end("forward", layer); }
+  void after_forward(int unit) override { tracer_.end("forward", unit); }
+  void before_recompute(int) override { tracer_.begin(); }
+  void after_recompute(int unit) override { tracer_.end("recompute", unit); }
   void before_backward(int) override { tracer_.begin(); }
-  void after_backward(int layer) override {
-    tracer_.end("backward", layer);
+  void after_backward(int unit) override {
+    tracer_.end("backward", unit);
     if (!sync_) return;  // no_sync: an earlier micro-batch, gradients keep accumulating locally
-    for (const Segment& s : segments_) {
-      if (s.layer != layer) continue;
-      AllReduceOptions o;
-      o.async_op = true;
-      o.label = layer == kRootStage ? "grad bucket embed/head" : "grad bucket layer " + std::to_string(layer);
-      pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
-    }
+    // Unit u's segment is final now (a tied head adds into segment 0 before the embedding runs).
+    const Segment& s = segments_[size_t(unit)];
+    AllReduceOptions o;
+    o.async_op = true;
+    o.label = "grad bucket " + unit_name(unit, model_.num_layers());
+    pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
   }
 
   void gather_params(std::vector<T>& out) override {
-    out.assign(model_.params(), model_.params() + model_.num_params());
+    out.resize(size_t(model_.num_params()));
+    ops::copy(out.data(), model_.params(), model_.num_params());
   }
-  void gather_grads(std::vector<T>& out) override { out.assign(model_.grads(), model_.grads() + model_.num_params()); }
+  void gather_grads(std::vector<T>& out) override {
+    out.resize(size_t(model_.num_params()));
+    ops::copy(out.data(), model_.grads(), model_.num_params());
+  }
   void gather_optimizer(std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq, int64_t& steps) override {
-    exp_avg = adamw_.exp_avg();
-    exp_avg_sq = adamw_.exp_avg_sq();
+    exp_avg.assign(adamw_.exp_avg().begin(), adamw_.exp_avg().end());
+    exp_avg_sq.assign(adamw_.exp_avg_sq().begin(), adamw_.exp_avg_sq().end());
     steps = adamw_.step_count();
   }
   void load_state(const T* params, const T* exp_avg, const T* exp_avg_sq, int64_t steps) override {
     const int64_t n = model_.num_params();
-    std::copy_n(params, n, model_.params());
+    ops::copy(model_.params(), params, n);
     adamw_.load_state(steps, std::span<const T>(exp_avg, size_t(n)), std::span<const T>(exp_avg_sq, size_t(n)));
   }
 
-  DataParallelMemory peak_memory() const override { return memory_peaks(data_.memory()); }
+  RankMemory peak_memory() const override { return memory_peaks(model_.memory()); }
   std::string describe() const override { return "DP over " + std::to_string(data_.size()) + " ranks"; }
 
  private:
@@ -115,10 +124,9 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   ProcessGroup& data_;
   std::vector<Segment> segments_;
   AdamW<T> adamw_;
-  StageTracer tracer_;
+  UnitTracer tracer_;
   bool sync_ = false;
   std::vector<std::shared_ptr<Work>> pending_;
-  MemoryReservation params_mem_, grads_mem_, optim_mem_;
 };
 
 template <class T>

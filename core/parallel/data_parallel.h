@@ -4,14 +4,14 @@
 // the single-device step. One interface, two implementations:
 //   DistributedDataParallel (data_parallel.cpp)  replicate everything, all-reduce gradients
 //   ZeroDataParallel        (zero.cpp)           ZeRO-1/2/3 (FSDP) and HSDP
-// A strategy plugs into the single-rank model through StageHooks; it never copies the model.
+// A strategy plugs into the single-rank model through UnitHooks; it never copies the model.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/data/batch_sampler.h"
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 #include "core/model/llama.h"
 #include "core/optim/adamw.h"
 #include "core/train/trainer.h"
@@ -30,11 +30,8 @@ struct DataParallelConfig {
   // backward, which costs memory and saves one all-gather per layer: what the Llama 3 paper
   // describes doing ("we do not reshard after forward"), a ZeRO-2/3 hybrid.
   bool reshard_after_forward = true;
-  // ZeRO-3: issue the all-gather of the next layer before computing this one.
+  // ZeRO-3: issue the all-gather of the next unit before computing this one.
   bool prefetch = true;
-  // Fill freed parameter and gradient ranges with NaN, so any read of a freed shard would
-  // poison the loss and break the equivalence check instead of going unnoticed.
-  bool poison_freed = true;
 
   std::string describe() const;  // "DP", "ZeRO-3 (reshard after forward)", ...
 };
@@ -47,13 +44,8 @@ struct DataParallelGroups {
   ProcessGroup* replicate = nullptr;  // HSDP: ranks holding the same shard (nullptr otherwise)
 };
 
-// Per-rank peak bytes by category over the run so far (from the rank's MemoryTracker).
-struct DataParallelMemory {
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0, total = 0;
-};
-
 template <class T>
-class DataParallelStrategy : public StageHooks {
+class DataParallelStrategy : public UnitHooks {
  public:
   ~DataParallelStrategy() override = default;
 
@@ -61,6 +53,13 @@ class DataParallelStrategy : public StageHooks {
   // batch, so gradients are summed (never averaged) and equal the single-device gradient of
   // the global mean loss. Returns the global mean loss and the pre-clip global gradient norm.
   virtual StepStats step(const std::vector<Batch>& micro_batches, double lr, T loss_scale, double grad_clip) = 0;
+
+  // Collective. The weights init_weights(seed) gives one device, each rank allocating only what
+  // it keeps (ZeRO-3 computes just its pieces).
+  virtual void init_weights(uint64_t seed) = 0;
+  // Collective. Forward only (validation): the local loss sum of one batch with the full
+  // weights; nothing stays gathered afterwards.
+  virtual LossSum evaluate(const Batch& batch) = 0;
 
   // Collective over the shard group: full flat buffers on every rank.
   virtual void gather_params(std::vector<T>& out) = 0;
@@ -70,7 +69,7 @@ class DataParallelStrategy : public StageHooks {
   // are always saved unsharded so a run can resume on another mesh.
   virtual void load_state(const T* params, const T* exp_avg, const T* exp_avg_sq, int64_t steps) = 0;
 
-  virtual DataParallelMemory peak_memory() const = 0;
+  virtual RankMemory peak_memory() const = 0;
   virtual std::string describe() const = 0;
 };
 

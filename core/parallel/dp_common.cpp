@@ -14,52 +14,13 @@ LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local) {
   return {v[0], int64_t(v[1])};
 }
 
-namespace {
 
-template <class Read>
-DataParallelMemory by_category(Read read, int64_t total) {
-  DataParallelMemory m;
-  m.params = read(MemoryCategory::params);
-  m.grads = read(MemoryCategory::grads);
-  m.optimizer = read(MemoryCategory::optimizer);
-  m.activations = read(MemoryCategory::activations);
-  m.comm_buffers = read(MemoryCategory::comm_buffers);
-  m.total = total;
-  return m;
+void UnitTracer::end(const char* phase, int unit) {
+  if (starts_.empty()) return;
+  const double start = starts_.back();
+  starts_.pop_back();
+  trace_.add_compute(std::string(phase) + " " + unit_name(unit, num_layers_), start, trace_.wall_now_us());
 }
-
-}  // namespace
-
-DataParallelMemory memory_peaks(const MemoryTracker& t) {
-  return by_category([&](MemoryCategory c) { return t.peak(c); }, t.peak_total());
-}
-
-DataParallelMemory memory_live(const MemoryTracker& t) {
-  return by_category([&](MemoryCategory c) { return t.live(c); }, t.live_total());
-}
-
-nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank) {
-  nlohmann::json out = nlohmann::json::array();
-  for (size_t r = 0; r < per_rank.size(); ++r) {
-    const DataParallelMemory& m = per_rank[r];
-    out.push_back({{"rank", r}, {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
-                   {"activations", m.activations}, {"comm_buffers", m.comm_buffers}, {"total", m.total}});
-  }
-  return out;
-}
-
-void StageTracer::end(const char* phase, int layer) {
-  const std::string name = std::string(phase) + (layer == kRootStage ? " embed/head" : " layer " + std::to_string(layer));
-  trace_.add_compute(name, start_us_, trace_.wall_now_us());
-}
-
-template <class T>
-void poison(T* data, int64_t begin, int64_t end) {
-  std::fill(data + begin, data + end, std::numeric_limits<T>::quiet_NaN());
-}
-
-template void poison<float>(float*, int64_t, int64_t);
-template void poison<double>(double*, int64_t, int64_t);
 
 }  // namespace llama4d
 

@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/dist/memory_tracker.h"
-#include "core/dist/process_group.h"
-#include "core/dist/trace.h"
+#include "core/tensor/memory_tracker.h"
+#include "core/comm/process_group.h"
+#include "core/comm/trace.h"
 #include "core/model/head.h"
 #include "core/parallel/data_parallel.h"
 
@@ -18,27 +18,20 @@ namespace llama4d {
 // equal to a single device adding the ranks' sums in that order.
 LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local);
 
-// A rank's memory tracker by category: the peaks so far, or what is live now.
-DataParallelMemory memory_peaks(const MemoryTracker& tracker);
-DataParallelMemory memory_live(const MemoryTracker& tracker);
-// [{"rank": r, "params": ..., "grads": ..., ...}] for reports.
-nlohmann::json memory_json(const std::vector<DataParallelMemory>& per_rank);
 
-// Records one compute span per model stage on the rank's trace ("forward layer 3"), so the
-// Chrome trace shows gradient reductions overlapping the backward of earlier layers.
-class StageTracer {
+// Records one compute span per unit on the rank's trace ("forward layer 3", "backward head"),
+// so the Chrome trace shows gradient reductions overlapping the backward of earlier units. Spans
+// nest: a unit's recompute (activation checkpointing) runs inside its backward.
+class UnitTracer {
  public:
-  explicit StageTracer(RankTrace& trace) : trace_(trace) {}
-  void begin() { start_us_ = trace_.wall_now_us(); }
-  void end(const char* phase, int layer);
+  UnitTracer(RankTrace& trace, int num_layers) : trace_(trace), num_layers_(num_layers) {}
+  void begin() { starts_.push_back(trace_.wall_now_us()); }
+  void end(const char* phase, int unit);
 
  private:
   RankTrace& trace_;
-  double start_us_ = 0;
+  int num_layers_;
+  std::vector<double> starts_;
 };
-
-// Fills [begin, end) of a buffer with NaN: "this memory is freed" made observable.
-template <class T>
-void poison(T* data, int64_t begin, int64_t end);
 
 }  // namespace llama4d

@@ -44,11 +44,4 @@ std::vector<int64_t> ShardLayout::piece_counts(size_t seg) const {
   return counts;
 }
 
-std::vector<size_t> ShardLayout::segments_of_stage(int layer) const {
-  std::vector<size_t> out;
-  for (size_t s = 0; s < segments_.size(); ++s)
-    if (segments_[s].layer == layer) out.push_back(s);
-  return out;
-}
-
 }  // namespace llama4d

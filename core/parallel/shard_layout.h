@@ -18,6 +18,9 @@
 
 namespace llama4d {
 
+// Pieces start on gradient-norm chunk boundaries (see above).
+inline constexpr int64_t kShardAlign = kNormChunk;
+
 struct Piece {
   int64_t begin = 0, end = 0;  // flat range (may be empty)
   int64_t shard_offset = 0;    // where it sits in its rank's shard buffer
@@ -36,8 +39,6 @@ class ShardLayout {
   int64_t shard_numel(int rank) const;
   // Elements of each rank's piece of `seg`, for reduce_scatter_v / all_gather_v.
   std::vector<int64_t> piece_counts(size_t seg) const;
-  // Segment indices of a model stage (kRootStage = -1 has two: embedding and norm + head).
-  std::vector<size_t> segments_of_stage(int layer) const;
 
  private:
   int n_;

@@ -2,8 +2,8 @@
 //
 // Plain data parallelism keeps a full copy of everything on every rank. ZeRO (Rajbhandari et
 // al. 2020) removes the redundancy step by step; the flat parameter buffer is cut into
-// per-rank pieces (ShardLayout: every segment — the embedding, each layer, the norm + head —
-// split evenly across the shard group) and rank r keeps only its pieces of:
+// per-rank pieces (ShardLayout: every unit's segment — the embedding, each layer, the norm +
+// head — split evenly across the shard group) and rank r keeps only its pieces of:
 //   ZeRO-1  the AdamW moments                 grads accumulate locally, are reduce-scattered
 //                                             once, each rank updates its pieces, then the
 //                                             updated pieces are all-gathered
@@ -23,6 +23,12 @@
 // HSDP: shard inside a group (dp_shard, e.g. one node), replicate across groups (dp_replicate):
 //   reduce-scatter inside the shard group, then all-reduce the shards across replicas.
 //
+// Memory is allocated, not declared: the model holds its parameters and gradients per unit
+// (Llama::Residency::per_unit) for the stages that shard them, so ZeRO-3 allocates a unit's
+// full weights when it gathers them and frees them on release, and ZeRO-2/3 free a unit's full
+// gradient once it is reduce-scattered. Shards, AdamW moments and receive buffers are Buffers
+// on the same rank tracker.
+//
 // Exactness. Stages 2 and 3 reduce every micro-batch's gradients as soon as they exist (that
 // is the point: the full gradient never has to be kept), so the sum runs micro-batch by
 // micro-batch: acc = S_0, acc += S_1, ...  with S_m = (g_{0,m} + g_{1,m}) + ... in rank order.
@@ -34,6 +40,7 @@
 #include <span>
 
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/optim/grad_clip.h"
 #include "core/optim/segmented_norm.h"
 #include "core/parallel/data_parallel.h"
@@ -44,6 +51,8 @@ namespace llama4d {
 
 template <class T>
 class ZeroDataParallel final : public DataParallelStrategy<T> {
+  using Residency = typename Llama<T>::Residency;
+
  public:
   ZeroDataParallel(Llama<T>& model, const DataParallelGroups& groups, const DataParallelConfig& cfg,
                    const AdamWConfig& adamw)
@@ -54,59 +63,57 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
         cfg_(cfg),
         layout_(model.param_specs(), shard_.size()),
         rank_(shard_.rank()),
-        tracer_(shard_.trace()) {
+        tracer_(shard_.trace(), model.num_layers()) {
     const size_t nseg = layout_.segments().size();
-    const int64_t shard_n = layout_.shard_numel(rank_), full_n = model.num_params(), sz = int64_t(sizeof(T));
-    MemoryTracker& mem = shard_.memory();
+    const int64_t shard_n = layout_.shard_numel(rank_);
+    MemoryTracker* mem = &model.memory();
+    // What the model itself holds: whole parameters below stage 3, whole gradients at stage 1.
+    model.set_residency(stage() == 3 ? Residency::per_unit : Residency::whole,
+                        stage() >= 2 ? Residency::per_unit : Residency::whole);
     for (size_t s = 0; s < nseg; ++s) {
       const Piece p = layout_.piece(s, rank_);
-      adamw_.push_back(p.numel() ? std::make_unique<AdamW<T>>(adamw, model.param_specs(), p.begin, p.end) : nullptr);
+      adamw_.push_back(p.numel() ? std::make_unique<AdamW<T>>(adamw, model.param_specs(), p.begin, p.end, mem) : nullptr);
     }
-    optim_mem_ = MemoryReservation(mem, MemoryCategory::optimizer, 2 * shard_n * sz, "AdamW moments (shard)");
     if (stage() >= 2) {
-      grad_shard_.assign(size_t(shard_n), T(0));
-      grad_recv_.assign(size_t(shard_n), T(0));
-      grads_mem_ = MemoryReservation(mem, MemoryCategory::grads, shard_n * sz, "gradient shard");
-      recv_mem_ = MemoryReservation(mem, MemoryCategory::comm_buffers, shard_n * sz, "reduce-scatter output");
-    } else {  // ZeRO-1 accumulates full gradients and reduce-scatters them in place
-      grads_mem_ = MemoryReservation(mem, MemoryCategory::grads, full_n * sz, "gradients (replicated)");
+      grad_shard_ = Buffer<T>(mem, MemoryCategory::grads, shard_n, "gradient shard");
+      grad_recv_ = Buffer<T>(mem, MemoryCategory::comm_buffers, shard_n, "reduce-scatter output");
     }
-    if (stage() == 3) {
-      param_shard_.resize(size_t(shard_n));
-      copy_pieces(param_shard_.data(), model.params());  // every rank starts from the same weights
-      params_mem_ = MemoryReservation(mem, MemoryCategory::params, shard_n * sz, "parameter shard");
-      gathered_.assign(nseg, false);
-      gather_work_.resize(nseg);
-      gathered_mem_.resize(nseg);
-      for (size_t s = 0; s < nseg; ++s) release_params(s);
-    } else {
-      params_mem_ = MemoryReservation(mem, MemoryCategory::params, full_n * sz, "parameters (replicated)");
-    }
-    seg_grad_mem_.resize(nseg);
+    if (stage() == 3) param_shard_ = Buffer<T>(mem, MemoryCategory::params, shard_n, "parameter shard");
+    gathered_.assign(nseg, false);
+    gather_work_.resize(nseg);
     reduce_work_.resize(nseg);
+  }
+
+  void init_weights(uint64_t seed) override {
+    if (stage() < 3) {
+      model_.init_weights(seed);
+      return;
+    }
+    for (size_t s = 0; s < layout_.segments().size(); ++s) {  // only this rank's pieces
+      const Piece p = layout_.piece(s, rank_);
+      Llama<T>::init_values(model_.param_specs(), seed, p.begin, p.end, param_shard_.data() + p.shard_offset);
+    }
   }
 
   StepStats step(const std::vector<Batch>& micro_batches, double lr, T loss_scale, double grad_clip) override {
     // 1. Forward/backward per micro-batch. Stage 1 accumulates locally and reduces at the last
     //    micro-batch (like DP); stages 2/3 reduce-scatter every micro-batch and accumulate the
-    //    received shard. Stage 3 gathers/frees parameters layer by layer through the hooks.
+    //    received shard. Stage 3 gathers/frees parameters unit by unit through the hooks.
     LossSum local;
-    model_.set_hooks(this);
-    for (size_t m = 0; m < micro_batches.size(); ++m) {
-      const Batch& b = micro_batches[m];
-      const bool last = m + 1 == micro_batches.size();
-      if (stage() >= 2 || m == 0) model_.zero_grad();
-      sync_ = stage() >= 2 || last;
-      const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-      local.loss_sum += part.loss_sum;
-      local.tokens += part.tokens;
-      {
-        MemoryReservation act(shard_.memory(), MemoryCategory::activations, model_.activation_bytes(), "activations");
+    {
+      ScopedHooks<T> hooks(model_, this);
+      for (size_t m = 0; m < micro_batches.size(); ++m) {
+        const Batch& b = micro_batches[m];
+        const bool last = m + 1 == micro_batches.size();
+        if (m == 0) model_.zero_grad();
+        sync_ = stage() >= 2 || last;
+        const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+        local.loss_sum += part.loss_sum;
+        local.tokens += part.tokens;
         model_.backward(loss_scale);
+        if (sync_) finish_reductions(m == 0);
       }
-      if (sync_) finish_reductions(m == 0);
     }
-    model_.set_hooks(nullptr);
     const LossSum global = all_reduce_loss(data_, local);
 
     // 2. Global gradient norm from what each rank holds, in the single-device order.
@@ -135,44 +142,59 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     return st;
   }
 
-  // ---- StageHooks: where FSDP happens ---------------------------------------------------
-  void before_forward(int layer) override {
+  LossSum evaluate(const Batch& b) override {
+    sync_ = false;
+    LossSum loss;
+    {
+      ScopedHooks<T> hooks(model_, this);
+      MicroBatchState<T> st;  // dropped at once: no backward follows
+      loss = model_.forward(st, model_.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+    }
+    for (size_t s = 0; s < layout_.segments().size(); ++s)
+      if (stage() == 3) release_params(s);
+    return loss;
+  }
+
+  // ---- UnitHooks: where FSDP happens -----------------------------------------------------
+  void before_forward(int unit) override {
     if (stage() == 3) {
-      ensure_gathered(layer);
-      // Prefetch: the next stage's all-gather runs on the comm stream while this one computes.
-      const int next = layer == kRootStage ? 0 : layer + 1;
-      if (cfg_.prefetch && next < model_.config().num_hidden_layers) start_gather(next);
+      ensure_gathered(unit);
+      // Prefetch: the next unit's all-gather runs on the comm stream while this one computes.
+      if (cfg_.prefetch && unit + 1 < model_.num_units()) start_gather(unit + 1);
     }
     tracer_.begin();
   }
-  void after_forward(int layer) override {
-    tracer_.end("forward", layer);
-    // The root (embedding + head) stays gathered until its backward, which comes right after.
-    if (stage() == 3 && cfg_.reshard_after_forward && layer != kRootStage)
-      for (size_t s : layout_.segments_of_stage(layer)) release_params(s);
+  // Blocks are resharded after forward (unless kept, Llama 3's choice). The embedding and the
+  // head stay gathered until their backward, as FSDP treats its root module: the head's
+  // backward follows its forward at once, and a tied head needs the embedding's weights.
+  void after_forward(int unit) override {
+    tracer_.end("forward", unit);
+    if (stage() == 3 && cfg_.reshard_after_forward && is_block(unit)) release_params(size_t(unit));
   }
-  void before_backward(int layer) override {
+  // Activation checkpointing reruns a unit's forward inside backward: it needs the weights.
+  void before_recompute(int unit) override {
+    if (stage() == 3) ensure_gathered(unit);
+    tracer_.begin();
+  }
+  void after_recompute(int unit) override { tracer_.end("recompute", unit); }
+  void before_backward(int unit) override {
     free_finished_reductions();
     if (stage() == 3) {
-      ensure_gathered(layer);
-      const int prev = layer == kRootStage ? model_.config().num_hidden_layers - 1 : layer - 1;
-      if (cfg_.prefetch && prev >= 0) start_gather(prev);
+      ensure_gathered(unit);
+      if (cfg_.prefetch && unit > 0) start_gather(unit - 1);
     }
-    // The layer's full gradient buffer exists from its backward until it is reduced.
-    for (size_t s : layout_.segments_of_stage(layer))
-      if (stage() >= 2)
-        seg_grad_mem_[s] = MemoryReservation(shard_.memory(), MemoryCategory::grads,
-                                             layout_.segments()[s].numel() * int64_t(sizeof(T)), "unreduced gradients");
     tracer_.begin();
   }
-  void after_backward(int layer) override {
-    tracer_.end("backward", layer);
-    for (size_t s : layout_.segments_of_stage(layer)) {
-      if (sync_) start_reduce(s);
-      if (stage() == 3) release_params(s);
-    }
-    // Rate limit (as FSDP does): with more than kMaxReductionsInFlight layers still being
-    // reduced, wait for the oldest, so unreduced gradients never pile up beyond a few layers.
+  void after_backward(int unit) override {
+    tracer_.end("backward", unit);
+    // Segment u's gradient is final once unit u ran backward: with tied embeddings the head
+    // (a later unit) adds into segment 0 before the embedding does.
+    if (sync_) start_reduce(size_t(unit));
+    // Backward runs units last to first, so a unit's own segment has no reader left (the
+    // embedding, which a tied head also reads, is the very last).
+    if (stage() == 3) release_params(size_t(unit));
+    // Rate limit (as FSDP does): with more than kMaxReductionsInFlight units still being
+    // reduced, wait for the oldest, so unreduced gradients never pile up beyond a few units.
     free_finished_reductions();
     while (in_flight_.size() > kMaxReductionsInFlight) {
       if (reduce_work_[in_flight_.front()]) reduction_done(in_flight_.front());
@@ -184,7 +206,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   void gather_params(std::vector<T>& out) override {
     out.resize(size_t(model_.num_params()));
     if (stage() <= 2) {
-      std::copy_n(model_.params(), model_.num_params(), out.begin());
+      ops::copy(out.data(), model_.params(), model_.num_params());
       return;
     }
     gather_shards(out.data(), param_shard_.data(), "gather parameters");
@@ -192,7 +214,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   void gather_grads(std::vector<T>& out) override {
     out.resize(size_t(model_.num_params()));
     if (stage() == 1) {  // the reduced pieces sit inside the full gradient buffer
-      std::vector<T> own(static_cast<size_t>(layout_.shard_numel(rank_)));
+      Buffer<T> own(&model_.memory(), MemoryCategory::comm_buffers, layout_.shard_numel(rank_), "gradient pieces");
       copy_pieces(own.data(), model_.grads());
       gather_shards(out.data(), own.data(), "gather gradients");
       return;
@@ -204,8 +226,8 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     for (size_t s = 0; s < adamw_.size(); ++s)
       if (adamw_[s]) {
         const Piece p = layout_.piece(s, rank_);
-        std::copy(adamw_[s]->exp_avg().begin(), adamw_[s]->exp_avg().end(), m.begin() + p.shard_offset);
-        std::copy(adamw_[s]->exp_avg_sq().begin(), adamw_[s]->exp_avg_sq().end(), v.begin() + p.shard_offset);
+        ops::copy(m.data() + p.shard_offset, adamw_[s]->exp_avg().data(), p.numel());
+        ops::copy(v.data() + p.shard_offset, adamw_[s]->exp_avg_sq().data(), p.numel());
       }
     exp_avg.resize(size_t(model_.num_params()));
     exp_avg_sq.resize(size_t(model_.num_params()));
@@ -214,11 +236,10 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     steps = steps_;
   }
   void load_state(const T* params, const T* exp_avg, const T* exp_avg_sq, int64_t steps) override {
-    std::copy_n(params, model_.num_params(), model_.params());
-    if (stage() == 3) {
+    if (stage() == 3)
       copy_pieces(param_shard_.data(), params);
-      for (size_t s = 0; s < layout_.segments().size(); ++s) release_params(s);
-    }
+    else
+      ops::copy(model_.params(), params, model_.num_params());
     for (size_t s = 0; s < adamw_.size(); ++s)
       if (adamw_[s]) {
         const Piece p = layout_.piece(s, rank_);
@@ -228,7 +249,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     steps_ = steps;
   }
 
-  DataParallelMemory peak_memory() const override { return memory_peaks(shard_.memory()); }
+  RankMemory peak_memory() const override { return memory_peaks(model_.memory()); }
   std::string describe() const override {
     std::string s = cfg_.describe() + " over " + std::to_string(shard_.size()) + " shard ranks";
     if (replicate_) s += " x " + std::to_string(replicate_->size()) + " replicas (HSDP)";
@@ -237,12 +258,13 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
 
  private:
   int stage() const { return int(cfg_.stage); }
+  bool is_block(int unit) const { return unit != embedding_unit() && unit != head_unit(model_.num_layers()); }
 
   // Copies this rank's pieces of a full flat buffer into a shard buffer (pieces back to back).
   void copy_pieces(T* shard, const T* full) const {
     for (size_t s = 0; s < layout_.segments().size(); ++s) {
       const Piece p = layout_.piece(s, rank_);
-      std::copy(full + p.begin, full + p.end, shard + p.shard_offset);
+      ops::copy(shard + p.shard_offset, full + p.begin, p.numel());
     }
   }
 
@@ -273,32 +295,33 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     for (auto& w : works) w->wait();
   }
 
-  // ---- ZeRO-3 parameter life cycle -------------------------------------------------------
-  void start_gather(int layer) {
-    for (size_t s : layout_.segments_of_stage(layer)) {
+  // ---- ZeRO-3 parameter life cycle: allocate on gather, free on release ------------------
+  void start_gather(int unit) {
+    for (int si : model_.segments_used_by(unit)) {
+      const size_t s = size_t(si);
       if (gathered_[s] || gather_work_[s]) continue;
-      const Segment& seg = layout_.segments()[s];
-      gathered_mem_[s] = MemoryReservation(shard_.memory(), MemoryCategory::params, seg.numel() * int64_t(sizeof(T)),
-                                           "gathered parameters");
+      model_.allocate_unit_params(si, "gathered parameters of " + unit_name(si, model_.num_layers()));
       AllGatherOptions o;
       o.async_op = true;
-      o.label = layer == kRootStage ? "params embed/head" : "params layer " + std::to_string(layer);
-      gather_work_[s] = shard_.all_gather_v(model_.params() + seg.begin, param_shard_.data() + layout_.piece(s, rank_).shard_offset,
+      o.label = "params " + unit_name(si, model_.num_layers());
+      gather_work_[s] = shard_.all_gather_v(model_.unit_params(si), param_shard_.data() + layout_.piece(s, rank_).shard_offset,
                                             layout_.piece_counts(s), dtype_of<T>(), o);
     }
   }
-  void ensure_gathered(int layer) {
-    start_gather(layer);
-    for (size_t s : layout_.segments_of_stage(layer)) {
+  void ensure_gathered(int unit) {
+    start_gather(unit);
+    for (int si : model_.segments_used_by(unit)) {
+      const size_t s = size_t(si);
       if (gather_work_[s]) gather_work_[s]->wait();
       gather_work_[s].reset();
       gathered_[s] = true;
     }
   }
   void release_params(size_t s) {
-    if (cfg_.poison_freed) poison(model_.params(), layout_.segments()[s].begin, layout_.segments()[s].end);
+    if (gather_work_[s]) gather_work_[s]->wait();  // a prefetch still writing into it
+    gather_work_[s].reset();
     gathered_[s] = false;
-    gathered_mem_[s].reset();
+    model_.free_unit_params(int(s));
   }
 
   // ---- Gradient reduction ----------------------------------------------------------------
@@ -314,23 +337,21 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     const Segment& seg = layout_.segments()[s];
     ReduceScatterOptions o;
     o.async_op = true;
-    o.label = seg.layer == kRootStage ? "grads embed/head" : "grads layer " + std::to_string(seg.layer);
+    o.label = "grads " + unit_name(seg.unit, model_.num_layers());
     in_flight_.push_back(s);
+    T* full = model_.unit_grads(int(s));
+    if (!full) throw Error("ZeRO: unit " + std::to_string(s) + " produced no gradient to reduce");
     T* out = stage() == 1 ? model_.grads() + layout_.piece(s, rank_).begin  // in place
                           : grad_recv_.data() + layout_.piece(s, rank_).shard_offset;
-    reduce_work_[s] = shard_.reduce_scatter_v(out, model_.grads() + seg.begin, layout_.piece_counts(s), dtype_of<T>(),
-                                              ReduceOp::sum, o);
+    reduce_work_[s] = shard_.reduce_scatter_v(out, full, layout_.piece_counts(s), dtype_of<T>(), ReduceOp::sum, o);
   }
 
-  // A reduction that finished frees its layer's full gradient right away (stages 2/3): that
-  // is where ZeRO-2 saves memory, since later layers' backward runs without it.
+  // A reduction that finished frees its unit's full gradient right away (stages 2/3): that
+  // is where ZeRO-2 saves memory, since later units' backward runs without it.
   void reduction_done(size_t s) {
     reduce_work_[s]->wait();  // completed: rethrows a failure, joins the simulated clocks
     reduce_work_[s].reset();
-    if (stage() < 2) return;  // ZeRO-1 keeps its full gradient buffer for the next step
-    const Segment& seg = layout_.segments()[s];
-    if (cfg_.poison_freed) poison(model_.grads(), seg.begin, seg.end);  // the full gradient is gone
-    seg_grad_mem_[s].reset();
+    if (stage() >= 2) model_.free_unit_grads(int(s));
   }
   void free_finished_reductions() {
     for (size_t s = 0; s < reduce_work_.size(); ++s)
@@ -347,12 +368,12 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     if (replicate_) {
       AllReduceOptions o;
       o.label = "grads across replicas";
-      replicate_->all_reduce(grad_recv_.data(), int64_t(grad_recv_.size()), dtype_of<T>(), ReduceOp::sum, o)->wait();
+      replicate_->all_reduce(grad_recv_.data(), grad_recv_.size(), dtype_of<T>(), ReduceOp::sum, o)->wait();
     }
     if (first_micro_batch)
-      grad_shard_ = grad_recv_;
+      ops::copy(grad_shard_.data(), grad_recv_.data(), grad_recv_.size());
     else
-      for (size_t i = 0; i < grad_shard_.size(); ++i) grad_shard_[i] += grad_recv_[i];
+      ops::accumulate(grad_shard_.data(), grad_recv_.data(), grad_recv_.size());
   }
 
   // Chunk partials of this rank's gradient pieces, gathered from every shard rank and added
@@ -393,17 +414,15 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   DataParallelConfig cfg_;
   ShardLayout layout_;
   int rank_;
-  StageTracer tracer_;
+  UnitTracer tracer_;
   bool sync_ = false;
   int64_t steps_ = 0;
   std::vector<std::unique_ptr<AdamW<T>>> adamw_;  // one per segment piece (null when empty)
-  std::vector<T> param_shard_, grad_shard_, grad_recv_;
+  Buffer<T> param_shard_, grad_shard_, grad_recv_;
   std::vector<bool> gathered_;
   std::vector<std::shared_ptr<Work>> gather_work_, reduce_work_;
   std::deque<size_t> in_flight_;  // segments with a reduce-scatter in flight, oldest first
   static constexpr size_t kMaxReductionsInFlight = 2;
-  std::vector<MemoryReservation> gathered_mem_, seg_grad_mem_;
-  MemoryReservation params_mem_, grads_mem_, optim_mem_, recv_mem_;
 };
 
 template <class T>

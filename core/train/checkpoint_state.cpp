@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/io/atomic_dir.h"
 #include "core/io/checkpoint.h"
 
@@ -82,7 +83,7 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& dir, Llama<T>
   int64_t optimizer_steps = 0;
   const TrainingCheckpointInfo info =
       read_training_checkpoint(dir, model.config(), model.param_specs(), params, m, v, optimizer_steps);
-  std::copy(params.begin(), params.end(), model.params());
+  ops::copy(model.params(), params.data(), model.num_params());
   adamw.load_state(optimizer_steps, m, v);
   return info;
 }

@@ -14,7 +14,7 @@ namespace llama4d {
 
 template <class T>
 Trainer<T>::Trainer(Llama<T>& model, const TextDataset& data, const TrainOptions& options)
-    : model_(model), data_(data), opt_(options), adamw_(options.adamw, model.param_specs()),
+    : model_(model), data_(data), opt_(options), adamw_(options.adamw, model.param_specs(), &model.memory()),
       segments_(param_segments(model.param_specs())) {
   opt_.validate();
   if (opt_.seq_len > model_.config().max_position_embeddings)

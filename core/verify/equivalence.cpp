@@ -5,7 +5,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "core/dist/text_table.h"
+#include "core/comm/text_table.h"
 #include "core/error.h"
 #include "core/optim/grad_clip.h"
 #include "core/optim/segmented_norm.h"
@@ -41,9 +41,9 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
   const std::vector<Segment> segments = param_segments(model.param_specs());
   const LrSchedule schedule{.max_lr = opt.lr, .min_lr = opt.min_lr,
                             .warmup_steps = std::min(opt.warmup_steps, opt.steps), .total_steps = opt.steps};
-  const int dp = o.mesh.size(), shard = o.mesh.dp_shard;
+  const int dp = o.plan.dp(), shard = o.plan.dp_shard();
   const T loss_scale = T(1.0 / double(opt.tokens_per_step()));
-  const bool per_micro_batch = o.dp.stage >= ZeroStage::zero2;
+  const bool per_micro_batch = o.plan.zero >= ZeroStage::zero2;
   const int64_t n = model.num_params();
 
   for (int64_t s = first_step; s < opt.steps; ++s) {
@@ -131,12 +131,13 @@ std::string sci(double v) {
 }  // namespace
 
 template <class T>
-EquivalenceReport verify_data_parallel(const EquivalenceOptions& o, const TextDataset& data, const RankLauncher& launch) {
+EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& data, const RankLauncher& launch) {
   EquivalenceReport rep;
-  rep.strategy = o.dp.describe() + " on " + o.mesh.describe();
+  rep.strategy = o.plan.describe();
+  rep.plan = o.plan.to_json();
   rep.dtype = std::string(dtype_name(dtype_of<T>()));
-  rep.algo = std::string(reduce_algo_name(o.algo));
-  rep.ranks = o.mesh.size();
+  rep.algo = std::string(reduce_algo_name(o.plan.algo));
+  rep.ranks = o.plan.world_size();
   rep.steps = int(o.train.steps);
   rep.memory.resize(size_t(rep.ranks));
 
@@ -144,9 +145,8 @@ EquivalenceReport verify_data_parallel(const EquivalenceOptions& o, const TextDa
   std::vector<T> par_grads, par_params, par_first_grads;
   std::mutex mu;
   launch([&](ProcessGroup& world) {
-    Llama<T> model(o.model);
-    model.init_weights(o.train.seed);
-    DataParallelTrainer<T> trainer(world, model, data, o.train, o.mesh, o.dp);
+    Llama<T> model(o.model, &world.memory());
+    ParallelTrainer<T> trainer(world, model, data, o.train, o.plan);
     std::vector<double> losses, norms;
     std::vector<T> first;
     for (int64_t s = 0; s < o.train.steps; ++s) {
@@ -205,7 +205,7 @@ EquivalenceReport verify_data_parallel(const EquivalenceOptions& o, const TextDa
   // Ordered reductions must reproduce the single device exactly. Ring reductions change the
   // order of additions, so only rounding-level agreement can be asked of them.
   const bool f32 = dtype_of<T>() == DType::f32;
-  if (o.algo == ReduceAlgo::ordered) {
+  if (o.plan.algo == ReduceAlgo::ordered) {
     rep.ok = rep.bitwise;
   } else {
     rep.tolerance = f32 ? 1e-6 : 1e-12;
@@ -238,6 +238,7 @@ nlohmann::json EquivalenceReport::to_json() const {
           {"max_param_rel_err", max_param_rel_err},
           {"worst_tensor", worst_tensor},
           {"strategy", strategy},
+          {"plan", plan},
           {"ranks", ranks},
           {"steps", steps},
           {"dtype", dtype},
@@ -285,7 +286,7 @@ template ReplayResult<float> replay_on_one_device<float>(const EquivalenceOption
                                                         const std::string&);
 template ReplayResult<double> replay_on_one_device<double>(const EquivalenceOptions&, const TextDataset&,
                                                           const std::string&);
-template EquivalenceReport verify_data_parallel<float>(const EquivalenceOptions&, const TextDataset&, const RankLauncher&);
-template EquivalenceReport verify_data_parallel<double>(const EquivalenceOptions&, const TextDataset&, const RankLauncher&);
+template EquivalenceReport verify_plan<float>(const EquivalenceOptions&, const TextDataset&, const RankLauncher&);
+template EquivalenceReport verify_plan<double>(const EquivalenceOptions&, const TextDataset&, const RankLauncher&);
 
 }  // namespace llama4d

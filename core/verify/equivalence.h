@@ -24,17 +24,16 @@
 #include <nlohmann/json.hpp>
 
 #include "core/data/dataset.h"
-#include "core/dist/comm_types.h"
-#include "core/parallel/data_parallel_trainer.h"
+#include "core/comm/comm_types.h"
+#include "core/parallel/parallel_trainer.h"
+#include "core/parallel/plan.h"
 
 namespace llama4d {
 
 struct EquivalenceOptions {
   LlamaConfig model;
   TrainOptions train;  // train.steps = steps to verify
-  DataParallelMesh mesh;
-  DataParallelConfig dp;
-  ReduceAlgo algo = ReduceAlgo::ordered;
+  ParallelPlan plan;   // the parallel side; the single device never checkpoints activations
 };
 
 struct TensorComparison {
@@ -45,6 +44,7 @@ struct TensorComparison {
 
 struct EquivalenceReport {
   std::string strategy, dtype, algo;
+  nlohmann::json plan;  // ParallelPlan::to_json() of the parallel side
   int ranks = 0, steps = 0;
   std::vector<double> losses_single, losses_parallel;
   std::vector<double> grad_norms_single, grad_norms_parallel;  // pre-clip global norms per step
@@ -61,14 +61,14 @@ struct EquivalenceReport {
   double tolerance = 0, param_tolerance = 0;
   double max_grad_rel_err = 0, max_param_rel_err = 0, first_step_grad_rel_err = 0;
   std::string worst_tensor;
-  std::vector<DataParallelMemory> memory;  // per rank peaks of the parallel run
+  std::vector<RankMemory> memory;  // per rank peaks of the parallel run
 
   nlohmann::json to_json() const;
   std::string table() const;  // the per-tensor table and a verdict line
 };
 
 // The single device's side: replays steps [first_step, options.train.steps) over the
-// micro-batches every data rank of options.mesh would see, adding gradients in the order that
+// micro-batches every data rank of options.plan would see, adding gradients in the order that
 // strategy's reduction adds them. Starts from init_weights(seed), or from a training checkpoint.
 template <class T>
 struct ReplayResult {
@@ -87,7 +87,6 @@ using RankLauncher = std::function<void(const std::function<void(ProcessGroup&)>
 // Collective over the launched world. The report is complete on world rank 0 (which computes the
 // single-device replay after the parallel run); other ranks get the parallel side only.
 template <class T>
-EquivalenceReport verify_data_parallel(const EquivalenceOptions& options, const TextDataset& data,
-                                       const RankLauncher& launch);
+EquivalenceReport verify_plan(const EquivalenceOptions& options, const TextDataset& data, const RankLauncher& launch);
 
 }  // namespace llama4d

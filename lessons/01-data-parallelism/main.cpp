@@ -1,7 +1,7 @@
 // Lesson 01: data parallelism. Every virtual GPU holds the whole model, trains on its own rows of
 // the global batch, and after backward the ranks all-reduce their gradients, so every rank takes
 // the same AdamW step a single device would. The program shows the mesh and the rows, trains a
-// few steps with the library's DataParallelTrainer, shows what each rank held and sent, checks
+// few steps with the library's ParallelTrainer, shows what each rank held and sent, checks
 // the README's formulas against the measured numbers, and proves the result equals one device.
 //   lesson01_data_parallel [--ranks 4] [--micro-batches 2] [--step] [--json]
 #include "core/data/dataset.h"
@@ -17,8 +17,7 @@ int run(const LessonOptions& o) {
   RunSetup s;
   s.model = LlamaConfig::preset(o.preset);
   s.train = o.train_options();
-  s.mesh.dp_shard = o.ranks;  // plain dp: one group, no replicas
-  s.dp.stage = ZeroStage::none;
+  s.plan = ParallelPlan::parse("dp=" + std::to_string(o.ranks));  // plain dp: one group, no replicas
   s.cluster = o.cluster_options();
   const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
   const std::vector<Segment> buckets = param_segments(llama_param_specs(s.model));
@@ -28,7 +27,7 @@ int run(const LessonOptions& o) {
   say.say("Model '" + o.preset + "': N = " + grouped(N) + " parameters (fp32: 4N = " + grouped(4 * N) +
           " bytes). Data parallelism over " + std::to_string(R) + " virtual GPUs, " +
           std::string(reduce_algo_name(s.cluster.algo)) + " reductions; " + s.cluster.cluster.describe() + ".\n\n");
-  say.say(mesh_table(s.mesh, s.cluster.cluster));
+  say.say(mesh_table(s.plan, s.cluster.cluster));
   say.say("\nThe global batch is " + std::to_string(s.train.batch_size) +
           " sequences whatever the number of ranks; data rank d trains rows [d*B/R, (d+1)*B/R) in " +
           std::to_string(o.micro_batches) + " micro-batch(es) of " + std::to_string(o.rows) +

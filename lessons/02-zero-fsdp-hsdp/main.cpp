@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "core/data/dataset.h"
-#include "core/dist/text_table.h"
+#include "core/comm/text_table.h"
 #include "core/model/params.h"
 #include "core/parallel/shard_layout.h"
 #include "lessons/common/lesson.h"
@@ -34,9 +34,13 @@ std::vector<int64_t> pieces_of(int64_t len, int n) {
   return c;
 }
 
-std::string segment_name(const Segment& s, size_t index) {
-  if (s.layer >= 0) return "layer " + std::to_string(s.layer);
-  return index == 0 ? "embedding" : "norm + lm_head";
+// The embedding and the head (norm + lm_head) are the "root" units FSDP keeps gathered from
+// forward to backward; the blocks are resharded after their forward.
+bool is_block(const Segment& s, size_t num_segments) { return s.unit > 0 && s.unit + 1 < int(num_segments); }
+
+std::string segment_name(const Segment& s, size_t num_segments) {
+  if (is_block(s, num_segments)) return "layer " + std::to_string(s.unit - 1);
+  return s.unit == 0 ? "embedding" : "norm + lm_head";
 }
 
 // Which piece of each segment each shard rank owns (elements), and the padding n*S - len.
@@ -49,7 +53,7 @@ std::string shard_map(const ShardLayout& layout) {
   rows.push_back(head);
   for (size_t k = 0; k < layout.segments().size(); ++k) {
     const Segment& s = layout.segments()[k];
-    std::vector<std::string> row = {segment_name(s, k), "[" + grouped(s.begin) + ", " + grouped(s.end) + ")",
+    std::vector<std::string> row = {segment_name(s, layout.segments().size()), "[" + grouped(s.begin) + ", " + grouped(s.end) + ")",
                                     grouped(s.numel()), grouped(layout.piece_size(k))};
     for (int j = 0; j < n; ++j) row.push_back(grouped(layout.piece(k, j).numel()));
     row.push_back(grouped(n * layout.piece_size(k) - s.numel()));
@@ -68,26 +72,27 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   RunSetup s;
   s.model = LlamaConfig::preset(o.preset);
   s.train = o.train_options();
-  s.mesh.dp_shard = o.ranks / z.replicas;
-  s.mesh.dp_replicate = z.replicas;
-  s.dp.stage = ZeroStage(z.zero);
-  if (z.keep_params && s.dp.stage != ZeroStage::zero3) throw InputError("--keep-params applies to --zero 3 only");
-  s.dp.reshard_after_forward = !z.keep_params;
+  s.plan = ParallelPlan::parse(z.replicas > 1 ? "dp_shard=" + std::to_string(o.ranks / z.replicas) +
+                                                     ",dp_replicate=" + std::to_string(z.replicas)
+                                               : "dp=" + std::to_string(o.ranks));
+  s.plan.zero = ZeroStage(z.zero);
+  s.plan.reshard_after_forward = !z.keep_params;
+  s.plan.validate();
   s.cluster = o.cluster_options();
   const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
   const std::vector<ParamSpec> specs = llama_param_specs(s.model);
-  const ShardLayout layout(specs, s.mesh.dp_shard);
+  const ShardLayout layout(specs, s.plan.dp_shard());
   const std::vector<Segment>& segs = layout.segments();
-  const int n = s.mesh.dp_shard, q = s.mesh.dp_replicate, W = s.mesh.size(), stage = z.zero;
+  const int n = s.plan.dp_shard(), q = s.plan.dp_replicate(), W = s.plan.world_size(), stage = z.zero;
   const int64_t N = s.model.num_parameters(), M = o.micro_batches, L = s.model.num_hidden_layers;
-  const bool reshard = s.dp.reshard_after_forward;
+  const bool reshard = s.plan.reshard_after_forward;
 
   say.phase("the mesh and the batch");
   say.say("Model '" + o.preset + "': N = " + grouped(N) + " parameters (4N = " + grouped(4 * N) + " bytes in fp32). " +
-          s.dp.describe() + " over " + std::to_string(n) + " shard ranks" +
+          s.plan.data_parallel().describe() + " over " + std::to_string(n) + " shard ranks" +
           (q > 1 ? " x " + std::to_string(q) + " replicas (HSDP)" : "") + ", " +
           std::string(reduce_algo_name(s.cluster.algo)) + " reductions; " + s.cluster.cluster.describe() + ".\n\n");
-  say.say(mesh_table(s.mesh, s.cluster.cluster));
+  say.say(mesh_table(s.plan, s.cluster.cluster));
   if (q > 1)
     say.say("\nShard groups are consecutive ranks (one node: NVLink); replica groups stride across nodes (InfiniBand).\n");
   say.say("\nAs in plain DP, data rank d trains rows [d*B/W, (d+1)*B/W) of the global batch. Rows of step 1:\n\n");
@@ -120,7 +125,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   const ReduceAlgo algo = s.cluster.algo;
   int64_t root = 0, layer = 0;  // elements of the root segments (embedding, norm + head), of a layer
   for (const Segment& g : segs) {
-    if (g.layer < 0)
+    if (!is_block(g, segs.size()))
       root += g.numel();
     else
       layer = std::max(layer, g.numel());
@@ -146,7 +151,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
         rs_bytes += reduce_scatter_sent(c, j, 4);  // once per step, after local accumulation
       else
         rs_bytes += M * reduce_scatter_sent(c, j, 4);  // every micro-batch, as soon as a layer is done
-      const int times = stage < 3 ? 1 : int(M) * (reshard && segs[k].layer >= 0 ? 2 : 1);
+      const int times = stage < 3 ? 1 : int(M) * (reshard && is_block(segs[k], segs.size()) ? 2 : 1);
       ag_bytes += times * all_gather_sent(c, j, 4, algo);
     }
     shard[size_t(w)] = sh;
@@ -273,7 +278,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   if (o.json) {
     nlohmann::json shards = nlohmann::json::array();
     for (size_t k = 0; k < segs.size(); ++k)
-      shards.push_back({{"segment", segment_name(segs[k], k)},
+      shards.push_back({{"segment", segment_name(segs[k], segs.size())},
                         {"begin", segs[k].begin},
                         {"end", segs[k].end},
                         {"piece_size", layout.piece_size(k)},

@@ -9,8 +9,8 @@
 #include <map>
 #include <mutex>
 
-#include "core/dist/memory_tracker.h"
-#include "core/dist/text_table.h"
+#include "core/tensor/memory_tracker.h"
+#include "core/comm/text_table.h"
 #include "core/error.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
@@ -92,17 +92,18 @@ namespace {
 
 std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
                                   const std::function<void(const PhaseView&)>& on_phase) {
-  if (s.cluster.ranks != s.mesh.size()) throw Error("run_phases: cluster and mesh sizes differ");
+  if (s.cluster.ranks != s.plan.world_size()) throw Error("run_phases: cluster and mesh sizes differ");
+  ParallelPlan plan = s.plan;
+  plan.algo = s.cluster.algo;
   VirtualCluster cluster(s.cluster);
   std::vector<PhaseView> phases(size_t(s.train.steps + 1));
-  for (PhaseView& p : phases) p.ranks.resize(size_t(s.mesh.size()));
+  for (PhaseView& p : phases) p.ranks.resize(size_t(plan.world_size()));
   std::mutex mu;
   cluster.run([&](ProcessGroup& world) {
     // One compute thread per virtual GPU: N ranks must not each start a full OpenMP team.
     ops::set_backend_threads_for_this_thread(1);
-    Llama<float> model(s.model);
-    model.init_weights(s.train.seed);
-    DataParallelTrainer<float> trainer(world, model, data, s.train, s.mesh, s.dp);
+    Llama<float> model(s.model, &world.memory());
+    ParallelTrainer<float> trainer(world, model, data, s.train, plan);
     const size_t me = size_t(world.rank());
 
     // Every rank files its snapshot, then all meet; rank 0 shows the phase while the others
@@ -153,11 +154,10 @@ EquivalenceReport run_equivalence(const RunSetup& s, const TextDataset& data) {
   EquivalenceOptions o;
   o.model = s.model;
   o.train = s.train;
-  o.mesh = s.mesh;
-  o.dp = s.dp;
-  o.algo = s.cluster.algo;
+  o.plan = s.plan;
+  o.plan.algo = s.cluster.algo;
   VirtualCluster cluster(s.cluster);
-  return verify_data_parallel<float>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
+  return verify_plan<float>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
     cluster.run([&](ProcessGroup& world) {
       ops::set_backend_threads_for_this_thread(1);
       fn(world);
@@ -197,23 +197,23 @@ std::string grouped(int64_t n) {
   return neg ? "-" + out : out;
 }
 
-std::string mesh_table(const DataParallelMesh& mesh, const ClusterSpec& cluster) {
+std::string mesh_table(const ParallelPlan& mesh, const ClusterSpec& cluster) {
   std::vector<std::vector<std::string>> rows;
-  const int n = mesh.dp_shard;
+  const int n = mesh.dp_shard();
   if (mesh.hsdp()) {
     rows.push_back({"rank", "node", "shard index", "replica", "shard group (splits the state)",
                     "replica group (same shard)"});
-    for (int w = 0; w < mesh.size(); ++w) {
+    for (int w = 0; w < mesh.world_size(); ++w) {
       const int j = w % n, q = w / n;
       std::string shard_group, replica_group;
       for (int i = 0; i < n; ++i) shard_group += (i ? "," : "") + std::to_string(q * n + i);
-      for (int i = 0; i < mesh.dp_replicate; ++i) replica_group += (i ? "," : "") + std::to_string(i * n + j);
+      for (int i = 0; i < mesh.dp_replicate(); ++i) replica_group += (i ? "," : "") + std::to_string(i * n + j);
       rows.push_back({std::to_string(w), std::to_string(cluster.node_of(w)), std::to_string(j), std::to_string(q),
                       "{" + shard_group + "}", "{" + replica_group + "}"});
     }
   } else {
     rows.push_back({"rank", "node", "dp rank"});
-    for (int w = 0; w < mesh.size(); ++w)
+    for (int w = 0; w < mesh.world_size(); ++w)
       rows.push_back({std::to_string(w), std::to_string(cluster.node_of(w)), std::to_string(w)});
   }
   return format_table(rows);
@@ -317,11 +317,11 @@ std::string timeline_table(const std::vector<TrafficRecord>& records, size_t max
   return format_table(rows);
 }
 
-std::string memory_table(const std::vector<DataParallelMemory>& per_rank) {
+std::string memory_table(const std::vector<RankMemory>& per_rank) {
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"rank", "params", "grads", "optimizer", "activations", "comm buffers", "total", ""});
   for (size_t r = 0; r < per_rank.size(); ++r) {
-    const DataParallelMemory& m = per_rank[r];
+    const RankMemory& m = per_rank[r];
     rows.push_back({std::to_string(r), grouped(m.params), grouped(m.grads), grouped(m.optimizer), grouped(m.activations),
                     grouped(m.comm_buffers), grouped(m.total), "(" + format_bytes(m.total) + ")"});
   }
@@ -348,11 +348,12 @@ nlohmann::json summary_json(const std::string& lesson, const std::string& preset
   return {{"lesson", lesson},
           {"preset", preset},
           {"parameters", setup.model.num_parameters()},
-          {"mesh", setup.mesh.describe()},
+          {"mesh", setup.plan.describe_mesh()},
+          {"plan", setup.plan.to_json()},
           {"strategy", last.strategy},
           {"algo", std::string(reduce_algo_name(setup.cluster.algo))},
           {"steps", setup.train.steps},
-          {"micro_batches", setup.train.batch_size / setup.mesh.size() / rank_micro_batch_rows(setup.train, setup.mesh.size())},
+          {"micro_batches", setup.train.batch_size / setup.plan.dp() / rank_micro_batch_rows(setup.train, setup.plan.dp())},
           {"losses", losses},
           {"memory_at_rest", memory_json(live_of(phases.front()))},
           {"memory_peak", memory_json(peak_of(last))},
@@ -362,14 +363,14 @@ nlohmann::json summary_json(const std::string& lesson, const std::string& preset
           {"passed", passed}};
 }
 
-std::vector<DataParallelMemory> live_of(const PhaseView& p) {
-  std::vector<DataParallelMemory> out;
+std::vector<RankMemory> live_of(const PhaseView& p) {
+  std::vector<RankMemory> out;
   for (const RankSnapshot& r : p.ranks) out.push_back(r.live);
   return out;
 }
 
-std::vector<DataParallelMemory> peak_of(const PhaseView& p) {
-  std::vector<DataParallelMemory> out;
+std::vector<RankMemory> peak_of(const PhaseView& p) {
+  std::vector<RankMemory> out;
   for (const RankSnapshot& r : p.ranks) out.push_back(r.peak);
   return out;
 }

@@ -5,7 +5,7 @@
 //     every rank at once, so rank 0 can show what each rank holds and what it sent;
 //   - tables: the mesh, the rows of the batch, traffic per collective, memory per category;
 //   - the per-rank wire volume of each collective, written from the lessons' README formulas
-//     (independent of core/dist/comm_model.cpp: the exercises compare the two);
+//     (independent of core/comm/comm_model.cpp: the exercises compare the two);
 //   - an exercise sheet: expected vs measured per rank, PASS/FAIL, and a JSON summary.
 #include <cstdint>
 #include <cstdio>
@@ -18,9 +18,9 @@
 
 #include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"
-#include "core/dist/traffic_log.h"
+#include "core/comm/traffic_log.h"
 #include "core/model/config.h"
-#include "core/parallel/data_parallel_trainer.h"
+#include "core/parallel/parallel_trainer.h"
 #include "core/verify/equivalence.h"
 
 namespace llama4d::lesson {
@@ -66,8 +66,8 @@ class Narrator {
 
 struct RankSnapshot {
   std::vector<TrafficRecord> traffic;  // what this rank sent and received during the step
-  DataParallelMemory live;             // bytes held now (between steps: "at rest")
-  DataParallelMemory peak;             // highest so far, per category
+  RankMemory live;             // bytes held now (between steps: "at rest")
+  RankMemory peak;             // highest so far, per category
 };
 
 struct PhaseView {
@@ -80,12 +80,11 @@ struct PhaseView {
 struct RunSetup {
   LlamaConfig model;
   TrainOptions train;
-  DataParallelMesh mesh;
-  DataParallelConfig dp;
+  ParallelPlan plan;  // plan.algo follows cluster.algo
   VirtualClusterOptions cluster;
 };
 
-// Trains setup.train.steps steps on a VirtualCluster of setup.mesh.size() ranks. After
+// Trains setup.train.steps steps on a VirtualCluster of setup.plan.world_size() ranks. After
 // construction and after every step all ranks stop; on_phase runs on rank 0's thread with every
 // rank's snapshot while the others wait (so it may print and pause). Returns every phase.
 std::vector<PhaseView> run_phases(const RunSetup& setup, const TextDataset& data,
@@ -113,7 +112,7 @@ class StepReporter {
 
 std::string grouped(int64_t n);  // 1234567 -> "1,234,567"
 // Rank, node, and each rank's coordinates (dp, or shard index and replica for HSDP).
-std::string mesh_table(const DataParallelMesh& mesh, const ClusterSpec& cluster);
+std::string mesh_table(const ParallelPlan& plan, const ClusterSpec& cluster);
 // Which rows of the global batch of step `step` each data rank trains on, with a text preview.
 std::string batch_table(const TextDataset& data, const TrainOptions& train, int dp, int64_t step);
 // Bytes each rank SENT per (op, label) in one step; "layer 3" labels are folded into "layer *".
@@ -121,9 +120,9 @@ std::string traffic_table(const std::vector<RankSnapshot>& ranks);
 // One rank's collectives in the order they started.
 std::string timeline_table(const std::vector<TrafficRecord>& records, size_t max_rows);
 // Bytes per category per rank (total: the peak of the sum, not the sum of the peaks).
-std::string memory_table(const std::vector<DataParallelMemory>& per_rank);
-std::vector<DataParallelMemory> live_of(const PhaseView& p);
-std::vector<DataParallelMemory> peak_of(const PhaseView& p);
+std::string memory_table(const std::vector<RankMemory>& per_rank);
+std::vector<RankMemory> live_of(const PhaseView& p);
+std::vector<RankMemory> peak_of(const PhaseView& p);
 
 // ---- Measured traffic ------------------------------------------------------------------------
 

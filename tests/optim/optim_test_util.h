@@ -4,11 +4,18 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "core/model/params.h"
 
 namespace llama4d::test {
+
+// An optimizer's state (a span over its buffer) as a vector, for comparisons.
+template <class T>
+std::vector<T> as_vector(std::span<const T> s) {
+  return std::vector<T>(s.begin(), s.end());
+}
 
 struct TensorDesc {
   std::string name;

@@ -60,8 +60,8 @@ void check_sharded_equals_full(const std::vector<ParamSpec>& specs, const std::v
     m.insert(m.end(), shard.exp_avg().begin(), shard.exp_avg().end());
     v.insert(v.end(), shard.exp_avg_sq().begin(), shard.exp_avg_sq().end());
   }
-  EXPECT_TRUE(bitwise_equal(whole.exp_avg(), m)) << "exp_avg differs";
-  EXPECT_TRUE(bitwise_equal(whole.exp_avg_sq(), v)) << "exp_avg_sq differs";
+  EXPECT_TRUE(bitwise_equal(test::as_vector(whole.exp_avg()), m)) << "exp_avg differs";
+  EXPECT_TRUE(bitwise_equal(test::as_vector(whole.exp_avg_sq()), v)) << "exp_avg_sq differs";
 }
 
 TEST(AdamWSharded, ThreeShardsSplittingTensorsFloat) {

@@ -93,7 +93,8 @@ TEST(AdamWTorch, MatchesTorchOptimAdamWFp64) {
   for (int s = 0; s < steps; ++s) opt.step(params.data(), grads[static_cast<size_t>(s)].data(), lrs[s]);
 
   EXPECT_EQ(torch_out[static_cast<size_t>(3 * n)], static_cast<double>(opt.step_count()));
-  const std::vector<double>* ours[3] = {&params, &opt.exp_avg(), &opt.exp_avg_sq()};
+  const std::vector<double> m = test::as_vector(opt.exp_avg()), v = test::as_vector(opt.exp_avg_sq());
+  const std::vector<double>* ours[3] = {&params, &m, &v};
   const char* names[3] = {"param", "exp_avg", "exp_avg_sq"};
   double worst = 0;
   for (int k = 0; k < 3; ++k) {

@@ -25,10 +25,8 @@ TEST_P(Equivalence, BitwiseEqualToOneDevice) {
   EquivalenceOptions o;
   o.model = LlamaConfig::preset("tiny");
   o.train = test::options(3, c.micro_batch_size);
-  o.mesh = {c.dp_shard, c.dp_replicate};
-  o.dp.stage = c.stage;
-  o.dp.reshard_after_forward = c.reshard_after_forward;
-  const EquivalenceReport r = verify_data_parallel<float>(o, test::corpus(), test::virtual_launcher(o.mesh.size()));
+  o.plan = test::dp_plan(c.dp_shard, c.dp_replicate, c.stage, c.reshard_after_forward);
+  const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
   EXPECT_TRUE(r.ok) << r.table();
   EXPECT_TRUE(r.bitwise) << r.table();
   ASSERT_EQ(r.losses_parallel.size(), 3u);
@@ -73,10 +71,9 @@ TEST(Equivalence, RingReductionsDifferOnlyByRounding) {
   o.model = LlamaConfig::preset("tiny");
   o.train = test::options(3, 0);
   o.train.grad_clip = 0;  // compare the optimizer's input, not a clipped one
-  o.mesh = {4, 1};
-  o.dp.stage = ZeroStage::zero2;
-  o.algo = ReduceAlgo::ring;
-  const EquivalenceReport r = verify_data_parallel<float>(o, test::corpus(), test::virtual_launcher(4, ReduceAlgo::ring));
+  o.plan = test::dp_plan(4, 1, ZeroStage::zero2);
+  o.plan.algo = ReduceAlgo::ring;
+  const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(4, ReduceAlgo::ring));
   EXPECT_FALSE(r.bitwise) << "ring order is expected to change some bits";
   // Same weights, different order of additions: rounding-level differences only.
   EXPECT_GT(r.first_step_grad_rel_err, 0.0);
@@ -88,9 +85,8 @@ TEST(Equivalence, Fp64AlsoBitwise) {
   EquivalenceOptions o;
   o.model = LlamaConfig::preset("tiny");
   o.train = test::options(2, 0);
-  o.mesh = {3, 1};
-  o.dp.stage = ZeroStage::zero3;
-  const EquivalenceReport r = verify_data_parallel<double>(o, test::corpus(), test::virtual_launcher(3));
+  o.plan = test::dp_plan(3, 1, ZeroStage::zero3);
+  const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(3));
   EXPECT_TRUE(r.bitwise) << r.table();
 }
 
@@ -101,9 +97,8 @@ TEST(Equivalence, ShardedGradNormEqualsSingleDevice) {
   o.model = LlamaConfig::preset("tiny");
   o.train = test::options(2, 0);
   o.train.grad_clip = 0.05;
-  o.mesh = {8, 1};
-  o.dp.stage = ZeroStage::zero3;
-  const EquivalenceReport r = verify_data_parallel<float>(o, test::corpus(), test::virtual_launcher(8));
+  o.plan = test::dp_plan(8, 1, ZeroStage::zero3);
+  const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(8));
   ASSERT_EQ(r.grad_norms_parallel.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(r.grad_norms_parallel[i], r.grad_norms_single[i]) << "step " << i + 1;

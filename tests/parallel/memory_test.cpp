@@ -22,9 +22,8 @@ EquivalenceReport run(ZeroStage stage, int dp) {
   EquivalenceOptions o;
   o.model = deep_tiny();
   o.train = test::options(1, 0);
-  o.mesh = {dp, 1};
-  o.dp.stage = stage;
-  return verify_data_parallel<float>(o, test::corpus(), test::virtual_launcher(dp));
+  o.plan = test::dp_plan(dp, 1, stage);
+  return verify_plan<float>(o, test::corpus(), test::virtual_launcher(dp));
 }
 
 TEST(Memory, ShardsPartitionTheModelWithBoundedPadding) {
@@ -45,7 +44,7 @@ TEST(Memory, ShardsPartitionTheModelWithBoundedPadding) {
 TEST(Memory, DataParallelReplicatesEverything) {
   const int64_t N = deep_tiny().num_parameters();
   const EquivalenceReport r = run(ZeroStage::none, 4);
-  for (const DataParallelMemory& m : r.memory) {
+  for (const RankMemory& m : r.memory) {
     EXPECT_EQ(m.params, 4 * N);
     EXPECT_EQ(m.grads, 4 * N);
     EXPECT_EQ(m.optimizer, 8 * N);

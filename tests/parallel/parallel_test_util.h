@@ -33,6 +33,16 @@ inline TrainOptions options(int64_t steps, int64_t micro_batch_size) {
   return o;
 }
 
+// A data-parallel plan: dp=N, or dp_shard x dp_replicate when replicate > 1.
+inline ParallelPlan dp_plan(int shard, int replicate, ZeroStage stage, bool reshard_after_forward = true) {
+  ParallelPlan p = ParallelPlan::parse(replicate > 1 ? "dp_shard=" + std::to_string(shard) +
+                                                           ",dp_replicate=" + std::to_string(replicate)
+                                                     : "dp=" + std::to_string(shard));
+  p.zero = stage;
+  p.reshard_after_forward = reshard_after_forward;
+  return p;
+}
+
 inline RankLauncher virtual_launcher(int ranks, ReduceAlgo algo = ReduceAlgo::ordered) {
   return [ranks, algo](const std::function<void(ProcessGroup&)>& fn) {
     VirtualClusterOptions vo;

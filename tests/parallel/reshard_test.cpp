@@ -18,12 +18,9 @@ TEST(Reshard, SaveOnZero3Dp4ResumeOnZero1Dp2) {
   const std::string dir = testing::TempDir() + "/llama4d_reshard";
   std::filesystem::remove_all(dir);
 
-  DataParallelConfig z3;
-  z3.stage = ZeroStage::zero3;
   test::virtual_launcher(4)([&](ProcessGroup& world) {
-    Llama<float> model(cfg);
-    model.init_weights(opt.seed);
-    DataParallelTrainer<float> t(world, model, test::corpus(), opt, {4, 1}, z3);
+    Llama<float> model(cfg, &world.memory());
+    ParallelTrainer<float> t(world, model, test::corpus(), opt, test::dp_plan(4, 1, ZeroStage::zero3));
     t.step();
     t.step();
     t.save_checkpoint(dir);
@@ -31,14 +28,12 @@ TEST(Reshard, SaveOnZero3Dp4ResumeOnZero1Dp2) {
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors"));
   EXPECT_EQ(read_train_options(dir).batch_size, opt.batch_size);
 
-  DataParallelConfig z1;
-  z1.stage = ZeroStage::zero1;
+  const ParallelPlan z1 = test::dp_plan(2, 1, ZeroStage::zero1);
   std::vector<float> params;
   std::vector<double> losses;
   test::virtual_launcher(2)([&](ProcessGroup& world) {
-    Llama<float> model(cfg);
-    model.init_weights(999);  // must be overwritten by the checkpoint
-    DataParallelTrainer<float> t(world, model, test::corpus(), opt, {2, 1}, z1);
+    Llama<float> model(cfg, &world.memory());
+    ParallelTrainer<float> t(world, model, test::corpus(), opt, z1);  // initialised, then overwritten
     t.load_checkpoint(dir);
     EXPECT_EQ(t.steps_done(), 2);
     std::vector<double> l;
@@ -51,8 +46,7 @@ TEST(Reshard, SaveOnZero3Dp4ResumeOnZero1Dp2) {
   EquivalenceOptions o;
   o.model = cfg;
   o.train = opt;
-  o.mesh = {2, 1};
-  o.dp = z1;
+  o.plan = z1;
   const ReplayResult<float> single = replay_on_one_device<float>(o, test::corpus(), dir);
   ASSERT_EQ(single.losses.size(), 3u);
   ASSERT_EQ(losses.size(), 3u);

@@ -1,0 +1,51 @@
+#pragma once
+// The cluster the virtual GPUs pretend to be: nodes x GPUs per node, NVLink inside a node,
+// InfiniBand across nodes, each link an alpha-beta model: moving b bytes over one hop costs
+//   t = alpha + b / bandwidth.
+// Defaults are the H100 figures used by the Llama 3 case study in shared/seeds/002: NVLink
+// 900 GB/s with alpha 1 us, InfiniBand 50 GB/s per GPU with alpha 5 us, 80 GB of HBM.
+// Rank r lives on node r / gpus_per_node, so the innermost mesh dims (tp, then cp) stay on a
+// node and ride NVLink, as in Llama 3's [tp, cp, pp, dp] order.
+#include <cstdint>
+#include <string>
+
+#include "core/comm/comm_types.h"
+
+namespace llama4d {
+
+struct LinkParams {
+  double alpha_us = 0;        // per-message latency
+  double bandwidth_gbps = 0;  // GB/s = 1e9 bytes per second, per GPU and direction
+};
+
+struct ClusterSpec {
+  int nodes = 1;
+  int gpus_per_node = 8;
+  LinkParams nvlink{1.0, 900.0};
+  LinkParams infiniband{5.0, 50.0};
+  int64_t hbm_bytes = 0;  // per-GPU memory capacity; 0 = unlimited
+
+  // The smallest cluster of `gpus_per_node`-GPU nodes holding `world_size` ranks.
+  static ClusterSpec for_ranks(int world_size, int gpus_per_node = 8);
+
+  int slots() const { return nodes * gpus_per_node; }
+  int node_of(int world_rank) const { return world_rank / gpus_per_node; }
+  LinkClass link_between(int world_a, int world_b) const;
+  const LinkParams& params(LinkClass link) const;
+  // alpha + bytes / bandwidth in microseconds; 0 for an empty message or for LinkClass::self.
+  double transfer_us(LinkClass link, int64_t bytes) const;
+
+  // InputError when a size is non-positive or the cluster holds fewer than world_size ranks.
+  void validate(int world_size) const;
+  std::string describe() const;  // "2 nodes x 8 GPUs, NVLink 900 GB/s 1 us, IB 50 GB/s 5 us"
+};
+
+constexpr int64_t kH100HbmBytes = 80'000'000'000;
+constexpr int64_t kLlama3_8bParams = 8'030'261'248;
+
+// A virtual GPU's HBM "scaled to the model": an H100's 80 GB shrunk by the ratio of the model's
+// parameter count to Llama 3 8B's, so a small model meets the same pressure 8B meets on a real
+// H100 (its full fp32 AdamW training state does not fit on one GPU; sharding is needed).
+int64_t scaled_hbm_bytes(int64_t num_parameters);
+
+}  // namespace llama4d

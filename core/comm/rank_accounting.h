@@ -1,0 +1,20 @@
+#pragma once
+// Everything the cluster model tracks for one rank: its HBM, its timeline and its traffic.
+// Shared by all the groups a rank belongs to (a rank has one memory, whatever group it talks in).
+#include <cstdint>
+
+#include "core/tensor/memory_tracker.h"
+#include "core/comm/trace.h"
+#include "core/comm/traffic_log.h"
+
+namespace llama4d {
+
+struct RankAccounting {
+  RankAccounting(int world_rank, int64_t hbm_capacity_bytes, RankTrace::Clock::time_point origin)
+      : memory(world_rank, hbm_capacity_bytes), trace(world_rank, origin) {}
+  MemoryTracker memory;
+  RankTrace trace;
+  TrafficLog traffic;
+};
+
+}  // namespace llama4d

@@ -1,0 +1,124 @@
+#include "core/parallel/parallel_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/parallel/dp_common.h"
+#include "core/train/checkpoint_state.h"
+
+namespace llama4d {
+
+int64_t rank_micro_batch_rows(const TrainOptions& opt, int dp) {
+  if (opt.batch_size % dp != 0)
+    throw InputError("--batch-size " + std::to_string(opt.batch_size) + " is not divisible by the " +
+                     std::to_string(dp) + " data-parallel ranks");
+  const int64_t rows = opt.batch_size / dp;
+  const int64_t mb = opt.micro_batch_size > 0 ? opt.micro_batch_size : rows;
+  if (rows % mb != 0)
+    throw InputError("each data-parallel rank gets " + std::to_string(rows) + " rows, not divisible by --micro-batch-size " +
+                     std::to_string(mb));
+  return mb;
+}
+
+std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& opt, int64_t step, int data_rank,
+                                           int dp) {
+  const int64_t mb = rank_micro_batch_rows(opt, dp), rows = opt.batch_size / dp, first = data_rank * rows;
+  std::vector<Batch> out;
+  for (int64_t r = first; r < first + rows; r += mb) out.push_back(sample_rows(train, opt.seq_len, opt.seed, step, r, r + mb));
+  return out;
+}
+
+template <class T>
+ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const TextDataset& data,
+                                    const TrainOptions& options, const ParallelPlan& plan)
+    : world_(world), model_(model), data_(data), opt_(options), plan_(plan) {
+  opt_.validate();
+  plan_.validate();
+  if (world.size() != plan_.world_size())
+    throw InputError("mesh " + plan_.describe_mesh() + " needs " + std::to_string(plan_.world_size()) +
+                     " ranks, the world has " + std::to_string(world.size()));
+  rank_micro_batch_rows(opt_, plan_.dp());  // validates the batch split
+  schedule_ = LrSchedule{.max_lr = opt_.lr, .min_lr = opt_.min_lr,
+                         .warmup_steps = std::min(opt_.warmup_steps, opt_.steps), .total_steps = opt_.steps};
+  schedule_.validate();
+  mesh_ = std::make_unique<DeviceMesh>(world, plan_.mesh);
+  model.set_checkpointing(plan_.ac);
+  DataParallelGroups groups;
+  groups.data = &world;
+  groups.shard = plan_.hsdp() ? &mesh_->group("dp_shard") : &world;
+  groups.replicate = plan_.hsdp() ? &mesh_->group("dp_replicate") : nullptr;
+  strategy_ = make_data_parallel(model, groups, plan_.data_parallel(), opt_.adamw);
+  strategy_->init_weights(opt_.seed);  // each rank allocates and computes only what it keeps
+}
+
+template <class T>
+StepStats ParallelTrainer<T>::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<Batch> mbs = data_rank_micro_batches(data_.train(), opt_, steps_done_, world_.rank(), world_.size());
+  const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
+  StepStats st = strategy_->step(mbs, lr_at_step(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
+  st.step = ++steps_done_;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+template <class T>
+LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
+  const TokenSpan val = data_.validation();
+  int64_t windows = num_eval_windows(int64_t(val.size()), opt_.seq_len);
+  if (max_windows > 0) windows = std::min(windows, max_windows);
+  const int64_t dp = world_.size(), d = world_.rank();
+  const int64_t w0 = windows * d / dp, w1 = windows * (d + 1) / dp;
+  const int64_t rows = std::max<int64_t>(1, rank_micro_batch_rows(opt_, int(dp)));
+  LossSum local;
+  for (int64_t w = w0; w < w1; w += rows) {
+    const Batch b = eval_windows(val, opt_.seq_len, w, std::min(w1, w + rows));
+    const LossSum part = strategy_->evaluate(b);
+    local.loss_sum += part.loss_sum;
+    local.tokens += part.tokens;
+  }
+  return all_reduce_loss(world_, local);
+}
+
+template <class T>
+void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
+  std::vector<T> params, m, v;
+  int64_t optimizer_steps = 0;
+  strategy_->gather_params(params);
+  strategy_->gather_optimizer(m, v, optimizer_steps);
+  // Rank 0 writes; a failure there must reach every rank rather than leave them waiting.
+  int32_t failed = 0;
+  std::string error;
+  if (world_.rank() == 0) {
+    try {
+      save_training_checkpoint(dir, model_.config(), model_.param_specs(),
+                               TrainingState<T>{params.data(), m.data(), v.data(), optimizer_steps, steps_done_}, opt_);
+    } catch (const std::exception& e) {
+      failed = 1;
+      error = e.what();
+    }
+  }
+  BroadcastOptions o;
+  o.label = "checkpoint written";
+  world_.broadcast(&failed, 1, DType::i32, o)->wait();
+  if (failed) throw IoError(world_.rank() == 0 ? error : "rank 0 failed to write checkpoint " + dir);
+}
+
+template <class T>
+void ParallelTrainer<T>::load_checkpoint(const std::string& dir) {
+  std::vector<T> params, m, v;
+  int64_t optimizer_steps = 0;
+  const TrainingCheckpointInfo info =
+      read_training_checkpoint(dir, model_.config(), model_.param_specs(), params, m, v, optimizer_steps);
+  if (info.options.to_json() != opt_.to_json())
+    throw InputError("checkpoint " + dir + " was trained with different options: saved " + info.options.to_json().dump() +
+                     ", requested " + opt_.to_json().dump());
+  strategy_->load_state(params.data(), m.data(), v.data(), optimizer_steps);
+  steps_done_ = info.steps_done;
+}
+
+template class ParallelTrainer<float>;
+template class ParallelTrainer<double>;
+
+}  // namespace llama4d

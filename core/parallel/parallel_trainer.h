@@ -1,0 +1,66 @@
+#pragma once
+// The training loop of one rank of a parallel plan. The global batch of a step is the same B
+// rows as on one device (TrainOptions.batch_size, whatever the mesh); data rank d owns rows
+// [d*B/dp, (d+1)*B/dp) and runs them in micro-batches of micro_batch_size rows.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/data/dataset.h"
+#include "core/comm/device_mesh.h"
+#include "core/parallel/data_parallel.h"
+#include "core/parallel/plan.h"
+#include "core/train/train_options.h"
+#include "core/train/trainer.h"
+
+namespace llama4d {
+
+// Micro-batches of data rank d for optimizer step `step` (pure function of its arguments).
+std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& opt, int64_t step, int data_rank,
+                                           int dp);
+// Rows per micro-batch on a data rank: micro_batch_size, or all of the rank's rows when 0.
+int64_t rank_micro_batch_rows(const TrainOptions& opt, int dp);
+
+template <class T>
+class ParallelTrainer {
+ public:
+  // Collective over `world`, whose size must equal mesh.size(). `model` holds no weights yet
+  // (constructed on the rank's tracker); the strategy initialises it from options.seed the way
+  // its residency needs, with the values one device would have.
+  // Throws InputError for a plan this build cannot train (ParallelPlan::validate).
+  ParallelTrainer(ProcessGroup& world, Llama<T>& model, const TextDataset& data, const TrainOptions& options,
+                  const ParallelPlan& plan);
+
+  StepStats step();
+  int64_t steps_done() const { return steps_done_; }
+  int data_rank() const { return world_.rank(); }
+  const ParallelPlan& plan() const { return plan_; }
+  DataParallelStrategy<T>& strategy() { return *strategy_; }
+  const DeviceMesh& mesh() const { return *mesh_; }
+
+  // Collective. Validation windows are split across ranks and their losses summed.
+  LossSum validate(int64_t max_windows);
+  // Collective: the state is gathered unsharded and world rank 0 writes it, so any mesh can
+  // resume it. Every rank returns once the checkpoint is complete.
+  void save_checkpoint(const std::string& dir);
+  // Collective: every rank reads the (unsharded) checkpoint and keeps its shard.
+  void load_checkpoint(const std::string& dir);
+
+ private:
+  ProcessGroup& world_;
+  Llama<T>& model_;
+  const TextDataset& data_;
+  TrainOptions opt_;
+  ParallelPlan plan_;
+  LrSchedule schedule_;
+  std::unique_ptr<DeviceMesh> mesh_;
+  std::unique_ptr<DataParallelStrategy<T>> strategy_;
+  int64_t steps_done_ = 0;
+};
+
+extern template class ParallelTrainer<float>;
+extern template class ParallelTrainer<double>;
+
+}  // namespace llama4d

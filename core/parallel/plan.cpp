@@ -1,0 +1,101 @@
+#include "core/parallel/plan.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace llama4d {
+
+const std::vector<std::string>& ParallelPlan::known_dims() {
+  static const std::vector<std::string> dims = {"tp", "cp", "pp", "dp", "dp_shard", "dp_replicate", "ep"};
+  return dims;
+}
+
+ParallelPlan ParallelPlan::parse(std::string_view spec) {
+  ParallelPlan p;
+  if (spec.empty()) return p;
+  p.mesh = DeviceMesh::parse(spec);
+  const auto& known = known_dims();
+  for (size_t i = 0; i < p.mesh.size(); ++i) {
+    const MeshDim& d = p.mesh[i];
+    if (std::find(known.begin(), known.end(), d.name) == known.end())
+      throw InputError("--mesh " + std::string(spec) + ": unknown dim '" + d.name +
+                       "' (expected tp, cp, pp, dp, dp_shard, dp_replicate or ep)");
+    if (d.size < 1) throw InputError("--mesh " + std::string(spec) + ": " + d.name + " must be >= 1");
+    for (size_t j = 0; j < i; ++j)
+      if (p.mesh[j].name == d.name) throw InputError("--mesh " + std::string(spec) + ": " + d.name + " appears twice");
+  }
+  return p;
+}
+
+int ParallelPlan::world_size() const {
+  int n = 1;
+  for (const MeshDim& d : mesh) n *= d.size;
+  return n;
+}
+
+int ParallelPlan::size(std::string_view dim) const {
+  for (const MeshDim& d : mesh)
+    if (d.name == dim) return d.size;
+  return 1;
+}
+
+void ParallelPlan::validate() const {
+  static const char* const pending[][2] = {{"tp", "tensor parallelism"},
+                                           {"cp", "context parallelism"},
+                                           {"pp", "pipeline parallelism"},
+                                           {"ep", "expert parallelism (Llama 3 is dense: there are no experts)"}};
+  for (const auto& [dim, what] : pending)
+    if (size(dim) > 1)
+      throw InputError("--mesh " + describe_mesh() + ": " + what + " (" + dim + "=" + std::to_string(size(dim)) +
+                       ") is not implemented in this build yet; meshes may use dp, or dp_shard x dp_replicate, and " +
+                       dim + "=1");
+  bool plain = false, split = false;
+  for (const MeshDim& d : mesh) {
+    plain = plain || d.name == "dp";
+    split = split || d.name == "dp_shard" || d.name == "dp_replicate";
+  }
+  if (plain && split) throw InputError("--mesh " + describe_mesh() + ": use either dp or dp_shard x dp_replicate");
+  if (!reshard_after_forward && zero != ZeroStage::zero3) throw InputError("--keep-params applies to --zero 3 only");
+  if (hsdp() && zero < ZeroStage::zero2)
+    throw InputError("HSDP (dp_shard x dp_replicate) shards gradients: use --zero 2 or 3");
+}
+
+DataParallelConfig ParallelPlan::data_parallel() const {
+  DataParallelConfig c;
+  c.stage = zero;
+  c.reshard_after_forward = reshard_after_forward;
+  c.prefetch = prefetch;
+  return c;
+}
+
+std::string ParallelPlan::describe_mesh() const {
+  if (mesh.empty()) return "1 device";
+  std::string s;
+  for (const MeshDim& d : mesh) s += (s.empty() ? "" : ",") + d.name + "=" + std::to_string(d.size);
+  return s;
+}
+
+std::string ParallelPlan::describe() const {
+  std::string s = describe_mesh();
+  if (!mesh.empty()) s += ", " + data_parallel().describe();
+  if (ac.kind != Checkpointing::Kind::none) s += ", AC " + ac.describe();
+  if (!mesh.empty()) s += ", " + std::string(reduce_algo_name(algo)) + " reductions";
+  return s;
+}
+
+nlohmann::json ParallelPlan::to_json() const {
+  nlohmann::json dims = nlohmann::json::array();
+  for (const MeshDim& d : mesh) dims.push_back({{"name", d.name}, {"size", d.size}});
+  return {{"mesh", dims},
+          {"mesh_spec", describe_mesh()},
+          {"world_size", world_size()},
+          {"zero", int(zero)},
+          {"reshard_after_forward", reshard_after_forward},
+          {"prefetch", prefetch},
+          {"ac", ac.describe()},
+          {"algo", std::string(reduce_algo_name(algo))},
+          {"pp_schedule", pp_schedule}};
+}
+
+}  // namespace llama4d

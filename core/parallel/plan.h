@@ -1,0 +1,61 @@
+#pragma once
+// The parallel plan: how a run is cut across ranks, parsed once from the command line and
+// carried unchanged to the trainer, the equivalence harness, the lessons and the JSON output.
+//
+//   mesh    named dimensions, innermost first (Llama 3's order is [tp, cp, pp, dp]): consecutive
+//           ranks differ in the first one, so it lands on the fastest links.
+//   per-dimension options: the ZeRO stage and reshard mode of the data-parallel dims, the
+//           pipeline schedule of pp, the activation checkpointing policy of every rank's model,
+//           and the reduction algorithm of every collective.
+// A dimension this build cannot train yet is a clear InputError (exit 2), never a silent
+// fallback to a plan that computes something else.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/comm/comm_types.h"
+#include "core/comm/device_mesh.h"
+#include "core/model/checkpointing.h"
+#include "core/parallel/data_parallel.h"
+
+namespace llama4d {
+
+struct ParallelPlan {
+  std::vector<MeshDim> mesh;  // innermost first; empty: one device, no process group
+  ZeroStage zero = ZeroStage::none;
+  bool reshard_after_forward = true;  // ZeRO-3: free gathered weights after forward
+  bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
+  Checkpointing ac;
+  ReduceAlgo algo = ReduceAlgo::ordered;
+  std::string pp_schedule = "1f1b";
+
+  // The dims a mesh may name. tp, cp, pp, ep are reserved for the strategies to come.
+  static const std::vector<std::string>& known_dims();
+  // "dp=4", "dp_shard=2,dp_replicate=2", "tp=1,cp=1,pp=1,dp=4" (innermost first). Empty: one
+  // device. InputError on malformed text, unknown or repeated dims, or sizes < 1.
+  static ParallelPlan parse(std::string_view mesh_spec);
+
+  bool single_device() const { return mesh.empty(); }
+  int world_size() const;
+  int size(std::string_view dim) const;  // 1 when the mesh does not name it
+  // The data-parallel ranks: dp, or dp_shard x dp_replicate (HSDP).
+  int dp_shard() const { return size("dp") * size("dp_shard"); }
+  int dp_replicate() const { return size("dp_replicate"); }
+  int dp() const { return dp_shard() * dp_replicate(); }
+  bool hsdp() const { return dp_replicate() > 1; }
+
+  // InputError naming the first problem: a dim of size > 1 that this build does not implement
+  // yet, dp mixed with dp_shard/dp_replicate, --keep-params without ZeRO-3, HSDP without
+  // gradient sharding.
+  void validate() const;
+  // What the data-parallel strategy needs of the plan.
+  DataParallelConfig data_parallel() const;
+
+  std::string describe_mesh() const;  // "dp=4", "dp_shard=2,dp_replicate=2", "1 device"
+  std::string describe() const;       // mesh + ZeRO + AC + algo, one line
+  nlohmann::json to_json() const;
+};
+
+}  // namespace llama4d

@@ -1,0 +1,107 @@
+// Every collective, checked on groups of 1, 2, 3, 4 and 8 virtual ranks with both reduction
+// algorithms. The same binary runs the same checks on real processes:
+//   mpirun -np 4 comm_collectives_test --backend=mpi [--no-cross-memory-attach]
+// where the groups are the MPI world (4 ranks) and its sub-groups of 1, 2 and 3 ranks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "backends/virtual/virtual_cluster.h"
+#include "tests/comm/collective_checks.h"
+#ifdef LLAMA4D_HAVE_MPI
+#include "backends/mpi/mpi_session.h"
+#endif
+
+namespace llama4d::test {
+namespace {
+
+#ifdef LLAMA4D_HAVE_MPI
+std::unique_ptr<MpiSession> g_mpi;  // set by main() for --backend=mpi
+#endif
+
+// Runs fn on every rank of groups of several sizes on the selected backend.
+void on_groups(ReduceAlgo algo, const std::function<void(ProcessGroup&)>& fn) {
+#ifdef LLAMA4D_HAVE_MPI
+  if (g_mpi) {
+    std::shared_ptr<ProcessGroup> world = g_mpi->new_world(algo);
+    for (int n = 1; n <= world->size(); ++n) {
+      if (world->rank() < n) {
+        std::vector<int> ranks;
+        for (int r = 0; r < n; ++r) ranks.push_back(r);
+        std::shared_ptr<ProcessGroup> g = n == world->size() ? world : world->new_group(ranks, "first" + std::to_string(n));
+        fn(*g);
+      }
+      world->barrier();
+    }
+    return;
+  }
+#endif
+  for (int n : {1, 2, 3, 4, 8}) {
+    VirtualClusterOptions o;
+    o.ranks = n;
+    o.algo = algo;
+    VirtualCluster cluster(o);
+    cluster.run(fn);
+  }
+}
+
+class Collectives : public ::testing::TestWithParam<ReduceAlgo> {};
+
+TEST_P(Collectives, AllReduce) { on_groups(GetParam(), check_all_reduce); }
+TEST_P(Collectives, ReduceScatter) { on_groups(GetParam(), check_reduce_scatter); }
+TEST_P(Collectives, AllGather) { on_groups(GetParam(), check_all_gather); }
+TEST_P(Collectives, Broadcast) { on_groups(GetParam(), check_broadcast); }
+TEST_P(Collectives, SendRecv) { on_groups(GetParam(), check_send_recv); }
+TEST_P(Collectives, AllToAll) { on_groups(GetParam(), check_all_to_all); }
+TEST_P(Collectives, BarrierAndAsync) { on_groups(GetParam(), check_barrier_and_async); }
+TEST_P(Collectives, SymmetricMemory) {
+  on_groups(GetParam(), [](ProcessGroup& pg) {
+    check_symmetric_allocation(pg);
+    with_symmetric_buffers(pg, check_all_reduce);
+    with_symmetric_buffers(pg, check_reduce_scatter);
+    with_symmetric_buffers(pg, check_all_gather);
+    with_symmetric_buffers(pg, check_broadcast);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, Collectives, ::testing::Values(ReduceAlgo::ordered, ReduceAlgo::ring),
+                         [](const ::testing::TestParamInfo<ReduceAlgo>& info) {
+                           return std::string(reduce_algo_name(info.param));
+                         });
+
+}  // namespace
+}  // namespace llama4d::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  bool mpi = false, cma = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--backend=mpi") == 0) {
+      mpi = true;
+    } else if (std::strcmp(argv[i], "--no-cross-memory-attach") == 0) {
+      cma = false;  // MPI: node-local collectives only through symmetric memory, the rest by messages
+    } else if (std::strcmp(argv[i], "--backend=virtual") != 0) {
+      std::fprintf(stderr, "unknown argument '%s' (expected --backend=virtual, --backend=mpi, --no-cross-memory-attach)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  if (mpi) {
+#ifdef LLAMA4D_HAVE_MPI
+    llama4d::MpiOptions options;
+    options.cross_memory_attach = cma;
+    llama4d::test::g_mpi = std::make_unique<llama4d::MpiSession>(options);
+#else
+    std::fprintf(stderr, "this build has no MPI backend\n");
+    return 2;
+#endif
+  }
+  const int result = RUN_ALL_TESTS();
+#ifdef LLAMA4D_HAVE_MPI
+  llama4d::test::g_mpi.reset();
+#endif
+  return result;
+}
