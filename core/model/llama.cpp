@@ -374,7 +374,10 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out)
 
   // dx [B,T,C]: the gradient flowing down the residual stream, unit by unit.
   Buffer<T> dx(memory_, MemoryCategory::scratch, BT * C, "residual gradient");
-  if (!has_head) ops::copy(dx.data(), grad_out, BT * C);
+  if (!has_head) {
+    ops::copy(dx.data(), grad_out, BT * C);
+    st.x[size_t(r.end - 1)].reset();  // the range's output: sent on in forward, not read again
+  }
   BlockScratch<T> scratch;
   if (r.end - 1 > 0 && r.begin < head) scratch.allocate(memory_, d);
 

@@ -37,7 +37,10 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
         adamw_(adamw, model.param_specs(), 0, model.num_params(), &model.memory()),
         tracer_(data.trace(), model.num_layers()) {}
 
-  void init_weights(uint64_t seed) override { model_.init_weights(seed); }
+  void init_weights(uint64_t seed) override {
+    model_.init_weights(seed);
+    model_.zero_grad();  // the replicated gradient buffer lives from here on, as on one device
+  }
 
   StepStats step(const std::vector<Batch>& micro_batches, double lr, T loss_scale, double grad_clip) override {
     // 1. Forward and backward over this rank's micro-batches, accumulating gradients locally;

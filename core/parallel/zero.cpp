@@ -87,6 +87,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   void init_weights(uint64_t seed) override {
     if (stage() < 3) {
       model_.init_weights(seed);
+      if (stage() == 1) model_.zero_grad();  // ZeRO-1 keeps a full gradient buffer from here on
       return;
     }
     for (size_t s = 0; s < layout_.segments().size(); ++s) {  // only this rank's pieces

@@ -158,9 +158,25 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     opt[size_t(w)] = 8 * sh;
     comm[size_t(w)] = stage >= 2 ? 4 * sh : 0;
     state_rest[size_t(w)] = stage == 1 ? 8 * N + 8 * sh : stage == 2 ? 4 * N + 12 * sh : 16 * sh;
-    par_lo[size_t(w)] = stage < 3 ? 4 * N : reshard ? 4 * sh + 4 * (root + std::min<int64_t>(L, 2) * layer) : 4 * sh + 4 * N;
-    grad_lo[size_t(w)] = stage == 1 ? 4 * N : 4 * sh + 4 * (root + std::min<int64_t>(L, 1) * layer);
-    grad_hi[size_t(w)] = stage == 1 ? 4 * N : 4 * sh + 4 * (root + std::min<int64_t>(L, 3) * layer);
+    // ZeRO-3, resharding: the embedding stays gathered from its forward to its backward; the
+    // blocks come and go two at a time (the one computing and the prefetched next), and the
+    // head joins one block at each end (prefetched by the last block, prefetching it back).
+    const int64_t embed = segs.front().numel(), head = segs.back().numel();
+    const int64_t in_flight = std::max(std::min<int64_t>(L, 2) * layer, std::min<int64_t>(L, 1) * layer + head);
+    par_lo[size_t(w)] = stage < 3 ? 4 * N : reshard ? 4 * sh + 4 * (embed + in_flight) : 4 * sh + 4 * N;
+    // ZeRO-2/3: a unit's full gradient lives from its backward until its reduce-scatter lands.
+    // At least the largest unit's while it computes; at most the unit computing plus the two
+    // still being reduced (the rate limit). A tied embedding's gradient also lives from the
+    // head's backward (which adds to it first) to the end.
+    std::vector<int64_t> sizes;
+    for (const Segment& g : segs) sizes.push_back(g.numel());
+    const int64_t tied_embed = s.model.tie_word_embeddings ? sizes.front() : 0;
+    if (tied_embed) sizes.erase(sizes.begin());
+    std::sort(sizes.rbegin(), sizes.rend());
+    int64_t three = 0;
+    for (size_t k = 0; k < std::min<size_t>(3, sizes.size()); ++k) three += sizes[k];
+    grad_lo[size_t(w)] = stage == 1 ? 4 * N : 4 * sh + 4 * (tied_embed + sizes.front());
+    grad_hi[size_t(w)] = stage == 1 ? 4 * N : 4 * sh + 4 * (tied_embed + three);
     rs[size_t(w)] = rs_bytes;
     rep[size_t(w)] = q > 1 ? M * all_reduce_sent(sh, q, w / n, 4, algo) : 0;
     ag[size_t(w)] = ag_bytes;
@@ -182,12 +198,13 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     m_total.push_back(total_sent(r1.traffic));
   }
   const std::vector<int64_t> m_rs = per_rank_sent(last, "reduce_scatter", "grads layer"),
-                             m_rs_root = per_rank_sent(last, "reduce_scatter", "grads embed"),
+                             m_rs_embed = per_rank_sent(last, "reduce_scatter", "grads embedding"),
+                             m_rs_head = per_rank_sent(last, "reduce_scatter", "grads head"),
                              m_rep = per_rank_sent(last, "all_reduce", "grads across replicas"),
                              m_ag = per_rank_sent(last, "all_gather", stage == 3 ? "params" : "updated parameters"),
                              m_norm = per_rank_sent(last, "all_gather", "grad-norm partials");
   std::vector<int64_t> m_grad_red = zeros;
-  for (int w = 0; w < W; ++w) m_grad_red[size_t(w)] = m_rs[size_t(w)] + m_rs_root[size_t(w)];
+  for (int w = 0; w < W; ++w) m_grad_red[size_t(w)] = m_rs[size_t(w)] + m_rs_embed[size_t(w)] + m_rs_head[size_t(w)];
 
   ExerciseSheet sheet;
   Exercise x1{"Z1", "How many elements of the flat buffer does each rank own (its shard)?",
@@ -214,8 +231,9 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
               stage == 1 ? 0.0 : 4.0 * mean_shard, comm, m_comm);
   sheet.exact("Z5", "What is the peak of parameter memory per rank?",
               stage < 3 ? "4N: every rank keeps the full parameters"
-              : reshard ? "shard + root (embedding, norm + head: gathered for the whole step) + 2 layers (the one "
-                          "computing and the prefetched next): 4 (N/n + R + 2 layer)"
+              : reshard ? "shard + embedding (gathered from its forward to its backward) + what is in flight: 2 "
+                          "layers (the one computing and the prefetched next), or 1 layer + the head at either end "
+                          "of the model: 4 (N/n + E + max(2 layer, layer + H))"
                         : "shard + the whole model: nothing is freed between forward and backward (Llama 3's "
                           "choice): 4N/n + 4N",
               -1, par_lo, m_par);
@@ -224,8 +242,8 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
                 grad_lo, m_grad);
   else
     sheet.range("Z6", "What is the peak of gradient memory per rank?",
-                "the gradient shard 4N/n + the full gradients of the root (embedding, norm + head: reduced last) + "
-                "1 to 3 layers (the one in backward, up to 2 still being reduced)",
+                "the gradient shard 4N/n + the full gradient of the unit in backward + up to 2 more still being "
+                "reduce-scattered (+ a tied embedding's, held from the head's backward to the end)",
                 grad_lo, grad_hi, m_grad,
                 "A range, because how many reductions are still in flight depends on thread timing.");
   const double frac = (dn - 1) / dn;
