@@ -63,7 +63,7 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
     const int cores = std::max(1, ops::backend_threads());
     const int share = std::max(1, cores / ranks);
     impl_->cluster->run([&](ProcessGroup& world) {
-      ops::set_backend_threads_for_this_thread(share);
+      ops::set_backend_threads(share);
       fn(world);
     });
     if (!o.trace.empty()) impl_->cluster->write_trace(o.trace);

@@ -192,8 +192,12 @@ bool all_finite(const T* x, int64_t N);
 // 64-byte aligned (one cache line, one AVX-512 vector); bytes == 0 gives nullptr. Throws
 // OutOfMemoryError when the memory is not there (InputError for bytes < 0).
 void* device_alloc(int64_t bytes);
-// Frees what device_alloc returned; nullptr is a no-op.
+// Frees what device_alloc returned; nullptr is a no-op. The backend may keep freed blocks for
+// reuse (a caching allocator, as GPU frameworks have).
 void device_free(void* p);
+// Returns the freed blocks the backend keeps to the system (torch.cuda.empty_cache's job): before
+// a phase that needs host memory instead, such as writing a checkpoint.
+void device_release_cached();
 // dst[bytes] = src[bytes] between device_alloc'd buffers (or host buffers on the CPU backend);
 // the ranges must not overlap.
 void device_memcpy(void* dst, const void* src, int64_t bytes);
@@ -206,9 +210,12 @@ double measure_peak_gemm_flops(int64_t n, double seconds);
 // Name of this compute backend ("cpu", "cuda") and its thread count, for reports.
 const char* backend_name();
 int backend_threads();
+// Compute threads for ops called from the CALLING thread only (results never depend on it). A
+// virtual GPU is one thread of the process: each sets its own share of the cores, so N ranks do
+// not start N full teams. InputError outside [1, kMaxBackendThreads].
 void set_backend_threads(int n);
-// Compute threads for ops called from the CALLING thread only. A virtual GPU is one thread of
-// the process: each sets its own share of the cores, so N ranks do not start N full teams.
-void set_backend_threads_for_this_thread(int n);
+// Each OpenMP thread reserves its own stack and team state; far past any machine's core count a
+// team cannot even be created (100000 threads crash the OpenMP runtime), so the count is bounded.
+inline constexpr int kMaxBackendThreads = 1024;
 
 }  // namespace llama4d::ops

@@ -18,10 +18,11 @@ int backend_threads() {
 }
 
 // Sets the OpenMP team size of every kernel (Eigen runs single-threaded inside our tasks, see
-// backends/cpu/CMakeLists.txt). OpenMP keeps this setting per calling thread, so call it from
-// the thread that runs the ops.
+// backends/cpu/CMakeLists.txt). OpenMP keeps this setting per calling thread, and Eigen reads
+// it per thread as long as no one fixed Eigen's global count, so other threads are unaffected.
 void set_backend_threads(int n) {
-  if (n < 1) throw InputError("thread count must be at least 1, got " + std::to_string(n));
+  if (n < 1 || n > kMaxBackendThreads)
+    throw InputError("thread count must be in [1, " + std::to_string(kMaxBackendThreads) + "], got " + std::to_string(n));
 #ifdef _OPENMP
   omp_set_num_threads(n);
 #endif

@@ -1,6 +1,7 @@
 // Checkpoint directories: config.json + (sharded) safetensors, in the Hugging Face layout.
 #include "core/io/checkpoint.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +26,13 @@ std::string index_file_name(const std::string& base) { return base + ".safetenso
 bool is_plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\\') == std::string::npos;
+}
+
+// The flat buffer's size; the largest end rather than the last spec's, so specs need not be sorted.
+int64_t flat_total(const std::vector<ParamSpec>& specs) {
+  int64_t total = 0;
+  for (const ParamSpec& s : specs) total = std::max(total, s.offset + s.numel);
+  return total;
 }
 
 std::string shard_name(const std::string& base, size_t i, size_t k) {
@@ -184,6 +192,12 @@ void TensorStore::read(const std::string& name, const std::vector<int64_t>& shap
   file_of(name).read(name, shape, out);
 }
 
+template <class T>
+void TensorStore::read_range(const std::string& name, const std::vector<int64_t>& shape, int64_t elem_begin,
+                             int64_t elem_end, T* out) const {
+  file_of(name).read_range(name, shape, elem_begin, elem_end, out);
+}
+
 void TensorStore::read_raw(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                            void* out) const {
   file_of(name).read_raw(name, dtype, shape, out);
@@ -192,15 +206,37 @@ void TensorStore::read_raw(const std::string& name, DType dtype, const std::vect
 template <class T>
 void read_flat_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs, T* flat,
                        const std::string& prefix) {
-  // Check every name first, so a wrong checkpoint fails before any parameter is overwritten.
+  read_flat_range(store, specs, 0, flat_total(specs), flat, prefix);
+}
+
+template <class T>
+void read_flat_range(const TensorStore& store, const std::vector<ParamSpec>& specs, int64_t begin, int64_t end,
+                     T* out, const std::string& prefix) {
+  const int64_t total = flat_total(specs);
+  if (begin < 0 || begin > end || end > total)
+    throw InputError("checkpoint '" + store.description() + "': cannot read flat elements [" + std::to_string(begin) +
+                     ", " + std::to_string(end) + ") of " + std::to_string(total) + " parameters");
+  struct Piece {
+    const ParamSpec* spec;
+    int64_t lo, hi;  // overlap with [begin, end), in flat elements
+  };
+  std::vector<Piece> pieces;
   for (const ParamSpec& s : specs) {
-    const TensorInfo* t = store.find(prefix + s.name);
-    if (!t) throw InputError("checkpoint '" + store.description() + "' is missing tensor '" + prefix + s.name + "'");
-    if (t->shape != s.shape)
-      throw InputError("checkpoint '" + store.description() + "': tensor '" + prefix + s.name + "' has shape " +
-                       shape_string(t->shape) + ", expected " + shape_string(s.shape));
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo < hi) pieces.push_back({&s, lo, hi});
   }
-  for (const ParamSpec& s : specs) store.read(prefix + s.name, s.shape, flat + s.offset);
+  // Check every name first, so a wrong checkpoint fails before any element of out is overwritten.
+  for (const Piece& p : pieces) {
+    const std::string name = prefix + p.spec->name;
+    const TensorInfo* t = store.find(name);
+    if (!t) throw InputError("checkpoint '" + store.description() + "' is missing tensor '" + name + "'");
+    if (t->shape != p.spec->shape)
+      throw InputError("checkpoint '" + store.description() + "': tensor '" + name + "' has shape " +
+                       shape_string(t->shape) + ", expected " + shape_string(p.spec->shape));
+  }
+  for (const Piece& p : pieces)
+    store.read_range(prefix + p.spec->name, p.spec->shape, p.lo - p.spec->offset, p.hi - p.spec->offset,
+                     out + (p.lo - begin));
 }
 
 // ---- Model checkpoints ------------------------------------------------------------------------
@@ -251,6 +287,10 @@ template std::vector<TensorToWrite> flat_tensors<float>(const std::vector<ParamS
                                                      const std::string&);
 template void TensorStore::read<float>(const std::string&, const std::vector<int64_t>&, float*) const;
 template void read_flat_tensors<float>(const TensorStore&, const std::vector<ParamSpec>&, float*, const std::string&);
+template void TensorStore::read_range<float>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t,
+                                          float*) const;
+template void read_flat_range<float>(const TensorStore&, const std::vector<ParamSpec>&, int64_t, int64_t, float*,
+                                 const std::string&);
 template void write_model_files<float>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,
                                      const float*, DType, int64_t);
 template void save_model<float>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const float*,
@@ -260,6 +300,10 @@ template std::vector<TensorToWrite> flat_tensors<double>(const std::vector<Param
                                                      const std::string&);
 template void TensorStore::read<double>(const std::string&, const std::vector<int64_t>&, double*) const;
 template void read_flat_tensors<double>(const TensorStore&, const std::vector<ParamSpec>&, double*, const std::string&);
+template void TensorStore::read_range<double>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t,
+                                          double*) const;
+template void read_flat_range<double>(const TensorStore&, const std::vector<ParamSpec>&, int64_t, int64_t, double*,
+                                 const std::string&);
 template void write_model_files<double>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,
                                      const double*, DType, int64_t);
 template void save_model<double>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const double*,

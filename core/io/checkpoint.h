@@ -69,6 +69,11 @@ class TensorStore {
   // it is missing or has the wrong shape.
   template <class T>
   void read(const std::string& name, const std::vector<int64_t>& shape, T* out) const;
+  // Elements [elem_begin, elem_end) of the row-major tensor into out[elem_end - elem_begin];
+  // see SafetensorsFile::read_range.
+  template <class T>
+  void read_range(const std::string& name, const std::vector<int64_t>& shape, int64_t elem_begin, int64_t elem_end,
+                  T* out) const;
   void read_raw(const std::string& name, DType dtype, const std::vector<int64_t>& shape, void* out) const;
 
  private:
@@ -85,6 +90,15 @@ class TensorStore {
 template <class T>
 void read_flat_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs, T* flat,
                        const std::string& prefix = "");
+
+// Flat elements [begin, end) of the buffer `specs` describe into out[end - begin]: what a ZeRO
+// rank owns, read without ever holding the rest. Each spec overlapping the range contributes
+// only its overlap; tensors outside the range are neither checked nor read. InputError if the
+// range is not inside [0, total], or if an overlapping spec's tensor is missing or misshapen
+// (checked before anything is written to out).
+template <class T>
+void read_flat_range(const TensorStore& store, const std::vector<ParamSpec>& specs, int64_t begin, int64_t end,
+                     T* out, const std::string& prefix = "");
 
 // ---- Model checkpoints ------------------------------------------------------------------------
 

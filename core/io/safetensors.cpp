@@ -289,18 +289,29 @@ void SafetensorsFile::pread_all(void* out, uint64_t bytes, uint64_t file_offset)
   }
 }
 
-void SafetensorsFile::read_converted(const TensorInfo& t, DType out_dtype, void* out) const {
+const TensorInfo& SafetensorsFile::checked_floating(const std::string& name,
+                                                    const std::vector<int64_t>& expected_shape) const {
+  const TensorInfo& t = checked(name, expected_shape);
+  if (!is_floating(t.dtype))
+    throw InputError("safetensors file '" + path_ + "': tensor '" + name + "' has dtype " +
+                     std::string(dtype_name(t.dtype)) + ", expected a floating type (F32, F64, BF16, F16)");
+  return t;
+}
+
+void SafetensorsFile::read_converted(const TensorInfo& t, DType out_dtype, int64_t elem_begin, int64_t elem_end,
+                                     void* out) const {
   const size_t in_size = dtype_size(t.dtype), out_size = dtype_size(out_dtype);
-  const uint64_t start = data_start_ + t.begin;
+  const size_t count = size_t(elem_end - elem_begin);
+  const uint64_t start = data_start_ + t.begin + uint64_t(elem_begin) * in_size;
   if (t.dtype == out_dtype) {
-    pread_all(out, t.end - t.begin, start);
+    pread_all(out, count * in_size, start);
     return;
   }
   const size_t per_chunk = std::max<size_t>(1, kChunkBytes / in_size);
-  std::vector<unsigned char> buf(std::min<size_t>(size_t(t.numel), per_chunk) * in_size);
+  std::vector<unsigned char> buf(std::min(count, per_chunk) * in_size);
   auto* dst = static_cast<unsigned char*>(out);
-  for (size_t i = 0; i < size_t(t.numel); i += per_chunk) {
-    const size_t n = std::min(per_chunk, size_t(t.numel) - i);
+  for (size_t i = 0; i < count; i += per_chunk) {
+    const size_t n = std::min(per_chunk, count - i);
     pread_all(buf.data(), n * in_size, start + i * in_size);
     convert_elements(dst + i * out_size, out_dtype, buf.data(), t.dtype, n);
   }
@@ -308,11 +319,18 @@ void SafetensorsFile::read_converted(const TensorInfo& t, DType out_dtype, void*
 
 template <class T>
 void SafetensorsFile::read(const std::string& name, const std::vector<int64_t>& expected_shape, T* out) const {
-  const TensorInfo& t = checked(name, expected_shape);
-  if (!is_floating(t.dtype))
-    throw InputError("safetensors file '" + path_ + "': tensor '" + name + "' has dtype " +
-                     std::string(dtype_name(t.dtype)) + ", expected a floating type (F32, F64, BF16, F16)");
-  read_converted(t, dtype_of<T>(), out);
+  const TensorInfo& t = checked_floating(name, expected_shape);
+  read_converted(t, dtype_of<T>(), 0, t.numel, out);
+}
+
+template <class T>
+void SafetensorsFile::read_range(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                 int64_t elem_begin, int64_t elem_end, T* out) const {
+  const TensorInfo& t = checked_floating(name, expected_shape);
+  if (elem_begin < 0 || elem_begin > elem_end || elem_end > t.numel)
+    throw InputError("safetensors file '" + path_ + "': cannot read elements [" + std::to_string(elem_begin) + ", " +
+                     std::to_string(elem_end) + ") of tensor '" + name + "', which has " + std::to_string(t.numel));
+  read_converted(t, dtype_of<T>(), elem_begin, elem_end, out);
 }
 
 void SafetensorsFile::read_raw(const std::string& name, DType dtype, const std::vector<int64_t>& expected_shape,
@@ -326,5 +344,9 @@ void SafetensorsFile::read_raw(const std::string& name, DType dtype, const std::
 
 template void SafetensorsFile::read<float>(const std::string&, const std::vector<int64_t>&, float*) const;
 template void SafetensorsFile::read<double>(const std::string&, const std::vector<int64_t>&, double*) const;
+template void SafetensorsFile::read_range<float>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t,
+                                                 float*) const;
+template void SafetensorsFile::read_range<double>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t,
+                                                  double*) const;
 
 }  // namespace llama4d

@@ -72,6 +72,14 @@ class SafetensorsFile {
   template <class T>
   void read(const std::string& name, const std::vector<int64_t>& expected_shape, T* out) const;
 
+  // Reads elements [elem_begin, elem_end) of the row-major tensor into out[elem_end - elem_begin],
+  // converting as read() does; only those elements' bytes are read from disk, so a ZeRO rank
+  // loading its shard never holds the whole tensor. Same checks as read(), plus InputError
+  // naming the file and tensor unless 0 <= elem_begin <= elem_end <= numel.
+  template <class T>
+  void read_range(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t elem_begin,
+                  int64_t elem_end, T* out) const;
+
   // Reads the stored bytes unchanged; the stored dtype must equal `dtype`.
   void read_raw(const std::string& name, DType dtype, const std::vector<int64_t>& expected_shape,
                 void* out) const;
@@ -79,7 +87,10 @@ class SafetensorsFile {
  private:
   const TensorInfo& checked(const std::string& name, const std::vector<int64_t>& expected_shape) const;
   void pread_all(void* out, uint64_t bytes, uint64_t file_offset) const;
-  void read_converted(const TensorInfo& t, DType out_dtype, void* out) const;
+  const TensorInfo& checked_floating(const std::string& name, const std::vector<int64_t>& expected_shape) const;
+  // The one conversion path behind read() and read_range(): elements [elem_begin, elem_end) of
+  // `t`, already validated, into out as `out_dtype`.
+  void read_converted(const TensorInfo& t, DType out_dtype, int64_t elem_begin, int64_t elem_end, void* out) const;
 
   std::string path_;
   int fd_ = -1;
@@ -91,5 +102,9 @@ class SafetensorsFile {
 
 extern template void SafetensorsFile::read<float>(const std::string&, const std::vector<int64_t>&, float*) const;
 extern template void SafetensorsFile::read<double>(const std::string&, const std::vector<int64_t>&, double*) const;
+extern template void SafetensorsFile::read_range<float>(const std::string&, const std::vector<int64_t>&, int64_t,
+                                                        int64_t, float*) const;
+extern template void SafetensorsFile::read_range<double>(const std::string&, const std::vector<int64_t>&, int64_t,
+                                                         int64_t, double*) const;
 
 }  // namespace llama4d

@@ -96,6 +96,12 @@ void AdamW<T>::step(T* params, const T* grads, double lr) {
 }
 
 template <class T>
+void AdamW<T>::set_step_count(int64_t step_count) {
+  if (step_count < 0) throw InputError("AdamW: saved step count is negative (" + std::to_string(step_count) + ")");
+  step_count_ = step_count;
+}
+
+template <class T>
 void AdamW<T>::load_state(int64_t step_count, std::span<const T> exp_avg,
                           std::span<const T> exp_avg_sq) {
   if (step_count < 0) {

@@ -78,6 +78,10 @@ class AdamW {
   // [numel()] each, range-local like the params.
   std::span<const T> exp_avg() const { return {exp_avg_.data(), size_t(exp_avg_.size())}; }
   std::span<const T> exp_avg_sq() const { return {exp_avg_sq_.data(), size_t(exp_avg_sq_.size())}; }
+  // Where a sharded checkpoint read writes the moments directly (then set_step_count).
+  T* mutable_exp_avg() { return exp_avg_.data(); }
+  T* mutable_exp_avg_sq() { return exp_avg_sq_.data(); }
+  void set_step_count(int64_t step_count);
   // Restores a saved state. Throws InputError if a size differs from numel() or step_count < 0.
   void load_state(int64_t step_count, std::span<const T> exp_avg, std::span<const T> exp_avg_sq);
 

@@ -108,15 +108,20 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     out.resize(size_t(model_.num_params()));
     ops::copy(out.data(), model_.grads(), model_.num_params());
   }
-  void gather_optimizer(std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq, int64_t& steps) override {
+  void gather_state(std::vector<T>& params, std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq,
+                    int64_t& steps) override {
+    steps = adamw_.step_count();
+    if (data_.rank() != 0) return;  // every replica holds the same: rank 0 alone copies
+    gather_params(params);
     exp_avg.assign(adamw_.exp_avg().begin(), adamw_.exp_avg().end());
     exp_avg_sq.assign(adamw_.exp_avg_sq().begin(), adamw_.exp_avg_sq().end());
-    steps = adamw_.step_count();
   }
-  void load_state(const T* params, const T* exp_avg, const T* exp_avg_sq, int64_t steps) override {
+  void load_state(const TrainingCheckpointReader<T>& ckpt) override {
     const int64_t n = model_.num_params();
-    ops::copy(model_.params(), params, n);
-    adamw_.load_state(steps, std::span<const T>(exp_avg, size_t(n)), std::span<const T>(exp_avg_sq, size_t(n)));
+    ckpt.params(0, n, model_.params());
+    ckpt.exp_avg(0, n, adamw_.mutable_exp_avg());
+    ckpt.exp_avg_sq(0, n, adamw_.mutable_exp_avg_sq());
+    adamw_.set_step_count(ckpt.optimizer_steps());
   }
 
   RankMemory peak_memory() const override { return memory_peaks(model_.memory()); }

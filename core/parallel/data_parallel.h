@@ -14,6 +14,7 @@
 #include "core/comm/process_group.h"
 #include "core/model/llama.h"
 #include "core/optim/adamw.h"
+#include "core/train/checkpoint_state.h"
 #include "core/train/trainer.h"
 
 namespace llama4d {
@@ -61,13 +62,17 @@ class DataParallelStrategy : public UnitHooks {
   // weights; nothing stays gathered afterwards.
   virtual LossSum evaluate(const Batch& batch) = 0;
 
-  // Collective over the shard group: full flat buffers on every rank.
+  // Collective over the shard group: full flat buffers on every rank (for verification).
   virtual void gather_params(std::vector<T>& out) = 0;
   virtual void gather_grads(std::vector<T>& out) = 0;  // as the optimizer consumed them (after clipping)
-  virtual void gather_optimizer(std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq, int64_t& steps) = 0;
-  // Every rank passes the same full state; each keeps what it owns. For checkpoints, which
-  // are always saved unsharded so a run can resume on another mesh.
-  virtual void load_state(const T* params, const T* exp_avg, const T* exp_avg_sq, int64_t steps) = 0;
+  // Collective, for checkpoints: the full parameters and AdamW moments land on the data
+  // group's rank 0 only (the others send their pieces and get empty vectors), so saving costs
+  // one device's worth of host memory, not one per rank. Checkpoints are unsharded: a run
+  // saved on one mesh resumes on any other.
+  virtual void gather_state(std::vector<T>& params, std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq,
+                            int64_t& optimizer_steps) = 0;
+  // Each rank reads only the flat ranges it keeps.
+  virtual void load_state(const TrainingCheckpointReader<T>& checkpoint) = 0;
 
   virtual RankMemory peak_memory() const = 0;
   virtual std::string describe() const = 0;

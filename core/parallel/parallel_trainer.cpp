@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/parallel/dp_common.h"
 #include "core/train/checkpoint_state.h"
 
@@ -85,8 +86,8 @@ template <class T>
 void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
   std::vector<T> params, m, v;
   int64_t optimizer_steps = 0;
-  strategy_->gather_params(params);
-  strategy_->gather_optimizer(m, v, optimizer_steps);
+  ops::device_release_cached();  // the host staging below should not sit on top of cached blocks
+  strategy_->gather_state(params, m, v, optimizer_steps);  // full on world rank 0 only
   // Rank 0 writes; a failure there must reach every rank rather than leave them waiting.
   int32_t failed = 0;
   std::string error;
@@ -107,15 +108,12 @@ void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
 
 template <class T>
 void ParallelTrainer<T>::load_checkpoint(const std::string& dir) {
-  std::vector<T> params, m, v;
-  int64_t optimizer_steps = 0;
-  const TrainingCheckpointInfo info =
-      read_training_checkpoint(dir, model_.config(), model_.param_specs(), params, m, v, optimizer_steps);
-  if (info.options.to_json() != opt_.to_json())
-    throw InputError("checkpoint " + dir + " was trained with different options: saved " + info.options.to_json().dump() +
-                     ", requested " + opt_.to_json().dump());
-  strategy_->load_state(params.data(), m.data(), v.data(), optimizer_steps);
-  steps_done_ = info.steps_done;
+  const TrainingCheckpointReader<T> ckpt(dir, model_.config(), model_.param_specs());
+  if (ckpt.info().options.to_json() != opt_.to_json())
+    throw InputError("checkpoint " + dir + " was trained with different options: saved " +
+                     ckpt.info().options.to_json().dump() + ", requested " + opt_.to_json().dump());
+  strategy_->load_state(ckpt);  // each rank reads only what it keeps
+  steps_done_ = ckpt.info().steps_done;
 }
 
 template class ParallelTrainer<float>;

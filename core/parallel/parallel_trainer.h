@@ -42,10 +42,10 @@ class ParallelTrainer {
 
   // Collective. Validation windows are split across ranks and their losses summed.
   LossSum validate(int64_t max_windows);
-  // Collective: the state is gathered unsharded and world rank 0 writes it, so any mesh can
-  // resume it. Every rank returns once the checkpoint is complete.
+  // Collective: the state is gathered unsharded onto world rank 0, which writes it, so any
+  // mesh can resume it. Every rank returns once the checkpoint is complete.
   void save_checkpoint(const std::string& dir);
-  // Collective: every rank reads the (unsharded) checkpoint and keeps its shard.
+  // Every rank reads just the flat ranges it keeps from the (unsharded) checkpoint.
   void load_checkpoint(const std::string& dir);
 
  private:

@@ -50,29 +50,52 @@ TrainOptions read_train_options(const std::string& dir) {
 }
 
 template <class T>
+TrainingCheckpointReader<T>::TrainingCheckpointReader(const std::string& dir, const LlamaConfig& cfg,
+                                                      const std::vector<ParamSpec>& specs)
+    : dir_(dir), specs_(specs) {
+  const LlamaConfig saved = load_config(dir);
+  if (saved.to_json() != cfg.to_json())
+    throw InputError("checkpoint " + dir + " holds a different model shape than the one requested");
+  info_.options = read_train_options(dir);
+  const nlohmann::json state = read_json_file(dir + "/" + kTrainerStateFile);
+  try {
+    info_.steps_done = state.at("steps_done").get<int64_t>();
+    optimizer_steps_ = state.at("optimizer_step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(dir + "/" + kTrainerStateFile + ": " + e.what());
+  }
+  model_ = std::make_shared<const TensorStore>(TensorStore::open(dir));
+  optimizer_ = std::make_shared<const TensorStore>(TensorStore::open(dir, kOptimizerBase));
+}
+
+template <class T>
+void TrainingCheckpointReader<T>::params(int64_t begin, int64_t end, T* out) const {
+  read_flat_range(*model_, specs_, begin, end, out);
+}
+
+template <class T>
+void TrainingCheckpointReader<T>::exp_avg(int64_t begin, int64_t end, T* out) const {
+  read_flat_range(*optimizer_, specs_, begin, end, out, "exp_avg.");
+}
+
+template <class T>
+void TrainingCheckpointReader<T>::exp_avg_sq(int64_t begin, int64_t end, T* out) const {
+  read_flat_range(*optimizer_, specs_, begin, end, out, "exp_avg_sq.");
+}
+
+template <class T>
 TrainingCheckpointInfo read_training_checkpoint(const std::string& dir, const LlamaConfig& cfg,
                                                 const std::vector<ParamSpec>& specs, std::vector<T>& params,
                                                 std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq,
                                                 int64_t& optimizer_steps) {
-  const LlamaConfig saved = load_config(dir);
-  if (saved.to_json() != cfg.to_json())
-    throw InputError("checkpoint " + dir + " holds a different model shape than the one requested");
-  TrainingCheckpointInfo info;
-  info.options = read_train_options(dir);
-  const nlohmann::json state = read_json_file(dir + "/" + kTrainerStateFile);
-  const size_t n = size_t(specs.back().offset + specs.back().numel);
-  try {
-    info.steps_done = state.at("steps_done").get<int64_t>();
-    optimizer_steps = state.at("optimizer_step").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(dir + "/" + kTrainerStateFile + ": " + e.what());
-  }
-  params.resize(n), exp_avg.resize(n), exp_avg_sq.resize(n);
-  load_model(dir, specs, params.data());
-  const TensorStore store = TensorStore::open(dir, kOptimizerBase);
-  read_flat_tensors(store, specs, exp_avg.data(), "exp_avg.");
-  read_flat_tensors(store, specs, exp_avg_sq.data(), "exp_avg_sq.");
-  return info;
+  const TrainingCheckpointReader<T> ckpt(dir, cfg, specs);
+  const int64_t n = specs.back().offset + specs.back().numel;
+  params.resize(size_t(n)), exp_avg.resize(size_t(n)), exp_avg_sq.resize(size_t(n));
+  ckpt.params(0, n, params.data());
+  ckpt.exp_avg(0, n, exp_avg.data());
+  ckpt.exp_avg_sq(0, n, exp_avg_sq.data());
+  optimizer_steps = ckpt.optimizer_steps();
+  return ckpt.info();
 }
 
 template <class T>
@@ -96,7 +119,8 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& dir, Llama<T>
   template TrainingCheckpointInfo read_training_checkpoint<T>(const std::string&, const LlamaConfig&,            \
                                                               const std::vector<ParamSpec>&, std::vector<T>&,    \
                                                               std::vector<T>&, std::vector<T>&, int64_t&);       \
-  template TrainingCheckpointInfo load_training_checkpoint<T>(const std::string&, Llama<T>&, AdamW<T>&);
+  template TrainingCheckpointInfo load_training_checkpoint<T>(const std::string&, Llama<T>&, AdamW<T>&);         \
+  template class TrainingCheckpointReader<T>;
 LLAMA4D_INSTANTIATE(float)
 LLAMA4D_INSTANTIATE(double)
 #undef LLAMA4D_INSTANTIATE

@@ -6,8 +6,11 @@
 // Written all-or-nothing: a crash mid-save leaves the previous checkpoint intact.
 // Batches need no saved state: they are a pure function of (seed, step, row).
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "core/io/checkpoint.h"
 #include "core/model/llama.h"
 #include "core/optim/adamw.h"
 #include "core/train/train_options.h"
@@ -40,6 +43,30 @@ void save_training_checkpoint(const std::string& dir, const LlamaConfig& cfg, co
 template <class T>
 void save_training_checkpoint(const std::string& dir, const Llama<T>& model, const AdamW<T>& adamw,
                               const TrainOptions& options, int64_t steps_done);
+
+// A training checkpoint opened for reading piece by piece: a sharded rank reads the flat
+// ranges it owns and nothing else. Opening validates the model shape and reads the small JSON
+// files; the tensors are read on request.
+template <class T>
+class TrainingCheckpointReader {
+ public:
+  // InputError if dir is not a training checkpoint of this model shape.
+  TrainingCheckpointReader(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs);
+  const std::string& dir() const { return dir_; }
+  const TrainingCheckpointInfo& info() const { return info_; }
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  // Flat elements [begin, end) of the parameters / AdamW moments, into out[end - begin].
+  void params(int64_t begin, int64_t end, T* out) const;
+  void exp_avg(int64_t begin, int64_t end, T* out) const;
+  void exp_avg_sq(int64_t begin, int64_t end, T* out) const;
+
+ private:
+  std::string dir_;
+  std::vector<ParamSpec> specs_;
+  TrainingCheckpointInfo info_;
+  int64_t optimizer_steps_ = 0;
+  std::shared_ptr<const TensorStore> model_, optimizer_;
+};
 
 // Reads the full state of a checkpoint whose shape matches cfg: params, moments [num_params] each.
 template <class T>

@@ -101,7 +101,7 @@ std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
   std::mutex mu;
   cluster.run([&](ProcessGroup& world) {
     // One compute thread per virtual GPU: N ranks must not each start a full OpenMP team.
-    ops::set_backend_threads_for_this_thread(1);
+    ops::set_backend_threads(1);
     Llama<float> model(s.model, &world.memory());
     ParallelTrainer<float> trainer(world, model, data, s.train, plan);
     const size_t me = size_t(world.rank());
@@ -159,7 +159,7 @@ EquivalenceReport run_equivalence(const RunSetup& s, const TextDataset& data) {
   VirtualCluster cluster(s.cluster);
   return verify_plan<float>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
     cluster.run([&](ProcessGroup& world) {
-      ops::set_backend_threads_for_this_thread(1);
+      ops::set_backend_threads(1);
       fn(world);
     });
   });

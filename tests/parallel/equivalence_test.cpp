@@ -63,6 +63,25 @@ const Case kCases[] = {
 };
 INSTANTIATE_TEST_SUITE_P(DataParallel, Equivalence, testing::ValuesIn(kCases), case_name);
 
+// Activation checkpointing under data parallelism: every policy, with ZeRO-3 resharding (the
+// recompute gathers a unit's weights again inside backward) and with plain DP, still equals one
+// device that keeps every activation, bit for bit.
+TEST(Equivalence, ActivationCheckpointingWithZero3AndDp) {
+  LlamaConfig cfg = LlamaConfig::preset("tiny");
+  cfg.num_hidden_layers = 3;  // every:2 leaves a short segment at the top
+  for (const char* ac : {"selective", "full", "every:2"})
+    for (ZeroStage stage : {ZeroStage::zero3, ZeroStage::none}) {
+      EquivalenceOptions o;
+      o.model = cfg;
+      o.train = test::options(3, 2);
+      o.plan = test::dp_plan(stage == ZeroStage::zero3 ? 4 : 2, 1, stage);
+      o.plan.ac = Checkpointing::parse(ac, int(cfg.num_hidden_layers));
+      const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
+      EXPECT_TRUE(r.bitwise) << ac << "\n" << r.table();
+      EXPECT_NE(r.strategy.find(o.plan.ac.describe()), std::string::npos) << r.strategy;
+    }
+}
+
 // The bits differ with ring reductions: every chunk of a ring all-reduce is summed starting at
 // a different rank, so (a + b) + c becomes (b + c) + a, and fp32 rounds each differently. The
 // harness then bounds the relative error of the gradients instead.

@@ -1,9 +1,17 @@
-// Per-rank memory of the sharded states against the textbook formulas (N params, 4-byte fp32):
-//   optimizer: 8N (DP)  vs  8 * shard   (ZeRO-1/2/3)
-//   params:    4N (DP, ZeRO-1/2)  vs  4 * shard + gathered layers (ZeRO-3)
-//   grads:     4N (DP, ZeRO-1)    vs  4 * shard + unreduced layers (ZeRO-2/3)
-// where shard = the elements a rank owns: N / dp up to the alignment padding of its pieces.
+// Per-rank memory of every data-parallel strategy, as ALLOCATED (every Buffer is charged to the
+// rank's tracker), against the formulas of lessons 01-03 written out here from the shapes:
+// N params in fp32 (s = 4 bytes), shard = the elements a rank owns (N/dp up to padding).
+//   params      4N (DP, ZeRO-1/2)      4 shard + the units gathered at one time (ZeRO-3)
+//   grads       4N (DP, ZeRO-1)        4 shard + the full gradients of 1..3 units (ZeRO-2/3)
+//   optimizer   8N (DP)                8 shard (ZeRO-1/2/3)
+//   comm        0 (DP)                 4 shard: the reduce-scatter output (ZeRO-2/3); ZeRO-1's
+//                                      is the harness gathering its reduced pieces at the end
+//   activations and scratch: one device's, for the rows of one micro-batch
+// Exact equality wherever the schedule fixes the number; a range only where thread timing
+// decides how many reductions are still in flight. A rank that allocates one byte more fails.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "core/parallel/shard_layout.h"
 #include "parallel_test_util.h"
@@ -18,12 +26,30 @@ LlamaConfig deep_tiny() {
   return c;
 }
 
-EquivalenceReport run(ZeroStage stage, int dp) {
+EquivalenceReport run(const ParallelPlan& plan) {
   EquivalenceOptions o;
   o.model = deep_tiny();
   o.train = test::options(1, 0);
-  o.plan = test::dp_plan(dp, 1, stage);
-  return verify_plan<float>(o, test::corpus(), test::virtual_launcher(dp));
+  o.plan = plan;
+  return verify_plan<float>(o, test::corpus(), test::virtual_launcher(plan.world_size()));
+}
+
+// Activations and backward scratch of one whole-model forward + backward on BT = rows * T
+// tokens, no checkpointing (the per-policy formulas are in tests/model/units_test.cpp).
+struct ActivationBytes {
+  int64_t activations = 0, scratch = 0;
+};
+ActivationBytes one_device(const LlamaConfig& c, int64_t rows, int64_t T) {
+  const int64_t s = 4, BT = rows * T, C = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), I = c.intermediate_size,
+                V = c.vocab_size, L = c.num_hidden_layers, nh = c.num_attention_heads;
+  const int64_t block = BT * (C + 1 + qd + 2 * kvd + qd + nh + C + C + 1 + 3 * I) * s;  // n1 rstd1 q k v att lse h n2 rstd2 gate up act
+  const int64_t head = BT * (C + 1 + V + 1) * s;                                         // n rstd logits losses
+  ActivationBytes a;
+  a.activations = 2 * BT * 4 /* int32 tokens, targets */ + (L + 1) * BT * C * s /* x_0..x_L */ + L * block + head;
+  // The residual gradient, one block's backward temporaries (dn dh dq dk dv datt dgate dup
+  // dact), and the head's dlogits and dn, all alive during the head's backward.
+  a.scratch = BT * (C + (2 * C + 2 * qd + 2 * kvd + 3 * I) + V + C) * s;
+  return a;
 }
 
 TEST(Memory, ShardsPartitionTheModelWithBoundedPadding) {
@@ -41,45 +67,57 @@ TEST(Memory, ShardsPartitionTheModelWithBoundedPadding) {
   }
 }
 
-TEST(Memory, DataParallelReplicatesEverything) {
-  const int64_t N = deep_tiny().num_parameters();
-  const EquivalenceReport r = run(ZeroStage::none, 4);
-  for (const RankMemory& m : r.memory) {
-    EXPECT_EQ(m.params, 4 * N);
-    EXPECT_EQ(m.grads, 4 * N);
-    EXPECT_EQ(m.optimizer, 8 * N);
-    EXPECT_GT(m.activations, 0);
-  }
-}
+struct Case {
+  ZeroStage stage;
+  int shard, replicate;
+};
 
-TEST(Memory, ZeroStagesShardWhatTheyPromise) {
-  const auto specs = llama_param_specs(deep_tiny());
+TEST(Memory, EveryCategoryMatchesItsFormula) {
+  const LlamaConfig cfg = deep_tiny();
+  ASSERT_FALSE(cfg.tie_word_embeddings);  // the formulas below count an untied head
+  const auto specs = llama_param_specs(cfg);
   const int64_t N = specs.back().offset + specs.back().numel;
-  const int dp = 4;
-  const ShardLayout layout(specs, dp);
-  int64_t largest_segment = 0;
-  for (const Segment& s : layout.segments()) largest_segment = std::max(largest_segment, s.numel());
-
-  const EquivalenceReport z1 = run(ZeroStage::zero1, dp), z2 = run(ZeroStage::zero2, dp), z3 = run(ZeroStage::zero3, dp);
-  for (int r = 0; r < dp; ++r) {
-    const int64_t shard = layout.shard_numel(r);
-    // ZeRO-1: the optimizer is sharded; gradients accumulate in full, then reduce-scatter.
-    EXPECT_EQ(z1.memory[size_t(r)].optimizer, 8 * shard);
-    EXPECT_EQ(z1.memory[size_t(r)].params, 4 * N);
-    EXPECT_EQ(z1.memory[size_t(r)].grads, 4 * N);  // reduce-scattered in place
-    // ZeRO-2: + gradients: the shard plus the full gradients of the few layers still being
-    // reduced (at most 2 in flight + the one computing + the two root segments).
-    EXPECT_EQ(z2.memory[size_t(r)].optimizer, 8 * shard);
-    EXPECT_EQ(z2.memory[size_t(r)].params, 4 * N);
-    EXPECT_GE(z2.memory[size_t(r)].grads, 4 * shard);
-    EXPECT_LE(z2.memory[size_t(r)].grads, 4 * (shard + 5 * largest_segment));
-    EXPECT_LT(z2.memory[size_t(r)].grads, 4 * N);
-    // ZeRO-3: + parameters: the shard plus the layers gathered at one time (the root unit and at
-    // most two layers with prefetch), far below the full model.
-    EXPECT_EQ(z3.memory[size_t(r)].optimizer, 8 * shard);
-    EXPECT_GE(z3.memory[size_t(r)].params, 4 * shard);
-    EXPECT_LE(z3.memory[size_t(r)].params, 4 * (shard + 4 * largest_segment));
-    EXPECT_LT(z3.memory[size_t(r)].total, z1.memory[size_t(r)].total);
+  const TrainOptions opt = test::options(1, 0);
+  const std::vector<Case> cases = {
+      {ZeroStage::none, 2, 1},  {ZeroStage::none, 4, 1},  {ZeroStage::none, 8, 1},  {ZeroStage::zero1, 2, 1},
+      {ZeroStage::zero1, 4, 1}, {ZeroStage::zero1, 8, 1}, {ZeroStage::zero2, 2, 1}, {ZeroStage::zero2, 4, 1},
+      {ZeroStage::zero2, 8, 1}, {ZeroStage::zero3, 2, 1}, {ZeroStage::zero3, 4, 1}, {ZeroStage::zero3, 8, 1},
+      {ZeroStage::zero3, 2, 2}, {ZeroStage::zero3, 4, 2}, {ZeroStage::zero2, 2, 4}};
+  for (const Case& c : cases) {
+    const ParallelPlan plan = test::dp_plan(c.shard, c.replicate, c.stage);
+    SCOPED_TRACE(plan.describe());
+    const EquivalenceReport r = run(plan);
+    ASSERT_TRUE(r.bitwise) << r.table();
+    const ShardLayout layout(specs, c.shard);
+    const auto& segs = layout.segments();
+    const int64_t embed = segs.front().numel(), head = segs.back().numel(), layer = segs[1].numel();
+    std::vector<int64_t> sizes;
+    for (const Segment& g : segs) sizes.push_back(g.numel());
+    std::sort(sizes.rbegin(), sizes.rend());
+    const ActivationBytes act = one_device(cfg, opt.batch_size / plan.dp(), opt.seq_len);
+    for (int w = 0; w < plan.world_size(); ++w) {
+      SCOPED_TRACE("rank " + std::to_string(w));
+      const RankMemory& m = r.memory[size_t(w)];
+      const int64_t sh = layout.shard_numel(w % c.shard);
+      const int stage = int(c.stage);
+      EXPECT_EQ(m.optimizer, stage == 0 ? 8 * N : 8 * sh);
+      EXPECT_EQ(m.comm_buffers, stage == 0 ? 0 : 4 * sh);
+      if (stage < 3)
+        EXPECT_EQ(m.params, 4 * N);
+      else  // the embedding stays gathered through the step; 2 blocks, or 1 block + the head
+        EXPECT_EQ(m.params, 4 * sh + 4 * (embed + std::max(2 * layer, layer + head)));
+      if (stage < 2) {
+        EXPECT_EQ(m.grads, 4 * N);
+      } else {
+        EXPECT_GE(m.grads, 4 * sh + 4 * sizes[0]);
+        EXPECT_LE(m.grads, 4 * sh + 4 * (sizes[0] + sizes[1] + sizes[2]));
+      }
+      EXPECT_EQ(m.activations, act.activations);
+      EXPECT_EQ(m.scratch, act.scratch);
+      // The total's peak is one moment: at most the sum of the categories' peaks.
+      EXPECT_LE(m.total, m.params + m.grads + m.optimizer + m.activations + m.scratch + m.comm_buffers);
+      EXPECT_GE(m.total, std::max({m.params, m.grads, m.optimizer, m.activations}));
+    }
   }
 }
 

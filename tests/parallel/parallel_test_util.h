@@ -52,7 +52,7 @@ inline RankLauncher virtual_launcher(int ranks, ReduceAlgo algo = ReduceAlgo::or
     VirtualCluster cluster(vo);
     // One compute thread per virtual GPU: N ranks must not each start a full OpenMP team.
     cluster.run([&](ProcessGroup& world) {
-      ops::set_backend_threads_for_this_thread(1);
+      ops::set_backend_threads(1);
       fn(world);
     });
   };
