@@ -118,6 +118,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"mfu", fraction},
           {"hfu", hfu},
           {"ac", plan.ac.describe()},
+          {"plan", plan.to_json()},
           {"recompute_flops_per_token", recompute_per_token},
           {"peak_memory", memory_json({memory_peaks(model.memory())})[0]},
           {"parameters", model.num_params()},

@@ -61,6 +61,9 @@ void ensure_writable_dir(const std::string& dir) {
 }
 
 void set_threads(int threads) {
+  if (threads < 0)
+    throw InputError("--threads " + std::to_string(threads) + ": use 0 (all cores) or a count in [1, " +
+                     std::to_string(ops::kMaxBackendThreads) + "]");
   if (threads > 0) ops::set_backend_threads(threads);
 }
 

@@ -80,7 +80,8 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
   const std::string ckpt = a.out + "/checkpoint";
   t.save(ckpt);
   if (lead)
-    progress("train: saved %s; final loss %.4f, val loss %.4f\n", ckpt.c_str(), last_loss, val_loss);
+    progress("train: saved %s; final loss %.4f%s\n", ckpt.c_str(), last_loss,
+             a.eval_every > 0 ? (", val loss " + std::to_string(val_loss)).c_str() : " (no validation: --eval-every 0)");
   auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
   return {{"final_loss", num(last_loss)},
           {"steps", t.steps_done()},

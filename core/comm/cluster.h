@@ -2,7 +2,7 @@
 // The cluster the virtual GPUs pretend to be: nodes x GPUs per node, NVLink inside a node,
 // InfiniBand across nodes, each link an alpha-beta model: moving b bytes over one hop costs
 //   t = alpha + b / bandwidth.
-// Defaults are the H100 figures used by the Llama 3 case study in shared/seeds/002: NVLink
+// Defaults are the H100 figures of the "Case Study: LLaMA 3" write-up this project started from: NVLink
 // 900 GB/s with alpha 1 us, InfiniBand 50 GB/s per GPU with alpha 5 us, 80 GB of HBM.
 // Rank r lives on node r / gpus_per_node, so the innermost mesh dims (tp, then cp) stay on a
 // node and ride NVLink, as in Llama 3's [tp, cp, pp, dp] order.

@@ -16,8 +16,10 @@
 //   every:k    keep the input of every k-th block (blocks 0, k, 2k, ...); in backward, rerun a
 //              segment of k blocks from its kept input and keep the segment's activations
 //              while it is differentiated (Chen et al. 2016, "Training Deep Nets with Sublinear
-//              Memory Cost"). full == every:1. Memory ~ L/k inputs + k blocks' activations,
-//              least near k = sqrt(L), still at the cost of one extra forward.
+//              Memory Cost"). full == every:1. Memory ~ (L/k) x + k (x + A) for an input x and a
+//              block's activations A, least near k = sqrt(L x / (x + A)); Chen et al.'s sqrt(L)
+//              assumes A ~ x, but a Llama block stores ~15x its input, so here the best k is
+//              small (1 on `small`): lessons/03 measures it. Always one extra forward.
 // Every policy gives bit-identical gradients: a recomputed tensor is produced by the same ops
 // on the same inputs as the original.
 #include <string>

@@ -199,14 +199,26 @@ void Llama<T>::init_values(const std::vector<ParamSpec>& specs, uint64_t seed, i
 }
 
 template <class T>
+void Llama<T>::init_device_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end,
+                                  T* device_out) {
+  constexpr int64_t kChunk = int64_t(1) << 20;  // host staging: 4-8 MiB at a time
+  std::vector<T> host(size_t(std::min(kChunk, std::max<int64_t>(end - begin, 0))));
+  for (int64_t b = begin; b < end; b += kChunk) {
+    const int64_t e = std::min(end, b + kChunk);
+    init_values(specs, seed, b, e, host.data());
+    ops::device_memcpy(device_out + (b - begin), host.data(), (e - b) * int64_t(sizeof(T)));
+  }
+}
+
+template <class T>
 void Llama<T>::init_weights(uint64_t seed) {
   if (param_res_ == Residency::whole) {
-    init_values(specs_, seed, 0, total_, params());
+    init_device_values(specs_, seed, 0, total_, params());
     return;
   }
   for (int u = 0; u < num_units(); ++u) {
     allocate_unit_params(u, "parameters of " + unit_name(u, num_layers()));
-    init_values(specs_, seed, unit_range(u).begin, unit_range(u).end, unit_params(u));
+    init_device_values(specs_, seed, unit_range(u).begin, unit_range(u).end, unit_params(u));
   }
 }
 
@@ -367,6 +379,7 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out)
   const UnitRange r = st.units;
   const bool has_head = r.contains(head);
   if (!has_head && !grad_out) throw Error("Llama::backward: a range without the head needs the gradient of its output");
+  if (has_head && st.targets.empty()) throw Error("Llama::backward: the forward had no targets (inference), so there is no loss");
   const BlockDims d = block_dims(st.B, st.seq);
   const int64_t BT = d.BT(), C = d.C, V = cfg_.vocab_size;
   UnitHooks none;
@@ -387,7 +400,7 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out)
       T* g_head = ensure_unit_grads(head);
       T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + C;
       head_backward(dx.data(), g_head, g_lm, st.head, st.x[size_t(L)].data(), unit_params(head), lm_head_params(),
-                    st.targets.empty() ? nullptr : st.targets.data(), loss_scale, BT, C, V, memory_);
+                    st.targets.data(), loss_scale, BT, C, V, memory_);
       st.head.reset();
       st.targets.reset();
     } else if (u == embedding_unit()) {

@@ -110,7 +110,11 @@ class Llama {
   // The same values for flat elements [begin, end) only, written to out[end - begin]: sharded
   // initialisation equals single-device initialisation element for element, because draw j
   // of the generator can be computed directly (splitmix64 is counter-based).
+  // out is host memory; init_device_values writes device memory (staged through the host in
+  // chunks, so the generator stays one host function whatever the backend).
   static void init_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end, T* out);
+  static void init_device_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end,
+                                 T* device_out);
   // Zeroes every held gradient (whole: allocates the flat buffer first).
   void zero_grad();
 

@@ -1,12 +1,11 @@
 #pragma once
-// Small pieces every data-parallel strategy shares: summing losses across ranks, accounting
-// activations, timing stages for the trace, and reading memory peaks.
+// Small pieces every data-parallel strategy shares: summing losses across ranks and timing
+// units for the trace.
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "core/tensor/memory_tracker.h"
 #include "core/comm/process_group.h"
 #include "core/comm/trace.h"
 #include "core/model/head.h"

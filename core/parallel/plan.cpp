@@ -80,7 +80,6 @@ std::string ParallelPlan::describe() const {
   std::string s = describe_mesh();
   if (!mesh.empty()) s += ", " + data_parallel().describe();
   if (ac.kind != Checkpointing::Kind::none) s += ", AC " + ac.describe();
-  if (!mesh.empty()) s += ", " + std::string(reduce_algo_name(algo)) + " reductions";
   return s;
 }
 

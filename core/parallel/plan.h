@@ -54,7 +54,7 @@ struct ParallelPlan {
   DataParallelConfig data_parallel() const;
 
   std::string describe_mesh() const;  // "dp=4", "dp_shard=2,dp_replicate=2", "1 device"
-  std::string describe() const;       // mesh + ZeRO + AC + algo, one line
+  std::string describe() const;       // mesh + ZeRO + AC, one line (the algo is reported apart)
   nlohmann::json to_json() const;
 };
 

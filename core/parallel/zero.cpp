@@ -92,7 +92,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     }
     for (size_t s = 0; s < layout_.segments().size(); ++s) {  // only this rank's pieces
       const Piece p = layout_.piece(s, rank_);
-      Llama<T>::init_values(model_.param_specs(), seed, p.begin, p.end, param_shard_.data() + p.shard_offset);
+      Llama<T>::init_device_values(model_.param_specs(), seed, p.begin, p.end, param_shard_.data() + p.shard_offset);
     }
   }
 

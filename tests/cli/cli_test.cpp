@@ -186,6 +186,35 @@ TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh tp=2,dp=2"), "tp");
   expect_bad_input(run("verify --mesh dp=4 --batch-size 6"), "divisible");
   expect_bad_input(run("verify --mesh dp=2 --zero 1 --keep-params"), "--keep-params");
+  // Dimensions this build cannot train yet are refused by name, never dropped silently.
+  expect_bad_input(run("train --preset tiny --mesh cp=2,dp=2 --out " + tmp("cp")), "context parallelism");
+  expect_bad_input(run("verify --mesh pp=2"), "pipeline parallelism");
+  expect_bad_input(run("bench --mesh ep=2"), "expert");
+  expect_bad_input(run("verify --mesh dp=2,dp=2"), "twice");
+  expect_bad_input(run("verify --mesh dq=2"), "unknown dim");
+  expect_bad_input(run("train --preset tiny --zero 3 --out " + tmp("zero_single")), "--mesh");
+}
+
+TEST(Cli, ActivationCheckpointingFlag) {
+  expect_bad_input(run("train --preset tiny --ac every:0 --out " + tmp("ac_bad")), "--ac");
+  expect_bad_input(run("verify --ac sometimes"), "--ac");
+  // verify with checkpointing under ZeRO-3 is still bitwise, and the plan says what ran.
+  const Result v = run("verify --mesh dp=2 --zero 3 --ac every:sqrt --steps 2 --seq-len 32 --json");
+  ASSERT_EQ(v.code, 0) << v.err;
+  const auto j = nlohmann::json::parse(v.out);
+  EXPECT_TRUE(j.at("bitwise").get<bool>());
+  EXPECT_EQ(j.at("plan").at("ac").get<std::string>(), "every:2");  // tiny has 2 layers: ceil(sqrt(2))
+  EXPECT_EQ(j.at("plan").at("zero").get<int>(), 3);
+  // bench reports MFU and HFU; full checkpointing recomputes, so HFU > MFU.
+  const Result b = run("bench --preset tiny --seq-len 64 --ac full --iters 1 --warmup 0 --gemm-n 64 --gemm-seconds 0.05 --json");
+  ASSERT_EQ(b.code, 0) << b.err;
+  const auto jb = nlohmann::json::parse(b.out);
+  EXPECT_GT(jb.at("hfu").get<double>(), jb.at("mfu").get<double>());
+  EXPECT_GT(jb.at("recompute_flops_per_token").get<double>(), 0.0);
+}
+
+TEST(Cli, ThreadCountIsBounded) {
+  expect_bad_input(run("train --preset tiny --threads 100000 --out " + tmp("threads")), "thread");
 }
 
 TEST(Cli, RealShapesAreNotAllocatedUnlessForced) {

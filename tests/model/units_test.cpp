@@ -70,6 +70,56 @@ TEST(Units, RangeSplitEqualsWholeModelFp64) {
   expect_range_split_bitwise<double>(true);
 }
 
+// A tied embedding whose two users live on different ranks, as the first and last pipeline
+// stages: each rank holds only its units, the last one a copy of the embedding for the LM head.
+// The copies' gradients, summed, are the tied gradient (up to the order of that one addition);
+// every other tensor is bitwise the whole model's.
+TEST(Units, TiedEmbeddingAcrossTwoRanks) {
+  LlamaConfig cfg = test::tiny_config(true, false);
+  cfg.num_hidden_layers = 2;
+  const test::Batch b = test::make_batch(2, 7, cfg.vocab_size, 55, true);
+  using R = Llama<double>::Residency;
+  Llama<double> whole(cfg), first(cfg), last(cfg);
+  whole.init_weights(3);
+  test::perturb_params(whole, 6);
+  whole.zero_grad();
+  whole.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  whole.backward(0.1);
+
+  const int L = whole.num_layers(), cut = 2;  // first: embedding + layer 0; last: layer 1 + head
+  first.set_residency(R::per_unit, R::per_unit);
+  last.set_residency(R::per_unit, R::per_unit);
+  auto hold = [&](Llama<double>& m, int u) {
+    m.allocate_unit_params(u, "test");
+    const ParamRange r = whole.unit_range(u);
+    std::memcpy(m.unit_params(u), whole.params() + r.begin, size_t(r.end - r.begin) * sizeof(double));
+  };
+  for (int u = 0; u < cut; ++u) hold(first, u);
+  for (int u = cut; u < whole.num_units(); ++u) hold(last, u);
+  hold(last, 0);  // the tied copy
+  for (int u = cut; u < whole.num_units(); ++u) EXPECT_EQ(first.unit_params(u), nullptr);
+  EXPECT_EQ(last.unit_params(1), nullptr);
+
+  MicroBatchState<double> a, c;
+  first.forward(a, {0, cut}, b.tokens.data(), nullptr, nullptr, b.B, b.T);
+  last.forward(c, {cut, L + 2}, nullptr, b.targets.data(), a.x[size_t(cut - 1)].data(), b.B, b.T);
+  last.backward(c, 0.1);
+  first.backward(a, 0.1, c.input_grad.data());
+
+  for (int u = 1; u < whole.num_units(); ++u) {
+    const ParamRange r = whole.unit_range(u);
+    const double* g = u < cut ? first.unit_grads(u) : last.unit_grads(u);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(std::memcmp(g, whole.grads() + r.begin, size_t(r.end - r.begin) * sizeof(double)), 0) << "unit " << u;
+  }
+  const ParamRange e = whole.unit_range(0);
+  std::vector<double> summed(first.unit_grads(0), first.unit_grads(0) + (e.end - e.begin));
+  for (size_t i = 0; i < summed.size(); ++i) summed[i] += last.unit_grads(0)[i];
+  EXPECT_LE(test::rel_error(summed.data(), whole.grads() + e.begin, e.end - e.begin), 1e-14);
+  EXPECT_GT(test::rel_error(first.unit_grads(0), whole.grads() + e.begin, e.end - e.begin), 1e-3)
+      << "the head's share must matter, or the test shows nothing";
+}
+
 // Two micro-batches in flight (forward A, forward C, backward A, backward C) accumulate the
 // same gradient as running them one after the other: each state holds its own activations.
 // (Backward in the other order would add the same terms in another order: equal up to
