@@ -166,10 +166,11 @@ TEST(Units, PerUnitStorageAndShardedInitMatchWhole) {
   const int64_t n = whole.num_params();
   for (int64_t begin : {int64_t(0), int64_t(1), n / 3, n - 5})
     for (int64_t end : {begin, begin + 1, std::min(n, begin + 517), n}) {
-      std::vector<double> slice(size_t(end - begin));
+      std::vector<double> slice(size_t(end - begin) + 1, -1.0);  // one past: must stay untouched
       Llama<double>::init_values(whole.param_specs(), 77, begin, end, slice.data());
-      EXPECT_EQ(std::memcmp(slice.data(), whole.params() + begin, slice.size() * sizeof(double)), 0)
+      EXPECT_EQ(std::memcmp(slice.data(), whole.params() + begin, size_t(end - begin) * sizeof(double)), 0)
           << "[" << begin << ", " << end << ")";
+      EXPECT_EQ(slice.back(), -1.0);
     }
   // What a rank does not hold is not there: no flat buffer, freed units are null.
   EXPECT_THROW(units.params(), Error);
