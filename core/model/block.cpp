@@ -136,6 +136,7 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   ops::matmul_forward(a.gate.data(), a.n2.data(), w.wgate, BT, C, I);
   ops::matmul_forward(a.up.data(), a.n2.data(), w.wup, BT, C, I);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
+  if (!out) return;  // recompute: the backward needs act, not the output
   ops::matmul_forward(out, a.act.data(), w.wdown, BT, I, C);
   comm.mlp_output(out, d);
   ops::add_forward(out, out, a.h.data(), BT * C);

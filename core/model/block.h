@@ -104,6 +104,9 @@ struct BlockKvCache {
 
 // out[B,T,C] = block(x); fills every tensor of `a` (which must be allocated). pos_start is the
 // absolute position of token 0 (for RoPE and causality). comm may be null (no communication).
+// out may be null when only the activations are wanted: recomputing the top block of a
+// checkpointed segment, whose output is never read again, stops before down_proj (saving
+// 2·C·I FLOPs per token).
 template <class T>
 void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
                    const RopeTables<T>& rope, int64_t pos_start, BlockComm<T>* comm = nullptr,

@@ -18,8 +18,11 @@ double recompute_flops_per_token(const LlamaConfig& cfg, int64_t seq_len, const 
   switch (ac.kind) {
     case Checkpointing::Kind::none: return 0;
     case Checkpointing::Kind::selective: return attention_forward;
-    case Checkpointing::Kind::every:
-      return 2.0 * double(matmul_parameters(cfg) - cfg.vocab_size * cfg.hidden_size) + attention_forward;
+    case Checkpointing::Kind::every: {
+      const double segments = double((cfg.num_hidden_layers + ac.every - 1) / ac.every);
+      return 2.0 * double(matmul_parameters(cfg) - cfg.vocab_size * cfg.hidden_size) + attention_forward -
+             2.0 * double(cfg.hidden_size) * double(cfg.intermediate_size) * segments;
+    }
   }
   return 0;
 }

@@ -20,7 +20,9 @@ int64_t matmul_parameters(const LlamaConfig& cfg);
 // FLOPs per token that activation checkpointing adds by running forward work again: the
 // numerator of hardware FLOP utilisation (HFU) is training + recompute, MFU's is training only
 // (the distinction of Chowdhery et al. 2022, App. B). Counted with the same conventions:
-//   full, every:k  every block's forward once more: 2 N_blocks + 4 L nh hd T
+//   full, every:k  every block's forward once more, except the down projection of each
+//                  segment's top block (its output is not read again):
+//                  2 N_blocks + 4 L nh hd T - 2 C I ceil(L / k)
 //   selective      the attention core's forward (q k^T and p v): 4 L nh hd T
 //                  (RMSNorm and SwiGLU recomputation is elementwise, O(C) per token, left out)
 double recompute_flops_per_token(const LlamaConfig& cfg, int64_t seq_len, const Checkpointing& ac);

@@ -362,12 +362,11 @@ void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitH
   while (st.x[size_t(s)].empty()) --s;
   for (int j = s; j <= layer; ++j) {
     h.before_recompute(block_unit(j));
-    Buffer<T> out;
     if (j < layer)
       st.x[size_t(j + 1)] = Buffer<T>(memory_, MemoryCategory::activations, d.BT() * d.C, "x_" + std::to_string(j + 1) + " (recomputed)");
-    else  // the block's own output is not needed again: its gradient arrives from above
-      out = Buffer<T>(memory_, MemoryCategory::scratch, d.BT() * d.C, "recomputed output");
-    forward_block(st, j, j < layer ? st.x[size_t(j + 1)].data() : out.data());
+    // The top block's own output is not needed again (its gradient arrives from above): it
+    // stops before down_proj.
+    forward_block(st, j, j < layer ? st.x[size_t(j + 1)].data() : nullptr);
     h.after_recompute(block_unit(j));
   }
 }

@@ -121,7 +121,12 @@ int64_t recompute_formula(const LlamaConfig& c, int64_t T, const Checkpointing& 
   switch (ac.kind) {
     case Checkpointing::Kind::none: return 0;
     case Checkpointing::Kind::selective: return attention_core_forward(c, T);
-    case Checkpointing::Kind::every: return 2 * c.num_hidden_layers * block_matmul_weights(c) + attention_core_forward(c, T);
+    case Checkpointing::Kind::every: {
+      // Every block's forward once more, except down_proj in each segment's top block.
+      const int64_t segments = (c.num_hidden_layers + ac.every - 1) / ac.every;
+      return 2 * c.num_hidden_layers * block_matmul_weights(c) + attention_core_forward(c, T) -
+             2 * c.hidden_size * c.intermediate_size * segments;
+    }
   }
   return -1;
 }
@@ -351,7 +356,7 @@ int run(const LessonOptions& o, const AcArgs& a) {
   }
   say.say("\nselective drops the cheap half of each block; full and every:k drop whole blocks and pay with a\n"
           "transient: one block's activations while it runs forward, and in backward a whole segment rebuilt.\n"
-          "(The recomputed output of a segment's top block is scratch: it is thrown away at once.)\n");
+          "(A segment's top block is recomputed only up to act: its output is never read again.)\n");
   say.pause();
 
   // ---- (c) the price in time: MFU and HFU ----------------------------------------------------------
