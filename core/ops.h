@@ -105,9 +105,6 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
                             int64_t V);
 
 // ---- Small helpers backends must provide ----------------------------------------------------
-// Sum of squares of x[N], accumulated in double whatever T is (for gradient-norm clipping).
-template <class T>
-double sum_squares(const T* x, int64_t N);
 // x[N] *= a
 template <class T>
 void scale(T* x, T a, int64_t N);
@@ -158,9 +155,8 @@ void adamw_update(T* w, T* m, T* v, const T* g, int64_t N, const AdamWStep<T>& s
 
 // partials[ceil(N / chunk)]: partials[k] = sum of x[i]^2 over i in [k*chunk, min((k+1)*chunk, N)),
 // in double. Inside a chunk, element i goes to accumulator (i - k*chunk) % 8 and the eight are
-// added accumulator 0 first: for chunk <= 4096 these are the bits of core/optim/grad_clip's
-// chunk_sum_squares on that chunk, so chunk = 512 reproduces segmented_norm's partials.
-// chunk must be > 0.
+// added accumulator 0 first. Gradient-norm clipping adds these partials in order
+// (core/optim/segmented_norm.h), with chunk = kNormChunk. chunk must be > 0.
 template <class T>
 void sum_squares_chunks(double* partials, const T* x, int64_t N, int64_t chunk);
 

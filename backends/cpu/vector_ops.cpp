@@ -30,8 +30,8 @@ void add_scaled(T* y, const T* x, T a, int64_t N) {
   });
 }
 
-// Eight interleaved double accumulators, added lane 0 first: the pattern (and so the bits) of
-// core/optim/grad_clip.cpp's chunk_sum_squares, which the sharded gradient norm is built on.
+// Eight interleaved double accumulators, added lane 0 first: the order ops.h documents, which
+// the sharded gradient norm (core/optim/segmented_norm.h) reproduces from any shard.
 template <class T>
 [[gnu::noinline]] static double chunk_squares(const T* x, int64_t n) {
   constexpr int64_t kLanes = 8;

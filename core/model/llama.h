@@ -135,8 +135,6 @@ class Llama {
   void backward(T loss_scale);
   // logits[B, T_, V] of the last whole-model forward, until its backward.
   const T* logits() const { return state_.head.logits.data(); }
-  // Bytes of activations the internal state holds now.
-  int64_t activation_bytes() const { return state_.activation_bytes(); }
 
   // ---- Inference -------------------------------------------------------------------------------
   // Feeds tokens[B, Tn] at positions cache.len .. cache.len+Tn-1, appends their keys/values and

@@ -93,8 +93,7 @@ nlohmann::json ParallelPlan::to_json() const {
           {"reshard_after_forward", reshard_after_forward},
           {"prefetch", prefetch},
           {"ac", ac.describe()},
-          {"algo", std::string(reduce_algo_name(algo))},
-          {"pp_schedule", pp_schedule}};
+          {"algo", std::string(reduce_algo_name(algo))}};
 }
 
 }  // namespace llama4d

@@ -5,8 +5,8 @@
 //   mesh    named dimensions, innermost first (Llama 3's order is [tp, cp, pp, dp]): consecutive
 //           ranks differ in the first one, so it lands on the fastest links.
 //   per-dimension options: the ZeRO stage and reshard mode of the data-parallel dims, the
-//           pipeline schedule of pp, the activation checkpointing policy of every rank's model,
-//           and the reduction algorithm of every collective.
+//           activation checkpointing policy of every rank's model, and the reduction algorithm
+//           of every collective (the pipeline schedule joins them with pipeline parallelism).
 // A dimension this build cannot train yet is a clear InputError (exit 2), never a silent
 // fallback to a plan that computes something else.
 #include <string>
@@ -29,7 +29,6 @@ struct ParallelPlan {
   bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
   Checkpointing ac;
   ReduceAlgo algo = ReduceAlgo::ordered;
-  std::string pp_schedule = "1f1b";
 
   // The dims a mesh may name. tp, cp, pp, ep are reserved for the strategies to come.
   static const std::vector<std::string>& known_dims();

@@ -79,7 +79,6 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       grad_recv_ = Buffer<T>(mem, MemoryCategory::comm_buffers, shard_n, "reduce-scatter output");
     }
     if (stage() == 3) param_shard_ = Buffer<T>(mem, MemoryCategory::params, shard_n, "parameter shard");
-    gathered_.assign(nseg, false);
     gather_work_.resize(nseg);
     reduce_work_.resize(nseg);
   }
@@ -334,7 +333,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   void start_gather(int unit) {
     for (int si : model_.segments_used_by(unit)) {
       const size_t s = size_t(si);
-      if (gathered_[s] || gather_work_[s]) continue;
+      if (model_.unit_params(si)) continue;  // gathered, or its gather is in flight
       model_.allocate_unit_params(si, "gathered parameters of " + unit_name(si, model_.num_layers()));
       AllGatherOptions o;
       o.async_op = true;
@@ -349,13 +348,11 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       const size_t s = size_t(si);
       if (gather_work_[s]) gather_work_[s]->wait();
       gather_work_[s].reset();
-      gathered_[s] = true;
     }
   }
   void release_params(size_t s) {
     if (gather_work_[s]) gather_work_[s]->wait();  // a prefetch still writing into it
     gather_work_[s].reset();
-    gathered_[s] = false;
     model_.free_unit_params(int(s));
   }
 
@@ -454,7 +451,6 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   int64_t steps_ = 0;
   std::vector<std::unique_ptr<AdamW<T>>> adamw_;  // one per segment piece (null when empty)
   Buffer<T> param_shard_, grad_shard_, grad_recv_;
-  std::vector<bool> gathered_;
   std::vector<std::shared_ptr<Work>> gather_work_, reduce_work_;
   std::deque<size_t> in_flight_;  // segments with a reduce-scatter in flight, oldest first
   static constexpr size_t kMaxReductionsInFlight = 2;

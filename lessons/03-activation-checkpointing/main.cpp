@@ -509,8 +509,9 @@ int run(const LessonOptions& o, const AcArgs& a) {
               "The MFU numerator; an embedding lookup is no matmul, RMSNorm and SwiGLU are O(C) per token.");
   columns["F1"] = {"per token"};
   sheet.exact("F2", "How many FLOPs per token does each policy add by recomputing?",
-              "none 0; selective the attention core's forward 4 L nh hd T; full and every:k one forward of every "
-              "block 2 L (2 C nh hd + 2 C nkv hd + 3 C I) + 4 L nh hd T, whatever k",
+              "none 0; selective the attention core's forward 4 L nh hd T; every:k (full = every:1) one forward of "
+              "every block less each segment's top down_proj: 2 L (2 C nh hd + 2 C nkv hd + 3 C I) + 4 L nh hd T "
+              "- 2 C I ceil(L/k)",
               -1, exp_recompute, m_recompute,
               "Measured = core/model/flops.h (recompute_flops_per_token), the HFU numerator's extra term.");
   columns["F2"] = labels;

@@ -25,34 +25,5 @@ TEST(Elementwise, AddAccumulateScale) {
   for (int64_t i = 0; i < N; ++i) ASSERT_EQ(y[i], out[i] * 0.5);
 }
 
-TEST(Elementwise, SumSquaresIsAccurateAndBitwiseStable) {
-  const int64_t N = 1000003;
-  const auto x = random_vector(N, 3);
-  const auto xf = cast_to<float>(x);
-  long double ref = 0, ref_f = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    ref += static_cast<long double>(x[i]) * x[i];
-    ref_f += static_cast<long double>(xf[i]) * xf[i];
-  }
-  EXPECT_NEAR(ops::sum_squares(x.data(), N), static_cast<double>(ref),
-              1e-12 * static_cast<double>(ref));
-  // fp32 input is squared and summed in double: as accurate as the double path.
-  EXPECT_NEAR(ops::sum_squares(xf.data(), N), static_cast<double>(ref_f),
-              1e-12 * static_cast<double>(ref_f));
-
-  double one = 0, one_again = 0, two = 0;
-  with_threads(1, [&] {
-    one = ops::sum_squares(xf.data(), N);
-    one_again = ops::sum_squares(xf.data(), N);
-  });
-  with_threads(2, [&] { two = ops::sum_squares(xf.data(), N); });
-  EXPECT_EQ(std::memcmp(&one, &one_again, sizeof(double)), 0);
-  EXPECT_EQ(std::memcmp(&one, &two, sizeof(double)), 0);
-
-  EXPECT_EQ(ops::sum_squares(x.data(), 0), 0.0);
-  const float small[3] = {1.0f, -2.0f, 3.0f};
-  EXPECT_EQ(ops::sum_squares(small, 3), 14.0);
-}
-
 }  // namespace
 }  // namespace llama4d::test
