@@ -40,9 +40,7 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
 
 }  // namespace
 
-void write_directory_atomically(const std::string& dir,
-                                const std::function<void(const std::string&)>& write_files,
-                                const std::string& replace_marker) {
+StagedDirectory::StagedDirectory(const std::string& dir, const std::string& replace_marker) : dir_(dir) {
   fs::path target = fs::path(dir).lexically_normal();
   if (!target.empty() && target.filename().empty()) target = target.parent_path();  // "a/b/"
   const std::string name = target.filename().string();
@@ -57,8 +55,8 @@ void write_directory_atomically(const std::string& dir,
 
   // Decide up front whether an existing `dir` may be replaced, before writing anything.
   fs::file_status st = fs::symlink_status(target, ec);
-  const bool exists = !ec && fs::exists(st);
-  if (exists) {
+  exists_ = !ec && fs::exists(st);
+  if (exists_) {
     if (fs::is_symlink(st))
       throw InputError("'" + dir + "' is a symbolic link; refusing to replace it");
     if (!fs::is_directory(st)) throw InputError("'" + dir + "' exists and is not a directory");
@@ -75,31 +73,48 @@ void write_directory_atomically(const std::string& dir,
   fs::remove_all(staging, ec);
   fs::create_directory(staging, ec);
   if (ec) throw IoError("cannot create directory '" + staging.string() + "' for '" + dir + "': " + ec.message());
+  dir_ = target.string();
+  staging_ = staging.string();
+  parent_ = parent.string();
+}
 
-  try {
-    write_files(staging.string());
-    fsync_directory(staging.string());
-    if (!exists) {
+StagedDirectory::~StagedDirectory() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(staging_, ec);
+}
+
+void StagedDirectory::commit() {
+  if (committed_) throw Error("StagedDirectory::commit called twice for '" + dir_ + "'");
+  const fs::path staging = staging_, target = dir_;
+  std::error_code ec;
+  fsync_directory(staging_);
+  if (!exists_) {
+    rename_or_throw(staging, target);
+  } else if (exchange_paths(staging, target)) {
+    fs::remove_all(staging, ec);  // now holds the old checkpoint; a leftover is harmless
+  } else {
+    // No atomic exchange: move the old one aside, move the new one in, then delete the old.
+    const fs::path old = temporary_sibling_name(target.string() + ".old");
+    rename_or_throw(target, old);
+    try {
       rename_or_throw(staging, target);
-    } else if (exchange_paths(staging, target)) {
-      fs::remove_all(staging, ec);  // now holds the old checkpoint; a leftover is harmless
-    } else {
-      // No atomic exchange: move the old one aside, move the new one in, then delete the old.
-      const fs::path old = temporary_sibling_name(target.string() + ".old");
-      rename_or_throw(target, old);
-      try {
-        rename_or_throw(staging, target);
-      } catch (...) {
-        fs::rename(old, target, ec);  // put the old checkpoint back
-        throw;
-      }
-      fs::remove_all(old, ec);
+    } catch (...) {
+      fs::rename(old, target, ec);  // put the old checkpoint back
+      throw;
     }
-  } catch (...) {
-    fs::remove_all(staging, ec);
-    throw;
+    fs::remove_all(old, ec);
   }
-  fsync_directory(parent.string());
+  committed_ = true;
+  fsync_directory(parent_);
+}
+
+void write_directory_atomically(const std::string& dir,
+                                const std::function<void(const std::string&)>& write_files,
+                                const std::string& replace_marker) {
+  StagedDirectory staged(dir, replace_marker);
+  write_files(staged.staging());
+  staged.commit();
 }
 
 }  // namespace llama4d

@@ -13,6 +13,26 @@
 
 namespace llama4d {
 
+// The same, in steps, for writers that are not one function call (the ranks of a sharded save
+// fill one staging directory together): the constructor checks `dir` and creates the staging
+// directory, commit() moves it into place, and destruction without commit() removes it.
+class StagedDirectory {
+ public:
+  // The checks and errors of write_directory_atomically, before anything is written.
+  StagedDirectory(const std::string& dir, const std::string& replace_marker = "");
+  ~StagedDirectory();
+  StagedDirectory(const StagedDirectory&) = delete;
+  StagedDirectory& operator=(const StagedDirectory&) = delete;
+
+  const std::string& staging() const { return staging_; }  // where to write the files
+  // fsyncs the staging directory and moves it into place (replacing an old `dir`); IoError.
+  void commit();
+
+ private:
+  std::string dir_, staging_, parent_;
+  bool exists_ = false, committed_ = false;
+};
+
 // Creates (or replaces) directory `dir` with the files `write_files(staging_dir)` writes into
 // `staging_dir`. Parent directories are created as needed.
 //

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/io/atomic_file.h"
+#include "core/io/tensor_files.h"
 
 namespace llama4d {
 
@@ -19,26 +20,10 @@ namespace {
 
 std::string join(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
 
-std::string single_file_name(const std::string& base) { return base + ".safetensors"; }
-std::string index_file_name(const std::string& base) { return base + ".safetensors.index.json"; }
-
 // Shard names must stay inside the checkpoint directory: no separators, no "..".
 bool is_plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\\') == std::string::npos;
-}
-
-// The flat buffer's size; the largest end rather than the last spec's, so specs need not be sorted.
-int64_t flat_total(const std::vector<ParamSpec>& specs) {
-  int64_t total = 0;
-  for (const ParamSpec& s : specs) total = std::max(total, s.offset + s.numel);
-  return total;
-}
-
-std::string shard_name(const std::string& base, size_t i, size_t k) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i, k);
-  return base + buf;
 }
 
 }  // namespace
@@ -75,62 +60,37 @@ std::vector<TensorToWrite> flat_tensors(const std::vector<ParamSpec>& specs, con
   std::vector<TensorToWrite> out;
   out.reserve(specs.size());
   for (const ParamSpec& s : specs)
-    out.push_back(TensorToWrite{prefix + s.name, s.shape, storage, flat + s.offset, dtype_of<T>()});
+    out.push_back(TensorToWrite{prefix + s.name, s.shape, storage, flat ? flat + s.offset : nullptr, dtype_of<T>()});
   return out;
 }
 
 void write_tensor_files(const std::string& dir, const std::string& base,
                         const std::vector<TensorToWrite>& tensors, const TensorMetadata& metadata,
                         int64_t max_shard_bytes) {
-  std::vector<uint64_t> bytes;
-  uint64_t total = 0;
+  const TensorFilesLayout layout = tensor_files_layout(base, tensors, metadata, max_shard_bytes);
+  create_tensor_files(dir, layout);
+  TensorFilesWriter writer(dir, layout);
   for (const TensorToWrite& t : tensors) {
-    uint64_t n = dtype_size(t.dtype);
-    for (int64_t d : t.shape) n *= uint64_t(d < 0 ? 0 : d);  // bad shapes are rejected by the writer
-    bytes.push_back(n);
-    total += n;
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;  // shapes were validated by the layout
+    writer.write(t.name, 0, numel, t.data, t.data_dtype);
   }
-  const std::string single = join(dir, single_file_name(base)), index = join(dir, index_file_name(base));
-  std::error_code ec;
-  if (max_shard_bytes <= 0 || total <= uint64_t(max_shard_bytes)) {
-    write_safetensors(single, tensors, metadata);
-    fs::remove(index, ec);  // a stale index beside the new file would only confuse readers
-    return;
-  }
-  // Greedy shards in tensor order; a tensor larger than the limit gets a shard of its own.
-  std::vector<std::vector<TensorToWrite>> shards(1);
-  uint64_t in_shard = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!shards.back().empty() && in_shard + bytes[i] > uint64_t(max_shard_bytes)) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(tensors[i]);
-    in_shard += bytes[i];
-  }
-  json weight_map = json::object();
-  for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string name = shard_name(base, s + 1, shards.size());
-    write_safetensors(join(dir, name), shards[s], metadata);
-    for (const TensorToWrite& t : shards[s]) weight_map[t.name] = name;
-  }
-  write_json_file(index, json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
-  fs::remove(single, ec);  // TensorStore prefers the single file; never leave a stale one
+  writer.finish();
 }
 
 // ---- TensorStore ------------------------------------------------------------------------------
 
 bool TensorStore::exists(const std::string& dir, const std::string& base) {
   std::error_code ec;
-  return fs::is_regular_file(join(dir, single_file_name(base)), ec) ||
-         fs::is_regular_file(join(dir, index_file_name(base)), ec);
+  return fs::is_regular_file(join(dir, single_tensor_file_name(base)), ec) ||
+         fs::is_regular_file(join(dir, tensor_index_file_name(base)), ec);
 }
 
 TensorStore TensorStore::open(const std::string& dir, const std::string& base) {
   TensorStore store;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError("checkpoint directory '" + dir + "' does not exist");
-  const std::string single = join(dir, single_file_name(base)), index = join(dir, index_file_name(base));
+  const std::string single = join(dir, single_tensor_file_name(base)), index = join(dir, tensor_index_file_name(base));
 
   if (fs::exists(single, ec)) {
     store.where_ = single;
@@ -139,8 +99,8 @@ TensorStore TensorStore::open(const std::string& dir, const std::string& base) {
     return store;
   }
   if (!fs::exists(index, ec))
-    throw InputError("checkpoint directory '" + dir + "' has neither " + single_file_name(base) + " nor " +
-                     index_file_name(base));
+    throw InputError("checkpoint directory '" + dir + "' has neither " + single_tensor_file_name(base) + " nor " +
+                     tensor_index_file_name(base));
 
   store.where_ = index;
   json j = read_json_file(index);
@@ -206,27 +166,19 @@ void TensorStore::read_raw(const std::string& name, DType dtype, const std::vect
 template <class T>
 void read_flat_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs, T* flat,
                        const std::string& prefix) {
-  read_flat_range(store, specs, 0, flat_total(specs), flat, prefix);
+  read_flat_range(store, specs, 0, flat_numel(specs), flat, prefix);
 }
 
 template <class T>
 void read_flat_range(const TensorStore& store, const std::vector<ParamSpec>& specs, int64_t begin, int64_t end,
                      T* out, const std::string& prefix) {
-  const int64_t total = flat_total(specs);
+  const int64_t total = flat_numel(specs);
   if (begin < 0 || begin > end || end > total)
     throw InputError("checkpoint '" + store.description() + "': cannot read flat elements [" + std::to_string(begin) +
                      ", " + std::to_string(end) + ") of " + std::to_string(total) + " parameters");
-  struct Piece {
-    const ParamSpec* spec;
-    int64_t lo, hi;  // overlap with [begin, end), in flat elements
-  };
-  std::vector<Piece> pieces;
-  for (const ParamSpec& s : specs) {
-    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-    if (lo < hi) pieces.push_back({&s, lo, hi});
-  }
+  const std::vector<SpecOverlap> pieces = overlapping_specs(specs, begin, end);
   // Check every name first, so a wrong checkpoint fails before any element of out is overwritten.
-  for (const Piece& p : pieces) {
+  for (const SpecOverlap& p : pieces) {
     const std::string name = prefix + p.spec->name;
     const TensorInfo* t = store.find(name);
     if (!t) throw InputError("checkpoint '" + store.description() + "' is missing tensor '" + name + "'");
@@ -234,7 +186,7 @@ void read_flat_range(const TensorStore& store, const std::vector<ParamSpec>& spe
       throw InputError("checkpoint '" + store.description() + "': tensor '" + name + "' has shape " +
                        shape_string(t->shape) + ", expected " + shape_string(p.spec->shape));
   }
-  for (const Piece& p : pieces)
+  for (const SpecOverlap& p : pieces)
     store.read_range(prefix + p.spec->name, p.spec->shape, p.lo - p.spec->offset, p.hi - p.spec->offset,
                      out + (p.lo - begin));
 }
@@ -254,14 +206,17 @@ std::string torch_dtype_name(DType t) {
   return "float32";
 }
 
-template <class T>
-void write_model_files(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
-                       const T* params, DType storage, int64_t max_shard_bytes) {
+void write_config_file(const std::string& dir, const LlamaConfig& cfg, DType storage) {
   json j = cfg.to_json();
   j["torch_dtype"] = torch_dtype_name(storage);
   write_json_file(join(dir, kConfigFile), j);
-  // "format": "pt" is what transformers checks for in safetensors metadata.
-  write_tensor_files(dir, kModelBase, flat_tensors(specs, params, storage), {{"format", "pt"}}, max_shard_bytes);
+}
+
+template <class T>
+void write_model_files(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
+                       const T* params, DType storage, int64_t max_shard_bytes) {
+  write_config_file(dir, cfg, storage);
+  write_tensor_files(dir, kModelBase, flat_tensors(specs, params, storage), kModelMetadata, max_shard_bytes);
 }
 
 template <class T>

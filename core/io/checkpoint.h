@@ -26,6 +26,8 @@ namespace llama4d {
 
 inline constexpr const char* kConfigFile = "config.json";
 inline constexpr const char* kModelBase = "model";  // model.safetensors / model.safetensors.index.json
+// "format": "pt" is what transformers checks for in a model file's safetensors metadata.
+inline const TensorMetadata kModelMetadata = {{"format", "pt"}};
 
 // ---- JSON files -------------------------------------------------------------------------------
 
@@ -39,14 +41,17 @@ void write_json_file(const std::string& path, const nlohmann::json& j);
 
 // One TensorToWrite per spec, viewing flat[spec.offset ...], stored as `storage` and named
 // prefix + spec.name (a prefix such as "exp_avg." lets optimizer moments share one file).
-// The result points into `flat`: keep it alive until written.
+// The result points into `flat`: keep it alive until written. A null `flat` gives tensors
+// without data, enough for a layout (tensor_files.h).
 template <class T>
 std::vector<TensorToWrite> flat_tensors(const std::vector<ParamSpec>& specs, const T* flat, DType storage,
                                         const std::string& prefix = "");
 
-// Writes `tensors` into `dir` as `<base>.safetensors`, or, when max_shard_bytes > 0 and they do
-// not fit in one shard, as HF shards `<base>-0000i-of-0000K.safetensors` plus
-// `<base>.safetensors.index.json`. Tensors are never split; shards fill in order.
+// Writes `tensors` into the new (staging) directory `dir` as `<base>.safetensors`, or, when
+// max_shard_bytes > 0 and they do not fit in one shard, as HF shards
+// `<base>-0000i-of-0000K.safetensors` plus `<base>.safetensors.index.json`. Tensors are never
+// split; shards fill in order (tensor_files_layout). Files are synced, not renamed: a caller
+// wanting all-or-nothing writes into write_directory_atomically's staging directory.
 void write_tensor_files(const std::string& dir, const std::string& base,
                         const std::vector<TensorToWrite>& tensors, const TensorMetadata& metadata = {},
                         int64_t max_shard_bytes = 0);
@@ -101,6 +106,9 @@ void read_flat_range(const TensorStore& store, const std::vector<ParamSpec>& spe
                      T* out, const std::string& prefix = "");
 
 // ---- Model checkpoints ------------------------------------------------------------------------
+
+// Writes config.json (HF keys, torch_dtype set from `storage`) into `dir`.
+void write_config_file(const std::string& dir, const LlamaConfig& cfg, DType storage);
 
 // Writes config.json (torch_dtype set from `storage`) and the model weights into an existing
 // directory `dir`. Use inside a write_directory_atomically callback to add more files.

@@ -57,17 +57,17 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 // ---- Writer ---------------------------------------------------------------------------------
 
-void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                       const TensorMetadata& metadata) {
-  // Header first: it fixes every offset. Metadata leads, as the reference writer puts it.
+SafetensorsLayout safetensors_layout(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                     const TensorMetadata& metadata) {
+  // Metadata leads, as the reference writer puts it.
   ordered_json header = ordered_json::object();
   if (!metadata.empty()) {
     ordered_json m = ordered_json::object();
     for (const auto& [k, v] : metadata) m[k] = v;
     header["__metadata__"] = m;
   }
+  SafetensorsLayout layout;
   std::set<std::string> seen;
-  uint64_t offset = 0;
   for (const TensorToWrite& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__")
       throw InputError("cannot write '" + path + "': invalid tensor name '" + t.name + "'");
@@ -77,31 +77,35 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
       throw InputError("cannot write '" + path + "': tensor '" + t.name + "' cannot be stored as " +
                        std::string(dtype_name(t.dtype)) + " from " + std::string(dtype_name(t.data_dtype)));
     bool overflow;
-    int64_t numel = checked_numel(t.shape, &overflow);
+    const int64_t numel = checked_numel(t.shape, &overflow);
     if (overflow)
       throw InputError("cannot write '" + path + "': tensor '" + t.name + "' has invalid shape " + shape_string(t.shape));
-    if (numel > 0 && t.data == nullptr)
-      throw InputError("cannot write '" + path + "': tensor '" + t.name + "' has no data");
-    uint64_t bytes = uint64_t(numel) * dtype_size(t.dtype);
-    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    const uint64_t begin = layout.data_bytes, end = begin + uint64_t(numel) * dtype_size(t.dtype);
+    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {begin, end}}};
+    layout.tensors.push_back(TensorInfo{t.name, t.dtype, t.shape, numel, begin, end});
+    layout.data_bytes = end;
   }
   std::string text = header.dump();
-  // Pad with spaces so the data starts 8-byte aligned (as the reference writer does).
   text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t n = text.size();
+  layout.prefix.resize(8);
+  for (int i = 0; i < 8; ++i) layout.prefix[size_t(i)] = char((n >> (8 * i)) & 0xff);
+  layout.prefix += text;
+  return layout;
+}
 
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const TensorMetadata& metadata) {
+  const SafetensorsLayout layout = safetensors_layout(path, tensors, metadata);  // fixes every offset
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].data == nullptr && layout.tensors[i].numel > 0)
+      throw InputError("cannot write '" + path + "': tensor '" + tensors[i].name + "' has no data");
   write_file_atomically(path, [&](FileSink& sink) {
-    uint64_t n = text.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(n >> (8 * i));
-    sink.write(len, 8);
-    sink.write(text.data(), text.size());
+    sink.write(layout.prefix.data(), layout.prefix.size());
     std::vector<unsigned char> buf;
-    for (const TensorToWrite& t : tensors) {
-      bool overflow;
-      const size_t numel = size_t(checked_numel(t.shape, &overflow));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorToWrite& t = tensors[i];
+      const size_t numel = size_t(layout.tensors[i].numel);
       if (t.dtype == t.data_dtype) {
         sink.write(t.data, numel * dtype_size(t.dtype));
         continue;
@@ -109,9 +113,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
       const size_t per_chunk = std::max<size_t>(1, kChunkBytes / dtype_size(t.dtype));
       buf.resize(std::min(numel, per_chunk) * dtype_size(t.dtype));
       const auto* src = static_cast<const unsigned char*>(t.data);
-      for (size_t i = 0; i < numel; i += per_chunk) {
-        size_t n_here = std::min(per_chunk, numel - i);
-        convert_elements(buf.data(), t.dtype, src + i * dtype_size(t.data_dtype), t.data_dtype, n_here);
+      for (size_t j = 0; j < numel; j += per_chunk) {
+        const size_t n_here = std::min(per_chunk, numel - j);
+        convert_elements(buf.data(), t.dtype, src + j * dtype_size(t.data_dtype), t.data_dtype, n_here);
         sink.write(buf.data(), n_here * dtype_size(t.dtype));
       }
     }

@@ -28,12 +28,6 @@ struct TensorToWrite {
   DType data_dtype = DType::f32;  // in-memory dtype of `data`
 };
 
-// Writes a safetensors file atomically (temporary sibling + fsync + rename, see atomic_file.h).
-// Tensors are stored in the given order. Throws InputError for duplicate or empty names or an
-// unsupported conversion, IoError (naming `path`) if the file cannot be written.
-void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                       const TensorMetadata& metadata = {});
-
 // A tensor's entry in a validated header. begin/end are byte offsets into the data section.
 struct TensorInfo {
   std::string name;
@@ -42,6 +36,28 @@ struct TensorInfo {
   int64_t numel = 0;
   uint64_t begin = 0, end = 0;
 };
+
+// A safetensors file's layout, fixed before any data exists: the bytes before the data (8-byte
+// length + JSON header, space-padded so data starts 8-byte aligned, as the reference writer does)
+// and where each tensor's bytes go. write_safetensors fills it in one pass; TensorFilesWriter
+// (checkpoint.h) lets many ranks fill disjoint ranges of it at once.
+struct SafetensorsLayout {
+  std::string prefix;
+  std::vector<TensorInfo> tensors;  // in file order; begin/end relative to the data section
+  uint64_t data_bytes = 0;
+  uint64_t file_bytes() const { return prefix.size() + data_bytes; }
+};
+
+// The layout write_safetensors(path, tensors, metadata) produces; `data` is not looked at. Throws
+// InputError (naming `path`) for duplicate or invalid names, bad shapes or unsupported conversions.
+SafetensorsLayout safetensors_layout(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                     const TensorMetadata& metadata = {});
+
+// Writes a safetensors file atomically (temporary sibling + fsync + rename, see atomic_file.h).
+// Tensors are stored in the given order. Throws InputError for duplicate or empty names or an
+// unsupported conversion, IoError (naming `path`) if the file cannot be written.
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const TensorMetadata& metadata = {});
 
 // "[4096, 128256]"
 std::string shape_string(const std::vector<int64_t>& shape);

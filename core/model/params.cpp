@@ -1,6 +1,8 @@
 // The flat parameter layout: names, shapes and offsets in Hugging Face order (see params.h).
 #include "core/model/params.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace llama4d {
@@ -49,6 +51,21 @@ ParamRange layer_param_range(const std::vector<ParamSpec>& specs, int layer) {
   }
   if (!found || layer < 0) throw InputError("no parameters for layer " + std::to_string(layer));
   return r;
+}
+
+int64_t flat_numel(const std::vector<ParamSpec>& specs) {
+  int64_t total = 0;
+  for (const ParamSpec& s : specs) total = std::max(total, s.offset + s.numel);
+  return total;
+}
+
+std::vector<SpecOverlap> overlapping_specs(const std::vector<ParamSpec>& specs, int64_t begin, int64_t end) {
+  std::vector<SpecOverlap> out;
+  for (const ParamSpec& s : specs) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo < hi) out.push_back({&s, lo, hi});
+  }
+  return out;
 }
 
 const ParamSpec& find_param(const std::vector<ParamSpec>& specs, const std::string& name) {

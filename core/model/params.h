@@ -42,6 +42,17 @@ struct ParamRange {
 };
 ParamRange layer_param_range(const std::vector<ParamSpec>& specs, int layer);
 
+// Elements in the flat buffer `specs` describe: the largest end, so specs need not be sorted.
+int64_t flat_numel(const std::vector<ParamSpec>& specs);
+
+// The part of one spec inside a flat range [begin, end): flat elements [lo, hi), lo < hi.
+struct SpecOverlap {
+  const ParamSpec* spec = nullptr;
+  int64_t lo = 0, hi = 0;
+};
+// Every spec overlapping [begin, end), in the order of `specs` (a sharded rank's pieces of it).
+std::vector<SpecOverlap> overlapping_specs(const std::vector<ParamSpec>& specs, int64_t begin, int64_t end);
+
 // Finds a spec by name; throws InputError if absent.
 const ParamSpec& find_param(const std::vector<ParamSpec>& specs, const std::string& name);
 

@@ -108,14 +108,16 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     out.resize(size_t(model_.num_params()));
     ops::copy(out.data(), model_.grads(), model_.num_params());
   }
-  void gather_state(std::vector<T>& params, std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq,
-                    int64_t& steps) override {
-    steps = adamw_.step_count();
-    if (data_.rank() != 0) return;  // every replica holds the same: rank 0 alone copies
-    gather_params(params);
-    exp_avg.assign(adamw_.exp_avg().begin(), adamw_.exp_avg().end());
-    exp_avg_sq.assign(adamw_.exp_avg_sq().begin(), adamw_.exp_avg_sq().end());
+  void save_state(TrainingCheckpointWriter<T>& ckpt) override {
+    // Every replica holds everything: replica d writes elements [n*d/dp, n*(d+1)/dp), so the
+    // ranks share the writing.
+    const int64_t n = model_.num_params(), dp = data_.size(), d = data_.rank();
+    const int64_t b = n * d / dp, e = n * (d + 1) / dp;
+    ckpt.params(b, e, model_.params() + b);
+    ckpt.exp_avg(b, e, adamw_.exp_avg().data() + b);
+    ckpt.exp_avg_sq(b, e, adamw_.exp_avg_sq().data() + b);
   }
+  int64_t optimizer_steps() const override { return adamw_.step_count(); }
   void load_state(const TrainingCheckpointReader<T>& ckpt) override {
     const int64_t n = model_.num_params();
     ckpt.params(0, n, model_.params());

@@ -65,12 +65,12 @@ class DataParallelStrategy : public UnitHooks {
   // Collective over the shard group: full flat buffers on every rank (for verification).
   virtual void gather_params(std::vector<T>& out) = 0;
   virtual void gather_grads(std::vector<T>& out) = 0;  // as the optimizer consumed them (after clipping)
-  // Collective, for checkpoints: the full parameters and AdamW moments land on the data
-  // group's rank 0 only (the others send their pieces and get empty vectors), so saving costs
-  // one device's worth of host memory, not one per rank. Checkpoints are unsharded: a run
-  // saved on one mesh resumes on any other.
-  virtual void gather_state(std::vector<T>& params, std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq,
-                            int64_t& optimizer_steps) = 0;
+  // For checkpoints, no communication: this rank writes its share of the parameters and AdamW
+  // moments straight into the checkpoint's files, so that the data group's ranks together
+  // write every element once and no rank holds more than it keeps. Checkpoints are unsharded
+  // (HF layout): a run saved on one mesh resumes on any other.
+  virtual void save_state(TrainingCheckpointWriter<T>& checkpoint) = 0;
+  virtual int64_t optimizer_steps() const = 0;  // AdamW steps taken, for trainer_state.json
   // Each rank reads only the flat ranges it keeps.
   virtual void load_state(const TrainingCheckpointReader<T>& checkpoint) = 0;
 

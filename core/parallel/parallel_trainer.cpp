@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <memory>
 
 #include "core/error.h"
+#include "core/io/atomic_dir.h"
 #include "core/ops.h"
 #include "core/parallel/dp_common.h"
 #include "core/train/checkpoint_state.h"
@@ -82,28 +85,77 @@ LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
   return all_reduce_loss(world_, local);
 }
 
+namespace {
+
+// Runs `fn` and reports whether it threw; the exception is kept to rethrow once every rank knows.
+template <class Fn>
+int32_t attempt(std::exception_ptr& error, Fn&& fn) {
+  try {
+    fn();
+    return 0;
+  } catch (...) {
+    error = std::current_exception();
+    return 1;
+  }
+}
+
+// Collective: the lowest world rank whose `failed` is set, or -1. Every rank learns it, so a
+// failure on one rank makes all of them stop instead of waiting for it.
+int first_failed_rank(ProcessGroup& world, int32_t failed, const std::string& label) {
+  int32_t first = failed ? world.rank() : world.size();
+  AllReduceOptions o;
+  o.label = label;
+  world.all_reduce(&first, 1, DType::i32, ReduceOp::min, o)->wait();
+  return first < world.size() ? first : -1;
+}
+
+// Throws this rank's own error if it failed, else one naming the rank that did.
+[[noreturn]] void throw_checkpoint_failure(const std::exception_ptr& own, int failed_rank, const std::string& dir) {
+  if (own) std::rethrow_exception(own);
+  throw IoError("checkpoint " + dir + " was not written: rank " + std::to_string(failed_rank) + " failed");
+}
+
+}  // namespace
+
 template <class T>
 void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
-  std::vector<T> params, m, v;
-  int64_t optimizer_steps = 0;
-  ops::device_release_cached();  // the host staging below should not sit on top of cached blocks
-  strategy_->gather_state(params, m, v, optimizer_steps);  // full on world rank 0 only
-  // Rank 0 writes; a failure there must reach every rank rather than leave them waiting.
+  // Every rank writes its own share straight into the files; nobody gathers the whole state.
+  // Three phases, each closed by a collective, so that a failure on any rank reaches all:
+  //   1. world rank 0 stages the directory and creates every file at full size;
+  //   2. every rank writes what it is responsible for (strategy save_state) and syncs it;
+  //   3. world rank 0 moves the directory into place (or, on failure, removes it).
+  // Ranks of several processes (MPI) must share the filesystem, as with any sharded checkpoint.
+  std::unique_ptr<StagedDirectory> staged;
+  std::string staging;
+  std::exception_ptr error;
   int32_t failed = 0;
-  std::string error;
-  if (world_.rank() == 0) {
-    try {
-      save_training_checkpoint(dir, model_.config(), model_.param_specs(),
-                               TrainingState<T>{params.data(), m.data(), v.data(), optimizer_steps, steps_done_}, opt_);
-    } catch (const std::exception& e) {
-      failed = 1;
-      error = e.what();
-    }
-  }
-  BroadcastOptions o;
-  o.label = "checkpoint written";
-  world_.broadcast(&failed, 1, DType::i32, o)->wait();
-  if (failed) throw IoError(world_.rank() == 0 ? error : "rank 0 failed to write checkpoint " + dir);
+  if (world_.rank() == 0)
+    failed = attempt(error, [&] {
+      staged = std::make_unique<StagedDirectory>(dir, kConfigFile);  // replaces only a checkpoint
+      TrainingCheckpointWriter<T>(staged->staging(), model_.config(), model_.param_specs())
+          .create(strategy_->optimizer_steps(), steps_done_, opt_);
+      staging = staged->staging();
+    });
+  // Phase 1 ends with the staging path reaching every rank (other processes cannot derive it).
+  int64_t length = failed ? -1 : int64_t(staging.size());
+  BroadcastOptions b;
+  b.label = "checkpoint staged";
+  world_.broadcast(&length, 1, DType::i64, b)->wait();
+  if (length < 0) throw_checkpoint_failure(error, 0, dir);
+  staging.resize(size_t(length));
+  world_.broadcast(staging.data(), length, DType::u8, b)->wait();
+
+  failed = attempt(error, [&] {
+    TrainingCheckpointWriter<T> writer(staging, model_.config(), model_.param_specs());
+    strategy_->save_state(writer);
+    writer.finish();
+  });
+  int bad = first_failed_rank(world_, failed, "checkpoint written");
+  if (bad >= 0) throw_checkpoint_failure(error, bad, dir);  // rank 0's `staged` removes the files
+
+  if (world_.rank() == 0) failed = attempt(error, [&] { staged->commit(); });
+  bad = first_failed_rank(world_, failed, "checkpoint committed");
+  if (bad >= 0) throw_checkpoint_failure(error, bad, dir);
 }
 
 template <class T>

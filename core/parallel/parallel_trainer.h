@@ -42,8 +42,9 @@ class ParallelTrainer {
 
   // Collective. Validation windows are split across ranks and their losses summed.
   LossSum validate(int64_t max_windows);
-  // Collective: the state is gathered unsharded onto world rank 0, which writes it, so any
-  // mesh can resume it. Every rank returns once the checkpoint is complete.
+  // Collective: every rank writes its share of the weights and AdamW moments straight into one
+  // unsharded (HF-layout) checkpoint, so no rank holds the whole state and any mesh can resume
+  // it. All-or-nothing; every rank returns once it is complete, or throws if any rank failed.
   void save_checkpoint(const std::string& dir);
   // Every rank reads just the flat ranges it keeps from the (unsharded) checkpoint.
   void load_checkpoint(const std::string& dir);

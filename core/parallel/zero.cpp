@@ -221,22 +221,19 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     }
     gather_shards(out.data(), grad_shard_.data(), "gather gradients");
   }
-  void gather_state(std::vector<T>& params, std::vector<T>& exp_avg, std::vector<T>& exp_avg_sq,
-                    int64_t& steps) override {
-    steps = steps_;
-    // HSDP: every replica holds the same shards; the first replica's group sends them.
+  void save_state(TrainingCheckpointWriter<T>& ckpt) override {
+    // HSDP: every replica holds the same pieces; the first replica's shard group writes them.
     if (replicate_ && replicate_->rank() != 0) return;
-    const bool root = rank_ == 0;
-    const int64_t n = root ? model_.num_params() : 0;
-    params.resize(size_t(n)), exp_avg.resize(size_t(n)), exp_avg_sq.resize(size_t(n));
-    if (stage() == 3) {
-      gather_to_root(params.data(), [&](size_t s) { return param_shard_.data() + layout_.piece(s, rank_).shard_offset; });
-    } else if (root) {
-      ops::copy(params.data(), model_.params(), n);  // replicated below stage 3
+    for (size_t s = 0; s < layout_.segments().size(); ++s) {
+      const Piece p = layout_.piece(s, rank_);
+      if (p.numel() == 0) continue;
+      // Below stage 3 every rank holds all weights; each still writes only its own pieces.
+      ckpt.params(p.begin, p.end, stage() == 3 ? param_shard_.data() + p.shard_offset : model_.params() + p.begin);
+      ckpt.exp_avg(p.begin, p.end, adamw_[s]->exp_avg().data());
+      ckpt.exp_avg_sq(p.begin, p.end, adamw_[s]->exp_avg_sq().data());
     }
-    gather_to_root(exp_avg.data(), [&](size_t s) { return adamw_[s] ? adamw_[s]->exp_avg().data() : nullptr; });
-    gather_to_root(exp_avg_sq.data(), [&](size_t s) { return adamw_[s] ? adamw_[s]->exp_avg_sq().data() : nullptr; });
   }
+  int64_t optimizer_steps() const override { return steps_; }
   void load_state(const TrainingCheckpointReader<T>& ckpt) override {
     if (stage() == 3) {
       for (size_t s = 0; s < layout_.segments().size(); ++s) {
@@ -284,33 +281,6 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       o.label = label;
       works.push_back(shard_.all_gather_v(full + layout_.segments()[s].begin, shard + layout_.piece(s, rank_).shard_offset,
                                           layout_.piece_counts(s), dtype_of<T>(), o));
-    }
-    for (auto& w : works) w->wait();
-  }
-
-  // Shard rank 0 receives every rank's piece of every segment into full (flat, [N] on rank 0);
-  // the others send theirs. piece_of(s) is where this rank's piece of segment s starts.
-  template <class PieceOf>
-  void gather_to_root(T* full, PieceOf piece_of) {
-    std::vector<std::shared_ptr<Work>> works;
-    for (size_t s = 0; s < layout_.segments().size(); ++s) {
-      for (int r = 0; r < shard_.size(); ++r) {
-        const Piece p = layout_.piece(s, r);
-        if (p.numel() == 0 || (rank_ != 0 && r != rank_)) continue;
-        if (rank_ == 0 && r == 0) {
-          ops::copy(full + p.begin, piece_of(s), p.numel());
-        } else if (rank_ == 0) {
-          RecvOptions o;
-          o.async_op = true;
-          o.label = "checkpoint pieces";
-          works.push_back(shard_.recv(full + p.begin, p.numel(), dtype_of<T>(), r, o));
-        } else {
-          SendOptions o;
-          o.async_op = true;
-          o.label = "checkpoint pieces";
-          works.push_back(shard_.send(piece_of(s), p.numel(), dtype_of<T>(), 0, o));
-        }
-      }
     }
     for (auto& w : works) w->wait();
   }

@@ -6,28 +6,67 @@
 #include "core/ops.h"
 #include "core/io/atomic_dir.h"
 #include "core/io/checkpoint.h"
+#include "core/io/tensor_files.h"
 
 namespace llama4d {
 
+struct TrainingCheckpointFiles {
+  TensorFilesLayout model, optimizer;
+  std::unique_ptr<TensorFilesWriter> model_writer, optimizer_writer;  // opened on first write
+};
+
 template <class T>
-void save_training_checkpoint(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
-                              const TrainingState<T>& state, const TrainOptions& options) {
+TrainingCheckpointWriter<T>::TrainingCheckpointWriter(std::string dir, const LlamaConfig& cfg,
+                                                      const std::vector<ParamSpec>& specs)
+    : dir_(std::move(dir)), cfg_(cfg), specs_(specs), files_(std::make_unique<TrainingCheckpointFiles>()) {
+  // Weights and moments in the training dtype: resuming rounds nothing.
   const DType storage = dtype_of<T>();
-  write_directory_atomically(
-      dir,
-      [&](const std::string& staging) {
-    write_model_files(staging, cfg, specs, state.params, storage);
-    std::vector<TensorToWrite> moments = flat_tensors(specs, state.exp_avg, storage, "exp_avg.");
-    for (auto& t : flat_tensors(specs, state.exp_avg_sq, storage, "exp_avg_sq.")) moments.push_back(std::move(t));
-    write_tensor_files(staging, kOptimizerBase, moments);
-    write_json_file(staging + "/" + kTrainerStateFile,
-                    {{"format", "llama4d-trainer-state-v1"},
-                     {"steps_done", state.steps_done},
-                     {"optimizer_step", state.optimizer_steps},
-                     {"dtype", std::string(dtype_name(storage))},
-                     {"options", options.to_json()}});
-      },
-      kConfigFile);  // an existing directory is replaced only if it is a checkpoint
+  files_->model = tensor_files_layout(kModelBase, flat_tensors<T>(specs_, nullptr, storage), kModelMetadata);
+  std::vector<TensorToWrite> moments = flat_tensors<T>(specs_, nullptr, storage, "exp_avg.");
+  for (TensorToWrite& t : flat_tensors<T>(specs_, nullptr, storage, "exp_avg_sq.")) moments.push_back(std::move(t));
+  files_->optimizer = tensor_files_layout(kOptimizerBase, moments);
+}
+
+template <class T>
+TrainingCheckpointWriter<T>::~TrainingCheckpointWriter() = default;
+
+template <class T>
+void TrainingCheckpointWriter<T>::create(int64_t optimizer_steps, int64_t steps_done,
+                                         const TrainOptions& options) const {
+  write_config_file(dir_, cfg_, dtype_of<T>());
+  create_tensor_files(dir_, files_->model);
+  create_tensor_files(dir_, files_->optimizer);
+  write_json_file(dir_ + "/" + kTrainerStateFile, {{"format", "llama4d-trainer-state-v1"},
+                                                   {"steps_done", steps_done},
+                                                   {"optimizer_step", optimizer_steps},
+                                                   {"dtype", std::string(dtype_name(dtype_of<T>()))},
+                                                   {"options", options.to_json()}});
+}
+
+template <class T>
+void TrainingCheckpointWriter<T>::params(int64_t begin, int64_t end, const T* data) {
+  if (!files_->model_writer) files_->model_writer = std::make_unique<TensorFilesWriter>(dir_, files_->model);
+  write_flat_range(*files_->model_writer, specs_, begin, end, data);
+}
+
+template <class T>
+void TrainingCheckpointWriter<T>::exp_avg(int64_t begin, int64_t end, const T* data) {
+  if (!files_->optimizer_writer)
+    files_->optimizer_writer = std::make_unique<TensorFilesWriter>(dir_, files_->optimizer);
+  write_flat_range(*files_->optimizer_writer, specs_, begin, end, data, "exp_avg.");
+}
+
+template <class T>
+void TrainingCheckpointWriter<T>::exp_avg_sq(int64_t begin, int64_t end, const T* data) {
+  if (!files_->optimizer_writer)
+    files_->optimizer_writer = std::make_unique<TensorFilesWriter>(dir_, files_->optimizer);
+  write_flat_range(*files_->optimizer_writer, specs_, begin, end, data, "exp_avg_sq.");
+}
+
+template <class T>
+void TrainingCheckpointWriter<T>::finish() {
+  if (files_->model_writer) files_->model_writer->finish();
+  if (files_->optimizer_writer) files_->optimizer_writer->finish();
 }
 
 template <class T>
@@ -35,9 +74,15 @@ void save_training_checkpoint(const std::string& dir, const Llama<T>& model, con
                               const TrainOptions& options, int64_t steps_done) {
   if (adamw.begin() != 0 || adamw.end() != model.num_params())
     throw Error("save_training_checkpoint: the optimizer must cover the whole model");
-  const TrainingState<T> state{model.params(), adamw.exp_avg().data(), adamw.exp_avg_sq().data(), adamw.step_count(),
-                               steps_done};
-  save_training_checkpoint(dir, model.config(), model.param_specs(), state, options);
+  StagedDirectory staged(dir, kConfigFile);  // an existing directory is replaced only if it is a checkpoint
+  TrainingCheckpointWriter<T> writer(staged.staging(), model.config(), model.param_specs());
+  writer.create(adamw.step_count(), steps_done, options);
+  const int64_t n = model.num_params();
+  writer.params(0, n, model.params());
+  writer.exp_avg(0, n, adamw.exp_avg().data());
+  writer.exp_avg_sq(0, n, adamw.exp_avg_sq().data());
+  writer.finish();
+  staged.commit();
 }
 
 TrainOptions read_train_options(const std::string& dir) {
@@ -112,15 +157,14 @@ TrainingCheckpointInfo load_training_checkpoint(const std::string& dir, Llama<T>
 }
 
 #define LLAMA4D_INSTANTIATE(T)                                                                                   \
-  template void save_training_checkpoint<T>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, \
-                                            const TrainingState<T>&, const TrainOptions&);                       \
   template void save_training_checkpoint<T>(const std::string&, const Llama<T>&, const AdamW<T>&,                \
                                             const TrainOptions&, int64_t);                                       \
   template TrainingCheckpointInfo read_training_checkpoint<T>(const std::string&, const LlamaConfig&,            \
                                                               const std::vector<ParamSpec>&, std::vector<T>&,    \
                                                               std::vector<T>&, std::vector<T>&, int64_t&);       \
   template TrainingCheckpointInfo load_training_checkpoint<T>(const std::string&, Llama<T>&, AdamW<T>&);         \
-  template class TrainingCheckpointReader<T>;
+  template class TrainingCheckpointReader<T>;                                                                     \
+  template class TrainingCheckpointWriter<T>;
 LLAMA4D_INSTANTIATE(float)
 LLAMA4D_INSTANTIATE(double)
 #undef LLAMA4D_INSTANTIATE

@@ -26,20 +26,39 @@ struct TrainingCheckpointInfo {
 };
 
 
-// Everything a checkpoint holds, as full (unsharded) flat buffers. Sharded strategies gather
-// into this form, so a run saved on one mesh resumes on any other.
+struct TrainingCheckpointFiles;  // the laid-out files and this rank's handles on them
+
+// A training checkpoint written piece by piece, by any number of ranks at once: each writes
+// the flat ranges it owns (a ZeRO rank its pieces of the weights and moments, a DP replica its
+// 1/dp of them) straight into the files, so no rank ever holds the whole state. The files are
+// laid out from the specs alone, identically on every rank; one rank creates them first.
+// Use inside a StagedDirectory (atomic_dir.h): the checkpoint is whole only once every rank
+// has finished.
 template <class T>
-struct TrainingState {
-  const T* params = nullptr;      // [num_params]
-  const T* exp_avg = nullptr;     // [num_params]
-  const T* exp_avg_sq = nullptr;  // [num_params]
-  int64_t optimizer_steps = 0;
-  int64_t steps_done = 0;
+class TrainingCheckpointWriter {
+ public:
+  // The layout of the checkpoint's files in `dir` (weights and moments stored as T); no I/O.
+  TrainingCheckpointWriter(std::string dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs);
+  ~TrainingCheckpointWriter();
+
+  // Once, by one rank, before any rank writes: config.json, trainer_state.json, and the tensor
+  // files at full size with their headers. IoError on failure.
+  void create(int64_t optimizer_steps, int64_t steps_done, const TrainOptions& options) const;
+  // Flat elements [begin, end) of the parameters / AdamW moments, from data[end - begin].
+  void params(int64_t begin, int64_t end, const T* data);
+  void exp_avg(int64_t begin, int64_t end, const T* data);
+  void exp_avg_sq(int64_t begin, int64_t end, const T* data);
+  // Syncs everything this rank wrote to disk. IoError on failure.
+  void finish();
+
+ private:
+  std::string dir_;
+  LlamaConfig cfg_;
+  std::vector<ParamSpec> specs_;
+  std::unique_ptr<TrainingCheckpointFiles> files_;
 };
 
-template <class T>
-void save_training_checkpoint(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs,
-                              const TrainingState<T>& state, const TrainOptions& options);
+// A whole training checkpoint from one device's full buffers, written atomically.
 template <class T>
 void save_training_checkpoint(const std::string& dir, const Llama<T>& model, const AdamW<T>& adamw,
                               const TrainOptions& options, int64_t steps_done);

@@ -1,0 +1,186 @@
+// Laid-out tensor files and the range writer that fills them (see tensor_files.h).
+#include "core/io/tensor_files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/io/atomic_file.h"
+#include "core/io/convert.h"
+
+namespace llama4d {
+
+namespace {
+
+// Conversions stream through a buffer of this many bytes instead of a full-size copy.
+constexpr size_t kChunkBytes = size_t(4) << 20;
+
+std::string join(const std::string& dir, const std::string& file) {
+  return (std::filesystem::path(dir) / file).string();
+}
+
+std::string shard_name(const std::string& base, size_t i, size_t k) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i, k);
+  return base + buf;
+}
+
+void pwrite_all(int fd, const void* data, size_t bytes, uint64_t offset, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd, p, bytes, off_t(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("cannot write '" + path + "': " + std::strerror(errno));
+    }
+    p += n, bytes -= size_t(n), offset += uint64_t(n);
+  }
+}
+
+}  // namespace
+
+std::string single_tensor_file_name(const std::string& base) { return base + ".safetensors"; }
+std::string tensor_index_file_name(const std::string& base) { return base + ".safetensors.index.json"; }
+
+TensorFilesLayout tensor_files_layout(const std::string& base, const std::vector<TensorToWrite>& tensors,
+                                      const TensorMetadata& metadata, int64_t max_shard_bytes) {
+  TensorFilesLayout out;
+  const std::string single = single_tensor_file_name(base);
+  SafetensorsLayout whole = safetensors_layout(single, tensors, metadata);  // validates every tensor
+  if (max_shard_bytes <= 0 || whole.data_bytes <= uint64_t(max_shard_bytes)) {
+    out.files.push_back({single, std::move(whole)});
+    return out;
+  }
+  std::vector<std::vector<TensorToWrite>> shards(1);
+  uint64_t in_shard = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t bytes = whole.tensors[i].end - whole.tensors[i].begin;
+    if (!shards.back().empty() && in_shard + bytes > uint64_t(max_shard_bytes)) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(tensors[i]);
+    in_shard += bytes;
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string name = shard_name(base, s + 1, shards.size());
+    out.files.push_back({name, safetensors_layout(name, shards[s], metadata)});
+    for (const TensorToWrite& t : shards[s]) weight_map[t.name] = name;
+  }
+  out.index_name = tensor_index_file_name(base);
+  out.index = {{"metadata", {{"total_size", whole.data_bytes}}}, {"weight_map", weight_map}};
+  return out;
+}
+
+void create_tensor_files(const std::string& dir, const TensorFilesLayout& layout) {
+  for (const TensorFilesLayout::File& f : layout.files) {
+    const std::string path = join(dir, f.name);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw IoError("cannot create '" + path + "': " + std::strerror(errno));
+    try {
+      pwrite_all(fd, f.layout.prefix.data(), f.layout.prefix.size(), 0, path);
+      if (::ftruncate(fd, off_t(f.layout.file_bytes())) != 0)
+        throw IoError("cannot size '" + path + "' to " + std::to_string(f.layout.file_bytes()) +
+                      " bytes: " + std::strerror(errno));
+      if (::fsync(fd) != 0) throw IoError("cannot flush '" + path + "': " + std::strerror(errno));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    if (::close(fd) != 0) throw IoError("cannot write '" + path + "': " + std::strerror(errno));
+  }
+  if (!layout.index.is_null()) write_text_file_atomically(join(dir, layout.index_name), layout.index.dump(2) + "\n");
+}
+
+TensorFilesWriter::TensorFilesWriter(std::string dir, const TensorFilesLayout& layout)
+    : dir_(std::move(dir)), layout_(layout), fds_(layout.files.size(), -1) {
+  for (size_t f = 0; f < layout.files.size(); ++f)
+    for (size_t t = 0; t < layout.files[f].layout.tensors.size(); ++t)
+      where_[layout.files[f].layout.tensors[t].name] = {f, t};
+}
+
+TensorFilesWriter::~TensorFilesWriter() {
+  for (int fd : fds_)
+    if (fd >= 0) ::close(fd);
+}
+
+int TensorFilesWriter::descriptor(size_t file) {
+  if (fds_[file] < 0) {
+    const std::string path = join(dir_, layout_.files[file].name);
+    fds_[file] = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);  // never creates: create_tensor_files did
+    if (fds_[file] < 0) throw IoError("cannot open '" + path + "' for writing: " + std::strerror(errno));
+  }
+  return fds_[file];
+}
+
+void TensorFilesWriter::write(const std::string& name, int64_t elem_begin, int64_t elem_end, const void* data,
+                              DType data_dtype) {
+  const auto it = where_.find(name);
+  if (it == where_.end()) throw InputError("cannot write tensor '" + name + "': the checkpoint layout has no such tensor");
+  const auto [file, entry] = it->second;
+  const TensorInfo& t = layout_.files[file].layout.tensors[entry];
+  if (elem_begin < 0 || elem_begin > elem_end || elem_end > t.numel)
+    throw InputError("cannot write elements [" + std::to_string(elem_begin) + ", " + std::to_string(elem_end) +
+                     ") of tensor '" + name + "', which has " + std::to_string(t.numel));
+  if (!can_convert(t.dtype, data_dtype))
+    throw InputError("tensor '" + name + "' cannot be stored as " + std::string(dtype_name(t.dtype)) + " from " +
+                     std::string(dtype_name(data_dtype)));
+  const size_t n = size_t(elem_end - elem_begin);
+  if (n == 0) return;
+  if (data == nullptr) throw InputError("cannot write tensor '" + name + "': no data");
+  const std::string path = join(dir_, layout_.files[file].name);
+  const int fd = descriptor(file);
+  const size_t out_size = dtype_size(t.dtype), in_size = dtype_size(data_dtype);
+  const uint64_t at = layout_.files[file].layout.prefix.size() + t.begin + uint64_t(elem_begin) * out_size;
+  if (t.dtype == data_dtype) {
+    pwrite_all(fd, data, n * out_size, at, path);
+    return;
+  }
+  const size_t per_chunk = std::max<size_t>(1, kChunkBytes / out_size);
+  std::vector<unsigned char> buf(std::min(n, per_chunk) * out_size);
+  const auto* src = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; i += per_chunk) {
+    const size_t here = std::min(per_chunk, n - i);
+    convert_elements(buf.data(), t.dtype, src + i * in_size, data_dtype, here);
+    pwrite_all(fd, buf.data(), here * out_size, at + i * out_size, path);
+  }
+}
+
+void TensorFilesWriter::finish() {
+  for (size_t f = 0; f < fds_.size(); ++f) {
+    if (fds_[f] < 0) continue;
+    const std::string path = join(dir_, layout_.files[f].name);
+    const int fd = fds_[f];
+    fds_[f] = -1;
+    const bool synced = ::fsync(fd) == 0;
+    const int err = errno;
+    if (::close(fd) != 0 || !synced)
+      throw IoError("cannot flush '" + path + "': " + std::strerror(synced ? errno : err));
+  }
+}
+
+template <class T>
+void write_flat_range(TensorFilesWriter& writer, const std::vector<ParamSpec>& specs, int64_t begin, int64_t end,
+                      const T* data, const std::string& prefix) {
+  const int64_t total = flat_numel(specs);
+  if (begin < 0 || begin > end || end > total)
+    throw InputError("cannot write flat elements [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                     std::to_string(total) + " parameters");
+  for (const SpecOverlap& p : overlapping_specs(specs, begin, end))
+    writer.write(prefix + p.spec->name, p.lo - p.spec->offset, p.hi - p.spec->offset, data + (p.lo - begin),
+                 dtype_of<T>());
+}
+
+template void write_flat_range<float>(TensorFilesWriter&, const std::vector<ParamSpec>&, int64_t, int64_t,
+                                      const float*, const std::string&);
+template void write_flat_range<double>(TensorFilesWriter&, const std::vector<ParamSpec>&, int64_t, int64_t,
+                                       const double*, const std::string&);
+
+}  // namespace llama4d
