@@ -1,6 +1,9 @@
-// `llama4d verify`: the equivalence harness. Trains K steps with a data-parallel strategy on N
-// ranks and replays them on one device, then prints every tensor's error and whether the bits
-// match. Exits 1 when the results are outside tolerance (with ordered reductions: not bitwise).
+// `llama4d verify`: the equivalence harness. Trains K steps with a parallel plan on N ranks and
+// checks every rank at every step against one device (core/verify/equivalence.h), then prints
+// every tensor's error, every rank's verdict and whether the bits match. Exits 1 when the results
+// are outside tolerance (with ordered reductions: not bitwise).
+#include <algorithm>
+
 #include "cli/common.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
@@ -29,7 +32,13 @@ EquivalenceReport run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   o.plan = a.parallel.plan(o.model, a.launch.algo);
   if (o.plan.single_device()) throw InputError("verify needs a parallel --mesh to compare against one device");
   o.train = a.opt;
-  if (o.train.batch_size == 0) o.train.batch_size = 2 * o.plan.dp();  // two rows per data rank
+  // Defaults that exercise gradient accumulation: four rows per data rank, and micro-batches of
+  // half a rank's rows (one row each when that is odd), so every rank accumulates.
+  if (o.train.batch_size == 0) o.train.batch_size = 4 * o.plan.dp();
+  if (o.train.micro_batch_size < 0) {
+    const int64_t rows = o.train.batch_size / o.plan.dp();
+    o.train.micro_batch_size = rows % 2 == 0 ? std::max<int64_t>(1, rows / 2) : 1;
+  }
   check_fits_in_memory(o.model, 4.0 * sizeof(T) * 2, false, "verifying");
   const TextDataset data = load_dataset(a.data.empty() ? default_corpus_path() : a.data, o.train.seq_len);
   return verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
@@ -47,11 +56,12 @@ void add_verify_command(CLI::App& app) {
   a->launch.add_options(*cmd);
   a->opt.steps = 3;
   a->opt.batch_size = 0;
+  a->opt.micro_batch_size = -1;
   a->opt.seq_len = 64;
   a->opt.warmup_steps = 1;
   cmd->add_option("--steps", a->opt.steps, "AdamW steps to compare")->capture_default_str();
-  cmd->add_option("--batch-size", a->opt.batch_size, "global batch in sequences (0: two per rank)")->capture_default_str();
-  cmd->add_option("--micro-batch-size", a->opt.micro_batch_size, "sequences per forward on each rank (0: all)")
+  cmd->add_option("--batch-size", a->opt.batch_size, "global batch in sequences (0: four per data rank)")->capture_default_str();
+  cmd->add_option("--micro-batch-size", a->opt.micro_batch_size, "sequences per forward on each rank (0: all; -1: half a rank's rows)")
       ->capture_default_str();
   cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();

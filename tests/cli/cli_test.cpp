@@ -116,6 +116,8 @@ TEST(Cli, NonWritableOut) {
 TEST(Cli, BadFlagValueExitsTwo) {
   const Result r = run("train --steps notanumber");
   EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("notanumber"), std::string::npos) << "the error should quote the bad value: " << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
 TEST(Cli, TrainEvalGenerateJson) {
@@ -124,35 +126,72 @@ TEST(Cli, TrainEvalGenerateJson) {
   ASSERT_EQ(t.code, 0) << t.err;
   const auto j = nlohmann::json::parse(t.out);  // exactly one JSON object on stdout
   EXPECT_EQ(j.at("steps").get<int>(), 3);
+  EXPECT_EQ(j.at("steps_this_run").get<int>(), 3);
+  // Every training position has a target: steps * batch_size * seq_len = 3 * 2 * 32.
+  EXPECT_EQ(j.at("tokens").get<int64_t>(), 192);
   EXPECT_TRUE(j.at("final_loss").is_number());
+  // A fresh byte-level model starts near ln(264) = 5.58 nats per token; 3 steps cannot move it far.
+  EXPECT_GT(j.at("final_loss").get<double>(), 3.0);
+  EXPECT_LT(j.at("final_loss").get<double>(), 8.0);
+  EXPECT_TRUE(j.at("val_loss").is_null());  // --eval-every 0: no validation
   EXPECT_GT(j.at("tokens_per_s").get<double>(), 0);
+  // The options that ran are the ones passed.
+  EXPECT_EQ(j.at("options").at("steps").get<int>(), 3);
+  EXPECT_EQ(j.at("options").at("batch_size").get<int>(), 2);
+  EXPECT_EQ(j.at("options").at("seq_len").get<int>(), 32);
+  // tiny: 2*264*64 + 2*(128 + 2*64*64 + 2*64*32 + 3*64*176) + 64 (tests/io/test_config.cpp).
+  EXPECT_EQ(j.at("parameters").get<int64_t>(), 126'272);
+  EXPECT_EQ(j.at("ranks").get<int>(), 1);
+  EXPECT_EQ(j.at("plan").at("mesh_spec").get<std::string>(), "1 device");
+  EXPECT_EQ(j.at("plan").at("world_size").get<int>(), 1);
+  EXPECT_EQ(j.at("plan").at("zero").get<int>(), 0);
+  EXPECT_EQ(j.at("checkpoint").get<std::string>(), out + "/checkpoint");
   EXPECT_TRUE(fs::exists(out + "/checkpoint/model.safetensors"));
   EXPECT_TRUE(fs::exists(out + "/checkpoint/optimizer.safetensors"));
   std::ifstream metrics(out + "/metrics.jsonl");
   std::string line;
   int rows = 0;
+  double last_loss = 0;
   while (std::getline(metrics, line)) {
     const auto m = nlohmann::json::parse(line);
     for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s"}) EXPECT_TRUE(m.contains(k)) << k;
     ++rows;
+    EXPECT_EQ(m.at("step").get<int>(), rows);  // one row per step, in order
+    EXPECT_GT(m.at("grad_norm").get<double>(), 0.0);
+    last_loss = m.at("loss").get<double>();
   }
   EXPECT_EQ(rows, 3);
+  EXPECT_EQ(last_loss, j.at("final_loss").get<double>());  // the summary reports the last step's loss
 
   const Result e = run("eval --checkpoint " + out + "/checkpoint --seq-len 32 --max-windows 4 --json");
   ASSERT_EQ(e.code, 0) << e.err;
   const auto je = nlohmann::json::parse(e.out);
   EXPECT_GT(je.at("loss").get<double>(), 0);
   EXPECT_EQ(je.at("tokens").get<int>(), 4 * 32);
+  EXPECT_EQ(je.at("seq_len").get<int>(), 32);
 
   const Result g = run("generate --checkpoint " + out + "/checkpoint --prompt Hi --max-new-tokens 5 --json");
   ASSERT_EQ(g.code, 0) << g.err;
   const auto jg = nlohmann::json::parse(g.out);
   EXPECT_LE(jg.at("new_tokens").get<int>(), 5);
+  EXPECT_EQ(jg.at("prompt").get<std::string>(), "Hi");
+  EXPECT_EQ(jg.at("temperature").get<double>(), 0.0);  // the default: greedy
+  ASSERT_EQ(jg.at("tokens").size(), jg.at("new_tokens").get<size_t>());
+  for (const auto& tok : jg.at("tokens")) {
+    // A byte model emits bytes; <|end_of_text|> (257) ends generation and is not listed.
+    EXPECT_GE(tok.get<int>(), 0);
+    EXPECT_LT(tok.get<int>(), 256) << "generated a special token";
+  }
 
   // Resume continues the step count from the checkpoint.
   const Result r = run("train --resume " + out + "/checkpoint --out " + out + " --json");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(nlohmann::json::parse(r.out).at("steps_this_run").get<int>(), 0);  // it had finished all 3
+  const auto jr = nlohmann::json::parse(r.out);
+  EXPECT_EQ(jr.at("steps_this_run").get<int>(), 0);  // it had finished all 3
+  EXPECT_EQ(jr.at("steps").get<int>(), 3);
+  EXPECT_EQ(jr.at("tokens").get<int64_t>(), 0);
+  EXPECT_EQ(jr.at("options").at("batch_size").get<int>(), 2);  // the checkpoint's options, reused
+  EXPECT_EQ(jr.at("options").at("seq_len").get<int>(), 32);
 }
 
 TEST(Cli, DataParallelTrainReportsMemoryAndTraffic) {
@@ -164,10 +203,23 @@ TEST(Cli, DataParallelTrainReportsMemoryAndTraffic) {
   EXPECT_EQ(j.at("ranks").get<int>(), 2);
   EXPECT_EQ(j.at("peak_memory_per_rank").size(), 2u);
   EXPECT_GT(j.at("traffic").at("total_bytes_sent").get<int64_t>(), 0);
+  EXPECT_EQ(j.at("steps").get<int>(), 2);
+  // The global batch, counted once over both ranks: 2 steps * 4 sequences * 32 tokens.
+  EXPECT_EQ(j.at("tokens").get<int64_t>(), 256);
+  EXPECT_EQ(j.at("mesh").get<std::string>(), "dp=2");
+  EXPECT_EQ(j.at("plan").at("mesh_spec").get<std::string>(), "dp=2");
+  EXPECT_EQ(j.at("plan").at("world_size").get<int>(), 2);
+  EXPECT_EQ(j.at("plan").at("zero").get<int>(), 3);
+  EXPECT_EQ(j.at("options").at("batch_size").get<int>(), 4);
+  EXPECT_EQ(j.at("options").at("seq_len").get<int>(), 32);
+  EXPECT_EQ(j.at("parameters").get<int64_t>(), 126'272);
   // The checkpoint is unsharded: a single rank resumes it.
   const Result r = run("train --resume " + out + "/checkpoint --out " + out + " --json");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(nlohmann::json::parse(r.out).at("steps").get<int>(), 2);
+  const auto jr = nlohmann::json::parse(r.out);
+  EXPECT_EQ(jr.at("steps").get<int>(), 2);
+  EXPECT_EQ(jr.at("steps_this_run").get<int>(), 0);
+  EXPECT_EQ(jr.at("ranks").get<int>(), 1);
 }
 
 TEST(Cli, VerifyJsonReportsBitwiseEquivalence) {
@@ -177,6 +229,17 @@ TEST(Cli, VerifyJsonReportsBitwiseEquivalence) {
   EXPECT_TRUE(j.at("ok").get<bool>());
   EXPECT_TRUE(j.at("bitwise").get<bool>());
   EXPECT_EQ(j.at("losses_single"), j.at("losses_parallel"));
+  EXPECT_EQ(j.at("grad_norms_single"), j.at("grad_norms_parallel"));
+  // What was asked for is what ran.
+  EXPECT_EQ(j.at("ranks").get<int>(), 3);
+  EXPECT_EQ(j.at("steps").get<int>(), 2);
+  EXPECT_EQ(j.at("losses_single").size(), 2u);  // one loss per step
+  EXPECT_EQ(j.at("grad_norms_parallel").size(), 2u);
+  EXPECT_EQ(j.at("plan").at("mesh_spec").get<std::string>(), "dp=3");
+  EXPECT_EQ(j.at("plan").at("world_size").get<int>(), 3);
+  EXPECT_EQ(j.at("plan").at("zero").get<int>(), 2);
+  EXPECT_EQ(j.at("peak_memory_per_rank").size(), 3u);
+  // tiny: embedding, 9 tensors per layer * 2 layers, final norm, LM head.
   EXPECT_EQ(j.at("tensors").size(), 21u);
   for (const char* k : {"max_abs_err", "max_rel_err"}) EXPECT_EQ(j.at(k).get<double>(), 0.0);
 }
@@ -202,7 +265,11 @@ TEST(Cli, ActivationCheckpointingFlag) {
   const Result v = run("verify --mesh dp=2 --zero 3 --ac every:sqrt --steps 2 --seq-len 32 --json");
   ASSERT_EQ(v.code, 0) << v.err;
   const auto j = nlohmann::json::parse(v.out);
+  EXPECT_TRUE(j.at("ok").get<bool>());
   EXPECT_TRUE(j.at("bitwise").get<bool>());
+  EXPECT_EQ(j.at("ranks").get<int>(), 2);
+  EXPECT_EQ(j.at("steps").get<int>(), 2);
+  EXPECT_EQ(j.at("plan").at("mesh_spec").get<std::string>(), "dp=2");
   EXPECT_EQ(j.at("plan").at("ac").get<std::string>(), "every:2");  // tiny has 2 layers: ceil(sqrt(2))
   EXPECT_EQ(j.at("plan").at("zero").get<int>(), 3);
   // bench reports MFU and HFU; full checkpointing recomputes, so HFU > MFU.

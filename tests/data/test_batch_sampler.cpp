@@ -59,6 +59,26 @@ TEST(SplitMix64, MatchesPublishedReferenceValues) {
   }
 }
 
+TEST(SplitMix64, OtherInputsAndRowHashMatchIndependentlyComputedValues) {
+  // Literals from a separate re-implementation of the published finaliser (Python, 64-bit
+  // wrap-around arithmetic), not from this library.
+  EXPECT_EQ(splitmix64(1), 0x910A2DEC89025CC1ull);
+  EXPECT_EQ(splitmix64(42), 0xBDD732262FEB6E95ull);
+  EXPECT_EQ(splitmix64(0xFFFFFFFFFFFFFFFFull), 0xE4D971771B652C20ull);  // x + gamma wraps around
+  EXPECT_EQ(splitmix64(0x9E3779B97F4A7C15ull), 0x6E789E6AA1B965F4ull);  // the generator's 2nd output
+  // row_hash = splitmix64(splitmix64(splitmix64(seed) ^ step) ^ row), same independent source.
+  EXPECT_EQ(row_hash(0, 0, 0), 0x238275BC38FCBE91ull);
+  EXPECT_EQ(row_hash(42, 0, 0), 0x6310BF04D8207F46ull);
+  EXPECT_EQ(row_hash(42, 7, 3), 0xF55E4254D4655539ull);
+  EXPECT_EQ(row_hash(5, 1, 1), 0xEB37568742FFA26Bull);
+  // And against the stateful reference generator in this file on many inputs.
+  uint64_t x = 12345;
+  for (int i = 0; i < 1000; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    ASSERT_EQ(splitmix64(x), SplitMix64Generator{x}.next()) << x;
+  }
+}
+
 TEST(BatchSampler, RowsAreWindowsOfTheCorpusAtTheDocumentedStarts) {
   const std::string text = sample_text();
   const TextDataset ds = make_dataset(text, 32, 0.1);
@@ -86,10 +106,41 @@ TEST(BatchSampler, RowsAreWindowsOfTheCorpusAtTheDocumentedStarts) {
   }
 }
 
+TEST(BatchSampler, HandMadeSplitGivesLiteralWindows) {
+  // split = 10..19 (n = 10), T = 4: n - T = 6 starts (0..5). Seed 3, step 2: row_hash mod 6
+  // is 4, 4, 3 for rows 0, 1, 2 (computed outside this library).
+  std::vector<int32_t> split(10);
+  for (int i = 0; i < 10; ++i) split[size_t(i)] = 10 + i;
+  EXPECT_EQ(window_start(10, 4, 3, 2, 0), 4);
+  EXPECT_EQ(window_start(10, 4, 3, 2, 1), 4);
+  EXPECT_EQ(window_start(10, 4, 3, 2, 2), 3);
+  const Batch b = sample_batch(split, 4, 3, 2, 3);
+  EXPECT_EQ(b.B, 3);
+  EXPECT_EQ(b.T, 4);
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{14, 15, 16, 17, 14, 15, 16, 17, 13, 14, 15, 16}));
+  EXPECT_EQ(b.targets, (std::vector<int32_t>{15, 16, 17, 18, 15, 16, 17, 18, 14, 15, 16, 17}));
+  EXPECT_EQ(b.counted_targets(), 12);
+  // Row 2 alone, as rank 1 of a 3-way split of the batch would build it.
+  const Batch r2 = sample_rows(split, 4, 3, 2, 2, 3);
+  EXPECT_EQ(r2.tokens, (std::vector<int32_t>{13, 14, 15, 16}));
+  EXPECT_EQ(r2.targets, (std::vector<int32_t>{14, 15, 16, 17}));
+}
+
 TEST(BatchSampler, IsAPureFunctionAndRowsSliceLikeDataParallelRanks) {
   const TextDataset ds = make_dataset(sample_text(), 16, 0.1);
   const Batch full = sample_rows(ds.train(), 16, 7, 3, 0, 4);
   EXPECT_EQ(sample_rows(ds.train(), 16, 7, 3, 0, 4).tokens, full.tokens);  // same inputs, same output
+  // ... and that output is the split at the independently computed starts.
+  const TokenSpan train = ds.train();
+  ASSERT_EQ(full.B, 4);
+  ASSERT_EQ(full.T, 16);
+  for (int64_t r = 0; r < 4; ++r) {
+    const int64_t start = reference_start(ds.train_size, 16, 7, 3, r);
+    for (int64_t t = 0; t < 16; ++t) {
+      ASSERT_EQ(full.tokens[size_t(r * 16 + t)], train[size_t(start + t)]) << r << "," << t;
+      ASSERT_EQ(full.targets[size_t(r * 16 + t)], train[size_t(start + t + 1)]) << r << "," << t;
+    }
+  }
 
   // Two "ranks" each build half of the global batch; their concatenation is the full batch.
   const Batch lo = sample_rows(ds.train(), 16, 7, 3, 0, 2);
@@ -113,7 +164,12 @@ TEST(BatchSampler, DifferentStepsSeedsAndRowsDiffer) {
   EXPECT_NE(sample_batch(ds.train(), 16, 1, 1, 8).tokens, a.tokens);
   EXPECT_NE(sample_batch(ds.train(), 16, 2, 0, 8).tokens, a.tokens);
   std::set<int64_t> starts;
-  for (int64_t r = 0; r < 8; ++r) starts.insert(window_start(ds.train_size, 16, 1, 0, r));
+  for (int64_t r = 0; r < 8; ++r) {
+    EXPECT_EQ(window_start(ds.train_size, 16, 1, 0, r), reference_start(ds.train_size, 16, 1, 0, r));
+    EXPECT_EQ(window_start(ds.train_size, 16, 2, 0, r), reference_start(ds.train_size, 16, 2, 0, r));
+    EXPECT_EQ(window_start(ds.train_size, 16, 1, 1, r), reference_start(ds.train_size, 16, 1, 1, r));
+    starts.insert(window_start(ds.train_size, 16, 1, 0, r));
+  }
   EXPECT_GE(starts.size(), 7u) << "rows of one batch should almost never share a window";
 }
 
@@ -121,6 +177,8 @@ TEST(BatchSampler, StartsCoverTheWholeSplitAndStayInside) {
   // 40 tokens, T = 8: the valid starts are 0..31, and the last one reads token 39.
   std::vector<int32_t> split(40);
   for (int i = 0; i < 40; ++i) split[size_t(i)] = i;
+  // The first starts, computed outside this library: row_hash(5, step, row) mod 32.
+  const int64_t first_starts[3][2] = {{21, 1}, {16, 11}, {19, 4}};
   std::set<int64_t> seen;
   for (int64_t step = 0; step < 400; ++step) {
     const Batch b = sample_batch(split, 8, 5, step, 2);
@@ -128,6 +186,12 @@ TEST(BatchSampler, StartsCoverTheWholeSplitAndStayInside) {
       const int64_t start = b.tokens[size_t(r * 8)];
       ASSERT_GE(start, 0);
       ASSERT_LE(start, 31);
+      ASSERT_EQ(start, reference_start(40, 8, 5, step, r)) << step << "," << r;
+      if (step < 3) EXPECT_EQ(start, first_starts[step][r]) << step << "," << r;
+      for (int64_t t = 0; t < 8; ++t) {  // split[i] == i: the window is start .. start+7
+        ASSERT_EQ(b.tokens[size_t(r * 8 + t)], start + t);
+        ASSERT_EQ(b.targets[size_t(r * 8 + t)], start + t + 1);
+      }
       seen.insert(start);
     }
   }
@@ -138,6 +202,12 @@ TEST(BatchSampler, RejectsBadArguments) {
   std::vector<int32_t> split(10, 1);
   EXPECT_THROW(sample_rows(split, 10, 0, 0, 0, 1), InputError);  // needs 11 tokens
   EXPECT_NO_THROW(sample_rows(split, 9, 0, 0, 0, 1));
+  // Exactly seq_len + 1 tokens: one valid start (0), whatever the hash.
+  const std::vector<int32_t> ramp = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const Batch only = sample_rows(ramp, 9, 123, 4, 0, 2);
+  EXPECT_EQ(window_start(10, 9, 123, 4, 1), 0);
+  EXPECT_EQ(only.tokens, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(only.targets, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
   EXPECT_THROW(sample_rows(split, 4, 0, 0, 3, 2), InputError);
   EXPECT_THROW(sample_rows(split, 4, 0, -1, 0, 2), InputError);
   EXPECT_THROW(sample_rows(split, 4, 0, 0, -1, 2), InputError);
@@ -185,12 +255,55 @@ TEST(EvalWindows, CoverTheSplitExactly) {
   expect_windows_cover(std::vector<int32_t>{1, 2}, 1);
 }
 
+TEST(EvalWindows, NumberOfWindowsForHandComputedSizes) {
+  // ceil((n - 1) / T): the n - 1 targets in windows of T.
+  EXPECT_EQ(num_eval_windows(2, 1), 1);      // 1 target
+  EXPECT_EQ(num_eval_windows(5, 4), 1);      // 4 targets: one full window
+  EXPECT_EQ(num_eval_windows(6, 4), 2);      // 5 targets: a full window and one with a single target
+  EXPECT_EQ(num_eval_windows(7, 4), 2);
+  EXPECT_EQ(num_eval_windows(9, 4), 2);      // 8 targets: two full windows
+  EXPECT_EQ(num_eval_windows(10, 4), 3);
+  EXPECT_EQ(num_eval_windows(1025, 64), 16);
+  EXPECT_EQ(num_eval_windows(1026, 64), 17);
+  EXPECT_EQ(num_eval_windows(100, 1), 99);
+  EXPECT_THROW(num_eval_windows(4, 4), InputError);  // fewer than seq_len + 1 tokens
+  EXPECT_THROW(num_eval_windows(10, 0), InputError);
+}
+
+TEST(EvalWindows, HandMadeSplitGivesLiteralWindowsAndPadding) {
+  // split = 5..11 (n = 7), T = 4: 6 targets -> 2 windows. Window 0 covers split[0..4], window 1
+  // split[4..6] and is padded: token 0 and target -1 past the end.
+  const std::vector<int32_t> split = {5, 6, 7, 8, 9, 10, 11};
+  const Batch b = eval_windows(split, 4, 0, 2);
+  EXPECT_EQ(b.B, 2);
+  EXPECT_EQ(b.T, 4);
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{5, 6, 7, 8, 9, 10, 11, 0}));
+  EXPECT_EQ(b.targets, (std::vector<int32_t>{6, 7, 8, 9, 10, 11, -1, -1}));
+  EXPECT_EQ(b.counted_targets(), 6);
+  const Batch second = eval_windows(split, 4, 1, 2);
+  EXPECT_EQ(second.tokens, (std::vector<int32_t>{9, 10, 11, 0}));
+  EXPECT_EQ(second.targets, (std::vector<int32_t>{10, 11, -1, -1}));
+  const Batch none = eval_windows(split, 4, 1, 1);
+  EXPECT_EQ(none.B, 0);
+  EXPECT_TRUE(none.tokens.empty());
+  // n - 1 a multiple of T: no padding at all.
+  const Batch exact = eval_windows(std::vector<int32_t>{1, 2, 3, 4, 5}, 2, 0, 2);
+  EXPECT_EQ(exact.tokens, (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(exact.targets, (std::vector<int32_t>{2, 3, 4, 5}));
+}
+
 TEST(EvalWindows, SubrangesAreRowsOfTheFullBatch) {
   std::vector<int32_t> split(50);
   for (int i = 0; i < 50; ++i) split[size_t(i)] = i;
   const Batch all = eval_windows(split, 6, 0, num_eval_windows(50, 6));
   const Batch mid = eval_windows(split, 6, 2, 5);
   ASSERT_EQ(mid.B, 3);
+  EXPECT_EQ(num_eval_windows(50, 6), 9);  // ceil(49 / 6)
+  // split[i] == i: window w holds tokens 6w .. 6w+5 and targets 6w+1 .. 6w+6.
+  for (int64_t i = 0; i < 3 * 6; ++i) {
+    EXPECT_EQ(mid.tokens[size_t(i)], 12 + i);
+    EXPECT_EQ(mid.targets[size_t(i)], 13 + i);
+  }
   EXPECT_EQ(mid.tokens, std::vector<int32_t>(all.tokens.begin() + 12, all.tokens.begin() + 30));
   EXPECT_EQ(mid.targets, std::vector<int32_t>(all.targets.begin() + 12, all.targets.begin() + 30));
   EXPECT_THROW(eval_windows(split, 6, 0, num_eval_windows(50, 6) + 1), InputError);

@@ -55,6 +55,11 @@ int64_t count_by_hand(int64_t V, int64_t C, int64_t I, int64_t L, int64_t nh, in
 }
 
 TEST(Config, Llama3ParameterCountsAreExact) {
+  // 8B by hand (V 128256, C 4096, I 14336, L 32, 32 heads, 8 kv heads, head_dim 128, untied):
+  //   embed = head = 128256*4096 = 525'336'576
+  //   per layer: q,o 2*4096*4096 = 33'554'432; k,v 2*4096*1024 = 8'388'608;
+  //              mlp 3*4096*14336 = 176'160'768; 2 norms 8'192           -> 218'112'000
+  //   32 layers = 6'979'584'000; + 2*525'336'576 + final norm 4'096       = 8'030'261'248
   EXPECT_EQ(LlamaConfig::preset("llama3-8b").num_parameters(), 8'030'261'248);
   EXPECT_EQ(LlamaConfig::preset("llama3-70b").num_parameters(), 70'553'706'496);
   EXPECT_EQ(LlamaConfig::preset("llama3-405b").num_parameters(), 405'853'388'800);
@@ -113,6 +118,9 @@ TEST(Config, PresetShapes) {
   EXPECT_FALSE(small.tie_word_embeddings);
   EXPECT_EQ(small.bos_token_id, 256);
   EXPECT_EQ(small.eos_token_id, 257);
+  // V 264, C 288, I 768, L 6, 6 heads of 48, 2 kv heads: per layer q,o 2*288*288 = 165'888,
+  // k,v 2*288*96 = 55'296, mlp 3*288*768 = 663'552, norms 576 -> 885'312; 6 layers 5'311'872;
+  // + embed and head 2*264*288 = 152'064 + final norm 288 = 5'464'224.
   EXPECT_EQ(small.num_parameters(), 5'464'224);
 }
 
@@ -172,8 +180,15 @@ TEST(Config, AcceptsConfigVariantsSeenInTheWild) {
   j["some_future_key"] = {{"nested", true}};
   LlamaConfig c = LlamaConfig::from_json(j);
   EXPECT_EQ(c.eos_token_id, 128001);
+  EXPECT_EQ(c.bos_token_id, 128000);
   ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->rope_type, "llama3");
   EXPECT_EQ(c.rope_scaling->factor, 8.0);
+  EXPECT_EQ(c.rope_scaling->low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_scaling->high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.hidden_size, 4096);
+  EXPECT_EQ(c.num_parameters(), 8'030'261'248);  // the unknown key changed nothing
 
   // Llama 3 (not 3.1): no rope scaling at all; "default" means the same.
   j["rope_scaling"] = nullptr;
@@ -187,7 +202,96 @@ TEST(Config, AcceptsConfigVariantsSeenInTheWild) {
   LlamaConfig m = LlamaConfig::from_json(mha);
   EXPECT_EQ(m.num_key_value_heads, 32);
   EXPECT_EQ(m.head_dim, 128);
+  // 32000*4096 = 131'072'000 each for embed and head; per layer 4*4096^2 = 67'108'864 +
+  // 3*4096*11008 = 135'266'304 + 8'192 = 202'383'360; 32 layers 6'476'267'520; + 2*131'072'000
+  // + 4'096 = 6'738'415'616.
   EXPECT_EQ(m.num_parameters(), 6'738'415'616);  // Llama 2 7B
+  // Absent optional keys take transformers' LlamaConfig defaults.
+  EXPECT_EQ(m.max_position_embeddings, 2048);
+  EXPECT_EQ(m.rope_theta, 10000.0);
+  EXPECT_EQ(m.rms_norm_eps, 1e-6);
+  EXPECT_FALSE(m.tie_word_embeddings);
+  EXPECT_FALSE(m.rope_scaling.has_value());
+  EXPECT_EQ(m.bos_token_id, 1);
+  EXPECT_EQ(m.eos_token_id, 2);
+  // Without bos/eos ids the byte vocabulary's defaults stay (bos 256, eos 257).
+  mha.erase("bos_token_id");
+  mha.erase("eos_token_id");
+  mha["vocab_size"] = 264;
+  const LlamaConfig bytes = LlamaConfig::from_json(mha);
+  EXPECT_EQ(bytes.bos_token_id, 256);
+  EXPECT_EQ(bytes.eos_token_id, 257);
+}
+
+// A Llama 3.2 1B style config.json written by hand, mixing the current key spellings
+// (rope_type, an explicit head_dim, a list of eos ids) with the classic one (type).
+const char* kHandWrittenMixedKeys = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "model_type": "llama",
+  "vocab_size": 128256,
+  "hidden_size": 2048,
+  "intermediate_size": 8192,
+  "num_hidden_layers": 16,
+  "num_attention_heads": 32,
+  "num_key_value_heads": 8,
+  "head_dim": 64,
+  "max_position_embeddings": 131072,
+  "rope_theta": 500000.0,
+  "rms_norm_eps": 1e-05,
+  "tie_word_embeddings": true,
+  "rope_scaling": {"rope_type": "llama3", "type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+  "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009],
+  "hidden_act": "silu",
+  "attention_bias": false,
+  "mlp_bias": false
+})";
+
+TEST(Config, ParsesHandWrittenConfigWithClassicAndCurrentKeys) {
+  const LlamaConfig c = LlamaConfig::from_json(json::parse(kHandWrittenMixedKeys));
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.hidden_size, 2048);
+  EXPECT_EQ(c.intermediate_size, 8192);
+  EXPECT_EQ(c.num_hidden_layers, 16);
+  EXPECT_EQ(c.num_attention_heads, 32);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->rope_type, "llama3");
+  EXPECT_EQ(c.rope_scaling->factor, 32.0);
+  EXPECT_EQ(c.rope_scaling->low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_scaling->high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.bos_token_id, 128000);
+  EXPECT_EQ(c.eos_token_id, 128001);  // the first of the list
+  // By hand: embed 128256*2048 = 262'668'288 (tied: counted once); per layer q,o 2*2048*2048 =
+  // 8'388'608, k,v 2*2048*512 = 2'097'152, mlp 3*2048*8192 = 50'331'648, norms 4'096 ->
+  // 60'821'504; 16 layers 973'144'064; + 262'668'288 + final norm 2'048 = 1'235'814'400
+  // (the published size of Llama 3.2 1B).
+  EXPECT_EQ(c.num_parameters(), 1'235'814'400);
+
+  // "rope_type" wins over the classic "type" when both are present ...
+  json j = json::parse(kHandWrittenMixedKeys);
+  j["rope_scaling"]["type"] = "default";
+  ASSERT_TRUE(LlamaConfig::from_json(j).rope_scaling.has_value());
+  // ... and "type" alone is read, with every field of the block.
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 16.0}, {"low_freq_factor", 2.0}, {"high_freq_factor", 8.0},
+                       {"original_max_position_embeddings", 4096}};
+  const LlamaConfig classic = LlamaConfig::from_json(j);
+  ASSERT_TRUE(classic.rope_scaling.has_value());
+  EXPECT_EQ(classic.rope_scaling->rope_type, "llama3");
+  EXPECT_EQ(classic.rope_scaling->factor, 16.0);
+  EXPECT_EQ(classic.rope_scaling->low_freq_factor, 2.0);
+  EXPECT_EQ(classic.rope_scaling->high_freq_factor, 8.0);
+  EXPECT_EQ(classic.rope_scaling->original_max_position_embeddings, 4096);
+  // Untying adds the head: 1'235'814'400 + 262'668'288.
+  j["tie_word_embeddings"] = false;
+  EXPECT_EQ(LlamaConfig::from_json(j).num_parameters(), 1'498'482'688);
 }
 
 TEST(Config, JsonRoundTripForEveryPreset) {
@@ -266,6 +370,19 @@ TEST(Config, ValidateNamesTheProblem) {
       },
       {"2^60"});
   EXPECT_NO_THROW(LlamaConfig::preset("tiny").validate());
+  // The edges of the valid ranges pass, and validation changes nothing.
+  LlamaConfig edge = broken([](LlamaConfig& c) {
+    c.eos_token_id = 263;  // the last id of a 264-token vocabulary
+    c.bos_token_id = 0;
+    c.head_dim = 2;        // the smallest even head_dim
+  });
+  EXPECT_NO_THROW(edge.validate());
+  EXPECT_EQ(edge.eos_token_id, 263);
+  EXPECT_EQ(edge.bos_token_id, 0);
+  EXPECT_EQ(edge.head_dim, 2);
+  // tiny with head_dim 2 by hand: per layer q,o 2*64*8 = 1'024, k,v 2*64*4 = 512, mlp
+  // 3*64*176 = 33'792, norms 128 -> 35'456; 2 layers 70'912; + 2*264*64 = 33'792 + 64 = 104'768.
+  EXPECT_EQ(edge.num_parameters(), 104'768);
 }
 
 TEST(Config, FromJsonNamesMissingOrWrongTypedKeys) {

@@ -131,6 +131,108 @@ TEST(GradClip, CoefficientFollowsPyTorchFormula) {
   EXPECT_THROW(clip_coefficient(-1.0, 1.0), InputError);
 }
 
+TEST(GradClip, SumSquaresOfHandComputableGradients) {
+  const std::vector<float> g34 = {3.0f, 4.0f};
+  EXPECT_EQ(local_grad_sum_squares(g34.data(), 2), 25.0);
+  // g[i] = (i mod 7) - 3 over 1000 elements, crossing a chunk boundary at 512: one period of 7
+  // squares is 9+4+1+0+1+4+9 = 28; 1000 = 142*7 + 6, so 142*28 + (9+4+1+0+1+4) = 3976 + 19 = 3995.
+  // Integers, so every order of addition gives it exactly.
+  std::vector<float> gf(1000);
+  std::vector<double> gd(1000);
+  for (size_t i = 0; i < 1000; ++i) gf[i] = float(int(i % 7) - 3), gd[i] = double(int(i % 7) - 3);
+  EXPECT_EQ(local_grad_sum_squares(gf.data(), 1000), 3995.0);
+  EXPECT_EQ(local_grad_sum_squares(gd.data(), 1000), 3995.0);
+  EXPECT_EQ(num_chunk_partials(1000), 2);
+  EXPECT_EQ(num_chunk_partials(1024), 2);
+  EXPECT_EQ(num_chunk_partials(1025), 3);
+  EXPECT_EQ(num_chunk_partials(0), 0);
+  // The two chunk partials: elements 0..511 hold 73 whole periods (2044) plus i mod 7 = 0 (9);
+  // 512..999 the rest: 3995 - 2053 = 1942.
+  double partials[2] = {};
+  ops::sum_squares_chunks(partials, gd.data(), 1000, kNormChunk);
+  EXPECT_EQ(partials[0], 2053.0);
+  EXPECT_EQ(partials[1], 1942.0);
+}
+
+TEST(GradClip, CombineChunkSumsAddsInIndexOrder) {
+  const double none[1] = {42.0};
+  EXPECT_EQ(combine_chunk_sums(none, 0), 0.0);
+  const double three[] = {1.0, 2.0, 4.0};
+  EXPECT_EQ(combine_chunk_sums(three, 3), 7.0);
+  EXPECT_EQ(combine_chunk_sums(three, 2), 3.0);  // only `count` partials
+  // Order is visible in floating point: 1e16 + 1 rounds back to 1e16 (its ulp is 2), so
+  // ((1e16 + 1) - 1e16) is 0 while ((1e16 - 1e16) + 1) is 1.
+  const double big_first[] = {1e16, 1.0, -1e16};
+  const double cancel_first[] = {1e16, -1e16, 1.0};
+  EXPECT_EQ(combine_chunk_sums(big_first, 3), 0.0);
+  EXPECT_EQ(combine_chunk_sums(cancel_first, 3), 1.0);
+  // (0.1 + 0.2) + 0.3 = 0.6000000000000001 but (0.3 + 0.2) + 0.1 = 0.6.
+  const double up[] = {0.1, 0.2, 0.3};
+  const double down[] = {0.3, 0.2, 0.1};
+  EXPECT_EQ(combine_chunk_sums(up, 3), 0.6000000000000001);
+  EXPECT_EQ(combine_chunk_sums(down, 3), 0.6);
+}
+
+TEST(GradClip, CoefficientLiterals) {
+  // sqrt(25) = 5; 1 / (5 + 1e-6) = 0.199999960000008 (correctly rounded, computed by hand / Python).
+  EXPECT_EQ(clip_coefficient(25.0, 1.0), 0.199999960000008);
+  EXPECT_EQ(clip_coefficient(16.0, 1.0), 0.24999993750001562);  // 1 / 4.000001
+  EXPECT_EQ(clip_coefficient(16.0, 2.5), 0.624999843750039);     // 2.5 / 4.000001
+  EXPECT_EQ(clip_coefficient(25.0, 5.0), 0.99999980000004);      // norm == max_norm still clips, by the 1e-6
+  EXPECT_EQ(clip_coefficient(25.0, 5.00001), 1.0);               // 5.00001 / 5.000001 > 1: exactly 1
+  EXPECT_EQ(clip_coefficient(25.0, 1e9), 1.0);
+  EXPECT_EQ(clip_coefficient(0.0, 1.0), 1.0);                    // 1 / 1e-6 = 1e6, capped at 1
+  // The 1e-6 guard dominates for tiny norms: a zero gradient with a tiny max_norm still gets a
+  // coefficient below 1 (harmless: it scales zeros).
+  EXPECT_EQ(clip_coefficient(0.0, 1e-9), 0.001);                        // 1e-9 / 1e-6
+  EXPECT_EQ(clip_coefficient(1e-20, 1e-9), 0.0009999000099990003);      // 1e-9 / (1e-10 + 1e-6)
+}
+
+TEST(GradClip, ApplyGradClipLiterals) {
+  // Double: each element times 0.199999960000008, rounded once.
+  std::vector<double> d = {3.0, -4.0, 0.0};
+  apply_grad_clip(d.data(), 3, 0.199999960000008);
+  EXPECT_EQ(d, (std::vector<double>{0.599999880000024, -0.799999840000032, 0.0}));
+  // Float: the coefficient is first rounded to float (0x1.999994p-3 = 0.19999995827674866), then
+  // the product is rounded to float: 3 * c -> 0x1.33333p-1, -4 * c -> -0x1.999994p-1.
+  std::vector<float> f = {3.0f, -4.0f, 0.0f};
+  apply_grad_clip(f.data(), 3, 0.199999960000008);
+  EXPECT_EQ(f, (std::vector<float>{0x1.33333p-1f, -0x1.999994p-1f, 0.0f}));
+  // An exact coefficient gives exact halves.
+  f = {3.0f, -4.0f, 0.25f};
+  apply_grad_clip(f.data(), 3, 0.5);
+  EXPECT_EQ(f, (std::vector<float>{1.5f, -2.0f, 0.125f}));
+  // Coefficient 0 (an infinite norm) zeroes the gradient.
+  d = {3.0, -4.0};
+  apply_grad_clip(d.data(), 2, 0.0);
+  EXPECT_EQ(d, (std::vector<double>{0.0, 0.0}));
+  // 1 or more: untouched (never scaled up).
+  d = {3.0, -4.0};
+  apply_grad_clip(d.data(), 2, 1.0);
+  EXPECT_EQ(d, (std::vector<double>{3.0, -4.0}));
+  apply_grad_clip(d.data(), 2, 1.5);
+  EXPECT_EQ(d, (std::vector<double>{3.0, -4.0}));
+  // Only the first n elements.
+  d = {3.0, -4.0};
+  apply_grad_clip(d.data(), 1, 0.5);
+  EXPECT_EQ(d, (std::vector<double>{1.5, -4.0}));
+  // NaN is not hidden: it poisons every element.
+  d = {3.0, -4.0};
+  apply_grad_clip(d.data(), 2, std::nan(""));
+  EXPECT_TRUE(std::isnan(d[0]));
+  EXPECT_TRUE(std::isnan(d[1]));
+}
+
+TEST(GradClip, ClipsHandComputedGradientEndToEnd) {
+  // g = {3, 4}: norm 5; max_norm 1 -> coefficient 1 / 5.000001 -> {0.599999880000024, 0.799999840000032}.
+  std::vector<double> g = {3.0, 4.0};
+  EXPECT_EQ(clip_grad_norm(g.data(), 2, 1.0), 5.0);  // returns the pre-clip norm
+  EXPECT_EQ(g, (std::vector<double>{0.599999880000024, 0.799999840000032}));
+  g = {3.0, 4.0};
+  EXPECT_EQ(clip_grad_norm(g.data(), 2, 6.0), 5.0);  // under the threshold: untouched
+  EXPECT_EQ(g, (std::vector<double>{3.0, 4.0}));
+}
+
 template <class T>
 void check_clip(double tol) {
   const int64_t n = 50021;
