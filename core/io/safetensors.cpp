@@ -211,17 +211,27 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       tensors_.push_back(std::move(t));
     }
 
-    // No two tensors may share bytes (a writer bug or a crafted file).
+    // The tensors must tile the data section exactly, in offset order: no overlap (two tensors
+    // sharing bytes), no gap and no trailing bytes. A header that lies about its own length
+    // shifts every tensor by a few bytes and leaves the data section the wrong size; this is
+    // where it is caught, as the reference implementation does (MetadataIncompleteBuffer).
     std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
       return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
     });
+    uint64_t at = 0;
     const TensorInfo* prev = nullptr;
     for (const TensorInfo& t : tensors_) {
-      if (t.begin == t.end) continue;  // empty tensors occupy nothing
-      if (prev && t.begin < prev->end)
+      if (t.begin < at)
         throw InputError(where + ": tensors '" + prev->name + "' and '" + t.name + "' overlap in the data section");
+      if (t.begin > at)
+        throw InputError(where + ": " + std::to_string(t.begin - at) + " bytes before tensor '" + t.name +
+                         "' belong to no tensor (data_offsets must tile the data section)");
+      at = t.end;
       prev = &t;
     }
+    if (at != data_size)
+      throw InputError(where + ": the tensors end at byte " + std::to_string(at) + " of a " + std::to_string(data_size) +
+                       "-byte data section (a wrong header length, or trailing bytes)");
     for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
   } catch (...) {
     ::close(fd_);

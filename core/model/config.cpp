@@ -84,30 +84,52 @@ int64_t token_id(const json& j, const char* key, int64_t fallback) {
   return as_int(*v, key);
 }
 
-std::optional<RopeScaling> parse_rope_scaling(const json& j) {
-  const json* v = find(j, "rope_scaling");
-  if (!v) return std::nullopt;
-  if (!v->is_object()) wrong_type("rope_scaling", "an object or null", *v);
-  // transformers >= 4.43 writes "rope_type"; older configs (and some tools) write "type".
-  const json* type = find(*v, "rope_type");
-  if (!type) type = find(*v, "type");
-  if (!type) throw InputError("config key 'rope_scaling' has no 'rope_type' (or 'type')");
-  if (!type->is_string()) wrong_type("rope_scaling.rope_type", "a string", *type);
-  std::string name = type->get<std::string>();
+// The RoPE scaling fields of one object: classic `rope_scaling` (transformers < 5; "rope_type",
+// or "type" in older files) or current `rope_parameters` (transformers 5, which puts rope_theta
+// in the same object). "default" means no scaling; any other type than llama3 is refused rather
+// than silently run as plain RoPE.
+std::optional<RopeScaling> parse_scaling(const json& v, const std::string& key) {
+  if (!v.is_object()) wrong_type(key.c_str(), "an object or null", v);
+  const json* type = find(v, "rope_type");
+  if (!type) type = find(v, "type");
+  if (!type) throw InputError("config key '" + key + "' has no 'rope_type' (or 'type')");
+  if (!type->is_string()) wrong_type((key + ".rope_type").c_str(), "a string", *type);
+  const std::string name = type->get<std::string>();
   if (name == "default") return std::nullopt;
   if (name != "llama3")
-    throw InputError("rope_scaling type '" + name +
-                     "' is not supported (only 'llama3', 'default' or null)");
+    throw InputError("config: " + key + " type '" + name + "' is not supported (only 'llama3' or 'default')");
   RopeScaling rs;
-  const json* factor = find(*v, "factor");
-  if (!factor) throw InputError("config key 'rope_scaling' is missing 'factor'");
-  rs.factor = as_double(*factor, "rope_scaling.factor");
-  rs.low_freq_factor = optional_double(*v, "low_freq_factor", rs.low_freq_factor);
-  rs.high_freq_factor = optional_double(*v, "high_freq_factor", rs.high_freq_factor);
-  const json* orig = find(*v, "original_max_position_embeddings");
-  if (!orig) throw InputError("config key 'rope_scaling' is missing 'original_max_position_embeddings'");
-  rs.original_max_position_embeddings = as_int(*orig, "rope_scaling.original_max_position_embeddings");
+  const json* factor = find(v, "factor");
+  if (!factor) throw InputError("config key '" + key + "' is missing 'factor'");
+  rs.factor = as_double(*factor, (key + ".factor").c_str());
+  rs.low_freq_factor = optional_double(v, "low_freq_factor", rs.low_freq_factor);
+  rs.high_freq_factor = optional_double(v, "high_freq_factor", rs.high_freq_factor);
+  const json* orig = find(v, "original_max_position_embeddings");
+  if (!orig) throw InputError("config key '" + key + "' is missing 'original_max_position_embeddings'");
+  rs.original_max_position_embeddings = as_int(*orig, (key + ".original_max_position_embeddings").c_str());
   return rs;
+}
+
+// rope_theta and the scaling, from either spelling. A file may carry both (ours do, so old and
+// new readers take it); then they must agree, or it is an error naming both.
+void parse_rope(const json& j, LlamaConfig& c) {
+  const json* classic_theta = find(j, "rope_theta");
+  const json* classic_scaling = find(j, "rope_scaling");
+  c.rope_theta = classic_theta ? as_double(*classic_theta, "rope_theta") : 10000.0;  // transformers' default
+  c.rope_scaling = classic_scaling ? parse_scaling(*classic_scaling, "rope_scaling") : std::nullopt;
+  const json* current = find(j, "rope_parameters");
+  if (!current) return;
+  if (!current->is_object()) wrong_type("rope_parameters", "an object or null", *current);
+  const json* theta = find(*current, "rope_theta");
+  const double current_theta = theta ? as_double(*theta, "rope_parameters.rope_theta") : c.rope_theta;
+  const std::optional<RopeScaling> current_scaling = parse_scaling(*current, "rope_parameters");
+  if (classic_theta && current_theta != c.rope_theta)
+    throw InputError("config: rope_theta (" + classic_theta->dump() + ") and rope_parameters.rope_theta (" +
+                     theta->dump() + ") disagree");
+  if (classic_scaling && current_scaling != c.rope_scaling)
+    throw InputError("config: rope_scaling and rope_parameters describe different RoPE scaling");
+  c.rope_theta = current_theta;
+  c.rope_scaling = current_scaling;
 }
 
 // Llama 3.1 shapes share everything but the widths and depth (Meta's params.json, HF config.json).
@@ -247,6 +269,13 @@ json LlamaConfig::to_json() const {
   } else {
     j["rope_scaling"] = nullptr;
   }
+  // transformers 5 reads RoPE from `rope_parameters`; older readers from the keys above. Both
+  // are written, saying the same thing.
+  json rp = {{"rope_type", rope_scaling ? rope_scaling->rope_type : std::string("default")}, {"rope_theta", rope_theta}};
+  if (rope_scaling)
+    for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      rp[k] = j["rope_scaling"][k];
+  j["rope_parameters"] = rp;
   j["bos_token_id"] = bos_token_id;
   j["eos_token_id"] = eos_token_id;
   // Fixed by the architecture we implement; written so transformers builds the same model.
@@ -292,10 +321,9 @@ LlamaConfig LlamaConfig::from_json(const json& j) {
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   c.max_position_embeddings = optional_int(j, "max_position_embeddings", 2048);
-  c.rope_theta = optional_double(j, "rope_theta", 10000.0);
+  parse_rope(j, c);
   c.rms_norm_eps = optional_double(j, "rms_norm_eps", 1e-6);
   c.tie_word_embeddings = optional_bool(j, "tie_word_embeddings", false);
-  c.rope_scaling = parse_rope_scaling(j);
   // Absent ids keep our byte-vocabulary defaults (bos 256, eos 257).
   c.bos_token_id = token_id(j, "bos_token_id", c.bos_token_id);
   c.eos_token_id = token_id(j, "eos_token_id", c.eos_token_id);

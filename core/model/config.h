@@ -10,7 +10,8 @@
 
 namespace llama4d {
 
-// Llama 3.1 "llama3" RoPE frequency scaling (HF rope_scaling with rope_type "llama3"):
+// Llama 3.1 "llama3" RoPE frequency scaling (HF rope_scaling, or transformers 5's rope_parameters,
+// with rope_type "llama3"):
 // wavelengths longer than original_max_position_embeddings / low_freq_factor are divided by
 // `factor`, shorter than .../high_freq_factor are kept, and the band between is interpolated.
 struct RopeScaling {
@@ -19,6 +20,7 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
 };
 
 struct LlamaConfig {

@@ -334,6 +334,70 @@ TEST(Config, JsonRoundTripForEveryPreset) {
   }
 }
 
+// transformers 5 writes RoPE as one `rope_parameters` object (rope_type, rope_theta and the scaling
+// fields) instead of top-level rope_theta / rope_scaling. Written by hand here from the 8B file
+// above: it must give exactly the classic file's config, never theta 10000 by default.
+TEST(Config, ReadsTransformers5RopeParameters) {
+  json j = json::parse(kHfLlama31_8B);
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = json::parse(R"({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})");
+  j["transformers_version"] = "5.0.0";
+  const LlamaConfig current = LlamaConfig::from_json(j);
+  EXPECT_EQ(current.rope_theta, 500000.0);
+  ASSERT_TRUE(current.rope_scaling.has_value());
+  EXPECT_EQ(current.rope_scaling->factor, 8.0);
+  EXPECT_EQ(current.rope_scaling->low_freq_factor, 1.0);
+  EXPECT_EQ(current.rope_scaling->high_freq_factor, 4.0);
+  EXPECT_EQ(current.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(current.to_json(), LlamaConfig::from_json(json::parse(kHfLlama31_8B)).to_json());
+
+  // Plain RoPE in the current spelling: rope_type "default" with its theta.
+  j["rope_parameters"] = json::parse(R"({"rope_type": "default", "rope_theta": 250000.0})");
+  const LlamaConfig plain = LlamaConfig::from_json(j);
+  EXPECT_EQ(plain.rope_theta, 250000.0);
+  EXPECT_FALSE(plain.rope_scaling.has_value());
+
+  // Types we do not implement are refused, in either spelling, instead of run as plain RoPE.
+  j["rope_parameters"] = json::parse(R"({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})");
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"rope_parameters", "'yarn'", "not supported"});
+  json classic = json::parse(kHfLlama31_8B);
+  classic["rope_scaling"]["rope_type"] = "dynamic";
+  expect_error<InputError>([&] { LlamaConfig::from_json(classic); }, {"rope_scaling", "'dynamic'", "not supported"});
+}
+
+// A file carrying both spellings (as ours do) must say the same thing in both.
+TEST(Config, BothRopeSpellingsMustAgree) {
+  json j = json::parse(kHfLlama31_8B);
+  j["rope_parameters"] = json::parse(R"({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})");
+  EXPECT_EQ(LlamaConfig::from_json(j).rope_theta, 500000.0);
+  j["rope_parameters"]["rope_theta"] = 10000.0;
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"rope_theta", "rope_parameters.rope_theta", "disagree"});
+  j["rope_parameters"]["rope_theta"] = 500000.0;
+  j["rope_parameters"]["factor"] = 32.0;
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"rope_scaling", "rope_parameters", "different"});
+}
+
+// What we write carries both spellings, and each alone reads back to the same config: an old
+// transformers reads rope_theta / rope_scaling, transformers 5 reads rope_parameters.
+TEST(Config, WrittenRopeIsReadableByOldAndNewReaders) {
+  for (const std::string& name : {std::string("tiny"), std::string("llama3-8b")}) {
+    const LlamaConfig a = LlamaConfig::preset(name);
+    const json j = a.to_json();
+    ASSERT_TRUE(j.contains("rope_parameters"));
+    EXPECT_EQ(j["rope_parameters"]["rope_theta"], a.rope_theta);
+    EXPECT_EQ(j["rope_parameters"]["rope_type"], a.rope_scaling ? "llama3" : "default");
+    json old_only = j, new_only = j;
+    old_only.erase("rope_parameters");
+    new_only.erase("rope_theta");
+    new_only.erase("rope_scaling");
+    EXPECT_EQ(LlamaConfig::from_json(old_only).to_json(), j) << name;
+    EXPECT_EQ(LlamaConfig::from_json(new_only).to_json(), j) << name;
+  }
+}
+
 TEST(Config, HeadsNotDivisibleByKvHeads) {
   json j = LlamaConfig::preset("tiny").to_json();
   j["num_key_value_heads"] = 3;

@@ -184,6 +184,31 @@ TEST(Safetensors, LyingHeadersAreRejected) {
                              data16),
              {"'a'", "'b'", "overlap"});
   expect_bad(raw_safetensors(R"({"__metadata__":{"step":12}})", ""), {"__metadata__"});
+  // The tensors must tile the data section: a gap, trailing bytes, a missing head.
+  expect_bad(raw_safetensors(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                             data16),
+             {"4 bytes before tensor 'b'", "tile"});
+  expect_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}})", data16),
+             {"end at byte 12 of a 16-byte data section"});
+  expect_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[4,16]}})", data16),
+             {"4 bytes before tensor 't'"});
+}
+
+// A header that understates its own length by 4 (its space padding absorbs the lie, so the JSON
+// still parses) would shift every tensor one float early: the data section then has 4 bytes no
+// tensor claims, and the file is refused instead of read one element off.
+TEST(Safetensors, HeaderThatLiesAboutItsLengthIsRefused) {
+  ScratchDir dir;
+  const std::vector<float> v = {1, 2, 3, 4};
+  const std::string header = R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})" + std::string(8, ' ');
+  test::write_bytes(dir / "honest.safetensors", raw_safetensors(header, test::le_bytes(v)));
+  std::vector<float> back(4);
+  SafetensorsFile(dir / "honest.safetensors").read("t", {4}, back.data());
+  EXPECT_EQ(back, v);
+  test::write_bytes(dir / "liar.safetensors", raw_safetensors(header, test::le_bytes(v), header.size() - 4));
+  expect_error<InputError>([&] { SafetensorsFile f(dir / "liar.safetensors"); },
+                           {"liar.safetensors", "tensors end at byte 16 of a 20-byte data section"});
 }
 
 TEST(Safetensors, ReadChecksNameShapeAndDtype) {
