@@ -297,7 +297,7 @@ std::string CommBenchReport::table() const {
                     (options.symmetric ? "symmetric" : "private") + " buffers\n";
   out += "# memcpy bandwidth (1 thread, this machine): " + fmt("%.2f", memcpy_gbps) + " GB/s\n";
   out += "# busbw = algbw x 2(N-1)/N for all_reduce, x (N-1)/N for reduce_scatter/all_gather/all_to_all;"
-         " sim = cluster model (NVLink 900 GB/s, IB 50 GB/s)\n";
+         " sim = cluster model (NVLink 450 GB/s, IB 50 GB/s per direction)\n";
   std::vector<std::vector<std::string>> t = {{"op", "size(B)", "count", "type", "redop", "iters", "time(us)",
                                               "algbw(GB/s)", "busbw(GB/s)", "busbw/memcpy", "sim(us)",
                                               "sim busbw(GB/s)"}};

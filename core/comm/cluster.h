@@ -2,8 +2,11 @@
 // The cluster the virtual GPUs pretend to be: nodes x GPUs per node, NVLink inside a node,
 // InfiniBand across nodes, each link an alpha-beta model: moving b bytes over one hop costs
 //   t = alpha + b / bandwidth.
-// Defaults are the H100 figures of the "Case Study: LLaMA 3" write-up this project started from: NVLink
-// 900 GB/s with alpha 1 us, InfiniBand 50 GB/s per GPU with alpha 5 us, 80 GB of HBM.
+// Defaults are H100 SXM figures. NVLink 4: 450 GB/s per direction (NVIDIA's H100 datasheet quotes
+// 900 GB/s, which counts both directions of 18 links of 25 GB/s each way; the "Case Study: LLaMA 3"
+// write-up this project started from uses 900 per direction, twice too fast), alpha 1 us.
+// InfiniBand: one 400 Gb/s ConnectX-7 NIC per GPU (the Llama 3 paper's RoCE/IB fabric), 50 GB/s
+// per direction, alpha 5 us. 80 GB of HBM3.
 // Rank r lives on node r / gpus_per_node, so the innermost mesh dims (tp, then cp) stay on a
 // node and ride NVLink, as in Llama 3's [tp, cp, pp, dp] order.
 #include <cstdint>
@@ -21,7 +24,7 @@ struct LinkParams {
 struct ClusterSpec {
   int nodes = 1;
   int gpus_per_node = 8;
-  LinkParams nvlink{1.0, 900.0};
+  LinkParams nvlink{1.0, 450.0};
   LinkParams infiniband{5.0, 50.0};
   int64_t hbm_bytes = 0;  // per-GPU memory capacity; 0 = unlimited
 
@@ -37,7 +40,7 @@ struct ClusterSpec {
 
   // InputError when a size is non-positive or the cluster holds fewer than world_size ranks.
   void validate(int world_size) const;
-  std::string describe() const;  // "2 nodes x 8 GPUs, NVLink 900 GB/s 1 us, IB 50 GB/s 5 us"
+  std::string describe() const;  // "2 nodes x 8 GPUs, NVLink 450 GB/s 1 us, IB 50 GB/s 5 us"
 };
 
 constexpr int64_t kH100HbmBytes = 80'000'000'000;

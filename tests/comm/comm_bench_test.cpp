@@ -48,7 +48,7 @@ TEST(CommBench, RowsFollowNcclTestsConventions) {
   // alpha + chunk / bandwidth with balanced chunks of 342, 341, 341 floats (slowest hop: 342).
   const CommBenchRow& ar = report.rows[2];
   ASSERT_EQ(ar.op, "all_reduce");
-  EXPECT_NEAR(ar.sim_us, 4 * (1.0 + 342 * 4 / 900e3), 1e-9);
+  EXPECT_NEAR(ar.sim_us, 4 * (1.0 + 342 * 4 / 450e3), 1e-9);
 
   const nlohmann::json j = report.to_json();
   EXPECT_EQ(j.at("backend"), "virtual");

@@ -25,8 +25,8 @@ TEST(Cluster, LinksNodesAndAlphaBeta) {
   EXPECT_EQ(c.link_between(3, 5), LinkClass::nvlink);
   EXPECT_EQ(c.link_between(7, 8), LinkClass::infiniband);
   EXPECT_EQ(c.link_between(4, 4), LinkClass::self);
-  // Seed figures: NVLink 900 GB/s + 1 us, IB 50 GB/s + 5 us.
-  EXPECT_DOUBLE_EQ(c.transfer_us(LinkClass::nvlink, 900'000), 1.0 + 1.0);
+  // H100 figures: NVLink 450 GB/s per direction + 1 us, IB 50 GB/s + 5 us.
+  EXPECT_DOUBLE_EQ(c.transfer_us(LinkClass::nvlink, 450'000), 1.0 + 1.0);
   EXPECT_DOUBLE_EQ(c.transfer_us(LinkClass::infiniband, 50'000), 5.0 + 1.0);
   EXPECT_DOUBLE_EQ(c.transfer_us(LinkClass::infiniband, 0), 0.0);
   EXPECT_EQ(scaled_hbm_bytes(kLlama3_8bParams), kH100HbmBytes);
@@ -91,7 +91,7 @@ TEST(VirtualAccounting, OrderedAllReduceTimeOnOneNode) {
   const TrafficRecord t = cluster.accounting(5).traffic.records().at(0);
   EXPECT_EQ(t.bytes_sent, 2 * 7 * S / 8);
   EXPECT_EQ(t.algorithm, "direct");
-  EXPECT_NEAR(t.sim_end_us - t.sim_start_us, 2 * (1.0 + double(7 * S / 8) / 900e3), 1e-6);
+  EXPECT_NEAR(t.sim_end_us - t.sim_start_us, 2 * (1.0 + double(7 * S / 8) / 450e3), 1e-6);
 }
 
 TEST(VirtualAccounting, RingAndOrderedDifferInTheLastBits) {
@@ -131,7 +131,7 @@ TEST(VirtualAccounting, SimulatedClocksFollowTheSlowestRankAndOverlap) {
   o.algo = ReduceAlgo::ring;
   VirtualCluster cluster(o);
   const int64_t count = 4 * 1000;
-  const double ar_us = 2 * 3 * (1.0 + 1000 * 4 / 900e3);  // 2(N-1) steps, one NVLink hop each
+  const double ar_us = 2 * 3 * (1.0 + 1000 * 4 / 450e3);  // 2(N-1) steps, one NVLink hop each
   cluster.run([&](ProcessGroup& pg) {
     std::vector<float> v(size_t(count), 1.0f);
     { ComputeScope c(pg.trace(), "forward", 100.0 * (pg.rank() + 1)); }  // rank 3 is slowest: 400 us
