@@ -12,6 +12,7 @@
 #include "core/data/dataset.h"
 #include "core/data/entropy.h"
 #include "core/error.h"
+#include "core/io/atomic_dir.h"
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
@@ -102,6 +103,12 @@ struct Setup {
 
 Setup prepare(const TrainArgs& a, double bytes_per_param) {
   ensure_writable_dir(a.out);
+  // Before any work, not at the end of the run: is <out>/checkpoint ours to replace? And the
+  // staging directories of saves that were killed on this machine are removed, not kept forever.
+  check_directory_replaceable(a.out + "/checkpoint", kConfigFile);
+  if (const int stale = remove_stale_staging(a.out + "/checkpoint"))
+    std::fprintf(stderr, "removed %d staging director%s left by a killed save in %s\n", stale, stale == 1 ? "y" : "ies",
+                 a.out.c_str());
   Setup s{a.model.resolve(), a.opt, a.data.empty() ? default_corpus_path() : a.data};
   if (!a.resume.empty()) {
     // The checkpoint defines the model shape and the run's options; only its step count moves.

@@ -12,6 +12,8 @@
 #include "core/error.h"
 #include "core/io/atomic_file.h"
 
+#include <optional>
+
 namespace llama4d {
 
 namespace fs = std::filesystem;
@@ -40,34 +42,79 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
 
 }  // namespace
 
-StagedDirectory::StagedDirectory(const std::string& dir, const std::string& replace_marker) : dir_(dir) {
-  fs::path target = fs::path(dir).lexically_normal();
-  if (!target.empty() && target.filename().empty()) target = target.parent_path();  // "a/b/"
-  const std::string name = target.filename().string();
-  if (target.empty() || name.empty() || name == "." || name == ".." || target == target.root_path())
+namespace {
+
+struct Target {
+  fs::path path, parent;
+  bool exists = false;
+};
+
+// Whether `dir` may be created or replaced, decided before anything is written.
+Target check_target(const std::string& dir, const std::string& replace_marker, bool create_parent) {
+  Target t;
+  t.path = fs::path(dir).lexically_normal();
+  if (!t.path.empty() && t.path.filename().empty()) t.path = t.path.parent_path();  // "a/b/"
+  const std::string name = t.path.filename().string();
+  if (t.path.empty() || name.empty() || name == "." || name == ".." || t.path == t.path.root_path())
     throw InputError("cannot write a directory at '" + dir + "': give a path that names a new directory");
-  fs::path parent = target.parent_path();
-  if (parent.empty()) parent = ".";
+  t.parent = t.path.parent_path();
+  if (t.parent.empty()) t.parent = ".";
 
   std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) throw IoError("cannot create directory '" + parent.string() + "' for '" + dir + "': " + ec.message());
-
-  // Decide up front whether an existing `dir` may be replaced, before writing anything.
-  fs::file_status st = fs::symlink_status(target, ec);
-  exists_ = !ec && fs::exists(st);
-  if (exists_) {
+  if (create_parent) {
+    fs::create_directories(t.parent, ec);
+    if (ec) throw IoError("cannot create directory '" + t.parent.string() + "' for '" + dir + "': " + ec.message());
+  }
+  fs::file_status st = fs::symlink_status(t.path, ec);
+  t.exists = !ec && fs::exists(st);
+  if (t.exists) {
     if (fs::is_symlink(st))
       throw InputError("'" + dir + "' is a symbolic link; refusing to replace it");
     if (!fs::is_directory(st)) throw InputError("'" + dir + "' exists and is not a directory");
-    const bool empty = fs::is_empty(target, ec);
+    const bool empty = fs::is_empty(t.path, ec);
     if (ec) throw IoError("cannot list '" + dir + "': " + ec.message());
-    if (!empty && (replace_marker.empty() || !fs::exists(target / replace_marker)))
+    if (!empty && (replace_marker.empty() || !fs::exists(t.path / replace_marker)))
       throw InputError("refusing to replace non-empty directory '" + dir + "'" +
                        (replace_marker.empty() ? std::string()
                                                : ": it has no " + replace_marker +
                                                      ", so it is not a checkpoint this program wrote"));
   }
+  return t;
+}
+
+}  // namespace
+
+void check_directory_replaceable(const std::string& dir, const std::string& replace_marker) {
+  check_target(dir, replace_marker, false);
+}
+
+int remove_stale_staging(const std::string& dir) {
+  const fs::path target = fs::path(dir).lexically_normal();
+  fs::path parent = target.parent_path();
+  if (parent.empty()) parent = ".";
+  const std::string name = target.filename().string();
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string sibling = entry.path().filename().string();
+    for (const std::string& stem : {name + ".tmp-", name + ".old.tmp-"}) {
+      if (sibling.rfind(stem, 0) != 0) continue;
+      const std::optional<long> pid = temporary_owner(sibling.substr(stem.size()));
+      if (!pid || process_alive(*pid)) break;  // not ours to judge, or a save in progress
+      std::error_code rm;
+      if (fs::remove_all(entry.path(), rm) > 0 && !rm) ++removed;
+      break;
+    }
+  }
+  return removed;
+}
+
+StagedDirectory::StagedDirectory(const std::string& dir, const std::string& replace_marker) : dir_(dir) {
+  const Target t = check_target(dir, replace_marker, true);
+  const fs::path& target = t.path;
+  const fs::path& parent = t.parent;
+  exists_ = t.exists;
+  std::error_code ec;
 
   const fs::path staging = temporary_sibling_name(target.string());
   fs::remove_all(staging, ec);

@@ -13,6 +13,15 @@
 
 namespace llama4d {
 
+// The checks StagedDirectory makes, without writing anything: for callers that should fail before
+// a long run rather than when they save at its end.
+void check_directory_replaceable(const std::string& dir, const std::string& replace_marker = "");
+
+// Removes the staging directories of `dir` (see above) that processes of this machine left behind
+// when they were killed mid-save; a live process's are kept, and so are other machines' (their
+// pids mean nothing here). Returns how many were removed.
+int remove_stale_staging(const std::string& dir);
+
 // The same, in steps, for writers that are not one function call (the ranks of a sharded save
 // fill one staging directory together): the constructor checks `dir` and creates the staging
 // directory, commit() moves it into place, and destruction without commit() removes it.

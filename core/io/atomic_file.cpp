@@ -2,6 +2,7 @@
 #include "core/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,11 +24,37 @@ std::string parent_of(const std::string& path) {
   return p.empty() ? std::string(".") : p.string();
 }
 
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == 0) return "localhost";
+  return buf;
+}
+
 }  // namespace
 
 std::string temporary_sibling_name(const std::string& path) {
   static std::atomic<unsigned long> counter{0};
-  return path + ".tmp-" + std::to_string(long(::getpid())) + "-" + std::to_string(counter++);
+  return path + ".tmp-" + host_name() + "-" + std::to_string(long(::getpid())) + "-" + std::to_string(counter++);
+}
+
+std::optional<long> temporary_owner(const std::string& suffix) {
+  // <host>-<pid>-<n>; the host may itself contain '-', so read from the right.
+  const size_t last = suffix.rfind('-');
+  if (last == std::string::npos || last == 0) return std::nullopt;
+  const size_t mid = suffix.rfind('-', last - 1);
+  if (mid == std::string::npos) return std::nullopt;
+  const std::string host = suffix.substr(0, mid), pid = suffix.substr(mid + 1, last - mid - 1),
+                    n = suffix.substr(last + 1);
+  auto digits = [](const std::string& s) {
+    return !s.empty() && s.size() < 19 && s.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (host != host_name() || !digits(pid) || !digits(n)) return std::nullopt;
+  return std::stol(pid);
+}
+
+bool process_alive(long pid) {
+  if (pid <= 0) return false;
+  return ::kill(pid_t(pid), 0) == 0 || errno == EPERM;  // EPERM: it exists, owned by someone else
 }
 
 void FileSink::write(const void* data, size_t bytes) {

@@ -4,6 +4,7 @@
 // reader (or a crash) sees either the old file or the complete new one, never half of it.
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace llama4d {
@@ -30,7 +31,14 @@ void write_text_file_atomically(const std::string& path, const std::string& text
 // fsync a directory so renames/creations inside it survive a power loss. Throws IoError.
 void fsync_directory(const std::string& dir);
 
-// "<stem>.tmp-<pid>-<n>": unique per process and call, so threads never collide.
+// "<stem>.tmp-<host>-<pid>-<n>": unique per machine, process and call, so threads and the ranks
+// of a multi-node run sharing a filesystem never collide.
 std::string temporary_sibling_name(const std::string& path);
+
+// Who made a temporary name, from the part after ".tmp-": its pid if it was a process of this
+// machine, nullopt if another machine's (or not a name temporary_sibling_name gives).
+std::optional<long> temporary_owner(const std::string& suffix);
+// True while process `pid` of this machine exists.
+bool process_alive(long pid);
 
 }  // namespace llama4d

@@ -113,6 +113,47 @@ TEST(Cli, NonWritableOut) {
   expect_bad_input(run("train --preset tiny --out " + dir + "/a_file/out"), "a_file");
 }
 
+// An <out>/checkpoint that is not ours is refused before training (not after the whole run), and
+// nothing in it is touched.
+TEST(Cli, ForeignCheckpointDirectoryIsRefusedBeforeTraining) {
+  const std::string dir = tmp("foreign_ckpt");
+  fs::create_directories(dir + "/checkpoint");
+  std::ofstream(dir + "/checkpoint/thesis.tex") << "mine";
+  const Result r = run("train --preset tiny --seq-len 32 --steps 2 --eval-every 0 --out " + dir);
+  expect_bad_input(r, "refusing to replace non-empty directory");
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl")) << "no step ran";
+  EXPECT_TRUE(fs::exists(dir + "/checkpoint/thesis.tex"));
+  fs::remove_all(dir);
+}
+
+// A save killed mid-way leaves its staging directory; the next run removes it, but keeps one that
+// belongs to a live process (a save in progress) and one that another machine made.
+TEST(Cli, StaleStagingOfAKilledSaveIsRemovedOnTheNextStart) {
+  const std::string dir = tmp("stale_staging");
+  fs::create_directories(dir);
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);  // a pid that existed and is gone: the killed saver
+  const std::string dead = dir + "/checkpoint.tmp-" + host + "-" + std::to_string(child) + "-0";
+  const std::string live = dir + "/checkpoint.tmp-" + host + "-" + std::to_string(getpid()) + "-3";
+  const std::string other = dir + "/checkpoint.tmp-some-other-host-" + std::to_string(child) + "-0";
+  for (const std::string& d : {dead, live, other}) {
+    fs::create_directories(d);
+    std::ofstream(d + "/model.safetensors") << "partial";
+  }
+  const Result r = run("train --preset tiny --seq-len 32 --steps 1 --eval-every 0 --out " + dir + " --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("removed 1 staging directory left by a killed save"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(dir + "/checkpoint/config.json"));
+  fs::remove_all(dir);
+}
+
 TEST(Cli, BadFlagValueExitsTwo) {
   const Result r = run("train --steps notanumber");
   EXPECT_EQ(r.code, 2);
