@@ -31,6 +31,13 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// Training produced a non-finite loss, gradient norm or weight: the run stops at that step and
+// nothing from it is saved (a checkpoint of NaN weights would only hide the failure).
+class DivergenceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A virtual GPU ran out of its simulated HBM.
 class OutOfMemoryError : public Error {
  public:

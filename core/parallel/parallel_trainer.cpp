@@ -62,6 +62,8 @@ StepStats ParallelTrainer<T>::step() {
   const std::vector<Batch> mbs = data_rank_micro_batches(data_.train(), opt_, steps_done_, world_.rank(), world_.size());
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
   StepStats st = strategy_->step(mbs, lr_at_step(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
+  // Loss and norm are global (all-reduced), so every rank stops at the same step.
+  check_finite(steps_done_ + 1, st.loss, st.grad_norm * st.grad_norm);
   st.step = ++steps_done_;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;

@@ -5,12 +5,21 @@
 
 #include "core/data/batch_sampler.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/optim/grad_clip.h"
 #include "core/optim/segmented_norm.h"
 #include "core/train/checkpoint_state.h"
 #include "core/train/evaluate.h"
 
 namespace llama4d {
+
+void check_finite(int64_t step, double loss, double grad_sum_squares) {
+  if (std::isfinite(loss) && std::isfinite(grad_sum_squares)) return;
+  const double bad = std::isfinite(loss) ? std::sqrt(grad_sum_squares) : loss;
+  throw DivergenceError("step " + std::to_string(step) + ": the " + (std::isfinite(loss) ? "gradient norm" : "loss") +
+                        " is " + (std::isnan(bad) ? "nan" : "inf") +
+                        " (training diverged; is --lr too large?); nothing from this step is saved");
+}
 
 template <class T>
 Trainer<T>::Trainer(Llama<T>& model, const TextDataset& data, const TrainOptions& options)
@@ -46,9 +55,13 @@ StepStats Trainer<T>::step() {
   const double sum_sq = segmented_grad_sum_squares(segments_, model_.grads());
   if (opt_.grad_clip > 0) apply_grad_clip(model_.grads(), n, clip_coefficient(sum_sq, opt_.grad_clip));
 
+  check_finite(s + 1, loss.mean(), sum_sq);
   StepStats st;
   st.lr = lr_at_step(schedule_, s + 1);  // the schedule counts updates from 1
   adamw_.step(model_.params(), model_.grads(), st.lr);
+  if (!ops::all_finite(model_.params(), n))
+    throw DivergenceError("step " + std::to_string(s + 1) + ": the update made some weights non-finite "
+                          "(training diverged; is --lr too large?); nothing from this step is saved");
   steps_done_ = s + 1;
 
   st.step = steps_done_;

@@ -32,6 +32,9 @@ struct StepStats {
   double seconds = 0;     // wall time of the step
 };
 
+// Throws DivergenceError naming `step` if the loss or the squared gradient norm is not finite.
+void check_finite(int64_t step, double loss, double grad_sum_squares);
+
 template <class T>
 class Trainer {
  public:

@@ -154,6 +154,20 @@ TEST(Cli, StaleStagingOfAKilledSaveIsRemovedOnTheNextStart) {
   fs::remove_all(dir);
 }
 
+// A run that diverges stops at the step where it did, says which, exits non-zero and saves
+// nothing: on one device and on a mesh (where every rank stops at the same step).
+TEST(Cli, DivergedRunStopsAndSavesNothing) {
+  for (const std::string mesh : {"", " --mesh dp=2 --zero 3"}) {
+    const std::string dir = tmp("diverged");
+    const Result r = run("train --preset tiny --seq-len 32 --steps 4 --eval-every 0 --lr 1e30 --out " + dir + mesh);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("diverged"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("step "), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(dir + "/checkpoint")) << "no checkpoint of non-finite weights" << mesh;
+    fs::remove_all(dir);
+  }
+}
+
 TEST(Cli, BadFlagValueExitsTwo) {
   const Result r = run("train --steps notanumber");
   EXPECT_EQ(r.code, 2);
