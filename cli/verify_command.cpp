@@ -35,7 +35,9 @@ EquivalenceReport run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   // Defaults that exercise gradient accumulation: four rows per data rank, and micro-batches of
   // half a rank's rows (one row each when that is odd), so every rank accumulates.
   if (o.train.batch_size == 0) o.train.batch_size = 4 * o.plan.dp();
-  if (o.train.micro_batch_size < 0) {
+  if (o.train.micro_batch_size < -1)
+    throw InputError("--micro-batch-size must be >= 0 (0: all of a rank's rows), or -1 (half of them)");
+  if (o.train.micro_batch_size == -1) {
     const int64_t rows = o.train.batch_size / o.plan.dp();
     o.train.micro_batch_size = rows % 2 == 0 ? std::max<int64_t>(1, rows / 2) : 1;
   }

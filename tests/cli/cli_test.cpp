@@ -303,6 +303,7 @@ TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=two"), "dp=two");
   expect_bad_input(run("verify --mesh tp=2,dp=2"), "tp");
   expect_bad_input(run("verify --mesh dp=4 --batch-size 6"), "divisible");
+  expect_bad_input(run("verify --mesh dp=2 --micro-batch-size -2"), "--micro-batch-size");
   expect_bad_input(run("verify --mesh dp=2 --zero 1 --keep-params"), "--keep-params");
   // Dimensions this build cannot train yet are refused by name, never dropped silently.
   expect_bad_input(run("train --preset tiny --mesh cp=2,dp=2 --out " + tmp("cp")), "context parallelism");
