@@ -70,11 +70,12 @@ void write_tensor_files(const std::string& dir, const std::string& base,
   const TensorFilesLayout layout = tensor_files_layout(base, tensors, metadata, max_shard_bytes);
   create_tensor_files(dir, layout);
   TensorFilesWriter writer(dir, layout);
-  for (const TensorToWrite& t : tensors) {
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;  // shapes were validated by the layout
-    writer.write(t.name, 0, numel, t.data, t.data_dtype);
-  }
+  size_t i = 0;  // files hold the tensors in their given order
+  for (const TensorFilesLayout::File& f : layout.files)
+    for (const TensorInfo& t : f.layout.tensors) {
+      writer.write(t.name, 0, t.numel, tensors[i].data, tensors[i].data_dtype);
+      ++i;
+    }
   writer.finish();
 }
 

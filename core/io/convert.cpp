@@ -1,9 +1,11 @@
 // Element conversion loops, one instantiation per (source, destination) pair.
 #include "core/io/convert.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace llama4d {
 
@@ -80,6 +82,25 @@ void convert_elements(void* dst, DType dst_type, const void* src, DType src_type
     case DType::f64: return convert_to<DType::f64>(dst, src, src_type, n);
     case DType::bf16: return convert_to<DType::bf16>(dst, src, src_type, n);
     default: break;
+  }
+}
+
+void emit_converted(DType dst_type, const void* src, DType src_type, size_t n,
+                    const std::function<void(const void*, size_t, size_t)>& emit) {
+  const size_t out_size = dtype_size(dst_type), in_size = dtype_size(src_type);
+  if (n == 0) return;
+  if (dst_type == src_type) {
+    emit(src, n * out_size, 0);
+    return;
+  }
+  constexpr size_t kChunkBytes = size_t(4) << 20;
+  const size_t per_chunk = std::max<size_t>(1, kChunkBytes / out_size);
+  std::vector<unsigned char> buf(std::min(n, per_chunk) * out_size);
+  const auto* p = static_cast<const unsigned char*>(src);
+  for (size_t i = 0; i < n; i += per_chunk) {
+    const size_t here = std::min(per_chunk, n - i);
+    convert_elements(buf.data(), dst_type, p + i * in_size, src_type, here);
+    emit(buf.data(), here * out_size, i);
   }
 }
 

@@ -2,6 +2,7 @@
 // Element conversion between the floating dtypes a checkpoint may hold (F32, F64, BF16, F16),
 // used when reading a bf16 checkpoint into a float model or saving a float model as bf16.
 #include <cstddef>
+#include <functional>
 
 #include "core/tensor/dtype.h"
 
@@ -18,5 +19,11 @@ bool can_convert(DType dst, DType src);
 // dst[n] = src[n] converted. Rounding is to nearest even. F64 -> BF16 goes through F32 (two
 // roundings), as PyTorch's double -> bfloat16 cast does. Throws InputError if !can_convert.
 void convert_elements(void* dst, DType dst_type, const void* src, DType src_type, size_t n);
+
+// The bytes of src[n] stored as `dst_type`, handed to emit(bytes, size, element_offset) in order:
+// src itself when the dtypes match, otherwise converted through a 4 MiB buffer rather than a
+// full-size copy. The one streaming path of every writer (whole files and ranges alike).
+void emit_converted(DType dst_type, const void* src, DType src_type, size_t n,
+                    const std::function<void(const void* bytes, size_t size, size_t element_offset)>& emit);
 
 }  // namespace llama4d

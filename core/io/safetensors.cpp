@@ -102,23 +102,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
       throw InputError("cannot write '" + path + "': tensor '" + tensors[i].name + "' has no data");
   write_file_atomically(path, [&](FileSink& sink) {
     sink.write(layout.prefix.data(), layout.prefix.size());
-    std::vector<unsigned char> buf;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const TensorToWrite& t = tensors[i];
-      const size_t numel = size_t(layout.tensors[i].numel);
-      if (t.dtype == t.data_dtype) {
-        sink.write(t.data, numel * dtype_size(t.dtype));
-        continue;
-      }
-      const size_t per_chunk = std::max<size_t>(1, kChunkBytes / dtype_size(t.dtype));
-      buf.resize(std::min(numel, per_chunk) * dtype_size(t.dtype));
-      const auto* src = static_cast<const unsigned char*>(t.data);
-      for (size_t j = 0; j < numel; j += per_chunk) {
-        const size_t n_here = std::min(per_chunk, numel - j);
-        convert_elements(buf.data(), t.dtype, src + j * dtype_size(t.data_dtype), t.data_dtype, n_here);
-        sink.write(buf.data(), n_here * dtype_size(t.dtype));
-      }
-    }
+    for (size_t i = 0; i < tensors.size(); ++i)
+      emit_converted(tensors[i].dtype, tensors[i].data, tensors[i].data_dtype, size_t(layout.tensors[i].numel),
+                     [&](const void* bytes, size_t size, size_t) { sink.write(bytes, size); });
   });
 }
 

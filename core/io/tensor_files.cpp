@@ -18,9 +18,6 @@ namespace llama4d {
 
 namespace {
 
-// Conversions stream through a buffer of this many bytes instead of a full-size copy.
-constexpr size_t kChunkBytes = size_t(4) << 20;
-
 std::string join(const std::string& dir, const std::string& file) {
   return (std::filesystem::path(dir) / file).string();
 }
@@ -137,20 +134,11 @@ void TensorFilesWriter::write(const std::string& name, int64_t elem_begin, int64
   if (data == nullptr) throw InputError("cannot write tensor '" + name + "': no data");
   const std::string path = join(dir_, layout_.files[file].name);
   const int fd = descriptor(file);
-  const size_t out_size = dtype_size(t.dtype), in_size = dtype_size(data_dtype);
+  const size_t out_size = dtype_size(t.dtype);
   const uint64_t at = layout_.files[file].layout.prefix.size() + t.begin + uint64_t(elem_begin) * out_size;
-  if (t.dtype == data_dtype) {
-    pwrite_all(fd, data, n * out_size, at, path);
-    return;
-  }
-  const size_t per_chunk = std::max<size_t>(1, kChunkBytes / out_size);
-  std::vector<unsigned char> buf(std::min(n, per_chunk) * out_size);
-  const auto* src = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; i += per_chunk) {
-    const size_t here = std::min(per_chunk, n - i);
-    convert_elements(buf.data(), t.dtype, src + i * in_size, data_dtype, here);
-    pwrite_all(fd, buf.data(), here * out_size, at + i * out_size, path);
-  }
+  emit_converted(t.dtype, data, data_dtype, n, [&](const void* bytes, size_t size, size_t element) {
+    pwrite_all(fd, bytes, size, at + element * out_size, path);
+  });
 }
 
 void TensorFilesWriter::finish() {
