@@ -46,7 +46,9 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   RankLaunch launcher(a.launch);
   std::vector<double> times;
   std::string strategy;
+  int threads = 0;
   launcher.run(ranks, [&](ProcessGroup& world) {
+    if (world.rank() == 0) threads = ops::backend_threads();  // this rank's share (RankLaunch sets it)
     Llama<T> model(cfg, &world.memory());
     ParallelTrainer<T> trainer(world, model, data, opt, plan);
     std::vector<double> mine;
@@ -67,6 +69,7 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
           {"step_seconds", times},
           {"tokens_per_s", double(opt.tokens_per_step()) / median(times)},
           {"bytes_sent_per_rank_per_step", per_rank},
+          {"threads_per_rank", threads},
           {"backend", a.launch.backend}};
 }
 
@@ -160,6 +163,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->callback([a, cmd] {
     if (cmd->get_subcommands().size() > 0) return;  // `bench comm` ran instead
     set_threads(a->threads);
+    a->launch.validate(a->parallel.parallel());
     const nlohmann::json result = a->model.fp64() ? run_bench<double>(*a) : run_bench<float>(*a);
     if (a->json && !result.is_null()) print_json(result);
   });

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -44,20 +45,52 @@ void print_json(const nlohmann::json& j) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
-void ensure_writable_dir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) throw InputError("--out " + dir + " is not a writable directory: " + ec.message());
+namespace {
+
+// Creates and removes a probe file in `dir`: false if the file cannot be written there.
+bool can_write_in(const std::string& dir) {
   const std::string probe = dir + "/.llama4d-write-test-" + std::to_string(getpid());
+  std::error_code ec;
+  bool ok;
   {
     std::ofstream f(probe);
-    if (!f || !(f << "ok") || !f.flush()) {
-      fs::remove(probe, ec);
-      throw InputError("--out " + dir + " is not writable");
-    }
+    ok = f && (f << "ok") && f.flush();
   }
-  fs::remove(probe, ec);
+  std::filesystem::remove(probe, ec);
+  return ok;
+}
+
+}  // namespace
+
+OutputDir::OutputDir(const std::string& dir) : exceptions_(std::uncaught_exceptions()) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::path p = fs::absolute(dir, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    created_.insert(created_.begin(), p.string());
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) throw InputError("--out " + dir + " is not a writable directory: " + ec.message());
+  if (!can_write_in(dir)) throw InputError("--out " + dir + " is not writable");
+}
+
+OutputDir::~OutputDir() {
+  if (std::uncaught_exceptions() <= exceptions_) return;
+  std::error_code ec;
+  // Innermost first; a directory that holds anything (metrics of steps that ran) is kept.
+  for (auto it = created_.rbegin(); it != created_.rend(); ++it)
+    if (!std::filesystem::remove(*it, ec)) break;
+}
+
+void check_writable_file(const std::string& path, const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  if (fs::is_directory(path, ec)) throw InputError(flag + " " + path + " is a directory, not a file");
+  if (!fs::is_directory(dir, ec)) throw InputError(flag + " " + path + ": directory " + dir.string() + " does not exist");
+  if (!can_write_in(dir.string())) throw InputError(flag + " " + path + ": cannot write in " + dir.string());
+  if (fs::exists(path, ec) && access(path.c_str(), W_OK) != 0)
+    throw InputError(flag + " " + path + " exists and is not writable");
 }
 
 void set_threads(int threads) {
@@ -65,6 +98,16 @@ void set_threads(int threads) {
     throw InputError("--threads " + std::to_string(threads) + ": use 0 (all cores) or a count in [1, " +
                      std::to_string(ops::kMaxBackendThreads) + "]");
   if (threads > 0) ops::set_backend_threads(threads);
+}
+
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return value.find_first_not_of("0123456789") == std::string::npos && !value.empty()
+                   ? std::string()
+                   : "must be a whole number >= 0, got " + value;
+      },
+      "UINT");
 }
 
 }  // namespace llama4d::cli

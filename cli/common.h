@@ -2,6 +2,7 @@
 // Pieces every subcommand shares: how the model is chosen, output conventions, --json.
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -38,10 +39,29 @@ void progress(const char* fmt, Args... args) {
 // Prints the final result: one JSON object on stdout.
 void print_json(const nlohmann::json& j);
 
-// Creates `dir` (and parents) and checks that a file can be written in it, so a bad --out fails
-// before any work is done. InputError naming the directory otherwise.
-void ensure_writable_dir(const std::string& dir);
+// The --out directory of a command: created (with its parents) and checked that a file can be
+// written in it, so a bad --out fails before any work (InputError naming it). If the command
+// fails before putting anything in it, the directories created here are removed again: a
+// rejected run leaves no empty --out behind.
+class OutputDir {
+ public:
+  explicit OutputDir(const std::string& dir);
+  ~OutputDir();
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
+
+ private:
+  std::vector<std::string> created_;  // outermost first
+  int exceptions_;                    // in flight at construction: more at destruction = failing
+};
+
+// Checks, before any work, that `path` (the value of `flag`) can be created or overwritten
+// later: its directory exists and takes a new file. Leaves nothing behind.
+void check_writable_file(const std::string& path, const std::string& flag);
 
 void set_threads(int threads);
+
+// For unsigned options (seeds), which CLI11 would otherwise read "-1" into as 2^64 - 1.
+CLI::Validator unsigned_integer();
 
 }  // namespace llama4d::cli

@@ -65,7 +65,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--seq-len", a->seq_len, "window length")->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
   cmd->add_option("--max-windows", a->max_windows, "evaluate at most N windows (0: all)")->capture_default_str();
-  cmd->add_option("--seed", a->seed, "initial weights when no --checkpoint is given")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "initial weights when no --checkpoint is given")->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");

@@ -88,8 +88,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", a->sampler.temperature, "0: greedy; > 0: sample")->capture_default_str();
   cmd->add_option("--top-p", a->sampler.top_p, "nucleus sampling mass")->capture_default_str();
-  cmd->add_option("--seed", a->sampler.seed, "sampling seed")->capture_default_str();
-  cmd->add_option("--init-seed", a->init_seed, "initial weights when no --checkpoint is given")->capture_default_str();
+  cmd->add_option("--seed", a->sampler.seed, "sampling seed")->check(unsigned_integer())->capture_default_str();
+  cmd->add_option("--init-seed", a->init_seed, "initial weights when no --checkpoint is given")
+      ->check(unsigned_integer())
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object (with the generated text) on stdout");

@@ -21,7 +21,24 @@ struct LaunchOptions {
   int timeout_s = 600;
 
   void add_options(CLI::App& cmd);
+  // InputError for a bad value, an unwritable --trace, or (parallel false) any of these flags
+  // given for a run without a mesh.
+  void validate(bool parallel) const;
+  // True if the user fixed this process's compute threads (--threads or OMP_NUM_THREADS).
+  bool threads_chosen() const;
+
+ private:
+  const CLI::App* cmd_ = nullptr;  // where the flags were parsed, to tell given from default
 };
+
+// Compute threads of one MPI process when the user chose none: the node's cores divided by the
+// job's processes on the node, at least 1, at most the cores its affinity allows (0: unknown).
+int mpi_default_threads(int node_cores, int allowed_cores, int processes_on_node);
+
+// Under mpirun, OpenMP threads that wait spin on their core, stealing it from the node's other
+// processes; unless OMP_WAIT_POLICY is set, this re-executes the program with it set to passive.
+// Call first thing in main. Returns (doing nothing) when not under a launcher or if exec fails.
+void prefer_passive_waits_under_mpirun(char** argv);
 
 class RankLaunch {
  public:

@@ -1,13 +1,17 @@
 // llama4d: the command-line front end. Each subcommand registers itself from its own file
 // (see commands.h); this file only parses and maps errors to exit codes:
 //   0 success · 1 internal/runtime failure · 2 bad input (flags, files, configs, checkpoints)
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "cli/commands.h"
+#include "cli/launch.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  llama4d::cli::prefer_passive_waits_under_mpirun(argv);
   CLI::App app{"llama4d: Llama 3 training, one rank or many virtual GPUs"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "llama4d 0.1");
@@ -22,7 +26,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    // One line like every other input error (CLI11's own report adds a second, "Run with --help").
+    std::string message = e.what();
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    std::fprintf(stderr, "llama4d: error: %s (see --help)\n", message.c_str());
     return 2;
   } catch (const llama4d::cli::VerificationFailed& e) {
     std::fprintf(stderr, "llama4d: equivalence check FAILED: %s\n", e.what());

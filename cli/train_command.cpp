@@ -2,8 +2,10 @@
 // on a data-parallel mesh of virtual GPUs / MPI ranks. Logs metrics to <out>/metrics.jsonl,
 // evaluates on the held-out split, saves a checkpoint that resumes bitwise on any mesh.
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 
 #include "cli/common.h"
@@ -36,6 +38,137 @@ struct TrainArgs {
   bool json = false, force = false;
 };
 
+// The loop settings a checkpoint keeps (TrainOptions::loop) and a resume restores unless they are
+// given again: a resumed run evaluates and saves as the first one did.
+struct LoopSetting {
+  const char* flag;
+  const char* key;
+  int64_t TrainArgs::*value;
+};
+constexpr LoopSetting kLoopSettings[] = {{"--eval-every", "eval_every", &TrainArgs::eval_every},
+                                         {"--eval-windows", "eval_windows", &TrainArgs::eval_windows},
+                                         {"--save-every", "save_every", &TrainArgs::save_every},
+                                         {"--log-every", "log_every", &TrainArgs::log_every}};
+
+// The run as it will go: the flags' model, options and data; on --resume, those of the checkpoint.
+struct Run {
+  TrainArgs args;
+  LlamaConfig cfg;
+};
+
+// Saved absolute, so that a resume started from another directory finds the data.
+std::string absolute_path(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : p.string();
+}
+
+// On --resume, starts from the checkpoint's run and applies the flags given: those that may change
+// (--steps, --micro-batch-size, the loop settings; the mesh and --threads are not saved) replace
+// the saved values; one that would change the math (model, dtype, data, batch, schedule, seed) is
+// an error naming it. Nothing given is ignored, nothing saved is dropped.
+void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
+  const TrainingCheckpointInfo saved = read_training_state(a.resume);
+  const auto keeps = [](const std::string& what) { return what + ": " + kResumeKeepsTheMath; };
+  r.cfg = load_config(a.resume);
+  for (const auto& [flag, value] : {std::pair{"--preset", a.model.preset}, std::pair{"--config", a.model.config}})
+    if (cmd.count(flag) > 0 && a.model.resolve().to_json() != r.cfg.to_json())
+      throw InputError(keeps(std::string(flag) + " " + value + " is another model than the checkpoint's"));
+  const std::string dtype = saved.dtype == "F64" ? "f64" : "f32";
+  if (cmd.count("--dtype") > 0 && a.model.dtype != dtype)
+    throw InputError(keeps("--dtype " + a.model.dtype + " differs from the checkpoint's " + dtype));
+  r.args.model.dtype = dtype;
+
+  nlohmann::json options = saved.options.to_json();
+  const nlohmann::json asked = a.opt.to_json();
+  for (const TrainOptionField& f : train_option_fields())
+    if (f.flag[0] == '-' && cmd.count(f.flag) > 0) {
+      const nlohmann::json::json_pointer at(f.pointer);
+      options[at] = asked.at(at);
+    }
+  r.args.opt = TrainOptions::from_json(options);
+  check_resumable(saved.options, saved.steps_done, r.args.opt);
+
+  const nlohmann::json& loop = saved.options.loop;
+  try {
+    for (const LoopSetting& s : kLoopSettings)
+      if (cmd.count(s.flag) == 0 && loop.contains(s.key)) r.args.*s.value = loop.at(s.key).get<int64_t>();
+    // Where the text was; whether it is the same text is checked once it is read (load_run_data).
+    if (loop.contains("data") && cmd.count("--data") == 0) r.args.data = loop.at("data").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(a.resume + "/" + kTrainerStateFile + ": options.loop: " + e.what());
+  }
+  if (cmd.count("--stop-at") > 0 && a.stop_at <= saved.steps_done)
+    throw InputError("--stop-at " + std::to_string(a.stop_at) + " is not after the checkpoint's step " +
+                     std::to_string(saved.steps_done));
+}
+
+// Everything about the run that can be checked without computing: done before anything is
+// written, so a bad flag costs nothing and leaves nothing behind.
+Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
+  Run r{a, {}};
+  if (a.resume.empty())
+    r.cfg = a.model.resolve();
+  else
+    apply_checkpoint(r, a, cmd);
+  TrainArgs& x = r.args;
+  if (x.log_every < 1) throw InputError("--log-every must be >= 1");
+  if (x.eval_windows < 1) throw InputError("--eval-windows must be >= 1");
+  if (x.eval_every < 0) throw InputError("--eval-every must be >= 0 (0: never)");
+  if (x.save_every < 0) throw InputError("--save-every must be >= 0 (0: only at the end)");
+  if (cmd.count("--stop-at") > 0 && x.stop_at < 1) throw InputError("--stop-at must be >= 1");
+  if (x.data.empty()) x.data = default_corpus_path();
+  x.opt.loop["data"] = absolute_path(x.data);
+  for (const LoopSetting& s : kLoopSettings) x.opt.loop[s.key] = x.*s.value;
+  return r;
+}
+
+// FNV-1a over the tokens: what identifies the text a run trains on, wherever the file lies.
+std::string fingerprint(const std::vector<int32_t>& tokens) {
+  uint64_t h = 14695981039346656037ull;
+  for (const int32_t t : tokens) h = (h ^ uint64_t(uint32_t(t))) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return std::to_string(tokens.size()) + " tokens, fnv1a " + hex;
+}
+
+// The corpus the batches come from. On resume it must be the text the run started on (the
+// file may have moved: --data names the new place), else every batch would differ.
+TextDataset load_run_data(Run& r, bool data_given) {
+  TextDataset data = load_dataset(r.args.data, r.args.opt.seq_len);
+  nlohmann::json& loop = r.args.opt.loop;
+  const std::string now = fingerprint(data.tokens);
+  if (loop.contains("data_fingerprint") && loop.at("data_fingerprint") != now)
+    throw InputError(std::string(data_given ? "--data " : "data ") + r.args.data + " (" + now +
+                     ") is not the text the checkpoint's run trained on (" + loop.at("data_fingerprint").dump() +
+                     "): " + kResumeKeepsTheMath);
+  loop["data_fingerprint"] = now;
+  return data;
+}
+
+// metrics.jsonl is the history of the run in <out>: a new run starts it afresh; a resume keeps
+// the rows up to the checkpoint's step (the last of a repeated step: the one the run went on
+// from) and drops the later ones, which the resumed run computes again.
+void restart_metrics(const std::string& path, int64_t steps_done) {
+  std::map<int64_t, std::string> rows;
+  std::ifstream in(path);
+  for (std::string line; steps_done > 0 && std::getline(in, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);  // a line cut by a kill is dropped
+    if (row.is_object() && row.contains("step") && row.at("step").is_number_integer() &&
+        row.at("step").get<int64_t>() <= steps_done)
+      rows[row.at("step").get<int64_t>()] = line;
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const auto& [step, line] : rows) out << line << "\n";
+    if (!out.flush()) throw IoError("cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw IoError("cannot replace " + path + ": " + ec.message());
+}
+
 // What the loop needs from a trainer, single-rank or data-parallel (whose calls are collective).
 struct TrainerCalls {
   std::function<StepStats()> step;
@@ -50,6 +183,7 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
   const int64_t last = a.stop_at > 0 ? std::min(a.stop_at, opt.steps) : opt.steps;
   std::ofstream metrics;
   if (lead) {
+    restart_metrics(a.out + "/metrics.jsonl", t.steps_done());
     metrics.open(a.out + "/metrics.jsonl", std::ios::app);
     if (!metrics) throw IoError("cannot append to " + a.out + "/metrics.jsonl");
   }
@@ -95,50 +229,24 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
           {"options", opt.to_json()}};
 }
 
-struct Setup {
-  LlamaConfig cfg;
-  TrainOptions opt;
-  std::string data_path;
-};
-
-Setup prepare(const TrainArgs& a, double bytes_per_param) {
-  ensure_writable_dir(a.out);
-  // Before any work, not at the end of the run: is <out>/checkpoint ours to replace? And the
-  // staging directories of saves that were killed on this machine are removed, not kept forever.
-  check_directory_replaceable(a.out + "/checkpoint", kConfigFile);
-  if (const int stale = remove_stale_staging(a.out + "/checkpoint"))
-    std::fprintf(stderr, "removed %d staging director%s left by a killed save in %s\n", stale, stale == 1 ? "y" : "ies",
-                 a.out.c_str());
-  Setup s{a.model.resolve(), a.opt, a.data.empty() ? default_corpus_path() : a.data};
-  if (!a.resume.empty()) {
-    // The checkpoint defines the model shape and the run's options; only its step count moves.
-    s.cfg = load_config(a.resume);
-    s.opt = read_train_options(a.resume);
-  }
-  check_fits_in_memory(s.cfg, bytes_per_param, a.force, "training a " + std::to_string(s.cfg.num_parameters()) + "-parameter model");
-  return s;
-}
-
 template <class T>
-nlohmann::json run_single(const TrainArgs& a) {
-  const Setup s = prepare(a, 4.0 * sizeof(T));
-  const TextDataset data = load_dataset(s.data_path, s.opt.seq_len);
+nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
+  const TrainArgs& a = r.args;
   const UnigramEntropy unigram = unigram_entropy(data.validation());
-  const ParallelPlan plan = a.parallel.plan(s.cfg, a.launch.algo);
-  Llama<T> model(s.cfg);
+  Llama<T> model(r.cfg);
   model.set_checkpointing(plan.ac);
-  model.init_weights(s.opt.seed);
-  Trainer<T> trainer(model, data, s.opt);
+  model.init_weights(a.opt.seed);
+  Trainer<T> trainer(model, data, a.opt);
   if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
   progress("train: %lld parameters, %s, one rank, %d threads; data %s (%lld train / %lld val tokens)\n",
-           (long long)model.num_params(), a.model.dtype.c_str(), ops::backend_threads(), s.data_path.c_str(),
+           (long long)model.num_params(), a.model.dtype.c_str(), ops::backend_threads(), a.data.c_str(),
            (long long)data.train_size, (long long)data.validation().size());
   progress("train: batch %lld x %lld tokens (micro-batch %lld); unigram entropy of val %.3f nats\n",
-           (long long)s.opt.batch_size, (long long)s.opt.seq_len, (long long)s.opt.micro(), unigram.nats);
+           (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)a.opt.micro(), unigram.nats);
   const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
                            [&](int64_t w) { return trainer.validate(w).mean(); },
                            [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
-  nlohmann::json j = train_loop(a, s.opt, calls, true);
+  nlohmann::json j = train_loop(a, a.opt, calls, true);
   j["unigram_entropy_nats"] = unigram.nats;
   j["parameters"] = model.num_params();
   j["dtype"] = a.model.dtype;
@@ -149,11 +257,9 @@ nlohmann::json run_single(const TrainArgs& a) {
 }
 
 template <class T>
-nlohmann::json run_parallel(const TrainArgs& a) {
-  const Setup s = prepare(a, 4.0 * sizeof(T));
-  const ParallelPlan plan = a.parallel.plan(s.cfg, a.launch.algo);
+nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
+  const TrainArgs& a = r.args;
   const int ranks = plan.world_size();
-  const TextDataset data = load_dataset(s.data_path, s.opt.seq_len);
   const UnigramEntropy unigram = unigram_entropy(data.validation());
   RankLaunch launcher(a.launch);
   nlohmann::json result;
@@ -161,22 +267,22 @@ nlohmann::json run_parallel(const TrainArgs& a) {
   std::mutex mu;
   std::string strategy;
   launcher.run(ranks, [&](ProcessGroup& world) {
-    Llama<T> model(s.cfg, &world.memory());
-    ParallelTrainer<T> trainer(world, model, data, s.opt, plan);
+    Llama<T> model(r.cfg, &world.memory());
+    ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
     if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
       progress("train: %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
                (long long)model.num_params(), a.model.dtype.c_str(), trainer.strategy().describe().c_str(),
-               ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), s.data_path.c_str());
+               ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
       progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
-               (long long)s.opt.batch_size, (long long)s.opt.seq_len, (long long)(s.opt.batch_size / plan.dp()),
-               (long long)rank_micro_batch_rows(s.opt, plan.dp()));
+               (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),
+               (long long)rank_micro_batch_rows(a.opt, plan.dp()));
     }
     const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
                              [&](int64_t w) { return trainer.validate(w).mean(); },
                              [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
-    nlohmann::json j = train_loop(a, s.opt, calls, lead);
+    nlohmann::json j = train_loop(a, a.opt, calls, lead);
     std::lock_guard<std::mutex> lock(mu);
     memory[size_t(world.rank())] = trainer.strategy().peak_memory();
     if (world.rank() == 0) result = j, strategy = trainer.strategy().describe();
@@ -185,7 +291,7 @@ nlohmann::json run_parallel(const TrainArgs& a) {
   const nlohmann::json mem = memory_json(memory);
   if (!a.json) std::fputs(launcher.summary().c_str(), stderr);
   result["unigram_entropy_nats"] = unigram.nats;
-  result["parameters"] = s.cfg.num_parameters();
+  result["parameters"] = r.cfg.num_parameters();
   result["dtype"] = a.model.dtype;
   result["ranks"] = ranks;
   result["mesh"] = plan.describe_mesh();
@@ -195,6 +301,28 @@ nlohmann::json run_parallel(const TrainArgs& a) {
   result["peak_memory_per_rank"] = mem;
   result["traffic"] = launcher.traffic_totals();
   return result;
+}
+
+nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
+  set_threads(asked.threads);
+  Run r = resolve_run(asked, cmd);
+  const TrainArgs& a = r.args;
+  const ParallelPlan plan = a.parallel.plan(r.cfg, a.launch.algo);
+  a.launch.validate(a.parallel.parallel());
+  const bool f64 = a.model.fp64();
+  check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
+                       "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
+  const TextDataset data = load_run_data(r, cmd.count("--data") > 0);
+
+  const OutputDir out(a.out);
+  // Before any work, not at the end of the run: is <out>/checkpoint ours to replace? And the
+  // staging directories of saves that were killed on this machine are removed, not kept forever.
+  check_directory_replaceable(a.out + "/checkpoint", kConfigFile);
+  if (const int stale = remove_stale_staging(a.out + "/checkpoint"))
+    std::fprintf(stderr, "removed %d staging director%s left by a killed save in %s\n", stale, stale == 1 ? "y" : "ies",
+                 a.out.c_str());
+  if (a.parallel.parallel()) return f64 ? run_parallel<double>(r, plan, data) : run_parallel<float>(r, plan, data);
+  return f64 ? run_single<double>(r, plan, data) : run_single<float>(r, plan, data);
 }
 
 }  // namespace
@@ -207,7 +335,9 @@ void add_train_command(CLI::App& app) {
   a->launch.add_options(*cmd);
   cmd->add_option("--data", a->data, "UTF-8 text file or directory of .txt files (default: shipped corpus)");
   cmd->add_option("--out", a->out, "output directory: metrics.jsonl and checkpoint/")->capture_default_str();
-  cmd->add_option("--resume", a->resume, "checkpoint directory to continue from (its options are reused)");
+  cmd->add_option("--resume", a->resume,
+                  "checkpoint directory to continue from: its model, options and loop settings; --steps, "
+                  "--micro-batch-size, --eval-*, --save-every, --log-every and the mesh may change");
   cmd->add_option("--steps", a->opt.steps, "optimizer steps in the run")->capture_default_str();
   cmd->add_option("--stop-at", a->stop_at, "stop (and checkpoint) after this step, as if interrupted");
   cmd->add_option("--batch-size", a->opt.batch_size, "sequences per optimizer step (the global batch)")->capture_default_str();
@@ -219,7 +349,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--warmup-steps", a->opt.warmup_steps, "linear warm-up steps")->capture_default_str();
   cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
   cmd->add_option("--weight-decay", a->opt.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
-  cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->capture_default_str();
+  cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--eval-every", a->eval_every, "validate every N steps (0: never)")->capture_default_str();
   cmd->add_option("--eval-windows", a->eval_windows, "validation windows per evaluation")->capture_default_str();
   cmd->add_option("--save-every", a->save_every, "also checkpoint every N steps")->capture_default_str();
@@ -227,16 +357,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "compute threads of this process (default: all cores)");
   cmd->add_flag("--force", a->force, "train even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
-  cmd->callback([a] {
-    set_threads(a->threads);
-    if (a->log_every < 1) throw InputError("--log-every must be >= 1");
-    if (a->eval_windows < 1) throw InputError("--eval-windows must be >= 1");
-    const bool f64 = a->model.fp64();
-    nlohmann::json result;
-    if (a->parallel.parallel())
-      result = f64 ? run_parallel<double>(*a) : run_parallel<float>(*a);
-    else
-      result = f64 ? run_single<double>(*a) : run_single<float>(*a);
+  cmd->callback([a, cmd] {
+    const nlohmann::json result = train(*a, *cmd);
     if (a->json && !result.is_null()) print_json(result);
   });
 }

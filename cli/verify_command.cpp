@@ -67,7 +67,7 @@ void add_verify_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->capture_default_str();
+  cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--data", a->data, "text to draw batches from (default: shipped corpus)");
   cmd->add_option("--threads", a->threads, "compute threads of this process (default: all cores)");
   cmd->add_flag("--json", a->json, "print one JSON object with the report on stdout");

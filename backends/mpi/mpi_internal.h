@@ -28,7 +28,7 @@ constexpr int64_t kMaxPiece = int64_t(1) << 30;
 constexpr int64_t kBroadcastSegment = int64_t(1) << 20;  // pipelining unit of the chain broadcast
 // From this many bytes on, groups living on one node move data by single-copy transfers.
 constexpr int64_t kSingleCopyThreshold = 64 << 10;
-enum Tag : int { kTagReduceScatter = 1, kTagAllGather = 2, kTagBroadcast = 3, kTagAllToAll = 4 };
+enum Tag : int { kTagReduceScatter = 1, kTagAllGather = 2, kTagBroadcast = 3, kTagAllToAll = 4, kTagPresent = 5 };
 
 std::string mpi_error_text(int code);
 void check_mpi(int rc, const std::string& what);  // CommError naming `what` on failure
@@ -52,6 +52,7 @@ struct MpiSession::Impl {
   MpiOptions options;
   CommStream stream{"mpi comm", /*allow_inline=*/false};  // MPI_THREAD_FUNNELED: one thread calls MPI
   int rank = 0, size = 1;
+  int node_size = 1;  // processes of the job on this node (MPI_COMM_TYPE_SHARED)
   std::unique_ptr<RankAccounting> accounting;
   std::shared_ptr<ProcessGroup> world;
   std::atomic<bool> broken{false};  // a failure left MPI in an unknown state: do not finalise
@@ -102,6 +103,8 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   void irecv(std::vector<Request>& reqs, void* buf, int64_t bytes, int peer, int tag, MPI_Comm comm);
   // Polls until every request completed; past the deadline, a CommError names the peers still out.
   std::vector<MPI_Status> wait(std::vector<Request>& reqs, Clock::time_point deadline, const std::string& context);
+  // After a collective request timed out: the members that did not reach it (see the .cpp).
+  std::vector<int> absent_members();
 
   double exchange_signatures(const CommCall& call, int64_t seq, double ready, Clock::time_point deadline,
                              const std::string& context, std::vector<std::vector<int64_t>>* a2a_counts);

@@ -139,12 +139,14 @@ std::vector<MPI_Status> MpiProcessGroup::wait(std::vector<Request>& reqs, Clock:
         if (r[i] != MPI_REQUEST_NULL) MPI_Test(&r[i], &one, MPI_STATUS_IGNORE);
         if (!one && r[i] != MPI_REQUEST_NULL) peers.insert(reqs[i].peer);
       }
+      if (peers.empty()) continue;  // everything arrived just now: the next test returns
+      // A collective's request does not say whom it waits for: ask the members instead.
+      if (peers.erase(-1) > 0)
+        for (int p : absent_members()) peers.insert(p);
       std::string names;
-      for (int p : peers) {
-        if (!names.empty()) names += ", ";
-        names += p < 0 ? std::string("some rank") : rank_label(p);
-      }
-      fail("timeout in " + context + ": no answer from " + names);
+      for (int p : peers) names += (names.empty() ? "" : ", ") + rank_label(p);
+      fail(rank_label(rank()) + ": timeout in " + context + ": no answer from " +
+           (names.empty() ? "a member that has not reached it" : names));
     }
     // Spin briefly (small messages complete in microseconds), then yield: ranks may share cores
     // (mpirun --oversubscribe) and a waiting rank must let its peers run. After a few ms of
@@ -155,6 +157,37 @@ std::vector<MPI_Status> MpiProcessGroup::wait(std::vector<Request>& reqs, Clock:
     else
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+// Which members never reached the collective this rank timed out in? Every member that times
+// out tells every other one on a tag of its own and listens for the same, for a short grace
+// (the healthy members time out within moments of each other: they all wait for the same
+// absent one). Those not heard from are stopped, stalled or still busy elsewhere.
+std::vector<int> MpiProcessGroup::absent_members() {
+  static const int32_t kHere = 1;  // outlives the sends, which are never waited for
+  const int n = size(), me = rank();
+  std::vector<int32_t> notes(size_t(n), 0);
+  std::vector<MPI_Request> heard(size_t(n), MPI_REQUEST_NULL);
+  for (int j = 0; j < n; ++j) {
+    if (j == me) continue;
+    MPI_Request send;
+    MPI_Isend(&kHere, 1, MPI_INT32_T, j, kTagPresent, coll_, &send);
+    MPI_Request_free(&send);
+    MPI_Irecv(&notes[size_t(j)], 1, MPI_INT32_T, j, kTagPresent, coll_, &heard[size_t(j)]);
+  }
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  for (int done = 0; !done && Clock::now() < until; std::this_thread::sleep_for(std::chrono::milliseconds(1)))
+    MPI_Testall(n, heard.data(), &done, MPI_STATUSES_IGNORE);
+  std::vector<int> absent;
+  for (int j = 0; j < n; ++j) {
+    int arrived = 1;
+    if (heard[size_t(j)] != MPI_REQUEST_NULL) MPI_Test(&heard[size_t(j)], &arrived, MPI_STATUS_IGNORE);
+    if (arrived) continue;
+    absent.push_back(j);
+    MPI_Cancel(&heard[size_t(j)]);
+    MPI_Wait(&heard[size_t(j)], MPI_STATUS_IGNORE);
+  }
+  return absent;
 }
 
 double MpiProcessGroup::exchange_signatures(const CommCall& call, int64_t seq, double ready,

@@ -77,6 +77,11 @@ MpiSession::MpiSession(MpiOptions options) {
                   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
                   MPI_Comm_rank(MPI_COMM_WORLD, &s.rank);
                   MPI_Comm_size(MPI_COMM_WORLD, &s.size);
+                  MPI_Comm node;
+                  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+                            "MPI_Comm_split_type");
+                  MPI_Comm_size(node, &s.node_size);
+                  MPI_Comm_free(&node);
                 })
         ->wait();
     ClusterSpec& c = s.options.cluster;
@@ -122,6 +127,7 @@ MpiSession::~MpiSession() {
 
 int MpiSession::rank() const { return impl_->rank; }
 int MpiSession::size() const { return impl_->size; }
+int MpiSession::node_size() const { return impl_->node_size; }
 ProcessGroup& MpiSession::world() { return *impl_->world; }
 std::shared_ptr<ProcessGroup> MpiSession::new_world(ReduceAlgo algo) { return impl_->make_world(algo); }
 RankAccounting& MpiSession::accounting() { return *impl_->accounting; }

@@ -56,6 +56,8 @@ class MpiSession {
 
   int rank() const;
   int size() const;
+  // Processes of this job on this node, this one included (they share its cores).
+  int node_size() const;
   ProcessGroup& world();
   // A fresh world group (its own communicator) with another reduction algorithm. Collective:
   // every process calls it.

@@ -65,6 +65,9 @@ std::string load_text(const std::string& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(p, ec);
   if (ec || !fs::exists(st)) throw InputError("data file not found: " + path);
+  // A device (/dev/zero) or a FIFO would be read forever or block: only files and directories.
+  if (!fs::is_directory(st) && !fs::is_regular_file(st))
+    throw InputError("data " + path + " is not a regular file or a directory");
 
   if (fs::is_directory(st)) {
     const std::vector<fs::path> files = text_files_in(p);

@@ -21,7 +21,8 @@ namespace llama4d {
 //   - a file: its bytes, or
 //   - a directory: every regular file in it whose name ends in ".txt" (not hidden, not
 //     recursive), in byte order of the file names, joined with one '\n' between files.
-// Throws InputError naming the path for a missing path, an unreadable or empty file, a
+// Throws InputError naming the path for a missing path, one that is neither a regular file nor
+// a directory (a device, a FIFO), an unreadable or empty file, a
 // directory with no .txt file, or bytes that are not valid UTF-8 (with the file, byte offset
 // and line of the first invalid sequence).
 std::string load_text(const std::string& path);

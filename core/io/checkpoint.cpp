@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
 #include "core/io/atomic_file.h"
@@ -43,7 +44,7 @@ json read_json_file(const std::string& path) {
   if (failed) throw InputError("cannot read '" + path + "': " + std::strerror(err));
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     throw InputError("'" + path + "' is not valid JSON: " + e.what());
   }
 }
@@ -164,6 +165,51 @@ void TensorStore::read_raw(const std::string& name, DType dtype, const std::vect
   file_of(name).read_raw(name, dtype, shape, out);
 }
 
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The layer index of an HF Llama name "model.layers.<i>.<rest>", or -1.
+int64_t layer_of(const std::string& name) {
+  static const std::string head = "model.layers.";
+  if (name.rfind(head, 0) != 0) return -1;
+  const size_t dot = name.find('.', head.size());
+  if (dot == std::string::npos || dot == head.size()) return -1;
+  int64_t i = 0;
+  for (size_t k = head.size(); k < dot; ++k) {
+    if (name[k] < '0' || name[k] > '9' || i > (int64_t(1) << 40)) return -1;
+    i = i * 10 + (name[k] - '0');
+  }
+  return i;
+}
+
+}  // namespace
+
+void check_no_unexpected_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs,
+                                 const std::vector<std::string>& prefixes) {
+  std::set<std::string> expected;
+  int64_t layers = 0;
+  for (const ParamSpec& s : specs) {
+    for (const std::string& p : prefixes) expected.insert(p + s.name);
+    layers = std::max(layers, layer_of(s.name) + 1);
+  }
+  for (const std::string& name : store.names()) {
+    if (expected.count(name) || ends_with(name, ".rotary_emb.inv_freq")) continue;
+    std::string base = name;  // without the prefix, to say what kind of tensor it is
+    for (const std::string& p : prefixes)
+      if (!p.empty() && name.rfind(p, 0) == 0) base = name.substr(p.size());
+    std::string why = "which the configured model does not have";
+    if (base == "lm_head.weight")
+      why = "but the config says tie_word_embeddings: true (the LM head is the embedding)";
+    else if (const int64_t l = layer_of(base); l >= layers)
+      why = "a layer beyond the config's num_hidden_layers (" + std::to_string(layers) + ")";
+    throw InputError("checkpoint '" + store.description() + "' holds tensor '" + name + "', " + why +
+                     ": config and weights disagree");
+  }
+}
+
 template <class T>
 void read_flat_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs, T* flat,
                        const std::string& prefix) {
@@ -236,7 +282,9 @@ LlamaConfig load_config(const std::string& dir) {
 
 template <class T>
 void load_model(const std::string& dir, const std::vector<ParamSpec>& specs, T* params) {
-  read_flat_tensors(TensorStore::open(dir, kModelBase), specs, params);
+  const TensorStore store = TensorStore::open(dir, kModelBase);
+  check_no_unexpected_tensors(store, specs);
+  read_flat_tensors(store, specs, params);
 }
 
 template std::vector<TensorToWrite> flat_tensors<float>(const std::vector<ParamSpec>&, const float*, DType,

@@ -89,9 +89,17 @@ class TensorStore {
   std::map<std::string, size_t> owner_;  // tensor name -> index into files_
 };
 
+// InputError naming the first tensor of `store` that no spec names under any of `prefixes`:
+// weights that config.json does not describe (a layer beyond num_hidden_layers, an lm_head.weight
+// of a model with tie_word_embeddings: true) mean the two disagree, and loading only the named
+// tensors would silently run another model. The one exception is `*.rotary_emb.inv_freq`, a
+// buffer older transformers exports carry; it is recomputed from rope_theta.
+void check_no_unexpected_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs,
+                                 const std::vector<std::string>& prefixes = {""});
+
 // Reads every spec (named prefix + spec.name) from `store` into flat[spec.offset ...]. Tensors
-// in the store that no spec names (e.g. rotary_emb.inv_freq, or lm_head.weight for a tied
-// model) are ignored; a spec without a tensor is an InputError naming it.
+// in the store that no spec names are not read (load_model refuses them first, through
+// check_no_unexpected_tensors); a spec without a tensor is an InputError naming it.
 template <class T>
 void read_flat_tensors(const TensorStore& store, const std::vector<ParamSpec>& specs, T* flat,
                        const std::string& prefix = "");
@@ -125,7 +133,8 @@ void save_model(const std::string& dir, const LlamaConfig& cfg, const std::vecto
 LlamaConfig load_config(const std::string& dir);
 
 // Fills params (the flat buffer `specs` describes) from dir's model.safetensors or sharded
-// index, converting from whatever floating dtype is stored.
+// index, converting from whatever floating dtype is stored. InputError if a spec's tensor is
+// missing or misshapen, or if the files hold a tensor no spec names (check_no_unexpected_tensors).
 template <class T>
 void load_model(const std::string& dir, const std::vector<ParamSpec>& specs, T* params);
 

@@ -140,7 +140,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     json header;
     try {
       header = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
       throw InputError(where + ": header is not valid JSON: " + e.what());
     }
     if (!header.is_object()) throw InputError(where + ": header is not a JSON object");

@@ -293,7 +293,14 @@ json LlamaConfig::to_json() const {
 LlamaConfig LlamaConfig::from_json(const json& j) {
   if (!j.is_object())
     throw InputError(std::string("config must be a JSON object, got ") + j.type_name());
-  // Keys that would change the architecture into one we do not implement.
+  // Keys that would change the architecture into one we do not implement. model_type names the
+  // architecture in every Hugging Face config.json; another one's weights (mistral, qwen2, ...)
+  // share most Llama tensor names and would otherwise load and run as a different model.
+  if (const json* type = find(j, "model_type")) {
+    if (!type->is_string()) wrong_type("model_type", "a string", *type);
+    if (type->get<std::string>() != "llama")
+      throw InputError("config: model_type '" + type->get<std::string>() + "' is not supported (only 'llama')");
+  }
   if (const json* act = find(j, "hidden_act")) {
     if (!act->is_string()) wrong_type("hidden_act", "a string", *act);
     if (act->get<std::string>() != "silu")
@@ -343,7 +350,7 @@ LlamaConfig LlamaConfig::from_file(const std::string& path) {
   json j;
   try {
     j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     throw InputError("config file '" + path + "' is not valid JSON: " + e.what());
   }
   try {

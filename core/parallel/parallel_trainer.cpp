@@ -21,7 +21,7 @@ int64_t rank_micro_batch_rows(const TrainOptions& opt, int dp) {
   const int64_t mb = opt.micro_batch_size > 0 ? opt.micro_batch_size : rows;
   if (rows % mb != 0)
     throw InputError("each data-parallel rank gets " + std::to_string(rows) + " rows, not divisible by --micro-batch-size " +
-                     std::to_string(mb));
+                     std::to_string(mb) + " (0: all of a rank's rows)");
   return mb;
 }
 
@@ -163,9 +163,7 @@ void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
 template <class T>
 void ParallelTrainer<T>::load_checkpoint(const std::string& dir) {
   const TrainingCheckpointReader<T> ckpt(dir, model_.config(), model_.param_specs());
-  if (ckpt.info().options.to_json() != opt_.to_json())
-    throw InputError("checkpoint " + dir + " was trained with different options: saved " +
-                     ckpt.info().options.to_json().dump() + ", requested " + opt_.to_json().dump());
+  check_resumable(ckpt.info().options, ckpt.info().steps_done, opt_);
   strategy_->load_state(ckpt);  // each rank reads only what it keeps
   steps_done_ = ckpt.info().steps_done;
 }

@@ -36,7 +36,7 @@ void TrainingCheckpointWriter<T>::create(int64_t optimizer_steps, int64_t steps_
   write_config_file(dir_, cfg_, dtype_of<T>());
   create_tensor_files(dir_, files_->model);
   create_tensor_files(dir_, files_->optimizer);
-  write_json_file(dir_ + "/" + kTrainerStateFile, {{"format", "llama4d-trainer-state-v1"},
+  write_json_file(dir_ + "/" + kTrainerStateFile, {{"format", kTrainerStateFormat},
                                                    {"steps_done", steps_done},
                                                    {"optimizer_step", optimizer_steps},
                                                    {"dtype", std::string(dtype_name(dtype_of<T>()))},
@@ -85,14 +85,39 @@ void save_training_checkpoint(const std::string& dir, const Llama<T>& model, con
   staged.commit();
 }
 
-TrainOptions read_train_options(const std::string& dir) {
+TrainingCheckpointInfo read_training_state(const std::string& dir) {
   const std::string path = dir + "/" + kTrainerStateFile;
   if (!std::filesystem::exists(path))
     throw InputError(dir + " is not a training checkpoint (no " + kTrainerStateFile + ")");
   const nlohmann::json j = read_json_file(path);
-  if (!j.contains("options")) throw InputError(path + ": missing \"options\"");
-  return TrainOptions::from_json(j.at("options"));
+  TrainingCheckpointInfo info;
+  try {
+    if (!j.is_object() || j.value("format", "") != kTrainerStateFormat)
+      throw InputError("\"format\" is not \"" + std::string(kTrainerStateFormat) + "\"");
+    info.options = TrainOptions::from_json(j.at("options"));
+    info.steps_done = whole_number(j, "steps_done");
+    info.optimizer_steps = whole_number(j, "optimizer_step");
+    info.dtype = j.at("dtype").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": " + e.what());
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+  auto fail = [&](const std::string& what) { throw InputError(path + ": " + what); };
+  if (info.steps_done < 0 || info.steps_done > info.options.steps)
+    fail("steps_done " + std::to_string(info.steps_done) + " is outside [0, options.steps = " +
+         std::to_string(info.options.steps) + "]");
+  // Every step applies exactly one AdamW update; another count would resume with the wrong bias
+  // correction.
+  if (info.optimizer_steps != info.steps_done)
+    fail("optimizer_step " + std::to_string(info.optimizer_steps) + " differs from steps_done " +
+         std::to_string(info.steps_done));
+  if (info.dtype != dtype_name(DType::f32) && info.dtype != dtype_name(DType::f64))
+    fail("dtype \"" + info.dtype + "\" is not a training dtype (F32 or F64)");
+  return info;
 }
+
+TrainOptions read_train_options(const std::string& dir) { return read_training_state(dir).options; }
 
 template <class T>
 TrainingCheckpointReader<T>::TrainingCheckpointReader(const std::string& dir, const LlamaConfig& cfg,
@@ -101,16 +126,16 @@ TrainingCheckpointReader<T>::TrainingCheckpointReader(const std::string& dir, co
   const LlamaConfig saved = load_config(dir);
   if (saved.to_json() != cfg.to_json())
     throw InputError("checkpoint " + dir + " holds a different model shape than the one requested");
-  info_.options = read_train_options(dir);
-  const nlohmann::json state = read_json_file(dir + "/" + kTrainerStateFile);
-  try {
-    info_.steps_done = state.at("steps_done").get<int64_t>();
-    optimizer_steps_ = state.at("optimizer_step").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(dir + "/" + kTrainerStateFile + ": " + e.what());
-  }
+  info_ = read_training_state(dir);
+  // Reading the weights in another dtype would round them (or invent digits): not a resume.
+  if (info_.dtype != dtype_name(dtype_of<T>()))
+    throw InputError("checkpoint " + dir + " was trained in " + info_.dtype + ", not " +
+                     std::string(dtype_name(dtype_of<T>())) +
+                     " (resume with --dtype " + (info_.dtype == dtype_name(DType::f64) ? "f64" : "f32") + ")");
   model_ = std::make_shared<const TensorStore>(TensorStore::open(dir));
   optimizer_ = std::make_shared<const TensorStore>(TensorStore::open(dir, kOptimizerBase));
+  check_no_unexpected_tensors(*model_, specs_);
+  check_no_unexpected_tensors(*optimizer_, specs_, {"exp_avg.", "exp_avg_sq."});
 }
 
 template <class T>

@@ -20,10 +20,20 @@ namespace llama4d {
 inline constexpr const char* kOptimizerBase = "optimizer";
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
+inline constexpr const char* kTrainerStateFormat = "llama4d-trainer-state-v1";
+
+// What trainer_state.json records besides the tensors.
 struct TrainingCheckpointInfo {
   TrainOptions options;
   int64_t steps_done = 0;
+  int64_t optimizer_steps = 0;  // AdamW updates applied: one per step, so equal to steps_done
+  std::string dtype;            // of the weights and moments: "F32" or "F64"
 };
+
+// Reads and validates dir/trainer_state.json: its format, the options, 0 <= steps_done <=
+// options.steps, optimizer_step == steps_done, a training dtype. InputError naming the file
+// and the bad field otherwise (or saying that dir is not a training checkpoint).
+TrainingCheckpointInfo read_training_state(const std::string& dir);
 
 
 struct TrainingCheckpointFiles;  // the laid-out files and this rank's handles on them
@@ -73,7 +83,7 @@ class TrainingCheckpointReader {
   TrainingCheckpointReader(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs);
   const std::string& dir() const { return dir_; }
   const TrainingCheckpointInfo& info() const { return info_; }
-  int64_t optimizer_steps() const { return optimizer_steps_; }
+  int64_t optimizer_steps() const { return info_.optimizer_steps; }
   // Flat elements [begin, end) of the parameters / AdamW moments, into out[end - begin].
   void params(int64_t begin, int64_t end, T* out) const;
   void exp_avg(int64_t begin, int64_t end, T* out) const;
@@ -83,7 +93,6 @@ class TrainingCheckpointReader {
   std::string dir_;
   std::vector<ParamSpec> specs_;
   TrainingCheckpointInfo info_;
-  int64_t optimizer_steps_ = 0;
   std::shared_ptr<const TensorStore> model_, optimizer_;
 };
 
@@ -98,7 +107,7 @@ TrainingCheckpointInfo read_training_checkpoint(const std::string& dir, const Ll
 template <class T>
 TrainingCheckpointInfo load_training_checkpoint(const std::string& dir, Llama<T>& model, AdamW<T>& adamw);
 
-// The TrainOptions saved in dir/trainer_state.json (InputError if it is not a training checkpoint).
+// The TrainOptions saved in dir/trainer_state.json (read_training_state(dir).options).
 TrainOptions read_train_options(const std::string& dir);
 
 }  // namespace llama4d

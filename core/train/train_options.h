@@ -2,6 +2,8 @@
 // Everything that defines a training run besides the model shape. Saved with every checkpoint
 // (trainer_state.json) so a resumed run continues the same schedule and the same batches.
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -12,7 +14,10 @@ namespace llama4d {
 struct TrainOptions {
   int64_t steps = 300;             // optimizer steps in the whole run (the LR schedule's length)
   int64_t batch_size = 8;          // sequences per optimizer step: the global batch
-  int64_t micro_batch_size = 0;    // sequences per forward/backward; 0 = batch_size (no accumulation)
+  // Sequences per forward/backward, as asked: 0 = all the rows a device gets (the whole batch on
+  // one device, batch_size / dp on a mesh). Saved as asked, not resolved, so a checkpoint
+  // resumes on a mesh with another split.
+  int64_t micro_batch_size = 0;
   int64_t seq_len = 256;           // tokens per sequence
   double lr = 3e-3;                // peak learning rate, reached after warmup_steps
   double min_lr = 3e-4;            // cosine decay floor at `steps`
@@ -20,6 +25,10 @@ struct TrainOptions {
   double grad_clip = 1.0;          // global L2 norm; <= 0 disables clipping
   uint64_t seed = 1337;            // initial weights and batches
   AdamWConfig adamw;
+  // How the program driving the trainer ran the loop (the CLI's data path, evaluation and
+  // checkpoint intervals). The trainers never read it; it is saved with the options so that a
+  // resume continues the same way.
+  nlohmann::json loop = nlohmann::json::object();
 
   int64_t micro_batches() const { return batch_size / micro(); }
   int64_t micro() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
@@ -29,7 +38,32 @@ struct TrainOptions {
   // Throws InputError naming the first bad value.
   void validate() const;
   nlohmann::json to_json() const;
+  // Validated; older files (micro_batch_size saved resolved, no "loop") read as they were run.
   static TrainOptions from_json(const nlohmann::json& j);
 };
+
+// One option as the command line names it and where it sits in TrainOptions::to_json().
+struct TrainOptionField {
+  const char* flag;     // "--lr"; a field without a flag is named by its key ("adamw.beta1")
+  const char* pointer;  // JSON pointer into to_json(): "/lr", "/adamw/beta1"
+  bool may_change_on_resume;
+};
+// Every option of to_json() except `loop`. Those that may change on resume do not change what
+// a step computes in exact arithmetic: --steps (extends or shortens the schedule from the step
+// reached) and --micro-batch-size (how the rows are cut, like the mesh).
+const std::vector<TrainOptionField>& train_option_fields();
+
+// Why a resume refuses an option that would change the math; the same words wherever it is refused.
+inline constexpr const char* kResumeKeepsTheMath =
+    "a resumed run keeps what defines its math (start a new run to change it)";
+
+// Whether a run saved with `saved` after `steps_done` steps can continue with `requested`:
+// InputError naming the first option that would change the math of the run (with both
+// values), or a --steps below the steps already done.
+void check_resumable(const TrainOptions& saved, int64_t steps_done, const TrainOptions& requested);
+
+// object[key] as an int64, only if it is stored as a whole number in range (1.5 or 1e300 are an
+// InputError, never rounded); nlohmann's out_of_range if the key is absent.
+int64_t whole_number(const nlohmann::json& object, const char* key);
 
 }  // namespace llama4d

@@ -26,6 +26,10 @@ Trainer<T>::Trainer(Llama<T>& model, const TextDataset& data, const TrainOptions
     : model_(model), data_(data), opt_(options), adamw_(options.adamw, model.param_specs(), &model.memory()),
       segments_(param_segments(model.param_specs())) {
   opt_.validate();
+  // The running sum of the micro-batches' gradients (see step()); charged as gradients, since
+  // accumulating costs one more gradient-sized buffer.
+  if (opt_.micro_batches() > 1)
+    grad_sum_ = Buffer<T>(&model_.memory(), MemoryCategory::grads, model_.num_params(), "gradient sum over micro-batches");
   if (opt_.seq_len > model_.config().max_position_embeddings)
     throw InputError("--seq-len " + std::to_string(opt_.seq_len) + " exceeds the model's max_position_embeddings " +
                      std::to_string(model_.config().max_position_embeddings));
@@ -40,17 +44,29 @@ StepStats Trainer<T>::step() {
   const int64_t s = steps_done_, mb = opt_.micro();
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
 
-  model_.zero_grad();
+  const int64_t n = model_.num_params(), micro_batches = opt_.micro_batches();
+  // Each micro-batch's gradient is computed into zeroed gradients and then added to the sum of
+  // the earlier ones, ((g0 + g1) + g2) + ...: the order of an ordered all-reduce over ranks that
+  // each hold one micro-batch (reduction_order, core/comm/reduce_kernels.h). So this trainer with
+  // --micro-batch-size equal to a rank's rows gives bitwise what `--mesh dp=N` gives. Letting
+  // backward add each micro-batch into the running sum instead (its kernels accumulate with +=)
+  // rounds differently: grad norm 2.0821649184 vs 2.0821649145 after one step (issue 14, item 15).
   LossSum loss;
-  for (int64_t m = 0; m < opt_.micro_batches(); ++m) {
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    model_.zero_grad();
     const Batch b = sample_rows(data_.train(), opt_.seq_len, opt_.seed, s, m * mb, (m + 1) * mb);
     const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-    loss.loss_sum += part.loss_sum;
+    loss.loss_sum += part.loss_sum;  // in fp64, in micro-batch order: what all_reduce_loss adds
     loss.tokens += part.tokens;
     model_.backward(loss_scale);
+    if (micro_batches == 1) continue;
+    if (m == 0)
+      ops::copy(grad_sum_.data(), model_.grads(), n);
+    else
+      ops::accumulate(grad_sum_.data(), model_.grads(), n);
   }
+  if (micro_batches > 1) ops::copy(model_.grads(), grad_sum_.data(), n);
 
-  const int64_t n = model_.num_params();
   // The segmented order is the one sharded strategies reproduce bitwise from their shards.
   const double sum_sq = segmented_grad_sum_squares(segments_, model_.grads());
   if (opt_.grad_clip > 0) apply_grad_clip(model_.grads(), n, clip_coefficient(sum_sq, opt_.grad_clip));
@@ -85,9 +101,7 @@ void Trainer<T>::save_checkpoint(const std::string& dir) const {
 template <class T>
 void Trainer<T>::load_checkpoint(const std::string& dir) {
   const TrainingCheckpointInfo info = load_training_checkpoint(dir, model_, adamw_);
-  if (info.options.to_json() != opt_.to_json())
-    throw InputError("checkpoint " + dir + " was trained with different options: saved " + info.options.to_json().dump() +
-                     ", requested " + opt_.to_json().dump());
+  check_resumable(info.options, info.steps_done, opt_);
   steps_done_ = info.steps_done;
 }
 

@@ -3,9 +3,10 @@
 // gradient-norm clipping, warm-up + cosine learning rate, AdamW; checkpoints that resume bitwise.
 //
 // One optimizer step `s` (0-based):
-//   grads = 0
 //   for each micro-batch m:  rows [m*mb, (m+1)*mb) of the global batch of step s
-//       loss_sum += forward(rows);  backward(scale = 1 / tokens_per_step)
+//       grads = 0;  loss_sum += forward(rows);  backward(scale = 1 / tokens_per_step)
+//       sum = m == 0 ? grads : sum + grads      (the order of an ordered all-reduce over ranks)
+//   grads = sum
 //   norm = ||grads||_2;  grads *= min(1, clip / (norm + 1e-6))
 //   AdamW(params, grads, lr(s))
 // Because every micro-batch's loss is scaled by the GLOBAL token count, the accumulated
@@ -19,6 +20,7 @@
 #include "core/optim/adamw.h"
 #include "core/optim/lr_schedule.h"
 #include "core/optim/segmented_norm.h"
+#include "core/tensor/buffer.h"
 #include "core/train/train_options.h"
 
 namespace llama4d {
@@ -65,6 +67,7 @@ class Trainer {
   LrSchedule schedule_;
   AdamW<T> adamw_;
   std::vector<Segment> segments_;
+  Buffer<T> grad_sum_;  // [num_params] when accumulating over several micro-batches
   int64_t steps_done_ = 0;
 };
 

@@ -11,49 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_test_util.h"
+
 namespace {
 
-namespace fs = std::filesystem;
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-// Runs `llama4d <args>`, capturing stdout and stderr separately.
-Result run(const std::string& args) {
-  // ctest runs tests as parallel processes: each call needs its own file.
-  static int calls = 0;
-  const std::string err_file =
-      testing::TempDir() + "/llama4d_cli_stderr_" + std::to_string(getpid()) + "_" + std::to_string(++calls) + ".txt";
-  const std::string cmd = std::string(LLAMA4D_BIN) + " " + args + " 2>" + err_file;
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream e(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  fs::remove(err_file);
-  return r;
-}
-
-std::string tmp(const std::string& name) {
-  const std::string d = testing::TempDir() + "/llama4d_cli_" + name;
-  fs::remove_all(d);
-  return d;
-}
-
-int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
-
-void expect_bad_input(const Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_EQ(lines(r.err), 1) << "expected a one-line error, got:\n" << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << "error should mention '" << needle << "': " << r.err;
-}
+using namespace llama4d::cli_test;
 
 TEST(Cli, UnknownPreset) {
   const std::string out = tmp("unknown_preset");

@@ -257,6 +257,44 @@ TEST(Checkpoint, MissingOrMisshapenTensorsAreNamed) {
                            {"model.safetensors", "model.safetensors.index.json"});
 }
 
+// Weights that config.json does not describe are an error, not silently skipped: a layer beyond
+// num_hidden_layers, an lm_head.weight next to tie_word_embeddings: true, a tensor of another
+// architecture. (rotary_emb.inv_freq buffers stay accepted: HandBuiltShardedCheckpoint.)
+TEST(Checkpoint, WeightsTheConfigDoesNotDescribeAreRefused) {
+  ScratchDir dir;
+  LlamaConfig cfg = LlamaConfig::preset("tiny");  // 2 layers, untied
+  std::vector<float> p = values_for<float>(cfg, 16);
+  save_model(dir / "ck", cfg, llama_param_specs(cfg), p.data());
+
+  LlamaConfig shallower = cfg;
+  shallower.num_hidden_layers = 1;
+  std::vector<float> q(size_t(shallower.num_parameters()), -7.0f);
+  expect_error<InputError>([&] { load_model(dir / "ck", llama_param_specs(shallower), q.data()); },
+                           {dir / "ck", "'model.layers.1.", "num_hidden_layers (1)", "disagree"});
+  EXPECT_EQ(q[0], -7.0f) << "nothing is read before the check";
+
+  LlamaConfig tied = cfg;
+  tied.tie_word_embeddings = true;
+  std::vector<float> t(size_t(tied.num_parameters()), -7.0f);
+  expect_error<InputError>([&] { load_model(dir / "ck", llama_param_specs(tied), t.data()); },
+                           {"'lm_head.weight'", "tie_word_embeddings: true"});
+
+  // An extra tensor of another kind (a bias Llama does not have).
+  std::vector<TensorToWrite> tensors = flat_tensors(llama_param_specs(cfg), p.data(), DType::f32);
+  const std::vector<float> bias(64, 0.25f);
+  tensors.push_back(TensorToWrite{"model.layers.0.self_attn.q_proj.bias", {64}, DType::f32, bias.data(), DType::f32});
+  write_directory_atomically(
+      dir / "biased",
+      [&](const std::string& staging) {
+        write_config_file(staging, cfg, DType::f32);
+        write_tensor_files(staging, kModelBase, tensors, kModelMetadata);
+      },
+      kConfigFile);
+  std::vector<float> b(p.size());
+  expect_error<InputError>([&] { load_model(dir / "biased", llama_param_specs(cfg), b.data()); },
+                           {"'model.layers.0.self_attn.q_proj.bias'", "does not have"});
+}
+
 TEST(Checkpoint, SavingReplacesAnOlderCheckpointAtomically) {
   ScratchDir dir;
   LlamaConfig cfg = LlamaConfig::preset("tiny");

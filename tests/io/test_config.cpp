@@ -481,6 +481,23 @@ TEST(Config, FromJsonNamesMissingOrWrongTypedKeys) {
   expect_error<InputError>([&] { LlamaConfig::from_json(json::array({1, 2})); }, {"JSON object"});
 }
 
+// Another architecture's config.json (mistral, qwen2, ...) names most of the same keys and
+// tensors: read as Llama it would run a different model. Absent model_type (hand-written
+// configs) is fine; a present one must be "llama".
+TEST(Config, ModelTypeOtherThanLlamaIsRefused) {
+  json j = LlamaConfig::preset("tiny").to_json();
+  ASSERT_EQ(j["model_type"], "llama");
+  EXPECT_EQ(LlamaConfig::from_json(j).hidden_size, 64);
+  j.erase("model_type");
+  EXPECT_EQ(LlamaConfig::from_json(j).hidden_size, 64);
+  j["model_type"] = "mistral";
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"model_type", "'mistral'", "not supported"});
+  j["model_type"] = "Llama";
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"model_type", "'Llama'"});
+  j["model_type"] = 7;
+  expect_error<InputError>([&] { LlamaConfig::from_json(j); }, {"model_type", "string"});
+}
+
 TEST(Config, FromFileErrorsNameThePath) {
   test::ScratchDir dir;
   const std::string missing = dir / "nope.json";

@@ -245,7 +245,8 @@ TEST(FlatRange, Fp32CheckpointEveryRangeMatches) {
 
 TEST(FlatRange, TiedModelIgnoresTheStoredLmHead) {
   // An untied checkpoint read into a tied model: lm_head.weight is in the store but no spec
-  // names it, so full and range reads both skip it.
+  // names it, so full and range reads both skip it. (Loaders refuse such a store before reading:
+  // check_no_unexpected_tensors, tested in test_checkpoint.cpp; this is the reading layer below.)
   ScratchDir dir;
   const LlamaConfig untied = LlamaConfig::preset("tiny");
   LlamaConfig tied = untied;

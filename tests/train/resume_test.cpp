@@ -4,8 +4,11 @@
 // step counter (bias correction, LR schedule) and batches depend on the step alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/tensor/dtype.h"
@@ -78,6 +81,53 @@ TEST(Resume, RefusesCheckpointTrainedWithOtherOptions) {
   EXPECT_THROW(other.load_checkpoint(dir), InputError);
   EXPECT_EQ(read_train_options(dir).lr, test::tiny_options(4).lr);
   std::filesystem::remove_all(dir);
+}
+
+// Every option that reaches trainer_state.json is in the table that decides what a resume may
+// change; one missing from it would be neither applied nor refused on resume.
+TEST(Resume, EveryOptionIsClassifiedForResume) {
+  std::vector<std::string> keys;
+  const nlohmann::json j = TrainOptions().to_json();
+  for (const auto& [k, v] : j.items())
+    if (k == "adamw")
+      for (const auto& [ka, va] : v.items()) keys.push_back("/adamw/" + ka);
+    else if (k != "loop")
+      keys.push_back("/" + k);
+  std::vector<std::string> table;
+  for (const TrainOptionField& f : train_option_fields()) table.push_back(f.pointer);
+  std::sort(keys.begin(), keys.end());
+  std::sort(table.begin(), table.end());
+  EXPECT_EQ(keys, table);
+}
+
+TEST(Resume, OnlyStepsAndMicroBatchMayChange) {
+  const TrainOptions saved = test::tiny_options(10);
+  TrainOptions asked = saved;
+  asked.steps = 20;
+  asked.micro_batch_size = 0;  // automatic: saved as asked, not as the 4 it resolves to
+  asked.loop = {{"save_every", 5}};
+  EXPECT_NO_THROW(check_resumable(saved, 6, asked));
+  EXPECT_EQ(asked.to_json().at("micro_batch_size"), 0);
+  asked.steps = 5;
+  EXPECT_THROW(check_resumable(saved, 6, asked), InputError);  // below the steps done
+  for (const TrainOptionField& f : train_option_fields()) {
+    if (f.may_change_on_resume) continue;
+    nlohmann::json j = saved.to_json();
+    const nlohmann::json::json_pointer at(f.pointer);
+    nlohmann::json& v = j[at];
+    if (v.is_number_unsigned())
+      v = v.get<uint64_t>() * 2;
+    else if (v.is_number_integer())
+      v = v.get<int64_t>() * 2;
+    else
+      v = v.get<double>() / 2;
+    try {
+      check_resumable(saved, 6, TrainOptions::from_json(j));
+      ADD_FAILURE() << f.flag << " changed without an error";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(f.flag), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,96 @@
+// Odd values and flags that would do nothing are refused up front: one line, exit 2, before any
+// work, and no --out left behind (issue 14, items 11, 13 and 14).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "cli_test_util.h"
+
+namespace {
+
+using namespace llama4d::cli_test;
+
+const std::string kTrain = "train --preset tiny --seq-len 32 --steps 1 --eval-every 0 ";
+
+TEST(CliArgs, OddValuesAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--grad-clip -1", "--grad-clip"},
+      {"--stop-at 0", "--stop-at"},
+      {"--stop-at -3", "--stop-at"},
+      {"--save-every -1", "--save-every"},
+      {"--eval-every -1", "--eval-every"},
+      {"--seed -1", "--seed"},
+      {"--mesh dp=2,dp=4", "twice"},
+      {"--hbm-gib -1 --mesh dp=2", "--hbm-gib"},
+  };
+  for (const auto& [flags, needle] : cases) {
+    const std::string out = tmp("odd") + "/run";
+    expect_bad_input(run(kTrain + flags + " --out " + out), needle);
+    EXPECT_FALSE(fs::exists(fs::path(out).parent_path())) << flags << ": a rejected run left its --out behind";
+  }
+  for (const std::string& cmd : {"verify --seed -1", "eval --seed -1", "generate --init-seed -1", "generate --seed -1"})
+    expect_bad_input(run(cmd), "seed");
+}
+
+// Each of these shapes only the ranks of a mesh; without one the run used to go ahead as a
+// single device and ignore it. --backend mpi without --mesh under mpirun started N one-rank
+// trainers writing the same --out.
+TEST(CliArgs, ParallelFlagsWithoutAMeshAreRefused) {
+  for (const std::string flag :
+       {"--zero 3", "--keep-params", "--hbm-gib 4", "--trace t.json", "--backend mpi", "--algo ring", "--gpus-per-node 2",
+        "--timeout 5"}) {
+    const std::string out = tmp("nomesh");
+    const Result r = run(kTrain + flag + " --out " + out);
+    expect_bad_input(r, flag.substr(0, flag.find(' ')));
+    EXPECT_NE(r.err.find("--mesh"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  expect_bad_input(run("bench --preset tiny --seq-len 32 --hbm-gib 4"), "--hbm-gib");
+  expect_bad_input(run(kTrain + "--backend mpi --out " + tmp("nomesh_mpi")), "mpirun");
+}
+
+// A device or a FIFO as --data used to block forever (or read /dev/zero until memory ran out).
+TEST(CliArgs, DataMustBeAFileOrDirectory) {
+  const std::string dir = tmp("fifo");
+  fs::create_directories(dir);
+  ASSERT_EQ(mkfifo((dir + "/pipe").c_str(), 0600), 0);
+  for (const std::string& data : {std::string("/dev/zero"), dir + "/pipe"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_bad_input(run(kTrain + "--data " + data + " --out " + dir + "/out"), data);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  }
+  expect_bad_input(run("eval --preset tiny --data /dev/zero"), "/dev/zero");
+  fs::remove_all(dir);
+}
+
+// An unwritable --trace was found only after the whole run had been computed.
+TEST(CliArgs, UnwritableTraceIsFoundBeforeTraining) {
+  const std::string out = tmp("trace");
+  const Result r = run(kTrain + "--mesh dp=2 --trace " + out + "/no/such/dir/t.json --out " + out);
+  expect_bad_input(r, "--trace");
+  EXPECT_FALSE(fs::exists(out + "/metrics.jsonl")) << "no step ran";
+  EXPECT_FALSE(fs::exists(out)) << "and the --out it would have used is not left behind";
+}
+
+// A failure found after --out was created (here: the sequence is longer than the model's
+// positions, known once the model is built) removes the directories it created, and only those.
+TEST(CliArgs, RejectedRunLeavesNoEmptyOut) {
+  const std::string parent = tmp("empty_out");
+  fs::create_directories(parent);
+  expect_bad_input(run("train --preset tiny --seq-len 200 --steps 1 --out " + parent + "/a/b"), "--seq-len");
+  EXPECT_TRUE(fs::exists(parent));
+  EXPECT_FALSE(fs::exists(parent + "/a"));
+  fs::remove_all(parent);
+}
+
+// CLI11's own parse errors came on two lines ("Run with --help for more information.").
+TEST(CliArgs, ParseErrorsAreOneLine) {
+  expect_bad_input(run("train --stepz 3"), "--stepz");
+  expect_bad_input(run("train --zero 7 --mesh dp=2"), "--zero");
+  expect_bad_input(run("train --mesh"), "--mesh");
+}
+
+}  // namespace
