@@ -47,7 +47,7 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   std::vector<double> times;
   std::string strategy;
   launcher.run(ranks, [&](ProcessGroup& world) {
-    Llama<T> model(cfg, &world.memory());
+    Llama<T> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
     ParallelTrainer<T> trainer(world, model, data, opt, plan);
     std::vector<double> mine;
     for (int64_t i = 0; i < a.warmup + a.iters; ++i) {

@@ -6,7 +6,7 @@ namespace llama4d::cli {
 
 void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh) {
   mesh = default_mesh;
-  cmd.add_option("--mesh", mesh, "ranks by dim, innermost first: dp=4, or dp_shard=2,dp_replicate=2 (HSDP)")
+  cmd.add_option("--mesh", mesh, "ranks by dim, innermost first: dp=4, tp=2,dp=2, or dp_shard=2,dp_replicate=2 (HSDP)")
       ->capture_default_str();
   cmd.add_option("--zero", zero, "ZeRO stage: 0 plain DP, 1 optimizer, 2 + gradients, 3 + parameters (FSDP)")
       ->check(CLI::Range(0, 3))
@@ -26,6 +26,7 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
   if (p.single_device() && (zero != 0 || keep_params))
     throw InputError("--zero and --keep-params need a data-parallel --mesh (e.g. --mesh dp=4)");
   p.validate();
+  p.check_model(model);
   return p;
 }
 

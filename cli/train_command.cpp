@@ -161,7 +161,7 @@ nlohmann::json run_parallel(const TrainArgs& a) {
   std::mutex mu;
   std::string strategy;
   launcher.run(ranks, [&](ProcessGroup& world) {
-    Llama<T> model(s.cfg, &world.memory());
+    Llama<T> model(s.cfg, &world.memory(), plan.tp_layout(s.cfg, world.rank()));
     ParallelTrainer<T> trainer(world, model, data, s.opt, plan);
     if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
     const bool lead = world.rank() == 0 && launcher.reporting();

@@ -71,7 +71,7 @@ void BlockScratch<T>::allocate(MemoryTracker* m, const BlockDims& d) {
 
 template <class T>
 void BlockScratch<T>::reset() {
-  for (Buffer<T>* b : {&dn, &dh, &dq, &dk, &dv, &datt, &dgate, &dup, &dact}) b->reset();
+  for (Buffer<T>* b : {&dn, &dh, &dq, &dk, &dv, &datt, &dgate, &dup, &dact, &gk, &gv}) b->reset();
 }
 
 namespace {
@@ -192,8 +192,23 @@ void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockA
   ops::rope_backward(s.dk.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nkv, d.hd, pos_start);
   ops::fill(s.dn.data(), T(0), BT * C);
   ops::matmul_backward(s.dn.data(), g.wq, s.dq.data(), a.n1.data(), w.wq, BT, C, qd);
-  ops::matmul_backward(s.dn.data(), g.wk, s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
-  ops::matmul_backward(s.dn.data(), g.wv, s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
+  if (comm.sums_key_value_weight_grads()) {
+    // This micro-batch's k/v weight gradients apart, summed over the head's replicas, then added.
+    if (s.gk.empty()) {
+      s.gk = Buffer<T>(s.dn.memory(), MemoryCategory::scratch, kvd * C, "backward k_proj grad (replicated heads)");
+      s.gv = Buffer<T>(s.dn.memory(), MemoryCategory::scratch, kvd * C, "backward v_proj grad (replicated heads)");
+    }
+    ops::fill(s.gk.data(), T(0), kvd * C);
+    ops::fill(s.gv.data(), T(0), kvd * C);
+    ops::matmul_backward(s.dn.data(), s.gk.data(), s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
+    ops::matmul_backward(s.dn.data(), s.gv.data(), s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
+    comm.key_value_weight_grads(s.gk.data(), s.gv.data(), d);
+    ops::accumulate(g.wk, s.gk.data(), kvd * C);
+    ops::accumulate(g.wv, s.gv.data(), kvd * C);
+  } else {
+    ops::matmul_backward(s.dn.data(), g.wk, s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
+    ops::matmul_backward(s.dn.data(), g.wv, s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
+  }
   comm.attention_input_backward(s.dn.data(), d);
   ops::rmsnorm_backward(dx, g.ln1, s.dn.data(), x, w.ln1, a.rstd1.data(), BT, C);
 }

@@ -66,6 +66,7 @@ struct BlockActivations {
 template <class T>
 struct BlockScratch {
   Buffer<T> dn, dh, dq, dk, dv, datt, dgate, dup, dact;
+  Buffer<T> gk, gv;  // [nkv*hd, C] replicated key/value heads only (BlockComm::sums_key_value_weight_grads)
   void allocate(MemoryTracker* memory, const BlockDims& d);
   void reset();
 };
@@ -91,6 +92,12 @@ class BlockComm {
   // Keys and values after RoPE, k, v [B,T,nkv,hd], as attention is about to read them.
   virtual void key_value(T* k, T* v, const BlockDims& d) {}
   virtual void key_value_backward(T* dk, T* dv, const BlockDims& d) {}
+  // Tensor parallelism with key/value heads held by several ranks (tp > nkv): gk, gv [nkv*hd, C]
+  // are this micro-batch's k_proj / v_proj weight gradients on this rank; every replica of a
+  // head must end with the sum over its replicas before they accumulate. Per micro-batch, so
+  // gradients accumulated from earlier micro-batches are never summed twice.
+  virtual bool sums_key_value_weight_grads() const { return false; }
+  virtual void key_value_weight_grads(T* gk, T* gv, const BlockDims& d) {}
 };
 
 // Where attention reads keys/values from when decoding with a cache: the block appends this

@@ -41,14 +41,13 @@ int ParallelPlan::size(std::string_view dim) const {
 }
 
 void ParallelPlan::validate() const {
-  static const char* const pending[][2] = {{"tp", "tensor parallelism"},
-                                           {"cp", "context parallelism"},
+  static const char* const pending[][2] = {{"cp", "context parallelism"},
                                            {"pp", "pipeline parallelism"},
                                            {"ep", "expert parallelism (Llama 3 is dense: there are no experts)"}};
   for (const auto& [dim, what] : pending)
     if (size(dim) > 1)
       throw InputError("--mesh " + describe_mesh() + ": " + what + " (" + dim + "=" + std::to_string(size(dim)) +
-                       ") is not implemented in this build yet; meshes may use dp, or dp_shard x dp_replicate, and " +
+                       ") is not implemented in this build yet; meshes may use tp and dp, or dp_shard x dp_replicate, and " +
                        dim + "=1");
   bool plain = false, split = false;
   for (const MeshDim& d : mesh) {
@@ -67,6 +66,27 @@ DataParallelConfig ParallelPlan::data_parallel() const {
   c.reshard_after_forward = reshard_after_forward;
   c.prefetch = prefetch;
   return c;
+}
+
+TpLayout ParallelPlan::tp_layout(const LlamaConfig& cfg, int world_rank) const {
+  // Coordinates run innermost first: rank = c[0] + size[0] * (c[1] + size[1] * ...).
+  int stride = 1;
+  for (const MeshDim& d : mesh) {
+    if (d.name == "tp") return d.size > 1 ? llama4d::tp_layout(cfg, d.size, (world_rank / stride) % d.size) : TpLayout{};
+    stride *= d.size;
+  }
+  return {};
+}
+
+void ParallelPlan::check_model(const LlamaConfig& cfg) const {
+  for (int r = 0; r < size("tp"); ++r) llama4d::tp_layout(cfg, size("tp"), r);
+}
+
+std::vector<std::string> ParallelPlan::data_dims() const {
+  std::vector<std::string> dims;
+  for (const MeshDim& d : mesh)
+    if (d.name == "dp" || d.name == "dp_shard" || d.name == "dp_replicate") dims.push_back(d.name);
+  return dims;
 }
 
 std::string ParallelPlan::describe_mesh() const {

@@ -301,7 +301,9 @@ TEST(Cli, VerifyJsonReportsBitwiseEquivalence) {
 
 TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=two"), "dp=two");
-  expect_bad_input(run("verify --mesh tp=2,dp=2"), "tp");
+  // Tensor parallelism names the constraint a model breaks (tiny has 4 heads).
+  expect_bad_input(run("verify --mesh tp=3,dp=2"), "num_attention_heads");
+  expect_bad_input(run("train --preset tiny --mesh tp=8 --out " + tmp("tp8")), "more ranks than");
   expect_bad_input(run("verify --mesh dp=4 --batch-size 6"), "divisible");
   expect_bad_input(run("verify --mesh dp=2 --micro-batch-size -2"), "--micro-batch-size");
   expect_bad_input(run("verify --mesh dp=2 --zero 1 --keep-params"), "--keep-params");

@@ -1,0 +1,182 @@
+// Tensor parallelism: the layout (which rank holds which heads, columns and vocabulary rows,
+// with values worked out by hand), the slices' coverage of every whole tensor, and training on
+// tp virtual GPUs against one device: alone, with data parallelism under ZeRO, with activation
+// checkpointing, with a vocabulary tp does not divide and with key/value heads replicated.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/model/llama.h"
+#include "core/model/params.h"
+#include "core/model/tp_layout.h"
+#include "parallel_test_util.h"
+
+namespace llama4d {
+namespace {
+
+// `small`'s attention shape (6 query heads, 2 key/value heads, group 3) at a test-sized width:
+// C = 48, head_dim 8, SwiGLU 96, tiny's vocabulary (264: 256 bytes, specials, rounded up), 2 layers.
+LlamaConfig small_shaped(int64_t heads = 6, int64_t kv_heads = 2) {
+  LlamaConfig c = LlamaConfig::preset("tiny");
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = 8;
+  c.hidden_size = 48;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+TEST(TpLayout, SmallShapeOnTwoThreeAndSixRanks) {
+  const LlamaConfig c = small_shaped();
+  ASSERT_EQ(c.vocab_size, 264);
+  // tp=2: heads 0-2 read KV head 0, heads 3-5 KV head 1 (group 3): the KV heads split.
+  TpLayout t = tp_layout(c, 2, 1);
+  EXPECT_EQ(t.heads_begin, 3);
+  EXPECT_EQ(t.heads, 3);
+  EXPECT_EQ(t.kv_heads_begin, 1);
+  EXPECT_EQ(t.kv_heads, 1);
+  EXPECT_EQ(t.ffn_begin, 48);
+  EXPECT_EQ(t.ffn, 48);
+  EXPECT_EQ(t.vocab_begin, 132);
+  EXPECT_EQ(t.vocab_rows, 132);
+  EXPECT_FALSE(t.replicates_kv_heads(c));
+  // tp=3: rank 1 has heads 2 and 3, which read KV heads 0 and 1: both, one query head each.
+  t = tp_layout(c, 3, 1);
+  EXPECT_EQ(t.heads_begin, 2);
+  EXPECT_EQ(t.heads, 2);
+  EXPECT_EQ(t.kv_heads_begin, 0);
+  EXPECT_EQ(t.kv_heads, 2);
+  EXPECT_EQ(t.vocab_begin, 88);
+  EXPECT_EQ(t.vocab_rows, 88);
+  EXPECT_TRUE(t.replicates_kv_heads(c));
+  EXPECT_EQ(t.first_holder_of_kv_head(0, c), 0);  // head 0 first appears on rank 0 (query head 0)
+  EXPECT_EQ(t.first_holder_of_kv_head(1, c), 1);  // head 1 on rank 1 (query head 3)
+  // tp=6: one query head per rank; ranks 3-5 hold KV head 1.
+  t = tp_layout(c, 6, 4);
+  EXPECT_EQ(t.heads_begin, 4);
+  EXPECT_EQ(t.kv_heads_begin, 1);
+  EXPECT_EQ(t.kv_heads, 1);
+  EXPECT_EQ(t.ffn_begin, 64);
+  EXPECT_EQ(t.ffn, 16);
+  EXPECT_EQ(t.vocab_begin, 176);
+  EXPECT_EQ(t.vocab_rows, 44);
+}
+
+TEST(TpLayout, VocabularyTpDoesNotDivideIsPaddedOnTheLastRank) {
+  // 259 rows over 4 ranks: ceil = 65 per rank, the last holds 259 - 195 = 64.
+  LlamaConfig c = small_shaped(8, 2);
+  c.vocab_size = 259;
+  const TpLayout last = tp_layout(c, 4, 3);
+  EXPECT_EQ(last.vocab_padded_rows, 65);
+  EXPECT_EQ(last.vocab_begin, 195);
+  EXPECT_EQ(last.vocab_rows, 64);
+  EXPECT_EQ(tp_layout(c, 4, 0).vocab_rows, 65);
+}
+
+TEST(TpLayout, BadCutsNameTheConstraint) {
+  auto message = [](const LlamaConfig& c, int tp) {
+    try {
+      tp_layout(c, tp, 0);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(small_shaped(), 4).find("divide num_attention_heads"), std::string::npos);
+  EXPECT_NE(message(small_shaped(), 12).find("more ranks than"), std::string::npos);
+  // 12 heads, 4 KV heads (group 3) over 3 ranks: rank 0's heads 0-3 read KV heads 0, 0, 0, 1.
+  LlamaConfig uneven = small_shaped(12, 4);
+  uneven.head_dim = 4;
+  EXPECT_NE(message(uneven, 3).find("unequally"), std::string::npos);
+  LlamaConfig odd_ffn = small_shaped();
+  odd_ffn.intermediate_size = 100;
+  EXPECT_NE(message(odd_ffn, 3).find("intermediate_size"), std::string::npos);
+}
+
+// Over the ranks of a tensor-parallel group, the counted elements of every tensor's slices
+// cover the whole tensor exactly once, and the slices' values are the whole model's values.
+TEST(TpLayout, SlicesCoverEveryWholeTensorOnceWithTheSameValues) {
+  for (auto [heads, kv, tp] : {std::tuple{6, 2, 2}, {6, 2, 3}, {6, 2, 6}, {8, 2, 4}}) {
+    const LlamaConfig c = small_shaped(heads, kv);
+    const std::vector<ParamSpec> whole = llama_param_specs(c);
+    std::vector<double> whole_values(size_t(flat_numel(whole)));
+    Llama<double>::init_values(whole, 5, 0, flat_numel(whole), whole_values.data());
+    std::vector<int> counted(whole_values.size(), 0);
+    for (int r = 0; r < tp; ++r) {
+      const std::vector<ParamSpec> mine = llama_param_specs(c, tp_layout(c, tp, r));
+      ASSERT_EQ(mine.size(), whole.size());
+      std::vector<double> values(size_t(flat_numel(mine)));
+      Llama<double>::init_values(mine, 5, 0, flat_numel(mine), values.data());
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const ParamSpec& p = mine[i];
+        ASSERT_EQ(p.name, whole[i].name);
+        for_each_whole_run(p, 0, p.numel, [&](int64_t at, int64_t w, int64_t n) {
+          for (int64_t k = 0; k < n; ++k) {
+            ASSERT_EQ(values[size_t(p.offset + at + k)], whole_values[size_t(whole[i].offset + w + k)])
+                << p.name << " tp=" << tp << " rank " << r;
+            if (at + k >= p.counted_begin && at + k < p.counted_hi()) ++counted[size_t(whole[i].offset + w + k)];
+          }
+        });
+      }
+    }
+    for (size_t e = 0; e < counted.size(); ++e)
+      ASSERT_EQ(counted[e], 1) << "whole element " << e << " counted " << counted[e] << " times, tp=" << tp;
+  }
+}
+
+struct TpCase {
+  const char* name;
+  int64_t vocab;  // 259: tp = 2, 3, 4, 6 leave a short last slice
+  int heads, kv_heads;
+  int tp;
+  const char* data;  // data-parallel dims of the mesh ("" for none)
+  ZeroStage stage;
+  const char* ac;
+  bool tied;
+};
+
+std::string tp_case_name(const testing::TestParamInfo<TpCase>& info) { return info.param.name; }
+
+class TensorParallelEquivalence : public testing::TestWithParam<TpCase> {};
+
+// fp64: every rank's slices of the gradients and parameters, the loss and the gradient norm,
+// after 3 AdamW steps with clipping active and 2 micro-batches per data rank, within 1e-12 of
+// one device (the plain trainer). Not bitwise: a row-parallel layer's output is the sum of tp
+// partial products, and the loss adds tp partial sums of exponentials; one device adds the same
+// numbers in another order.
+TEST_P(TensorParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
+  const TpCase& c = GetParam();
+  EquivalenceOptions o;
+  o.model = small_shaped(c.heads, c.kv_heads);
+  o.model.vocab_size = c.vocab;
+  o.model.tie_word_embeddings = c.tied;
+  o.plan = ParallelPlan::parse("tp=" + std::to_string(c.tp) + (*c.data ? "," : "") + c.data);
+  o.train = test::options(3, 24 / o.plan.dp() / 2);
+  o.plan.zero = c.stage;
+  o.plan.ac = Checkpointing::parse(c.ac, int(o.model.num_hidden_layers));
+  const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
+  EXPECT_TRUE(r.ok) << r.table();
+  EXPECT_TRUE(r.plain_checked);
+  EXPECT_LE(r.plain_max_rel_err, 1e-12) << r.table();
+  ASSERT_EQ(int(r.per_rank.size()), o.plan.world_size());
+  EXPECT_NE(r.losses_single[0], r.losses_single[2]);
+}
+
+const TpCase kTpCases[] = {
+    {"tp2", 264, 6, 2, 2, "", ZeroStage::none, "none", false},
+    {"tp3_replicated_kv", 264, 6, 2, 3, "", ZeroStage::none, "none", false},
+    {"tp6_replicated_kv_padded_vocab", 259, 6, 2, 6, "", ZeroStage::none, "none", false},
+    {"tp4_padded_vocab", 259, 8, 2, 4, "", ZeroStage::none, "none", false},
+    {"tp2_tied_padded_vocab", 259, 6, 2, 2, "", ZeroStage::none, "none", true},
+    {"tp3_dp2_zero1", 264, 6, 2, 3, "dp=2", ZeroStage::zero1, "none", false},
+    {"tp2_dp2_zero3_selective", 264, 6, 2, 2, "dp=2", ZeroStage::zero3, "selective", false},
+    {"tp4_dp2_zero3_full_ac", 264, 8, 2, 4, "dp=2", ZeroStage::zero3, "full", false},
+    {"tp2_dp2_ddp", 264, 6, 2, 2, "dp=2", ZeroStage::none, "none", false},
+    {"tp3_dp2_zero2", 264, 6, 2, 3, "dp=2", ZeroStage::zero2, "none", false},
+    {"tp2_hsdp_2x2_zero3", 264, 6, 2, 2, "dp_shard=2,dp_replicate=2", ZeroStage::zero3, "none", false},
+};
+INSTANTIATE_TEST_SUITE_P(TensorParallel, TensorParallelEquivalence, testing::ValuesIn(kTpCases), tp_case_name);
+
+}  // namespace
+}  // namespace llama4d
