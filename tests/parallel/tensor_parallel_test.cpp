@@ -4,6 +4,8 @@
 // checkpointing, with a vocabulary tp does not divide and with key/value heads replicated.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "core/error.h"
 #include "core/model/llama.h"
 #include "core/model/params.h"
@@ -177,6 +179,84 @@ const TpCase kTpCases[] = {
     {"tp2_hsdp_2x2_zero3", 264, 6, 2, 2, "dp_shard=2,dp_replicate=2", ZeroStage::zero3, "none", false},
 };
 INSTANTIATE_TEST_SUITE_P(TensorParallel, TensorParallelEquivalence, testing::ValuesIn(kTpCases), tp_case_name);
+
+// Per-rank memory under tp=2 on deep `tiny` (8 layers, 4 heads, 2 KV heads: one KV head per rank,
+// none replicated), as ALLOCATED, against formulas written from the shapes with every sliced
+// dimension divided by hand: q/o 4 heads -> 2, k/v 2 -> 1, SwiGLU 176 -> 88, vocabulary 264 -> 132.
+TEST(TensorParallelMemory, EveryCategoryIsTheSliceOfOneDevice) {
+  LlamaConfig cfg = LlamaConfig::preset("tiny");
+  cfg.num_hidden_layers = 8;
+  const int64_t C = 64, hd = 16, L = 8, s = 4;
+  const int64_t q = 2 * hd, kv = 1 * hd, I = 88, V = 132;  // this rank's slices
+  // embedding + 8 x (norms, q, k, v, o, gate, up, down) + final norm + LM head
+  const int64_t N = V * C + L * (2 * C + q * C + 2 * kv * C + C * q + 3 * I * C) + C + V * C;
+  ASSERT_EQ(N, 132 * 64 + 8 * (128 + 2048 + 2048 + 2048 + 3 * 5632) + 64 + 132 * 64);
+  EquivalenceOptions o;
+  o.model = cfg;
+  o.train = test::options(1, 0);
+  o.plan = ParallelPlan::parse("tp=2");
+  const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(2));
+  ASSERT_TRUE(r.ok) << r.table();
+  const int64_t BT = 24 * 16, nh = 2;
+  // Kept per block: n1 rstd1 q k v att lse h n2 rstd2 gate up act; the head keeps n, rstd, the
+  // [BT, V/tp] logits slice, losses and the log-sum-exp (vocabulary-parallel).
+  const int64_t block = BT * (C + 1 + q + 2 * kv + q + nh + C + C + 1 + 3 * I) * s;
+  const int64_t head = BT * (C + 1 + V + 1 + 1) * s;
+  const int64_t activations = 2 * BT * 4 + (L + 1) * BT * C * s + L * block + head;
+  const int64_t scratch = BT * (C + (2 * C + 2 * q + 2 * kv + 3 * I) + V + C) * s;
+  for (int w = 0; w < 2; ++w) {
+    SCOPED_TRACE("rank " + std::to_string(w));
+    const RankMemory& m = r.memory[size_t(w)];
+    EXPECT_EQ(m.params, s * N);
+    EXPECT_EQ(m.grads, s * N);
+    EXPECT_EQ(m.optimizer, 2 * s * N);
+    EXPECT_EQ(m.activations, activations);
+    EXPECT_EQ(m.scratch, scratch);
+  }
+}
+
+// What moves over the tensor-parallel group in one training step, per micro-batch, against the
+// textbook counts (Megatron: 2 all-reduces of b*s*h in forward and 2 in backward per layer),
+// read from the traffic log by label. Full activation checkpointing repeats attention's g (the
+// recompute stops before down_proj, whose output the backward never reads).
+TEST(TensorParallelTraffic, AllReducesPerLayerAreMegatronsCounts) {
+  for (const char* ac : {"none", "full"}) {
+    SCOPED_TRACE(ac);
+    const LlamaConfig cfg = small_shaped();  // 2 layers, C 48; tp=3 replicates the 2 KV heads
+    TrainOptions opt = test::options(1, 12);  // 2 micro-batches of 12 rows x 16 tokens
+    ParallelPlan plan = ParallelPlan::parse("tp=3");
+    plan.ac = Checkpointing::parse(ac, 2);
+    VirtualClusterOptions vo;
+    vo.ranks = 3;
+    VirtualCluster cluster(vo);
+    cluster.run([&](ProcessGroup& world) {
+      ops::set_backend_threads(1);
+      Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
+      ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
+      trainer.step();
+    });
+    std::map<std::string, std::pair<int64_t, int64_t>> by_label;  // calls, elements (rank 0)
+    for (const TrafficRecord& t : cluster.traffic())
+      if (t.world_rank == 0 && t.op == "all_reduce" && t.group_size == 3) {
+        by_label[t.label].first += 1;
+        by_label[t.label].second += t.count;
+      }
+    const int64_t M = 2, BTC = 12 * 16 * 48, BT = 12 * 16, L = 2, recompute = std::string(ac) == "full" ? 2 : 1;
+    using P = std::pair<int64_t, int64_t>;
+    EXPECT_EQ(by_label["g forward: o_proj partial sums"], P(M * L * recompute, M * L * recompute * BTC));
+    // The recompute of a block whose output is not needed stops before down_proj, so its g too.
+    EXPECT_EQ(by_label["g forward: down_proj partial sums"], P(M * L, M * L * BTC));
+    EXPECT_EQ(by_label["f backward: attention input gradient"], P(M * L, M * L * BTC));
+    EXPECT_EQ(by_label["f backward: MLP input gradient"], P(M * L, M * L * BTC));
+    EXPECT_EQ(by_label["vocab-parallel embedding"], P(M, M * BTC));
+    EXPECT_EQ(by_label["f backward: head input gradient"], P(M, M * BTC));
+    EXPECT_EQ(by_label["vocab-parallel loss: max"], P(M, M * BT));
+    EXPECT_EQ(by_label["vocab-parallel loss: sum of exp"], P(M, M * BT));
+    EXPECT_EQ(by_label["vocab-parallel loss: target logit"], P(M, M * BT));
+    // Replicated KV heads: per layer and micro-batch, k and v gradients of all 2 heads x 8 x 48.
+    EXPECT_EQ(by_label["key/value replicas: weight gradient sum"], P(M * L, M * L * 2 * 2 * 8 * 48));
+  }
+}
 
 }  // namespace
 }  // namespace llama4d
