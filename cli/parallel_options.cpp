@@ -15,6 +15,9 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh)
                "ZeRO-3: keep a layer's gathered parameters from forward to backward (Llama 3's choice)");
   cmd.add_option("--ac", ac, "activation checkpointing: none, selective, full, every:K or every:sqrt")
       ->capture_default_str();
+  cmd.add_option("--sp", sp, "sequence parallelism with tp > 1: shard the residual stream and norms (on, off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
 }
 
 ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& algo) const {
@@ -23,6 +26,7 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
   p.reshard_after_forward = !keep_params;
   p.ac = Checkpointing::parse(ac, int(model.num_hidden_layers));
   p.algo = parse_reduce_algo(algo);
+  p.sequence_parallel = sp == "on";
   if (p.single_device() && (zero != 0 || keep_params))
     throw InputError("--zero and --keep-params need a data-parallel --mesh (e.g. --mesh dp=4)");
   p.validate();

@@ -5,9 +5,10 @@
 namespace llama4d {
 
 template <class T>
-void HeadActivations<T>::allocate(MemoryTracker* m, int64_t BT, int64_t C, int64_t V, bool vocab_parallel) {
+void HeadActivations<T>::allocate(MemoryTracker* m, int64_t BT, int64_t C, int64_t V, bool vocab_parallel,
+                                  int64_t rows) {
   const auto act = MemoryCategory::activations;
-  n = Buffer<T>(m, act, BT * C, "final norm"), rstd = Buffer<T>(m, act, BT, "final norm rstd");
+  n = Buffer<T>(m, act, BT * C, "final norm"), rstd = Buffer<T>(m, act, rows < 0 ? BT : rows, "final norm rstd");
   logits = Buffer<T>(m, act, BT * V, vocab_parallel ? "logits (vocabulary slice)" : "logits");
   losses = Buffer<T>(m, act, BT, "token losses");
   if (vocab_parallel) lse = Buffer<T>(m, act, BT, "token log-sum-exp");
@@ -26,7 +27,10 @@ int64_t HeadActivations<T>::bytes() const {
 template <class T>
 LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T* lm_w, const int32_t* targets,
                      int64_t BT, int64_t C, int64_t V, double eps, VocabComm<T>* vocab) {
-  ops::rmsnorm_forward(a.n.data(), a.rstd.data(), x, norm_w, BT, C, T(eps));
+  const int64_t shards = vocab ? vocab->sequence_shards() : 1, rows = BT / shards;
+  const int64_t mine = (vocab ? vocab->sequence_rank() : 0) * rows * C;
+  ops::rmsnorm_forward(a.n.data() + mine, a.rstd.data(), x, norm_w, rows, C, T(eps));
+  if (shards > 1) vocab->gather_rows(a.n.data(), BT, C, "sequence-parallel head input: gather");
   ops::matmul_forward(a.logits.data(), a.n.data(), lm_w, BT, C, V);
   if (!targets) return {};
   if (vocab) {
@@ -66,9 +70,22 @@ void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, con
     ops::cross_entropy_backward(dlogits.data(), a.logits.data(), targets, loss_scale, BT, V);
   ops::fill(dn.data(), T(0), BT * C);
   ops::matmul_backward(dn.data(), dlm_w, dlogits.data(), a.n.data(), lm_w, BT, C, V);
-  if (vocab) vocab->sum(dn.data(), BT * C, "f backward: head input gradient");
-  ops::fill(dx, T(0), BT * C);
-  ops::rmsnorm_backward(dx, dnorm_w, dn.data(), x, norm_w, a.rstd.data(), BT, C);
+  const int64_t shards = vocab ? vocab->sequence_shards() : 1, rows = BT / shards;
+  const int64_t mine = (vocab ? vocab->sequence_rank() : 0) * rows * C;
+  ops::fill(dx, T(0), rows * C);
+  if (shards == 1) {
+    if (vocab) vocab->sum(dn.data(), BT * C, "f backward: head input gradient");
+    ops::rmsnorm_backward(dx, dnorm_w, dn.data(), x, norm_w, a.rstd.data(), BT, C);
+    return;
+  }
+  // Sequence parallelism: the partial input gradients are reduce-scattered to the rows' owners,
+  // and the final norm's gain gradient from this rank's rows is summed over the ranks.
+  vocab->sum_to_rows(dn.data(), BT, C, "sequence-parallel head input gradient: reduce-scatter");
+  Buffer<T> gain(memory, MemoryCategory::scratch, C, "backward final norm gain grad");
+  ops::fill(gain.data(), T(0), C);
+  ops::rmsnorm_backward(dx, gain.data(), dn.data() + mine, x, norm_w, a.rstd.data(), rows, C);
+  vocab->sum(gain.data(), C, "sequence-parallel norm gain gradient");
+  ops::accumulate(dnorm_w, gain.data(), C);
 }
 
 #define LLAMA4D_HEAD(T)                                                                                         \

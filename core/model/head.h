@@ -27,21 +27,31 @@ class VocabComm {
   virtual int64_t vocab_begin() const = 0;
   virtual void sum(T* x, int64_t n, const char* what) = 0;  // all-reduce (sum), in rank order
   virtual void max(T* x, int64_t n, const char* what) = 0;  // all-reduce (max)
+  // Sequence parallelism: the embedding's output and the head's input hold this rank's rows
+  // [sequence_rank() * BT / sequence_shards(), +BT / sequence_shards()) of the B*T tokens.
+  virtual int64_t sequence_shards() const { return 1; }
+  virtual int64_t sequence_rank() const { return 0; }
+  // x[BT, C]: the sum over ranks, of which this rank keeps its rows, in place (reduce-scatter).
+  virtual void sum_to_rows(T* x, int64_t BT, int64_t C, const char* what) {}
+  // x[BT, C] with this rank's rows filled: every rank's rows, in place (all-gather).
+  virtual void gather_rows(T* x, int64_t BT, int64_t C, const char* what) {}
 };
 
 template <class T>
 struct HeadActivations {
-  Buffer<T> n, rstd;        // [BT, C], [BT]   kept for backward
+  Buffer<T> n, rstd;        // [BT, C], [rows] kept for backward (rows: this rank's under sequence parallelism)
   Buffer<T> logits, losses; // [BT, V], [BT]   kept for backward (softmax is recomputed from logits)
   Buffer<T> lse;            // [BT] vocabulary-parallel only: the log-sum-exp over all ranks' columns
-  void allocate(MemoryTracker* memory, int64_t BT, int64_t C, int64_t V, bool vocab_parallel = false);
+  void allocate(MemoryTracker* memory, int64_t BT, int64_t C, int64_t V, bool vocab_parallel = false,
+                int64_t rows = -1);  // rows: -1 for BT
   void reset();
   int64_t bytes() const;
 };
 
 // targets may be null (inference: logits only, LossSum{}). With `vocab` (tensor parallelism) lm_w
 // is this rank's [V, C] slice of the LM head, and the cross-entropy combines per-token statistics
-// across ranks: an all-reduced max, sum of exponentials and target logit.
+// across ranks: an all-reduced max, sum of exponentials and target logit. Under sequence
+// parallelism x (and dx) hold this rank's rows only; the normed rows are gathered for the head.
 template <class T>
 LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T* lm_w, const int32_t* targets,
                      int64_t BT, int64_t C, int64_t V, double eps, VocabComm<T>* vocab = nullptr);

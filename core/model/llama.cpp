@@ -244,7 +244,8 @@ BlockDims Llama<T>::block_dims(int64_t B, int64_t T_) const {
   const bool s = tp_.sliced();
   return {.B = B, .T = T_, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
           .nkv = s ? tp_.kv_heads : cfg_.num_key_value_heads, .hd = cfg_.head_dim,
-          .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps};
+          .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps,
+          .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0};
 }
 
 template <class T>
@@ -317,6 +318,11 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   const int64_t BT = B * T_, C = cfg_.hidden_size, V = vocab_rows();
   VocabComm<T>* vocab = vocab_comm();
   if (tp_.sliced() && !comm_) throw Error("Llama: a tensor-parallel slice runs only with a BlockComm");
+  const BlockDims d = block_dims(B, T_);
+  if (BT % d.sp != 0)
+    throw InputError("sequence parallelism over " + std::to_string(d.sp) + " ranks needs the " + std::to_string(BT) +
+                     " tokens of a micro-batch to divide evenly (use --sp off, or another batch or sequence length)");
+  const int64_t rows = d.rows();  // residual-stream rows this rank holds
   UnitHooks none;
   UnitHooks& h = hooks_ ? *hooks_ : none;
   const int first_block = std::max(r.begin, 1) - 1;  // block index of the range's first block unit
@@ -325,8 +331,16 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     st.tokens = Buffer<int32_t>(memory_, MemoryCategory::activations, BT, "tokens");
     ops::device_memcpy(st.tokens.data(), tokens, BT * int64_t(sizeof(int32_t)));
     h.before_forward(embedding_unit());
-    st.x[0] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "x_0 (embedding output)");
-    if (vocab) {
+    st.x[0] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "x_0 (embedding output)");
+    if (vocab && d.sp > 1) {
+      // Vocabulary- and sequence-parallel: every token's partial lookup, reduce-scattered so each
+      // rank keeps the sum for its rows.
+      Buffer<T> all(memory_, MemoryCategory::scratch, BT * C, "embedding partial lookups (all rows)");
+      ops::embedding_forward_rows(all.data(), st.tokens.data(), unit_params(embedding_unit()), BT, C,
+                                  vocab->vocab_begin(), V);
+      vocab->sum_to_rows(all.data(), BT, C, "vocab-parallel embedding: reduce-scatter");
+      ops::copy(st.x[0].data(), all.data() + d.row0() * C, rows * C);
+    } else if (vocab) {
       // Vocabulary-parallel: rows this rank holds, zeros elsewhere; the sum over ranks is the lookup.
       ops::embedding_forward_rows(st.x[0].data(), st.tokens.data(), unit_params(embedding_unit()), BT, C,
                                   vocab->vocab_begin(), V);
@@ -336,14 +350,14 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     }
     h.after_forward(embedding_unit());
   } else {
-    st.x[size_t(first_block)] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "range input");
-    ops::copy(st.x[size_t(first_block)].data(), hidden_in, BT * C);
+    st.x[size_t(first_block)] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "range input");
+    ops::copy(st.x[size_t(first_block)].data(), hidden_in, rows * C);
   }
 
   for (int u = std::max(r.begin, 1); u < std::min(r.end, head); ++u) {
     const int l = u - 1;
     h.before_forward(u);
-    st.x[size_t(l + 1)] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "x_" + std::to_string(l + 1));
+    st.x[size_t(l + 1)] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "x_" + std::to_string(l + 1));
     forward_block(st, l, st.x[size_t(l + 1)].data());
     // Keep what the policy keeps; the next block's input stays until that block has run.
     BlockActivations<T>& a = st.blocks[size_t(l)];
@@ -355,7 +369,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
 
   if (has_head) {
     h.before_forward(head);
-    st.head.allocate(memory_, BT, C, V, vocab != nullptr);
+    st.head.allocate(memory_, BT, C, V, vocab != nullptr, rows);
     if (targets) {
       st.targets = Buffer<int32_t>(memory_, MemoryCategory::activations, BT, "targets");
       ops::device_memcpy(st.targets.data(), targets, BT * int64_t(sizeof(int32_t)));
@@ -387,7 +401,7 @@ void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitH
   for (int j = s; j <= layer; ++j) {
     h.before_recompute(block_unit(j));
     if (j < layer)
-      st.x[size_t(j + 1)] = Buffer<T>(memory_, MemoryCategory::activations, d.BT() * d.C, "x_" + std::to_string(j + 1) + " (recomputed)");
+      st.x[size_t(j + 1)] = Buffer<T>(memory_, MemoryCategory::activations, d.rows() * d.C, "x_" + std::to_string(j + 1) + " (recomputed)");
     // The top block's own output is not needed again (its gradient arrives from above): it
     // stops before down_proj.
     forward_block(st, j, j < layer ? st.x[size_t(j + 1)].data() : nullptr);
@@ -410,9 +424,9 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out)
   UnitHooks& h = hooks_ ? *hooks_ : none;
 
   // dx [B,T,C]: the gradient flowing down the residual stream, unit by unit.
-  Buffer<T> dx(memory_, MemoryCategory::scratch, BT * C, "residual gradient");
+  Buffer<T> dx(memory_, MemoryCategory::scratch, d.rows() * C, "residual gradient");
   if (!has_head) {
-    ops::copy(dx.data(), grad_out, BT * C);
+    ops::copy(dx.data(), grad_out, d.rows() * C);
     st.x[size_t(r.end - 1)].reset();  // the range's output: sent on in forward, not read again
   }
   BlockScratch<T> scratch;
@@ -428,7 +442,14 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out)
       st.head.reset();
       st.targets.reset();
     } else if (u == embedding_unit()) {
-      if (vocab)
+      if (vocab && d.sp > 1) {
+        // Every rank's vocabulary rows take gradients from every token: gather the rows first.
+        Buffer<T> all(memory_, MemoryCategory::scratch, BT * C, "embedding output gradient (all rows)");
+        ops::copy(all.data() + d.row0() * C, dx.data(), d.rows() * C);
+        vocab->gather_rows(all.data(), BT, C, "sequence-parallel embedding gradient: gather");
+        ops::embedding_backward_rows(ensure_unit_grads(embedding_unit()), all.data(), st.tokens.data(), BT, C,
+                                     vocab->vocab_begin(), V);
+      } else if (vocab)
         ops::embedding_backward_rows(ensure_unit_grads(embedding_unit()), dx.data(), st.tokens.data(), BT, C,
                                      vocab->vocab_begin(), V);
       else

@@ -36,7 +36,7 @@ struct ParamSpec {
   // Tensor parallelism (core/model/tp_layout.h): this rank holds the block of rows
   // [row_begin, row_begin + shape[0]) and columns [col_begin, col_begin + shape[1]) of the whole
   // tensor, whose shape is whole_shape. Without slicing whole_shape == shape.
-  std::vector<int64_t> whole_shape;  // empty: not sliced
+  std::vector<int64_t> whole_shape{};  // empty: not sliced
   int64_t row_begin = 0, col_begin = 0;
   // Elements [counted_begin, counted_end) of the slice are this rank's to count: in the global
   // gradient norm and when writing checkpoints. The rest are replicas another tensor-parallel

@@ -15,10 +15,10 @@ std::string TpLayout::describe() const {
   auto span = [](int64_t b, int64_t n) { return std::to_string(b) + "-" + std::to_string(b + n - 1); };
   return "tp rank " + std::to_string(rank) + " of " + std::to_string(tp) + ": heads " + span(heads_begin, heads) +
          ", kv heads " + span(kv_heads_begin, kv_heads) + ", ffn " + span(ffn_begin, ffn) + ", vocab " +
-         span(vocab_begin, vocab_rows);
+         span(vocab_begin, vocab_rows) + (sequence_parallel ? ", sequence-parallel" : "");
 }
 
-TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank) {
+TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank, bool sequence_parallel) {
   cfg.validate();
   const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, I = cfg.intermediate_size,
                 V = cfg.vocab_size;
@@ -32,6 +32,7 @@ TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank) {
   if (I % tp != 0) throw InputError(what + "tp must divide intermediate_size (" + std::to_string(I) + ")");
   TpLayout t;
   t.tp = tp, t.rank = rank;
+  t.sequence_parallel = sequence_parallel && tp > 1;
   t.heads = nh / tp;
   t.heads_begin = rank * t.heads;
   const int64_t group = nh / nkv;  // query heads per key/value head

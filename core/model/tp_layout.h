@@ -31,6 +31,9 @@ struct TpLayout {
   int64_t ffn_begin = 0, ffn = 0;            // SwiGLU columns
   int64_t vocab_begin = 0, vocab_rows = 0;   // embedding / LM head rows
   int64_t vocab_padded_rows = 0;             // ceil(V / tp): every rank's share of the padded vocabulary
+  // Sequence parallelism (Korthikanti et al. 2022): between the tensor-parallel regions the
+  // residual stream and the RMSNorms hold only this rank's 1/tp of the B*T token rows.
+  bool sequence_parallel = false;
 
   bool sliced() const { return tp > 1; }
   // Key/value head k (global index) is counted (in norms, in checkpoint writes) by the first
@@ -44,6 +47,6 @@ struct TpLayout {
 // The layout of rank `rank` of `tp`. InputError naming the constraint when the model cannot be
 // cut that way (tp not dividing the heads or the SwiGLU width, more ranks than heads, query
 // heads that would span unequal key/value groups, a rank left without vocabulary rows).
-TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank);
+TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank, bool sequence_parallel = false);
 
 }  // namespace llama4d

@@ -72,7 +72,9 @@ TpLayout ParallelPlan::tp_layout(const LlamaConfig& cfg, int world_rank) const {
   // Coordinates run innermost first: rank = c[0] + size[0] * (c[1] + size[1] * ...).
   int stride = 1;
   for (const MeshDim& d : mesh) {
-    if (d.name == "tp") return d.size > 1 ? llama4d::tp_layout(cfg, d.size, (world_rank / stride) % d.size) : TpLayout{};
+    if (d.name == "tp")
+      return d.size > 1 ? llama4d::tp_layout(cfg, d.size, (world_rank / stride) % d.size, sequence_parallel)
+                        : TpLayout{};
     stride *= d.size;
   }
   return {};
@@ -99,6 +101,7 @@ std::string ParallelPlan::describe_mesh() const {
 std::string ParallelPlan::describe() const {
   std::string s = describe_mesh();
   if (!mesh.empty()) s += ", " + data_parallel().describe();
+  if (size("tp") > 1) s += sequence_parallel ? ", TP + SP" : ", TP";
   if (ac.kind != Checkpointing::Kind::none) s += ", AC " + ac.describe();
   return s;
 }
@@ -113,6 +116,7 @@ nlohmann::json ParallelPlan::to_json() const {
           {"reshard_after_forward", reshard_after_forward},
           {"prefetch", prefetch},
           {"ac", ac.describe()},
+          {"sequence_parallel", size("tp") > 1 && sequence_parallel},
           {"algo", std::string(reduce_algo_name(algo))}};
 }
 

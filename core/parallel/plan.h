@@ -31,6 +31,9 @@ struct ParallelPlan {
   bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
   Checkpointing ac;
   ReduceAlgo algo = ReduceAlgo::ordered;
+  // Tensor parallelism: shard the residual stream and the RMSNorms along the sequence between
+  // the tensor-parallel regions (Korthikanti et al. 2022). On by default; no effect at tp=1.
+  bool sequence_parallel = true;
 
   // The dims a mesh may name. cp, pp, ep are reserved for the strategies to come.
   static const std::vector<std::string>& known_dims();

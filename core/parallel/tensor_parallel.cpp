@@ -40,6 +40,26 @@
 // head is held by several ranks, its replicas; each replica's weight gradient covers only its
 // own query heads, so the replicas' gradients are summed (key_value_weight_grads below).
 //
+// Sequence parallelism (Korthikanti et al. 2022). Between the tensor-parallel regions every
+// rank above repeats the same work on all B*T rows: the RMSNorms and the residual adds, and it
+// keeps the same [BT, C] residual stream. SP cuts those rows instead: rank r holds rows
+// [r·BT/tp, (r+1)·BT/tp) of x, h and the norms, and the all-reduces split in their two halves:
+//
+//   n1 (this rank's rows) --all-gather--> n1 [BT, C] --> column-parallel ... row-parallel -->
+//   partial [BT, C] --reduce-scatter--> this rank's rows of the sum --> + x (this rank's rows)
+//
+//   backward: the gradient of the rows --all-gather--> [BT, C] for the row-parallel layer;
+//             the column-parallel input gradient [BT, C], partial --reduce-scatter--> this rank's rows
+//
+// An all-reduce moves the same bytes as a reduce-scatter plus an all-gather (ring: 2(tp-1)/tp
+// of the buffer), so SP communicates exactly what TP does, while the residual stream, the norms'
+// saved statistics and the block outputs take 1/tp of the memory. The gathered n1 and n2 are
+// kept for the weight gradients (Megatron-LM instead keeps only its rows and gathers them again
+// in backward: one more all-gather per norm, for 2·BT·C less memory per layer). The RMSNorm gains'
+// gradients now come from each rank's rows only and are summed over the group (C numbers).
+// The embedding reduce-scatters its partial lookups instead of all-reducing them; the head
+// gathers the normed rows before the vocabulary-parallel LM head.
+//
 // Memory per rank: every matrix / tp (the vocabulary rows rounded up); RMSNorm gains whole.
 // Gradients and AdamW moments follow the weights, and data parallelism (ZeRO included) shards
 // this rank's slice further across its data-parallel group (core/parallel/zero.cpp), as FSDP + TP
@@ -63,22 +83,53 @@ TensorParallelComm<T>::TensorParallelComm(ProcessGroup& tp, const LlamaConfig& c
 
 template <class T>
 void TensorParallelComm<T>::attention_input_backward(T* dn1, const BlockDims& d) {
+  if (d.sp > 1) return sum_to_rows(dn1, d.BT(), d.C, "SP backward: attention input gradient reduce-scatter");
   sum(dn1, d.BT() * d.C, "f backward: attention input gradient");
 }
 
 template <class T>
 void TensorParallelComm<T>::mlp_input_backward(T* dn2, const BlockDims& d) {
+  if (d.sp > 1) return sum_to_rows(dn2, d.BT(), d.C, "SP backward: MLP input gradient reduce-scatter");
   sum(dn2, d.BT() * d.C, "f backward: MLP input gradient");
 }
 
 template <class T>
 void TensorParallelComm<T>::attention_output(T* y, const BlockDims& d) {
+  if (d.sp > 1) return sum_to_rows(y, d.BT(), d.C, "SP forward: o_proj reduce-scatter");
   sum(y, d.BT() * d.C, "g forward: o_proj partial sums");
 }
 
 template <class T>
 void TensorParallelComm<T>::mlp_output(T* y, const BlockDims& d) {
+  if (d.sp > 1) return sum_to_rows(y, d.BT(), d.C, "SP forward: down_proj reduce-scatter");
   sum(y, d.BT() * d.C, "g forward: down_proj partial sums");
+}
+
+// ---- Sequence parallelism's gathers -----------------------------------------------------------
+
+template <class T>
+void TensorParallelComm<T>::attention_input(T* n1, const BlockDims& d) {
+  if (d.sp > 1) gather_rows(n1, d.BT(), d.C, "SP forward: attention input all-gather");
+}
+
+template <class T>
+void TensorParallelComm<T>::mlp_input(T* n2, const BlockDims& d) {
+  if (d.sp > 1) gather_rows(n2, d.BT(), d.C, "SP forward: MLP input all-gather");
+}
+
+template <class T>
+void TensorParallelComm<T>::attention_output_backward(T* dy, const BlockDims& d) {
+  if (d.sp > 1) gather_rows(dy, d.BT(), d.C, "SP backward: o_proj output gradient all-gather");
+}
+
+template <class T>
+void TensorParallelComm<T>::mlp_output_backward(T* dy, const BlockDims& d) {
+  if (d.sp > 1) gather_rows(dy, d.BT(), d.C, "SP backward: down_proj output gradient all-gather");
+}
+
+template <class T>
+void TensorParallelComm<T>::norm_weight_grads(T* g, const BlockDims& d) {
+  sum(g, d.C, "sequence-parallel norm gain gradient");
 }
 
 // ---- Replicated key/value heads ---------------------------------------------------------------
@@ -115,6 +166,24 @@ void TensorParallelComm<T>::max(T* x, int64_t n, const char* what) {
   AllReduceOptions o;
   o.label = what;
   tp_.all_reduce(x, n, dtype_of<T>(), ReduceOp::max, o)->wait();
+}
+
+// In place on x[BT, C]: this rank's rows are x + rank·(BT/tp)·C, where ProcessGroup's in-place
+// reduce-scatter and all-gather put (and take) this rank's block.
+template <class T>
+void TensorParallelComm<T>::sum_to_rows(T* x, int64_t BT, int64_t C, const char* what) {
+  const int64_t count = BT / layout_.tp * C;
+  ReduceScatterOptions o;
+  o.label = what;
+  tp_.reduce_scatter(x + tp_.rank() * count, x, count, dtype_of<T>(), ReduceOp::sum, o)->wait();
+}
+
+template <class T>
+void TensorParallelComm<T>::gather_rows(T* x, int64_t BT, int64_t C, const char* what) {
+  const int64_t count = BT / layout_.tp * C;
+  AllGatherOptions o;
+  o.label = what;
+  tp_.all_gather(x, x + tp_.rank() * count, count, dtype_of<T>(), o)->wait();
 }
 
 template class TensorParallelComm<float>;

@@ -29,6 +29,13 @@ class TensorParallelComm final : public BlockComm<T>, public VocabComm<T> {
   void attention_output(T* y, const BlockDims& d) override;            // g
   void mlp_output(T* y, const BlockDims& d) override;                  // g
 
+  // ---- Sequence parallelism: the same points, with all-gathers and reduce-scatters -----------
+  void attention_input(T* n1, const BlockDims& d) override;            // all-gather (SP only)
+  void mlp_input(T* n2, const BlockDims& d) override;                  // all-gather (SP only)
+  void attention_output_backward(T* dy, const BlockDims& d) override;  // all-gather (SP only)
+  void mlp_output_backward(T* dy, const BlockDims& d) override;        // all-gather (SP only)
+  void norm_weight_grads(T* g, const BlockDims& d) override;
+
   // ---- Key/value heads replicated on several ranks (tp > num_key_value_heads) ---------------
   bool sums_key_value_weight_grads() const override { return replicated_kv_; }
   void key_value_weight_grads(T* gk, T* gv, const BlockDims& d) override;
@@ -37,6 +44,10 @@ class TensorParallelComm final : public BlockComm<T>, public VocabComm<T> {
   int64_t vocab_begin() const override { return layout_.vocab_begin; }
   void sum(T* x, int64_t n, const char* what) override;
   void max(T* x, int64_t n, const char* what) override;
+  int64_t sequence_shards() const override { return layout_.sequence_parallel ? layout_.tp : 1; }
+  int64_t sequence_rank() const override { return layout_.sequence_parallel ? layout_.rank : 0; }
+  void sum_to_rows(T* x, int64_t BT, int64_t C, const char* what) override;
+  void gather_rows(T* x, int64_t BT, int64_t C, const char* what) override;
 
   ProcessGroup& group() const { return tp_; }
 

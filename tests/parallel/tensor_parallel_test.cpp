@@ -136,6 +136,7 @@ struct TpCase {
   ZeroStage stage;
   const char* ac;
   bool tied;
+  bool sp = true;  // sequence parallelism
 };
 
 std::string tp_case_name(const testing::TestParamInfo<TpCase>& info) { return info.param.name; }
@@ -157,6 +158,7 @@ TEST_P(TensorParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
   o.train = test::options(3, 24 / o.plan.dp() / 2);
   o.plan.zero = c.stage;
   o.plan.ac = Checkpointing::parse(c.ac, int(o.model.num_hidden_layers));
+  o.plan.sequence_parallel = c.sp;
   const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
   EXPECT_TRUE(r.ok) << r.table();
   EXPECT_TRUE(r.plain_checked);
@@ -177,6 +179,13 @@ const TpCase kTpCases[] = {
     {"tp2_dp2_ddp", 264, 6, 2, 2, "dp=2", ZeroStage::none, "none", false},
     {"tp3_dp2_zero2", 264, 6, 2, 3, "dp=2", ZeroStage::zero2, "none", false},
     {"tp2_hsdp_2x2_zero3", 264, 6, 2, 2, "dp_shard=2,dp_replicate=2", ZeroStage::zero3, "none", false},
+    // Without sequence parallelism (the cases above run with it, the default):
+    {"tp2_no_sp", 264, 6, 2, 2, "", ZeroStage::none, "none", false, false},
+    {"tp3_replicated_kv_no_sp", 264, 6, 2, 3, "", ZeroStage::none, "none", false, false},
+    {"tp6_padded_vocab_no_sp", 259, 6, 2, 6, "", ZeroStage::none, "none", false, false},
+    {"tp2_tied_no_sp", 259, 6, 2, 2, "", ZeroStage::none, "none", true, false},
+    {"tp4_dp2_zero3_full_ac_no_sp", 264, 8, 2, 4, "dp=2", ZeroStage::zero3, "full", false, false},
+    {"tp2_dp2_zero1_selective_no_sp", 264, 6, 2, 2, "dp=2", ZeroStage::zero1, "selective", false, false},
 };
 INSTANTIATE_TEST_SUITE_P(TensorParallel, TensorParallelEquivalence, testing::ValuesIn(kTpCases), tp_case_name);
 
@@ -195,6 +204,7 @@ TEST(TensorParallelMemory, EveryCategoryIsTheSliceOfOneDevice) {
   o.model = cfg;
   o.train = test::options(1, 0);
   o.plan = ParallelPlan::parse("tp=2");
+  o.plan.sequence_parallel = false;
   const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(2));
   ASSERT_TRUE(r.ok) << r.table();
   const int64_t BT = 24 * 16, nh = 2;
@@ -226,6 +236,7 @@ TEST(TensorParallelTraffic, AllReducesPerLayerAreMegatronsCounts) {
     TrainOptions opt = test::options(1, 12);  // 2 micro-batches of 12 rows x 16 tokens
     ParallelPlan plan = ParallelPlan::parse("tp=3");
     plan.ac = Checkpointing::parse(ac, 2);
+    plan.sequence_parallel = false;
     VirtualClusterOptions vo;
     vo.ranks = 3;
     VirtualCluster cluster(vo);
