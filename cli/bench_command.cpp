@@ -54,7 +54,7 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
       const double s = trainer.step().seconds;
       if (i >= a.warmup) mine.push_back(s);
     }
-    if (world.rank() == 0) times = mine, strategy = trainer.strategy().describe();
+    if (world.rank() == 0) times = mine, strategy = trainer.describe();
   });
   if (!launcher.reporting()) return {};
   const nlohmann::json traffic = launcher.traffic_totals();

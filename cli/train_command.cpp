@@ -167,7 +167,7 @@ nlohmann::json run_parallel(const TrainArgs& a) {
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
       progress("train: %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
-               (long long)model.num_params(), a.model.dtype.c_str(), trainer.strategy().describe().c_str(),
+               (long long)model.num_params(), a.model.dtype.c_str(), trainer.describe().c_str(),
                ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), s.data_path.c_str());
       progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
                (long long)s.opt.batch_size, (long long)s.opt.seq_len, (long long)(s.opt.batch_size / plan.dp()),
@@ -179,7 +179,7 @@ nlohmann::json run_parallel(const TrainArgs& a) {
     nlohmann::json j = train_loop(a, s.opt, calls, lead);
     std::lock_guard<std::mutex> lock(mu);
     memory[size_t(world.rank())] = trainer.strategy().peak_memory();
-    if (world.rank() == 0) result = j, strategy = trainer.strategy().describe();
+    if (world.rank() == 0) result = j, strategy = trainer.describe();
   });
   if (!launcher.reporting()) return {};
   const nlohmann::json mem = memory_json(memory);

@@ -79,6 +79,14 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
 }
 
 template <class T>
+std::string ParallelTrainer<T>::describe() const {
+  const TpLayout& t = model_.tp_layout();
+  if (!t.sliced()) return strategy_->describe();
+  return "TP over " + std::to_string(t.tp) + " ranks" + (t.sequence_parallel ? " with SP" : "") + ", " +
+         strategy_->describe();
+}
+
+template <class T>
 StepStats ParallelTrainer<T>::step() {
   const auto t0 = std::chrono::steady_clock::now();
   // Ranks of one tensor-parallel group share a data rank: they run the same rows.

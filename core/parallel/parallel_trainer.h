@@ -41,6 +41,8 @@ class ParallelTrainer {
   ProcessGroup& data_group() const { return *data_group_; }
   const ParallelPlan& plan() const { return plan_; }
   DataParallelStrategy<T>& strategy() { return *strategy_; }
+  // "TP over 2 ranks with SP, ZeRO-3 over 2 ranks", "DP over 4 ranks".
+  std::string describe() const;
   const DeviceMesh& mesh() const { return *mesh_; }
 
   // Collective. Validation windows are split across ranks and their losses summed.

@@ -122,7 +122,7 @@ std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
         if (me == 0) {
           p.step = step;
           p.stats = st;
-          p.strategy = trainer.strategy().describe();
+          p.strategy = trainer.describe();
         }
       }
       BarrierOptions o;

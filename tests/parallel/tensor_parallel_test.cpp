@@ -191,7 +191,8 @@ INSTANTIATE_TEST_SUITE_P(TensorParallel, TensorParallelEquivalence, testing::Val
 
 // Per-rank memory under tp=2 on deep `tiny` (8 layers, 4 heads, 2 KV heads: one KV head per rank,
 // none replicated), as ALLOCATED, against formulas written from the shapes with every sliced
-// dimension divided by hand: q/o 4 heads -> 2, k/v 2 -> 1, SwiGLU 176 -> 88, vocabulary 264 -> 132.
+// dimension divided by hand: q/o 4 heads -> 2, k/v 2 -> 1, SwiGLU 176 -> 88, vocabulary 264 -> 132;
+// with sequence parallelism the residual stream and the norms' statistics hold half the rows.
 TEST(TensorParallelMemory, EveryCategoryIsTheSliceOfOneDevice) {
   LlamaConfig cfg = LlamaConfig::preset("tiny");
   cfg.num_hidden_layers = 8;
@@ -203,25 +204,31 @@ TEST(TensorParallelMemory, EveryCategoryIsTheSliceOfOneDevice) {
   EquivalenceOptions o;
   o.model = cfg;
   o.train = test::options(1, 0);
-  o.plan = ParallelPlan::parse("tp=2");
-  o.plan.sequence_parallel = false;
-  const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(2));
-  ASSERT_TRUE(r.ok) << r.table();
-  const int64_t BT = 24 * 16, nh = 2;
-  // Kept per block: n1 rstd1 q k v att lse h n2 rstd2 gate up act; the head keeps n, rstd, the
-  // [BT, V/tp] logits slice, losses and the log-sum-exp (vocabulary-parallel).
-  const int64_t block = BT * (C + 1 + q + 2 * kv + q + nh + C + C + 1 + 3 * I) * s;
-  const int64_t head = BT * (C + 1 + V + 1 + 1) * s;
-  const int64_t activations = 2 * BT * 4 + (L + 1) * BT * C * s + L * block + head;
-  const int64_t scratch = BT * (C + (2 * C + 2 * q + 2 * kv + 3 * I) + V + C) * s;
-  for (int w = 0; w < 2; ++w) {
-    SCOPED_TRACE("rank " + std::to_string(w));
-    const RankMemory& m = r.memory[size_t(w)];
-    EXPECT_EQ(m.params, s * N);
-    EXPECT_EQ(m.grads, s * N);
-    EXPECT_EQ(m.optimizer, 2 * s * N);
-    EXPECT_EQ(m.activations, activations);
-    EXPECT_EQ(m.scratch, scratch);
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel only");
+    o.plan = ParallelPlan::parse("tp=2");
+    o.plan.sequence_parallel = sp;
+    const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(2));
+    ASSERT_TRUE(r.ok) << r.table();
+    // rows: the residual-stream rows a rank holds (half of them under sequence parallelism).
+    const int64_t BT = 24 * 16, nh = 2, rows = sp ? BT / 2 : BT;
+    // Kept per block: n1 rstd1 q k v att lse h n2 rstd2 gate up act (n1, n2 gathered to all rows);
+    // the head keeps n (all rows), rstd, the [BT, V/tp] logits slice, losses and the log-sum-exp.
+    const int64_t block = (BT * (C + q + 2 * kv + q + nh + C + 3 * I) + rows * (1 + C + 1)) * s;
+    const int64_t head = (BT * (C + V + 1 + 1) + rows) * s;
+    const int64_t activations = 2 * BT * 4 + (L + 1) * rows * C * s + L * block + head;
+    // At the head's backward: the residual gradient (rows), one block's temporaries, dlogits and
+    // the head's dn; with SP also the final norm's gain gradient [C].
+    const int64_t scratch = (rows * C + BT * ((2 * C + 2 * q + 2 * kv + 3 * I) + V + C) + (sp ? C : 0)) * s;
+    for (int w = 0; w < 2; ++w) {
+      SCOPED_TRACE("rank " + std::to_string(w));
+      const RankMemory& m = r.memory[size_t(w)];
+      EXPECT_EQ(m.params, s * N);
+      EXPECT_EQ(m.grads, s * N);
+      EXPECT_EQ(m.optimizer, 2 * s * N);
+      EXPECT_EQ(m.activations, activations);
+      EXPECT_EQ(m.scratch, scratch);
+    }
   }
 }
 
@@ -267,6 +274,50 @@ TEST(TensorParallelTraffic, AllReducesPerLayerAreMegatronsCounts) {
     // Replicated KV heads: per layer and micro-batch, k and v gradients of all 2 heads x 8 x 48.
     EXPECT_EQ(by_label["key/value replicas: weight gradient sum"], P(M * L, M * L * 2 * 2 * 8 * 48));
   }
+}
+
+// Sequence parallelism moves the same bytes as TP (each all-reduce becomes a reduce-scatter plus
+// an all-gather of its halves), in these calls per micro-batch and layer: forward, all-gather
+// n1 and n2, reduce-scatter the o_proj and down_proj outputs; backward, all-gather the two output
+// gradients, reduce-scatter the two input gradients; plus the gains' gradients (C numbers each).
+TEST(TensorParallelTraffic, SequenceParallelSplitsEachAllReduceInItsHalves) {
+  const LlamaConfig cfg = small_shaped();
+  TrainOptions opt = test::options(1, 12);
+  ParallelPlan plan = ParallelPlan::parse("tp=3");
+  VirtualClusterOptions vo;
+  vo.ranks = 3;
+  VirtualCluster cluster(vo);
+  cluster.run([&](ProcessGroup& world) {
+    ops::set_backend_threads(1);
+    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
+    ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
+    trainer.step();
+  });
+  std::map<std::string, std::pair<int64_t, int64_t>> calls;  // label -> calls, bytes sent (rank 0)
+  int64_t sp_bytes = 0;
+  for (const TrafficRecord& t : cluster.traffic())
+    if (t.world_rank == 0 && t.group_size == 3) {
+      calls[t.label].first += 1;
+      calls[t.label].second += t.bytes_sent;
+      if (t.op != "all_reduce") sp_bytes += t.bytes_sent;
+    }
+  const int64_t M = 2, L = 2, BTC = 12 * 16 * 48;
+  for (const char* label : {"SP forward: attention input all-gather", "SP forward: MLP input all-gather",
+                            "SP forward: o_proj reduce-scatter", "SP forward: down_proj reduce-scatter",
+                            "SP backward: o_proj output gradient all-gather",
+                            "SP backward: down_proj output gradient all-gather",
+                            "SP backward: attention input gradient reduce-scatter",
+                            "SP backward: MLP input gradient reduce-scatter"})
+    EXPECT_EQ(calls[label].first, M * L) << label;
+  EXPECT_EQ(calls["sequence-parallel norm gain gradient"].first, M * (2 * L + 1));  // ln1, ln2 per layer; final norm
+  EXPECT_EQ(calls["vocab-parallel embedding: reduce-scatter"].first, M);
+  EXPECT_EQ(calls["sequence-parallel head input: gather"].first, M);
+  EXPECT_EQ(calls["sequence-parallel head input gradient: reduce-scatter"].first, M);
+  EXPECT_EQ(calls["sequence-parallel embedding gradient: gather"].first, M);
+  // Ring all-gather / reduce-scatter of a [BT, C] fp32 buffer: each rank sends (tp-1)/tp of it.
+  // 8 per layer and micro-batch in the blocks, 4 per micro-batch around the embedding and head:
+  // the bytes of the 2 x (2L + 2) all-reduces TP would make, 2 (tp-1)/tp each.
+  EXPECT_EQ(sp_bytes, M * (8 * L + 4) * BTC * 4 * 2 / 3);
 }
 
 }  // namespace
