@@ -3,6 +3,7 @@
 // with the same GEMM path the model uses. `llama4d bench comm` lives in bench_comm_command.cpp.
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 
 #include "cli/common.h"
 #include "cli/launch.h"
@@ -46,6 +47,8 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   RankLaunch launcher(a.launch);
   std::vector<double> times;
   std::string strategy;
+  std::vector<RankMemory> memory(static_cast<size_t>(ranks));
+  std::mutex mu;
   launcher.run(ranks, [&](ProcessGroup& world) {
     Llama<T> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
     ParallelTrainer<T> trainer(world, model, data, opt, plan);
@@ -54,12 +57,18 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
       const double s = trainer.step().seconds;
       if (i >= a.warmup) mine.push_back(s);
     }
+    std::lock_guard<std::mutex> lock(mu);
+    memory[size_t(world.rank())] = trainer.strategy().peak_memory();
     if (world.rank() == 0) times = mine, strategy = trainer.describe();
   });
   if (!launcher.reporting()) return {};
   const nlohmann::json traffic = launcher.traffic_totals();
   const double steps = double(a.warmup + a.iters);
   const double per_rank = double(traffic.at("total_bytes_sent").get<int64_t>()) / steps / ranks;
+  // Per collective kind (all_reduce, all_gather, reduce_scatter, ...): bytes one rank sent per step.
+  nlohmann::json by_op = nlohmann::json::object();
+  for (const auto& [op, bytes] : traffic.at("bytes_sent_by_op").items())
+    by_op[op] = double(bytes.template get<int64_t>()) / steps / ranks;
   return {{"strategy", strategy},
           {"ranks", ranks},
           {"plan", plan.to_json()},
@@ -67,6 +76,8 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
           {"step_seconds", times},
           {"tokens_per_s", double(opt.tokens_per_step()) / median(times)},
           {"bytes_sent_per_rank_per_step", per_rank},
+          {"bytes_sent_per_rank_per_step_by_op", by_op},
+          {"peak_memory_per_rank", memory_json(memory)},
           {"backend", a.launch.backend}};
 }
 

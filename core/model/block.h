@@ -19,13 +19,16 @@ struct BlockDims {
   int64_t I = 0;               // SwiGLU intermediate size
   double eps = 1e-5;
   // Sequence parallelism: the residual stream (x, h, the block's output and their gradients)
-  // and the RMSNorms hold only this rank's rows [row0(), row0() + rows()) of the B*T tokens;
+  // and the RMSNorms hold only this rank's rows [row0(), row0() + rows()) of the B*T tokens
+  // (flattened, batch row by batch row);
   // the communication points gather the normed rows before the column-parallel matmuls and
   // reduce-scatter the row-parallel outputs back to them. sp = 1: every row everywhere.
   int64_t sp = 1, sp_rank = 0;
   int64_t BT() const { return B * T; }
-  int64_t rows() const { return BT() / sp; }
-  int64_t row0() const { return sp_rank * rows(); }
+  int64_t rows() const { return sequence_row0(BT(), sp, sp_rank + 1) - row0(); }
+  int64_t row0() const { return sequence_row0(BT(), sp, sp_rank); }
+  // Rank r of sp holds rows [BT·r/sp, BT·(r+1)/sp): any BT splits (a rank gets at most one row more).
+  static int64_t sequence_row0(int64_t BT, int64_t sp, int64_t r) { return BT * r / sp; }
 };
 
 // Pointers into a unit's parameter (or gradient) segment.

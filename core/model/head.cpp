@@ -1,5 +1,6 @@
 #include "core/model/head.h"
 
+#include "core/model/block.h"
 #include "core/ops.h"
 
 namespace llama4d {
@@ -24,11 +25,23 @@ int64_t HeadActivations<T>::bytes() const {
   return n.bytes() + rstd.bytes() + logits.bytes() + losses.bytes() + lse.bytes();
 }
 
+namespace {
+
+// The rows of the B*T tokens this rank's residual stream holds (all of them without sequence
+// parallelism), split as the blocks split them.
+template <class T>
+BlockDims sequence_rows(int64_t BT, int64_t C, const VocabComm<T>* vocab) {
+  return {.B = BT, .T = 1, .C = C, .sp = vocab ? vocab->sequence_shards() : 1,
+          .sp_rank = vocab ? vocab->sequence_rank() : 0};
+}
+
+}  // namespace
+
 template <class T>
 LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T* lm_w, const int32_t* targets,
                      int64_t BT, int64_t C, int64_t V, double eps, VocabComm<T>* vocab) {
-  const int64_t shards = vocab ? vocab->sequence_shards() : 1, rows = BT / shards;
-  const int64_t mine = (vocab ? vocab->sequence_rank() : 0) * rows * C;
+  const BlockDims d = sequence_rows(BT, C, vocab);
+  const int64_t rows = d.rows(), mine = d.row0() * C, shards = d.sp;
   ops::rmsnorm_forward(a.n.data() + mine, a.rstd.data(), x, norm_w, rows, C, T(eps));
   if (shards > 1) vocab->gather_rows(a.n.data(), BT, C, "sequence-parallel head input: gather");
   ops::matmul_forward(a.logits.data(), a.n.data(), lm_w, BT, C, V);
@@ -70,8 +83,8 @@ void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, con
     ops::cross_entropy_backward(dlogits.data(), a.logits.data(), targets, loss_scale, BT, V);
   ops::fill(dn.data(), T(0), BT * C);
   ops::matmul_backward(dn.data(), dlm_w, dlogits.data(), a.n.data(), lm_w, BT, C, V);
-  const int64_t shards = vocab ? vocab->sequence_shards() : 1, rows = BT / shards;
-  const int64_t mine = (vocab ? vocab->sequence_rank() : 0) * rows * C;
+  const BlockDims d = sequence_rows(BT, C, vocab);
+  const int64_t rows = d.rows(), mine = d.row0() * C, shards = d.sp;
   ops::fill(dx, T(0), rows * C);
   if (shards == 1) {
     if (vocab) vocab->sum(dn.data(), BT * C, "f backward: head input gradient");

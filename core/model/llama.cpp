@@ -319,9 +319,6 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   VocabComm<T>* vocab = vocab_comm();
   if (tp_.sliced() && !comm_) throw Error("Llama: a tensor-parallel slice runs only with a BlockComm");
   const BlockDims d = block_dims(B, T_);
-  if (BT % d.sp != 0)
-    throw InputError("sequence parallelism over " + std::to_string(d.sp) + " ranks needs the " + std::to_string(BT) +
-                     " tokens of a micro-batch to divide evenly (use --sp off, or another batch or sequence length)");
   const int64_t rows = d.rows();  // residual-stream rows this rank holds
   UnitHooks none;
   UnitHooks& h = hooks_ ? *hooks_ : none;

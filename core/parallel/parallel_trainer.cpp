@@ -82,8 +82,10 @@ template <class T>
 std::string ParallelTrainer<T>::describe() const {
   const TpLayout& t = model_.tp_layout();
   if (!t.sliced()) return strategy_->describe();
-  return "TP over " + std::to_string(t.tp) + " ranks" + (t.sequence_parallel ? " with SP" : "") + ", " +
-         strategy_->describe();
+  const std::string tp = "TP over " + std::to_string(t.tp) + " ranks" + (t.sequence_parallel ? " with SP" : "");
+  // A single data-parallel rank without ZeRO does nothing worth naming.
+  if (data_group_->size() == 1 && plan_.zero == ZeroStage::none) return tp;
+  return tp + ", " + strategy_->describe();
 }
 
 template <class T>

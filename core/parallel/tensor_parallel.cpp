@@ -43,7 +43,7 @@
 // Sequence parallelism (Korthikanti et al. 2022). Between the tensor-parallel regions every
 // rank above repeats the same work on all B*T rows: the RMSNorms and the residual adds, and it
 // keeps the same [BT, C] residual stream. SP cuts those rows instead: rank r holds rows
-// [r·BT/tp, (r+1)·BT/tp) of x, h and the norms, and the all-reduces split in their two halves:
+// [BT·r/tp, BT·(r+1)/tp) of x, h and the norms, and the all-reduces split in their two halves:
 //
 //   n1 (this rank's rows) --all-gather--> n1 [BT, C] --> column-parallel ... row-parallel -->
 //   partial [BT, C] --reduce-scatter--> this rank's rows of the sum --> + x (this rank's rows)
@@ -168,22 +168,31 @@ void TensorParallelComm<T>::max(T* x, int64_t n, const char* what) {
   tp_.all_reduce(x, n, dtype_of<T>(), ReduceOp::max, o)->wait();
 }
 
-// In place on x[BT, C]: this rank's rows are x + rank·(BT/tp)·C, where ProcessGroup's in-place
-// reduce-scatter and all-gather put (and take) this rank's block.
+// In place on x[BT, C]: rank r's rows are [BT·r/tp, BT·(r+1)/tp) (BlockDims::sequence_row0), where
+// ProcessGroup's in-place reduce-scatter and all-gather put (and take) rank r's block. Any BT
+// splits: the blocks differ by at most one row.
+template <class T>
+std::vector<int64_t> TensorParallelComm<T>::row_counts(int64_t BT, int64_t C) const {
+  std::vector<int64_t> counts(size_t(layout_.tp));
+  for (int r = 0; r < layout_.tp; ++r)
+    counts[size_t(r)] = (BlockDims::sequence_row0(BT, layout_.tp, r + 1) - BlockDims::sequence_row0(BT, layout_.tp, r)) * C;
+  return counts;
+}
+
 template <class T>
 void TensorParallelComm<T>::sum_to_rows(T* x, int64_t BT, int64_t C, const char* what) {
-  const int64_t count = BT / layout_.tp * C;
   ReduceScatterOptions o;
   o.label = what;
-  tp_.reduce_scatter(x + tp_.rank() * count, x, count, dtype_of<T>(), ReduceOp::sum, o)->wait();
+  T* mine = x + BlockDims::sequence_row0(BT, layout_.tp, layout_.rank) * C;
+  tp_.reduce_scatter_v(mine, x, row_counts(BT, C), dtype_of<T>(), ReduceOp::sum, o)->wait();
 }
 
 template <class T>
 void TensorParallelComm<T>::gather_rows(T* x, int64_t BT, int64_t C, const char* what) {
-  const int64_t count = BT / layout_.tp * C;
   AllGatherOptions o;
   o.label = what;
-  tp_.all_gather(x, x + tp_.rank() * count, count, dtype_of<T>(), o)->wait();
+  const T* mine = x + BlockDims::sequence_row0(BT, layout_.tp, layout_.rank) * C;
+  tp_.all_gather_v(x, mine, row_counts(BT, C), dtype_of<T>(), o)->wait();
 }
 
 template class TensorParallelComm<float>;

@@ -52,6 +52,9 @@ class TensorParallelComm final : public BlockComm<T>, public VocabComm<T> {
   ProcessGroup& group() const { return tp_; }
 
  private:
+  // Elements of each rank's rows of a [BT, C] buffer under sequence parallelism.
+  std::vector<int64_t> row_counts(int64_t BT, int64_t C) const;
+
   ProcessGroup& tp_;
   LlamaConfig cfg_;
   TpLayout layout_;

@@ -189,6 +189,19 @@ const TpCase kTpCases[] = {
 };
 INSTANTIATE_TEST_SUITE_P(TensorParallel, TensorParallelEquivalence, testing::ValuesIn(kTpCases), tp_case_name);
 
+// Sequence parallelism splits any number of tokens: micro-batches of 4 rows x 16 tokens = 64 rows
+// over tp = 3 (22, 21, 21) and tp = 6 (11, 11, 10, 11, 11, 10) still match one device.
+TEST(TensorParallelEquivalence, SequenceParallelSplitsAnyTokenCount) {
+  for (int tp : {3, 6}) {
+    EquivalenceOptions o;
+    o.model = small_shaped();
+    o.train = test::options(2, 4);
+    o.plan = ParallelPlan::parse("tp=" + std::to_string(tp));
+    const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(tp));
+    EXPECT_TRUE(r.ok) << "tp=" << tp << "\n" << r.table();
+  }
+}
+
 // Per-rank memory under tp=2 on deep `tiny` (8 layers, 4 heads, 2 KV heads: one KV head per rank,
 // none replicated), as ALLOCATED, against formulas written from the shapes with every sliced
 // dimension divided by hand: q/o 4 heads -> 2, k/v 2 -> 1, SwiGLU 176 -> 88, vocabulary 264 -> 132;
