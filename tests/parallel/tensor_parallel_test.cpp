@@ -245,6 +245,23 @@ TEST(TensorParallelMemory, EveryCategoryIsTheSliceOfOneDevice) {
   }
 }
 
+// Every rank's records of the tensor-parallel group's traffic in one training step of a tp-only plan.
+std::vector<TrafficRecord> one_step_traffic(const LlamaConfig& cfg, const TrainOptions& opt, const ParallelPlan& plan) {
+  VirtualClusterOptions vo;
+  vo.ranks = plan.world_size();
+  VirtualCluster cluster(vo);
+  cluster.run([&](ProcessGroup& world) {
+    ops::set_backend_threads(1);
+    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
+    ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
+    trainer.step();
+  });
+  std::vector<TrafficRecord> out;
+  for (const TrafficRecord& t : cluster.traffic())
+    if (t.group_size == plan.size("tp")) out.push_back(t);
+  return out;
+}
+
 // What moves over the tensor-parallel group in one training step, per micro-batch, against the
 // textbook counts (Megatron: 2 all-reduces of b*s*h in forward and 2 in backward per layer),
 // read from the traffic log by label. Full activation checkpointing repeats attention's g (the
@@ -257,18 +274,9 @@ TEST(TensorParallelTraffic, AllReducesPerLayerAreMegatronsCounts) {
     ParallelPlan plan = ParallelPlan::parse("tp=3");
     plan.ac = Checkpointing::parse(ac, 2);
     plan.sequence_parallel = false;
-    VirtualClusterOptions vo;
-    vo.ranks = 3;
-    VirtualCluster cluster(vo);
-    cluster.run([&](ProcessGroup& world) {
-      ops::set_backend_threads(1);
-      Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
-      ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
-      trainer.step();
-    });
     std::map<std::string, std::pair<int64_t, int64_t>> by_label;  // calls, elements (rank 0)
-    for (const TrafficRecord& t : cluster.traffic())
-      if (t.world_rank == 0 && t.op == "all_reduce" && t.group_size == 3) {
+    for (const TrafficRecord& t : one_step_traffic(cfg, opt, plan))
+      if (t.world_rank == 0 && t.op == "all_reduce") {
         by_label[t.label].first += 1;
         by_label[t.label].second += t.count;
       }
@@ -297,19 +305,10 @@ TEST(TensorParallelTraffic, SequenceParallelSplitsEachAllReduceInItsHalves) {
   const LlamaConfig cfg = small_shaped();
   TrainOptions opt = test::options(1, 12);
   ParallelPlan plan = ParallelPlan::parse("tp=3");
-  VirtualClusterOptions vo;
-  vo.ranks = 3;
-  VirtualCluster cluster(vo);
-  cluster.run([&](ProcessGroup& world) {
-    ops::set_backend_threads(1);
-    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
-    ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
-    trainer.step();
-  });
   std::map<std::string, std::pair<int64_t, int64_t>> calls;  // label -> calls, bytes sent (rank 0)
   int64_t sp_bytes = 0;
-  for (const TrafficRecord& t : cluster.traffic())
-    if (t.world_rank == 0 && t.group_size == 3) {
+  for (const TrafficRecord& t : one_step_traffic(cfg, opt, plan))
+    if (t.world_rank == 0) {
       calls[t.label].first += 1;
       calls[t.label].second += t.bytes_sent;
       if (t.op != "all_reduce") sp_bytes += t.bytes_sent;
