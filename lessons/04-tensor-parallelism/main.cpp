@@ -141,9 +141,12 @@ std::string heads_table(const LlamaConfig& cfg, int tp) {
       std::string who;
       for (int o = 0; o < tp; ++o) {
         const TpLayout u = tp_layout(cfg, tp, o);
-        if (k >= u.kv_heads_begin && k < u.kv_heads_begin + u.kv_heads) who += (who.empty() ? "" : ",") + std::to_string(o);
+        if (k < u.kv_heads_begin || k >= u.kv_heads_begin + u.kv_heads) continue;
+        if (!who.empty()) who += ",";
+        who += std::to_string(o);
       }
-      holders += (holders.empty() ? "" : "; ") + ("head " + std::to_string(k) + ": ranks {" + who + "}");
+      if (!holders.empty()) holders += "; ";
+      holders += "head " + std::to_string(k) + ": ranks {" + who + "}";
     }
     rows.push_back({std::to_string(r), span(t.heads_begin, t.heads), span(t.kv_heads_begin, t.kv_heads), holders,
                     span(t.ffn_begin, t.ffn), span(t.vocab_begin, t.vocab_rows)});
@@ -161,7 +164,11 @@ Expected expected(const LlamaConfig& cfg, const ParallelPlan& plan, int64_t B, i
                   ReduceAlgo algo, bool sp) {
   const int tp = plan.size("tp"), dp = plan.dp(), W = tp * dp;
   const int64_t C = cfg.hidden_size, hd = cfg.head_dim, L = cfg.num_hidden_layers, nkv = cfg.num_key_value_heads;
-  const int64_t BT = B * T, rows = sp ? BT / tp : BT, s4 = 4;  // rows: residual-stream rows a rank holds
+  const int64_t BT = B * T, s4 = 4;
+  // SP: rank r holds token rows [BT r / tp, BT (r+1) / tp) of the residual stream (any BT splits;
+  // a rank holds at most one row more than another). These are the chunks of SP's collectives.
+  std::vector<int64_t> chunk(static_cast<size_t>(tp));
+  for (int r = 0; r < tp; ++r) chunk[size_t(r)] = (BT * (r + 1) / tp - BT * r / tp) * C;
   Expected e;
   for (auto* v : {&e.params, &e.state, &e.block_calls, &e.block, &e.ends, &e.loss_calls, &e.loss, &e.kv, &e.gain,
                   &e.norm, &e.dp, &e.total, &e.act, &e.scratch})
@@ -175,11 +182,13 @@ Expected expected(const LlamaConfig& cfg, const ParallelPlan& plan, int64_t B, i
     e.state[i] = 16 * n;
     // g and f: an all-reduce of [BT, C], or (SP) a reduce-scatter or all-gather of its tp row blocks.
     const int64_t ar = all_reduce_sent(BT * C, tp, r, s4, algo);
-    const int64_t half = reduce_scatter_sent(std::vector<int64_t>(size_t(tp), BT / tp * C), r, s4);
-    const int64_t per_layer = sp ? (full ? 11 : 8) : (full ? 5 : 4);
-    e.block_calls[i] = per_layer * L * M;
-    e.block[i] = per_layer * L * M * (sp ? half : ar);
-    e.ends[i] = sp ? 4 * M * half : 2 * M * ar;  // embedding output, head input gradient
+    const int64_t rs = reduce_scatter_sent(chunk, r, s4), ag = all_gather_sent(chunk, r, s4, algo);
+    const int64_t rows = sp ? chunk[size_t(r)] / C : BT;  // residual-stream rows this rank holds
+    // Per layer and micro-batch: 4 all-reduces, or (SP) 4 reduce-scatters + 4 all-gathers; full
+    // checkpointing's recompute repeats o_proj's (and with SP also gathers n1 and n2 again).
+    e.block_calls[i] = (sp ? (full ? 11 : 8) : (full ? 5 : 4)) * L * M;
+    e.block[i] = (sp ? (full ? 5 * rs + 6 * ag : 4 * rs + 4 * ag) : (full ? 5 : 4) * ar) * L * M;
+    e.ends[i] = (sp ? 2 * rs + 2 * ag : 2 * ar) * M;  // embedding output, head input gradient
     e.loss_calls[i] = 3 * M;
     e.loss[i] = 3 * M * all_reduce_sent(BT, tp, r, s4, algo);
     e.kv[i] = nkv < tp ? L * M * all_reduce_sent(2 * nkv * hd * C, tp, r, s4, algo) : 0;
@@ -247,9 +256,6 @@ int run(LessonOptions o, const TpArgs& a) {
   s.cluster = o.cluster_options();
   const bool sp = s.plan.sequence_parallel, full = a.ac == "full";
   const int64_t B = o.rows, T = o.seq_len, BT = B * T, M = o.micro_batches;
-  if (sp && BT % tp != 0)
-    throw InputError("sequence parallelism over " + std::to_string(tp) + " ranks needs B*T = " + std::to_string(BT) +
-                     " tokens per micro-batch to divide evenly (--sp off, or other --rows / --seq-len)");
   const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
   const LlamaConfig& cfg = s.model;
   const int64_t C = cfg.hidden_size, hd = cfg.head_dim, L = cfg.num_hidden_layers, nh = cfg.num_attention_heads,
@@ -298,16 +304,10 @@ int run(LessonOptions o, const TpArgs& a) {
   });
 
   // ---- The same steps with the other --sp setting, for S3 and S4 ------------------------------
-  std::vector<PhaseView> other;
-  const bool compare = BT % tp == 0;  // SP needs tp to divide the tokens of a micro-batch
-  if (compare) {
-    RunSetup t = s;
-    t.plan.sequence_parallel = !sp;
-    t.train.steps = 1;
-    other = run_phases(t, data, nullptr);
-  }
-  const PhaseView& on = sp ? phases[1] : other[1];
-  const PhaseView& off = sp ? other[1] : phases[1];
+  RunSetup flipped = s;
+  flipped.plan.sequence_parallel = !sp;
+  flipped.train.steps = 1;
+  const std::vector<PhaseView> other = run_phases(flipped, data, nullptr);
 
   // ---- Exercises -----------------------------------------------------------------------------
   say.phase("exercises: formula vs measured");
@@ -391,7 +391,8 @@ int run(LessonOptions o, const TpArgs& a) {
               -1, e.total, m_total);
   if (!full) {
     sheet.exact("S1", "How many bytes of activations does each rank keep for the backward?",
-                "per micro-batch, with rows = B*T" + std::string(sp ? "/tp" : "") +
+                "per micro-batch, with rows = " +
+                    std::string(sp ? "this rank's rows [BT r/tp, BT (r+1)/tp) of the B*T tokens" : "B*T") +
                     ": tokens + targets 8 BT, residual stream 4 (L+1) rows C, per block 4 [BT (2C + 2q + 2kv + nh/tp "
                     "+ 3 I/tp) + rows (C + 2)], head 4 [BT (C + V/tp + 2) + rows]",
                 -1, e.act, m_act,
@@ -406,7 +407,9 @@ int run(LessonOptions o, const TpArgs& a) {
                     (sp ? "; + C for a norm gain's gradient apart" : ""),
                 -1, e.scratch, m_scratch);
   }
-  if (compare) {
+  {
+    const PhaseView& on = sp ? phases[1] : other[1];
+    const PhaseView& off = sp ? other[1] : phases[1];
     const Expected e_on = sp ? e : expected(cfg, s.plan, B, T, M, full, algo, true);
     const Expected e_off = sp ? expected(cfg, s.plan, B, T, M, full, algo, false) : e;
     std::vector<int64_t> x_traffic, m_traffic, x_act, m_act_saved;
