@@ -3,6 +3,7 @@
 // with the same GEMM path the model uses. `llama4d bench comm` lives in bench_comm_command.cpp.
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 
 #include "cli/common.h"
 #include "cli/launch.h"
@@ -47,21 +48,29 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   std::vector<double> times;
   std::string strategy;
   int threads = 0;
+  std::vector<RankMemory> memory(static_cast<size_t>(ranks));
+  std::mutex mu;
   launcher.run(ranks, [&](ProcessGroup& world) {
     if (world.rank() == 0) threads = ops::backend_threads();  // this rank's share (RankLaunch sets it)
-    Llama<T> model(cfg, &world.memory());
+    Llama<T> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
     ParallelTrainer<T> trainer(world, model, data, opt, plan);
     std::vector<double> mine;
     for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
       const double s = trainer.step().seconds;
       if (i >= a.warmup) mine.push_back(s);
     }
-    if (world.rank() == 0) times = mine, strategy = trainer.strategy().describe();
+    std::lock_guard<std::mutex> lock(mu);
+    memory[size_t(world.rank())] = trainer.strategy().peak_memory();
+    if (world.rank() == 0) times = mine, strategy = trainer.describe();
   });
   if (!launcher.reporting()) return {};
   const nlohmann::json traffic = launcher.traffic_totals();
   const double steps = double(a.warmup + a.iters);
   const double per_rank = double(traffic.at("total_bytes_sent").get<int64_t>()) / steps / ranks;
+  // Per collective kind (all_reduce, all_gather, reduce_scatter, ...): bytes one rank sent per step.
+  nlohmann::json by_op = nlohmann::json::object();
+  for (const auto& [op, bytes] : traffic.at("bytes_sent_by_op").items())
+    by_op[op] = double(bytes.template get<int64_t>()) / steps / ranks;
   return {{"strategy", strategy},
           {"ranks", ranks},
           {"plan", plan.to_json()},
@@ -70,6 +79,8 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
           {"tokens_per_s", double(opt.tokens_per_step()) / median(times)},
           {"bytes_sent_per_rank_per_step", per_rank},
           {"threads_per_rank", threads},
+          {"bytes_sent_per_rank_per_step_by_op", by_op},
+          {"peak_memory_per_rank", memory_json(memory)},
           {"backend", a.launch.backend}};
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// --mesh, --zero, --keep-params and --ac: how the parallel plan is chosen on the command line.
+// --mesh, --zero, --keep-params, --ac and --sp: how the parallel plan is chosen on the command line.
 // Parsed once into a ParallelPlan, which every command passes on unchanged.
 #include <string>
 
@@ -14,6 +14,7 @@ struct ParallelChoice {
   int zero = 0;
   bool keep_params = false;  // ZeRO-3: keep gathered parameters from forward to backward
   std::string ac = "none";   // activation checkpointing policy
+  std::string sp = "on";     // sequence parallelism with tp > 1: on | off
 
   void add_options(CLI::App& cmd, const std::string& default_mesh);
   bool parallel() const { return !mesh.empty(); }

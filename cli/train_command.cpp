@@ -267,13 +267,13 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   std::mutex mu;
   std::string strategy;
   launcher.run(ranks, [&](ProcessGroup& world) {
-    Llama<T> model(r.cfg, &world.memory());
+    Llama<T> model(r.cfg, &world.memory(), plan.tp_layout(r.cfg, world.rank()));
     ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
     if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
       progress("train: %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
-               (long long)model.num_params(), a.model.dtype.c_str(), trainer.strategy().describe().c_str(),
+               (long long)model.num_params(), a.model.dtype.c_str(), trainer.describe().c_str(),
                ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
       progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
                (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),
@@ -285,7 +285,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     nlohmann::json j = train_loop(a, a.opt, calls, lead);
     std::lock_guard<std::mutex> lock(mu);
     memory[size_t(world.rank())] = trainer.strategy().peak_memory();
-    if (world.rank() == 0) result = j, strategy = trainer.strategy().describe();
+    if (world.rank() == 0) result = j, strategy = trainer.describe();
   });
   if (!launcher.reporting()) return {};
   const nlohmann::json mem = memory_json(memory);

@@ -104,6 +104,29 @@ template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, T scale, int64_t BT,
                             int64_t V);
 
+// ---- Vocabulary-parallel cross-entropy (tensor parallelism) -----------------------------------
+// A rank holds columns [vocab_begin, vocab_begin + V) of the full logits: logits[BT, V] here is
+// that slice. The loss needs three per-token statistics over ALL columns; each rank computes its
+// part and an all-reduce (max, then sum) combines them, so no rank holds the full [BT, V_full].
+// row_max[BT] = max of the row's slice; target_logit[BT] = logits[i, targets[i] - vocab_begin]
+// when this slice holds the target, else 0 (the sum over ranks is the target's logit).
+template <class T>
+void vocab_slice_max_and_target(T* row_max, T* target_logit, const T* logits, const int32_t* targets, int64_t BT,
+                                int64_t V, int64_t vocab_begin);
+// sum_exp[BT] = sum_j exp(logits[i, j] - row_max[i]) over the slice, row_max the GLOBAL max.
+template <class T>
+void vocab_slice_sum_exp(T* sum_exp, const T* logits, const T* row_max, int64_t BT, int64_t V);
+// From the global statistics: lse[i] = row_max[i] + log(sum_exp[i]); losses[i] = lse[i] -
+// target_logit[i] (0 where targets[i] < 0).
+template <class T>
+void cross_entropy_from_stats(T* losses, T* lse, const T* row_max, const T* sum_exp, const T* target_logit,
+                              const int32_t* targets, int64_t BT);
+// dlogits[BT, V] += scale * (exp(logits - lse) - onehot(targets - vocab_begin)) over the slice,
+// for non-ignored rows.
+template <class T>
+void cross_entropy_backward_slice(T* dlogits, const T* logits, const T* lse, const int32_t* targets, T scale,
+                                  int64_t BT, int64_t V, int64_t vocab_begin);
+
 // ---- Small helpers backends must provide ----------------------------------------------------
 // x[N] *= a
 template <class T>

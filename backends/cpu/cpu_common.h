@@ -229,4 +229,35 @@ template <class T>
   for (int64_t j = 0; j < n; ++j) dst[j] = exp_det(src[j] * a - c);
 }
 
+// sum_j exp(row[j] - m) for j < V. The exps go through a small buffer so the exp loop
+// vectorises and the sum keeps the fixed lane pattern (j mod lanes).
+template <class T>
+T sum_exp_shifted(const T* row, int64_t V, T m) {
+  constexpr int64_t kPiece = 256;  // a multiple of the lane count, so lanes stay j mod lanes
+  T buf[kPiece];
+  Vec64<T> acc = {}, v = {};
+  for (int64_t j0 = 0; j0 < V; j0 += kPiece) {
+    const int64_t n = std::min(kPiece, V - j0);
+    exp_affine(buf, row + j0, n, T(1), m);
+    for (int64_t j = 0; j < n; j += kLanes<T>) {
+      load_lanes(v, buf + j, n - j, T(0));
+      acc += v;
+    }
+  }
+  return sum_lanes<T>(acc);
+}
+
+// drow[j] += scale * exp(row[j] - lse) for j < V: the softmax part of the cross-entropy gradient,
+// a piece at a time so the probabilities are never stored.
+template <class T>
+void add_scaled_exp_shifted(T* drow, const T* row, int64_t V, T lse, T scale) {
+  constexpr int64_t kPiece = 256;
+  T buf[kPiece];
+  for (int64_t j0 = 0; j0 < V; j0 += kPiece) {
+    const int64_t n = std::min(kPiece, V - j0);
+    exp_affine(buf, row + j0, n, T(1), lse);
+    for (int64_t j = 0; j < n; ++j) drow[j0 + j] += scale * buf[j];
+  }
+}
+
 }  // namespace llama4d::cpu

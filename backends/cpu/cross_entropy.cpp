@@ -16,23 +16,11 @@ static void check_targets(const int32_t* targets, int64_t BT, int64_t V) {
                        " is outside the vocabulary of " + std::to_string(V));
 }
 
-// log(sum_j exp(row[j])) with the max subtracted first so exp never overflows. The exps go
-// through a small buffer so the exp loop vectorises and the sum keeps the fixed lane pattern.
+// log(sum_j exp(row[j])) with the max subtracted first so exp never overflows.
 template <class T>
 static T row_logsumexp(const T* row, int64_t V) {
   const T m = cpu::reduce_max(row, V);
-  constexpr int64_t kPiece = 256;  // a multiple of the lane count, so lanes stay i mod lanes
-  T buf[kPiece];
-  cpu::Vec64<T> acc = {}, v = {};
-  for (int64_t j0 = 0; j0 < V; j0 += kPiece) {
-    const int64_t n = std::min(kPiece, V - j0);
-    cpu::exp_affine(buf, row + j0, n, T(1), m);
-    for (int64_t j = 0; j < n; j += cpu::kLanes<T>) {
-      cpu::load_lanes(v, buf + j, n - j, T(0));
-      acc += v;
-    }
-  }
-  return m + std::log(cpu::sum_lanes<T>(acc));
+  return m + std::log(cpu::sum_exp_shifted(row, V, m));
 }
 
 template <class T>
@@ -59,14 +47,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
     if (t < 0) return;
     const T* row = logits + r * V;
     T* drow = dlogits + r * V;
-    const T lse = row_logsumexp(row, V);
-    constexpr int64_t kPiece = 256;  // softmax(row) = exp(row - lse), a piece at a time
-    T buf[kPiece];
-    for (int64_t j0 = 0; j0 < V; j0 += kPiece) {
-      const int64_t n = std::min(kPiece, V - j0);
-      cpu::exp_affine(buf, row + j0, n, T(1), lse);
-      for (int64_t j = 0; j < n; ++j) drow[j0 + j] += scale * buf[j];
-    }
+    cpu::add_scaled_exp_shifted(drow, row, V, row_logsumexp(row, V), scale);
     drow[t] -= scale;
   });
 }

@@ -229,13 +229,17 @@ void read_flat_range(const TensorStore& store, const std::vector<ParamSpec>& spe
     const std::string name = prefix + p.spec->name;
     const TensorInfo* t = store.find(name);
     if (!t) throw InputError("checkpoint '" + store.description() + "' is missing tensor '" + name + "'");
-    if (t->shape != p.spec->shape)
+    if (t->shape != p.spec->full_shape())
       throw InputError("checkpoint '" + store.description() + "': tensor '" + name + "' has shape " +
-                       shape_string(t->shape) + ", expected " + shape_string(p.spec->shape));
+                       shape_string(t->shape) + ", expected " + shape_string(p.spec->full_shape()));
   }
-  for (const SpecOverlap& p : pieces)
-    store.read_range(prefix + p.spec->name, p.spec->shape, p.lo - p.spec->offset, p.hi - p.spec->offset,
-                     out + (p.lo - begin));
+  // A tensor-parallel slice reads its runs of the whole tensor.
+  for (const SpecOverlap& p : pieces) {
+    const ParamSpec& s = *p.spec;
+    for_each_whole_run(s, p.lo - s.offset, p.hi - s.offset, [&](int64_t at, int64_t whole, int64_t n) {
+      store.read_range(prefix + s.name, s.full_shape(), whole, whole + n, out + (s.offset + at - begin));
+    });
+  }
 }
 
 // ---- Model checkpoints ------------------------------------------------------------------------

@@ -161,9 +161,15 @@ void write_flat_range(TensorFilesWriter& writer, const std::vector<ParamSpec>& s
   if (begin < 0 || begin > end || end > total)
     throw InputError("cannot write flat elements [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
                      std::to_string(total) + " parameters");
-  for (const SpecOverlap& p : overlapping_specs(specs, begin, end))
-    writer.write(prefix + p.spec->name, p.lo - p.spec->offset, p.hi - p.spec->offset, data + (p.lo - begin),
-                 dtype_of<T>());
+  // A tensor-parallel slice writes the elements it counts (replicas are another rank's to
+  // write, so every element is written once), each run at its place in the whole tensor.
+  for (const SpecOverlap& p : overlapping_specs(specs, begin, end)) {
+    const ParamSpec& s = *p.spec;
+    const int64_t lo = std::max(p.lo - s.offset, s.counted_begin), hi = std::min(p.hi - s.offset, s.counted_hi());
+    for_each_whole_run(s, lo, hi, [&](int64_t at, int64_t whole, int64_t n) {
+      writer.write(prefix + s.name, whole, whole + n, data + (s.offset + at - begin), dtype_of<T>());
+    });
+  }
 }
 
 template void write_flat_range<float>(TensorFilesWriter&, const std::vector<ParamSpec>&, int64_t, int64_t,

@@ -25,7 +25,7 @@ void BlockActivations<T>::allocate(MemoryTracker* m, const BlockDims& d) {
   const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
   const auto act = MemoryCategory::activations;
   q = Buffer<T>(m, act, BT * qd, "q"), k = Buffer<T>(m, act, BT * kvd, "k"), v = Buffer<T>(m, act, BT * kvd, "v");
-  h = Buffer<T>(m, act, BT * C, "h");
+  h = Buffer<T>(m, act, d.rows() * C, "h");
   gate = Buffer<T>(m, act, BT * I, "gate"), up = Buffer<T>(m, act, BT * I, "up");
   allocate_recomputable(m, d);
 }
@@ -34,9 +34,9 @@ template <class T>
 void BlockActivations<T>::allocate_recomputable(MemoryTracker* m, const BlockDims& d) {
   const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, I = d.I;
   const auto act_cat = MemoryCategory::activations;
-  n1 = Buffer<T>(m, act_cat, BT * C, "n1"), rstd1 = Buffer<T>(m, act_cat, BT, "rstd1");
+  n1 = Buffer<T>(m, act_cat, BT * C, "n1"), rstd1 = Buffer<T>(m, act_cat, d.rows(), "rstd1");
   att = Buffer<T>(m, act_cat, BT * qd, "att"), lse = Buffer<T>(m, act_cat, BT * d.nh, "lse");
-  n2 = Buffer<T>(m, act_cat, BT * C, "n2"), rstd2 = Buffer<T>(m, act_cat, BT, "rstd2");
+  n2 = Buffer<T>(m, act_cat, BT * C, "n2"), rstd2 = Buffer<T>(m, act_cat, d.rows(), "rstd2");
   act = Buffer<T>(m, act_cat, BT * I, "act");
 }
 
@@ -71,7 +71,7 @@ void BlockScratch<T>::allocate(MemoryTracker* m, const BlockDims& d) {
 
 template <class T>
 void BlockScratch<T>::reset() {
-  for (Buffer<T>* b : {&dn, &dh, &dq, &dk, &dv, &datt, &dgate, &dup, &dact}) b->reset();
+  for (Buffer<T>* b : {&dn, &dh, &dq, &dk, &dv, &datt, &dgate, &dup, &dact, &gk, &gv, &gnorm}) b->reset();
 }
 
 namespace {
@@ -90,14 +90,21 @@ BlockComm<T>& comm_or_none(BlockComm<T>* comm) {
 
 }  // namespace
 
+// With sequence parallelism the block's input x, h and out hold this rank's rows only; a
+// row-parallel output is computed for every row into a [B,T,C] temporary and reduce-scattered to
+// them. Without it rows() = B*T, row0() = 0 and the temporaries are the final buffers.
 template <class T>
 void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
                    const RopeTables<T>& rope, int64_t pos_start, BlockComm<T>* comm_ptr, BlockKvCache<T>* cache) {
-  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I, rows = d.rows();
+  const int64_t mine = d.row0() * C;  // this rank's rows in a [B,T,C] buffer
   BlockComm<T>& comm = comm_or_none(comm_ptr);
+  // [B,T,C] for the row-parallel outputs when the residual stream holds fewer rows.
+  Buffer<T> partial;
+  if (d.sp > 1) partial = Buffer<T>(a.h.memory(), MemoryCategory::scratch, BT * C, "row-parallel output (all rows)");
 
   // Attention half: n1 = rmsnorm(x); q, k, v projections; RoPE on q and k.
-  ops::rmsnorm_forward(a.n1.data(), a.rstd1.data(), x, w.ln1, BT, C, T(d.eps));
+  ops::rmsnorm_forward(a.n1.data() + mine, a.rstd1.data(), x, w.ln1, rows, C, T(d.eps));
   comm.attention_input(a.n1.data(), d);
   ops::matmul_forward(a.q.data(), a.n1.data(), w.wq, BT, C, qd);
   ops::matmul_forward(a.k.data(), a.n1.data(), w.wk, BT, C, kvd);
@@ -126,45 +133,70 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), keys, values, s);
 
   // h = x + o_proj(att)
-  ops::matmul_forward(a.h.data(), a.att.data(), w.wo, BT, qd, C);
-  comm.attention_output(a.h.data(), d);
-  ops::add_forward(a.h.data(), a.h.data(), x, BT * C);
+  T* y = d.sp > 1 ? partial.data() : a.h.data();
+  ops::matmul_forward(y, a.att.data(), w.wo, BT, qd, C);
+  comm.attention_output(y, d);
+  ops::add_forward(a.h.data(), y + mine, x, rows * C);
 
   // Feed-forward half: out = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h).
-  ops::rmsnorm_forward(a.n2.data(), a.rstd2.data(), a.h.data(), w.ln2, BT, C, T(d.eps));
+  ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
   comm.mlp_input(a.n2.data(), d);
   ops::matmul_forward(a.gate.data(), a.n2.data(), w.wgate, BT, C, I);
   ops::matmul_forward(a.up.data(), a.n2.data(), w.wup, BT, C, I);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
   if (!out) return;  // recompute: the backward needs act, not the output
-  ops::matmul_forward(out, a.act.data(), w.wdown, BT, I, C);
-  comm.mlp_output(out, d);
-  ops::add_forward(out, out, a.h.data(), BT * C);
+  T* z = d.sp > 1 ? partial.data() : out;
+  ops::matmul_forward(z, a.act.data(), w.wdown, BT, I, C);
+  comm.mlp_output(z, d);
+  ops::add_forward(out, z + mine, a.h.data(), rows * C);
 }
 
 template <class T>
 void block_recompute_selective(BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
                                const RopeTables<T>& rope, int64_t pos_start, BlockComm<T>* comm_ptr) {
-  const int64_t BT = d.BT(), C = d.C, I = d.I;
+  const int64_t BT = d.BT(), C = d.C, I = d.I, rows = d.rows(), mine = d.row0() * C;
   BlockComm<T>& comm = comm_or_none(comm_ptr);
-  ops::rmsnorm_forward(a.n1.data(), a.rstd1.data(), x, w.ln1, BT, C, T(d.eps));
+  ops::rmsnorm_forward(a.n1.data() + mine, a.rstd1.data(), x, w.ln1, rows, C, T(d.eps));
   comm.attention_input(a.n1.data(), d);
   ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), attention_shape<T>(d, pos_start));
-  ops::rmsnorm_forward(a.n2.data(), a.rstd2.data(), a.h.data(), w.ln2, BT, C, T(d.eps));
+  ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
   comm.mlp_input(a.n2.data(), d);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
 }
+
+namespace {
+
+// dinp[rows,C] += RMSNorm backward; the gain's gradient accumulates into g_gain. With sequence
+// parallelism this rank's rows give only part of it: it is taken apart and summed over the ranks.
+template <class T>
+void norm_backward(T* dinp, T* g_gain, const T* dn, const T* inp, const T* gain, const T* rstd, const BlockDims& d,
+                   BlockScratch<T>& s, BlockComm<T>& comm) {
+  if (d.sp == 1) {
+    ops::rmsnorm_backward(dinp, g_gain, dn, inp, gain, rstd, d.rows(), d.C);
+    return;
+  }
+  if (s.gnorm.empty()) s.gnorm = Buffer<T>(s.dn.memory(), MemoryCategory::scratch, d.C, "backward RMSNorm gain grad");
+  ops::fill(s.gnorm.data(), T(0), d.C);
+  ops::rmsnorm_backward(dinp, s.gnorm.data(), dn, inp, gain, rstd, d.rows(), d.C);
+  comm.norm_weight_grads(s.gnorm.data(), d);
+  ops::accumulate(g_gain, s.gnorm.data(), d.C);
+}
+
+}  // namespace
 
 template <class T>
 void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockActivations<T>& a,
                     const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
                     int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm_ptr) {
-  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I, rows = d.rows();
+  const int64_t mine = d.row0() * C;
   BlockComm<T>& comm = comm_or_none(comm_ptr);
+  // The residual stream's gradient, this rank's rows of s.dh [B,T,C].
+  T* dh = s.dh.data() + mine;
 
   // Feed-forward half, last op first. The residual passes dout straight to dh.
-  ops::copy(s.dh.data(), dout, BT * C);
-  ops::copy(s.dn.data(), dout, BT * C);  // d(mlp output): the down_proj output's gradient
+  ops::copy(dh, dout, rows * C);
+  ops::copy(s.dn.data() + mine, dout, rows * C);  // d(mlp output): the down_proj output's gradient
   comm.mlp_output_backward(s.dn.data(), d);
   ops::fill(s.dact.data(), T(0), BT * I);
   ops::matmul_backward(s.dact.data(), g.wdown, s.dn.data(), a.act.data(), w.wdown, BT, I, C);
@@ -175,10 +207,10 @@ void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockA
   ops::matmul_backward(s.dn.data(), g.wgate, s.dgate.data(), a.n2.data(), w.wgate, BT, C, I);
   ops::matmul_backward(s.dn.data(), g.wup, s.dup.data(), a.n2.data(), w.wup, BT, C, I);
   comm.mlp_input_backward(s.dn.data(), d);
-  ops::rmsnorm_backward(s.dh.data(), g.ln2, s.dn.data(), a.h.data(), w.ln2, a.rstd2.data(), BT, C);
+  norm_backward(dh, g.ln2, s.dn.data() + mine, a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
 
   // Attention half. dout is no longer read, so dx may alias it from here on.
-  ops::copy(dx, s.dh.data(), BT * C);
+  ops::copy(dx, dh, rows * C);
   comm.attention_output_backward(s.dh.data(), d);
   ops::fill(s.datt.data(), T(0), BT * qd);
   ops::matmul_backward(s.datt.data(), g.wo, s.dh.data(), a.att.data(), w.wo, BT, qd, C);
@@ -192,10 +224,25 @@ void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockA
   ops::rope_backward(s.dk.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nkv, d.hd, pos_start);
   ops::fill(s.dn.data(), T(0), BT * C);
   ops::matmul_backward(s.dn.data(), g.wq, s.dq.data(), a.n1.data(), w.wq, BT, C, qd);
-  ops::matmul_backward(s.dn.data(), g.wk, s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
-  ops::matmul_backward(s.dn.data(), g.wv, s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
+  if (comm.sums_key_value_weight_grads()) {
+    // This micro-batch's k/v weight gradients apart, summed over the head's replicas, then added.
+    if (s.gk.empty()) {
+      s.gk = Buffer<T>(s.dn.memory(), MemoryCategory::scratch, kvd * C, "backward k_proj grad (replicated heads)");
+      s.gv = Buffer<T>(s.dn.memory(), MemoryCategory::scratch, kvd * C, "backward v_proj grad (replicated heads)");
+    }
+    ops::fill(s.gk.data(), T(0), kvd * C);
+    ops::fill(s.gv.data(), T(0), kvd * C);
+    ops::matmul_backward(s.dn.data(), s.gk.data(), s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
+    ops::matmul_backward(s.dn.data(), s.gv.data(), s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
+    comm.key_value_weight_grads(s.gk.data(), s.gv.data(), d);
+    ops::accumulate(g.wk, s.gk.data(), kvd * C);
+    ops::accumulate(g.wv, s.gv.data(), kvd * C);
+  } else {
+    ops::matmul_backward(s.dn.data(), g.wk, s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
+    ops::matmul_backward(s.dn.data(), g.wv, s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
+  }
   comm.attention_input_backward(s.dn.data(), d);
-  ops::rmsnorm_backward(dx, g.ln1, s.dn.data(), x, w.ln1, a.rstd1.data(), BT, C);
+  norm_backward(dx, g.ln1, s.dn.data() + mine, x, w.ln1, a.rstd1.data(), d, s, comm);
 }
 
 #define LLAMA4D_BLOCK(T)                                                                                            \

@@ -18,7 +18,17 @@ struct BlockDims {
   int64_t nh = 0, nkv = 0, hd = 0;
   int64_t I = 0;               // SwiGLU intermediate size
   double eps = 1e-5;
+  // Sequence parallelism: the residual stream (x, h, the block's output and their gradients)
+  // and the RMSNorms hold only this rank's rows [row0(), row0() + rows()) of the B*T tokens
+  // (flattened, batch row by batch row);
+  // the communication points gather the normed rows before the column-parallel matmuls and
+  // reduce-scatter the row-parallel outputs back to them. sp = 1: every row everywhere.
+  int64_t sp = 1, sp_rank = 0;
   int64_t BT() const { return B * T; }
+  int64_t rows() const { return sequence_row0(BT(), sp, sp_rank + 1) - row0(); }
+  int64_t row0() const { return sequence_row0(BT(), sp, sp_rank); }
+  // Rank r of sp holds rows [BT·r/sp, BT·(r+1)/sp): any BT splits (a rank gets at most one row more).
+  static int64_t sequence_row0(int64_t BT, int64_t sp, int64_t r) { return BT * r / sp; }
 };
 
 // Pointers into a unit's parameter (or gradient) segment.
@@ -45,12 +55,12 @@ template <class T>
 struct BlockActivations {
   // Kept by every policy that keeps this block at all (selective keeps only these):
   Buffer<T> q, k, v;             // [B,T,nh,hd], [B,T,nkv,hd] x2 (q, k after RoPE)
-  Buffer<T> h;                   // [B,T,C] residual stream after attention
+  Buffer<T> h;                   // [rows,C] residual stream after attention (rows = B*T / sp)
   Buffer<T> gate, up;            // [B,T,I] x2
   // Recomputable from the above and x (dropped by selective, rebuilt in its backward):
-  Buffer<T> n1, rstd1;           // [B,T,C], [B,T]
+  Buffer<T> n1, rstd1;           // [B,T,C] (gathered under sequence parallelism), [rows]
   Buffer<T> att, lse;            // [B,T,nh,hd], [B,nh,T]
-  Buffer<T> n2, rstd2;           // [B,T,C], [B,T]
+  Buffer<T> n2, rstd2;           // [B,T,C], [rows]
   Buffer<T> act;                 // [B,T,I] silu(gate) * up
 
   void allocate(MemoryTracker* memory, const BlockDims& d);               // every tensor
@@ -66,6 +76,8 @@ struct BlockActivations {
 template <class T>
 struct BlockScratch {
   Buffer<T> dn, dh, dq, dk, dv, datt, dgate, dup, dact;
+  Buffer<T> gk, gv;  // [nkv*hd, C] replicated key/value heads only (BlockComm::sums_key_value_weight_grads)
+  Buffer<T> gnorm;   // [C] sequence parallelism only (BlockComm::norm_weight_grads)
   void allocate(MemoryTracker* memory, const BlockDims& d);
   void reset();
 };
@@ -73,24 +85,39 @@ struct BlockScratch {
 // Named communication points inside a block, no-ops here. Tensor and sequence parallelism
 // (which split the matmuls and the sequence) and context parallelism (which exchanges keys and
 // values around attention) fill them in without editing the block's math. Each forward point
-// has its backward twin, called on the gradient of the same tensor.
+// has its backward twin, called on the gradient of the same tensor. Every point works in place
+// on a [B,T,C] buffer; with sequence parallelism (d.sp > 1) this rank's rows of it are
+// [d.row0(), d.row0() + d.rows()).
 template <class T>
 class BlockComm {
  public:
   virtual ~BlockComm() = default;
-  // n1 / n2 [B,T,C] as they enter the q/k/v (gate/up) projections.
+  // n1 / n2 [B,T,C] as they enter the q/k/v (gate/up) projections. With sequence parallelism
+  // only this rank's rows are filled on entry; the point gathers the others (and its backward
+  // reduce-scatters the gradient down to this rank's rows).
   virtual void attention_input(T* n1, const BlockDims& d) {}
   virtual void attention_input_backward(T* dn1, const BlockDims& d) {}
   virtual void mlp_input(T* n2, const BlockDims& d) {}
   virtual void mlp_input_backward(T* dn2, const BlockDims& d) {}
-  // The o_proj (down_proj) output [B,T,C] before it joins the residual stream.
+  // The o_proj (down_proj) output [B,T,C] before it joins the residual stream. With sequence
+  // parallelism only this rank's rows are read afterwards (a reduce-scatter), and the backward
+  // point receives the gradient in this rank's rows and gathers the others.
   virtual void attention_output(T* y, const BlockDims& d) {}
   virtual void attention_output_backward(T* dy, const BlockDims& d) {}
   virtual void mlp_output(T* y, const BlockDims& d) {}
   virtual void mlp_output_backward(T* dy, const BlockDims& d) {}
+  // Sequence parallelism: the RMSNorm gains' gradient g[C] from this rank's rows, per
+  // micro-batch; every rank must end with the sum over the ranks' rows before it accumulates.
+  virtual void norm_weight_grads(T* g, const BlockDims& d) {}
   // Keys and values after RoPE, k, v [B,T,nkv,hd], as attention is about to read them.
   virtual void key_value(T* k, T* v, const BlockDims& d) {}
   virtual void key_value_backward(T* dk, T* dv, const BlockDims& d) {}
+  // Tensor parallelism with key/value heads held by several ranks (tp > nkv): gk, gv [nkv*hd, C]
+  // are this micro-batch's k_proj / v_proj weight gradients on this rank; every replica of a
+  // head must end with the sum over its replicas before they accumulate. Per micro-batch, so
+  // gradients accumulated from earlier micro-batches are never summed twice.
+  virtual bool sums_key_value_weight_grads() const { return false; }
+  virtual void key_value_weight_grads(T* gk, T* gv, const BlockDims& d) {}
 };
 
 // Where attention reads keys/values from when decoding with a cache: the block appends this

@@ -16,25 +16,53 @@ struct LossSum {
   double mean() const { return tokens ? loss_sum / double(tokens) : 0.0; }
 };
 
+// What a vocabulary-parallel embedding and head (tensor parallelism) exchange. This rank holds
+// rows [vocab_begin(), vocab_begin() + V) of the embedding and the LM head, so its logits are those
+// columns of the full logits [BT, V_full], which no rank ever holds. Implemented over the
+// tensor-parallel group in core/parallel/tensor_parallel.cpp.
+template <class T>
+class VocabComm {
+ public:
+  virtual ~VocabComm() = default;
+  virtual int64_t vocab_begin() const = 0;
+  virtual void sum(T* x, int64_t n, const char* what) = 0;  // all-reduce (sum), in rank order
+  virtual void max(T* x, int64_t n, const char* what) = 0;  // all-reduce (max)
+  // Sequence parallelism: the embedding's output and the head's input hold this rank's rows
+  // [sequence_rank() * BT / sequence_shards(), +BT / sequence_shards()) of the B*T tokens.
+  virtual int64_t sequence_shards() const { return 1; }
+  virtual int64_t sequence_rank() const { return 0; }
+  // x[BT, C]: the sum over ranks, of which this rank keeps its rows, in place (reduce-scatter).
+  virtual void sum_to_rows(T* x, int64_t BT, int64_t C, const char* what) {}
+  // x[BT, C] with this rank's rows filled: every rank's rows, in place (all-gather).
+  virtual void gather_rows(T* x, int64_t BT, int64_t C, const char* what) {}
+};
+
 template <class T>
 struct HeadActivations {
-  Buffer<T> n, rstd;        // [BT, C], [BT]   kept for backward
+  Buffer<T> n, rstd;        // [BT, C], [rows] kept for backward (rows: this rank's under sequence parallelism)
   Buffer<T> logits, losses; // [BT, V], [BT]   kept for backward (softmax is recomputed from logits)
-  void allocate(MemoryTracker* memory, int64_t BT, int64_t C, int64_t V);
+  Buffer<T> lse;            // [BT] vocabulary-parallel only: the log-sum-exp over all ranks' columns
+  void allocate(MemoryTracker* memory, int64_t BT, int64_t C, int64_t V, bool vocab_parallel = false,
+                int64_t rows = -1);  // rows: -1 for BT
   void reset();
   int64_t bytes() const;
 };
 
-// targets may be null (inference: logits only, LossSum{}).
+// targets may be null (inference: logits only, LossSum{}). With `vocab` (tensor parallelism) lm_w
+// is this rank's [V, C] slice of the LM head, and the cross-entropy combines per-token statistics
+// across ranks: an all-reduced max, sum of exponentials and target logit. Under sequence
+// parallelism x (and dx) hold this rank's rows only; the normed rows are gathered for the head.
 template <class T>
 LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T* lm_w, const int32_t* targets,
-                     int64_t BT, int64_t C, int64_t V, double eps);
+                     int64_t BT, int64_t C, int64_t V, double eps, VocabComm<T>* vocab = nullptr);
 
 // dx[BT, C] OVERWRITTEN; dnorm_w[C] and dlm_w[V, C] ACCUMULATE. loss_scale = d(objective)/d(loss_i).
 // Temporaries dlogits [BT, V] and dn [BT, C] are allocated on `memory` as scratch for the call.
+// With `vocab`, dn is the sum over ranks of each slice's dlogits @ lm_w (Megatron's f operator
+// in backward: an all-reduce).
 template <class T>
 void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, const T* x, const T* norm_w,
                    const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C, int64_t V,
-                   MemoryTracker* memory);
+                   MemoryTracker* memory, VocabComm<T>* vocab = nullptr);
 
 }  // namespace llama4d

@@ -57,9 +57,10 @@ void MicroBatchState<T>::reset() {
 }
 
 template <class T>
-Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory) : cfg_(cfg), memory_(memory) {
+Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& layout)
+    : cfg_(cfg), tp_(layout), memory_(memory) {
   cfg_.validate();
-  specs_ = llama_param_specs(cfg_);
+  specs_ = llama_param_specs(cfg_, tp_);
   total_ = specs_.back().offset + specs_.back().numel;
   const int L = num_layers();
   const ParamSpec& embed = find_param(specs_, "model.embed_tokens.weight");
@@ -188,13 +189,18 @@ T* Llama<T>::grad(std::string_view name) {
 
 template <class T>
 void Llama<T>::init_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end, T* out) {
-  int64_t draws_before = 0;  // normal draws consumed by the matrices before this spec
+  // Draw j of a matrix is the one its element j of the WHOLE tensor gets on one device, so a
+  // tensor-parallel slice holds exactly the values of the corresponding part of the model.
+  int64_t draws_before = 0;  // normal draws consumed by the (whole) matrices before this spec
   for (const ParamSpec& p : specs) {
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
     const bool gain = p.shape.size() == 1;  // RMSNorm gains start at 1 and draw nothing
-    for (int64_t i = lo; i < hi; ++i)
-      out[i - begin] = gain ? T(1) : T(0.02 * normal_draw(seed, draws_before + (i - p.offset)));
-    if (!gain) draws_before += p.numel;
+    if (lo < hi)
+      for_each_whole_run(p, lo - p.offset, hi - p.offset, [&](int64_t at, int64_t whole, int64_t n) {
+        for (int64_t i = 0; i < n; ++i)
+          out[p.offset + at + i - begin] = gain ? T(1) : T(0.02 * normal_draw(seed, draws_before + whole + i));
+      });
+    if (!gain) draws_before += p.whole_numel();
   }
 }
 
@@ -234,9 +240,12 @@ void Llama<T>::zero_grad() {
 
 template <class T>
 BlockDims Llama<T>::block_dims(int64_t B, int64_t T_) const {
-  return {.B = B, .T = T_, .C = cfg_.hidden_size, .nh = cfg_.num_attention_heads,
-          .nkv = cfg_.num_key_value_heads, .hd = cfg_.head_dim, .I = cfg_.intermediate_size,
-          .eps = cfg_.rms_norm_eps};
+  // Under tensor parallelism the block works on this rank's heads and SwiGLU columns only.
+  const bool s = tp_.sliced();
+  return {.B = B, .T = T_, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
+          .nkv = s ? tp_.kv_heads : cfg_.num_key_value_heads, .hd = cfg_.head_dim,
+          .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps,
+          .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0};
 }
 
 template <class T>
@@ -273,6 +282,13 @@ void Llama<T>::check_ids(const int32_t* tokens, const int32_t* targets, int64_t 
 }
 
 template <class T>
+VocabComm<T>* Llama<T>::vocab_comm() const {
+  if (!tp_.sliced()) return nullptr;
+  if (!vocab_comm_) throw Error("Llama: a tensor-parallel slice (" + tp_.describe() + ") runs only with a VocabComm");
+  return vocab_comm_;
+}
+
+template <class T>
 void Llama<T>::forward_block(MicroBatchState<T>& st, int layer, T* out) {
   const BlockDims d = block_dims(st.B, st.seq);
   BlockActivations<T>& a = st.blocks[size_t(layer)];
@@ -299,7 +315,11 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   st.B = B, st.seq = T_, st.units = r;
   st.x.resize(size_t(L + 1));
   st.blocks.resize(size_t(L));
-  const int64_t BT = B * T_, C = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int64_t BT = B * T_, C = cfg_.hidden_size, V = vocab_rows();
+  VocabComm<T>* vocab = vocab_comm();
+  if (tp_.sliced() && !comm_) throw Error("Llama: a tensor-parallel slice runs only with a BlockComm");
+  const BlockDims d = block_dims(B, T_);
+  const int64_t rows = d.rows();  // residual-stream rows this rank holds
   UnitHooks none;
   UnitHooks& h = hooks_ ? *hooks_ : none;
   const int first_block = std::max(r.begin, 1) - 1;  // block index of the range's first block unit
@@ -308,18 +328,33 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     st.tokens = Buffer<int32_t>(memory_, MemoryCategory::activations, BT, "tokens");
     ops::device_memcpy(st.tokens.data(), tokens, BT * int64_t(sizeof(int32_t)));
     h.before_forward(embedding_unit());
-    st.x[0] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "x_0 (embedding output)");
-    ops::embedding_forward(st.x[0].data(), tokens, unit_params(embedding_unit()), BT, C);
+    st.x[0] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "x_0 (embedding output)");
+    if (vocab && d.sp > 1) {
+      // Vocabulary- and sequence-parallel: every token's partial lookup, reduce-scattered so each
+      // rank keeps the sum for its rows.
+      Buffer<T> all(memory_, MemoryCategory::scratch, BT * C, "embedding partial lookups (all rows)");
+      ops::embedding_forward_rows(all.data(), st.tokens.data(), unit_params(embedding_unit()), BT, C,
+                                  vocab->vocab_begin(), V);
+      vocab->sum_to_rows(all.data(), BT, C, "vocab-parallel embedding: reduce-scatter");
+      ops::copy(st.x[0].data(), all.data() + d.row0() * C, rows * C);
+    } else if (vocab) {
+      // Vocabulary-parallel: rows this rank holds, zeros elsewhere; the sum over ranks is the lookup.
+      ops::embedding_forward_rows(st.x[0].data(), st.tokens.data(), unit_params(embedding_unit()), BT, C,
+                                  vocab->vocab_begin(), V);
+      vocab->sum(st.x[0].data(), BT * C, "vocab-parallel embedding");
+    } else {
+      ops::embedding_forward(st.x[0].data(), tokens, unit_params(embedding_unit()), BT, C);
+    }
     h.after_forward(embedding_unit());
   } else {
-    st.x[size_t(first_block)] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "range input");
-    ops::copy(st.x[size_t(first_block)].data(), hidden_in, BT * C);
+    st.x[size_t(first_block)] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "range input");
+    ops::copy(st.x[size_t(first_block)].data(), hidden_in, rows * C);
   }
 
   for (int u = std::max(r.begin, 1); u < std::min(r.end, head); ++u) {
     const int l = u - 1;
     h.before_forward(u);
-    st.x[size_t(l + 1)] = Buffer<T>(memory_, MemoryCategory::activations, BT * C, "x_" + std::to_string(l + 1));
+    st.x[size_t(l + 1)] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "x_" + std::to_string(l + 1));
     forward_block(st, l, st.x[size_t(l + 1)].data());
     // Keep what the policy keeps; the next block's input stays until that block has run.
     BlockActivations<T>& a = st.blocks[size_t(l)];
@@ -331,7 +366,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
 
   if (has_head) {
     h.before_forward(head);
-    st.head.allocate(memory_, BT, C, V);
+    st.head.allocate(memory_, BT, C, V, vocab != nullptr, rows);
     if (targets) {
       st.targets = Buffer<int32_t>(memory_, MemoryCategory::activations, BT, "targets");
       ops::device_memcpy(st.targets.data(), targets, BT * int64_t(sizeof(int32_t)));
@@ -339,7 +374,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     T* norm_w = unit_params(head);
     if (!norm_w) throw Error("head parameters are not held on this rank now");
     st.loss = head_forward(st.head, st.x[size_t(L)].data(), norm_w, lm_head_params(),
-                           targets ? st.targets.data() : nullptr, BT, C, V, cfg_.rms_norm_eps);
+                           targets ? st.targets.data() : nullptr, BT, C, V, cfg_.rms_norm_eps, vocab);
     h.after_forward(head);
   }
   st.forward_done = true;
@@ -363,7 +398,7 @@ void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitH
   for (int j = s; j <= layer; ++j) {
     h.before_recompute(block_unit(j));
     if (j < layer)
-      st.x[size_t(j + 1)] = Buffer<T>(memory_, MemoryCategory::activations, d.BT() * d.C, "x_" + std::to_string(j + 1) + " (recomputed)");
+      st.x[size_t(j + 1)] = Buffer<T>(memory_, MemoryCategory::activations, d.rows() * d.C, "x_" + std::to_string(j + 1) + " (recomputed)");
     // The top block's own output is not needed again (its gradient arrives from above): it
     // stops before down_proj.
     forward_block(st, j, j < layer ? st.x[size_t(j + 1)].data() : nullptr);
@@ -380,14 +415,15 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out)
   if (!has_head && !grad_out) throw Error("Llama::backward: a range without the head needs the gradient of its output");
   if (has_head && st.targets.empty()) throw Error("Llama::backward: the forward had no targets (inference), so there is no loss");
   const BlockDims d = block_dims(st.B, st.seq);
-  const int64_t BT = d.BT(), C = d.C, V = cfg_.vocab_size;
+  const int64_t BT = d.BT(), C = d.C, V = vocab_rows();
+  VocabComm<T>* vocab = vocab_comm();
   UnitHooks none;
   UnitHooks& h = hooks_ ? *hooks_ : none;
 
   // dx [B,T,C]: the gradient flowing down the residual stream, unit by unit.
-  Buffer<T> dx(memory_, MemoryCategory::scratch, BT * C, "residual gradient");
+  Buffer<T> dx(memory_, MemoryCategory::scratch, d.rows() * C, "residual gradient");
   if (!has_head) {
-    ops::copy(dx.data(), grad_out, BT * C);
+    ops::copy(dx.data(), grad_out, d.rows() * C);
     st.x[size_t(r.end - 1)].reset();  // the range's output: sent on in forward, not read again
   }
   BlockScratch<T> scratch;
@@ -399,11 +435,22 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out)
       T* g_head = ensure_unit_grads(head);
       T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + C;
       head_backward(dx.data(), g_head, g_lm, st.head, st.x[size_t(L)].data(), unit_params(head), lm_head_params(),
-                    st.targets.data(), loss_scale, BT, C, V, memory_);
+                    st.targets.data(), loss_scale, BT, C, V, memory_, vocab);
       st.head.reset();
       st.targets.reset();
     } else if (u == embedding_unit()) {
-      ops::embedding_backward(ensure_unit_grads(embedding_unit()), dx.data(), st.tokens.data(), BT, C);
+      if (vocab && d.sp > 1) {
+        // Every rank's vocabulary rows take gradients from every token: gather the rows first.
+        Buffer<T> all(memory_, MemoryCategory::scratch, BT * C, "embedding output gradient (all rows)");
+        ops::copy(all.data() + d.row0() * C, dx.data(), d.rows() * C);
+        vocab->gather_rows(all.data(), BT, C, "sequence-parallel embedding gradient: gather");
+        ops::embedding_backward_rows(ensure_unit_grads(embedding_unit()), all.data(), st.tokens.data(), BT, C,
+                                     vocab->vocab_begin(), V);
+      } else if (vocab)
+        ops::embedding_backward_rows(ensure_unit_grads(embedding_unit()), dx.data(), st.tokens.data(), BT, C,
+                                     vocab->vocab_begin(), V);
+      else
+        ops::embedding_backward(ensure_unit_grads(embedding_unit()), dx.data(), st.tokens.data(), BT, C);
       st.tokens.reset();
     } else {
       const int l = u - 1;
@@ -450,6 +497,7 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   if (cache.len + Tn > cache.max_len)
     throw InputError("KV cache full: " + std::to_string(cache.len) + " + " + std::to_string(Tn) + " tokens > " +
                      std::to_string(cache.max_len));
+  if (tp_.sliced()) throw Error("Llama::decode runs on one device (whole model), not on a tensor-parallel slice");
   check_ids(tokens, nullptr, B * Tn);
   const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
   const BlockDims d = block_dims(B, Tn);

@@ -28,6 +28,7 @@
 #include "core/model/head.h"
 #include "core/model/params.h"
 #include "core/model/rope.h"
+#include "core/model/tp_layout.h"
 #include "core/model/units.h"
 #include "core/tensor/buffer.h"
 
@@ -65,13 +66,17 @@ class Llama {
   enum class Residency { whole, per_unit };
 
   // memory: the rank's tracker; null means the model keeps its own (unlimited) one, so a single
-  // device reports its memory too. Allocates nothing yet.
-  explicit Llama(const LlamaConfig& cfg, MemoryTracker* memory = nullptr);
+  // device reports its memory too. layout: the tensor-parallel slice this rank holds (default:
+  // the whole model); a sliced model needs set_block_comm and set_vocab_comm before it runs.
+  // Allocates nothing yet.
+  explicit Llama(const LlamaConfig& cfg, MemoryTracker* memory = nullptr, const TpLayout& layout = {});
   ~Llama();
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
 
   const LlamaConfig& config() const { return cfg_; }
+  const TpLayout& tp_layout() const { return tp_; }
+  // This rank's tensors (slices of the whole ones under tensor parallelism), in flat order.
   const std::vector<ParamSpec>& param_specs() const { return specs_; }
   int64_t num_params() const { return total_; }
   int num_layers() const { return int(cfg_.num_hidden_layers); }
@@ -146,6 +151,7 @@ class Llama {
   void set_checkpointing(const Checkpointing& ac) { ac_ = ac; }
   const Checkpointing& checkpointing() const { return ac_; }
   void set_block_comm(BlockComm<T>* comm) { comm_ = comm; }  // not owned; null: no communication
+  void set_vocab_comm(VocabComm<T>* comm) { vocab_comm_ = comm; }  // not owned; tensor parallelism
   UnitHooks* hooks() const { return hooks_; }
 
  private:
@@ -160,8 +166,11 @@ class Llama {
   void ensure_block_activations(MicroBatchState<T>& st, int layer, UnitHooks& h);
   void forward_block(MicroBatchState<T>& st, int layer, T* out);
   void check_ids(const int32_t* tokens, const int32_t* targets, int64_t n) const;
+  VocabComm<T>* vocab_comm() const;  // null unless sliced; Error when sliced without one
+  int64_t vocab_rows() const { return tp_.sliced() ? tp_.vocab_rows : cfg_.vocab_size; }
 
   LlamaConfig cfg_;
+  TpLayout tp_;
   std::vector<ParamSpec> specs_;
   std::vector<ParamRange> unit_ranges_;
   int64_t total_ = 0;
@@ -173,6 +182,7 @@ class Llama {
   RopeTables<T> rope_;
   Checkpointing ac_;
   BlockComm<T>* comm_ = nullptr;
+  VocabComm<T>* vocab_comm_ = nullptr;
   UnitHooks* hooks_ = nullptr;
   MicroBatchState<T> state_;  // the whole-model forward/backward
 };

@@ -16,25 +16,61 @@
 // Names and [out, in] layouts are Hugging Face Llama's, so checkpoints need no renaming, and
 // q/k use the rotate-half RoPE convention natively (no permutation of Meta's interleaved rows).
 // One flat buffer is what gradient buckets and ZeRO / FSDP shards slice later.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/model/config.h"
+#include "core/model/tp_layout.h"
 
 namespace llama4d {
 
 struct ParamSpec {
   std::string name;             // Hugging Face tensor name
-  std::vector<int64_t> shape;   // e.g. {nh*hd, C}
+  std::vector<int64_t> shape;   // e.g. {nh*hd, C}: what this rank holds
   int64_t offset = 0;           // element offset into the flat buffer
   int64_t numel = 0;
   int layer = -1;               // transformer layer index, -1 for embedding / final norm / head
   bool weight_decay = true;     // false for RMSNorm weights (AdamW skips them)
+  // Tensor parallelism (core/model/tp_layout.h): this rank holds the block of rows
+  // [row_begin, row_begin + shape[0]) and columns [col_begin, col_begin + shape[1]) of the whole
+  // tensor, whose shape is whole_shape. Without slicing whole_shape == shape.
+  std::vector<int64_t> whole_shape{};  // empty: not sliced
+  int64_t row_begin = 0, col_begin = 0;
+  // Elements [counted_begin, counted_end) of the slice are this rank's to count: in the global
+  // gradient norm and when writing checkpoints. The rest are replicas another tensor-parallel
+  // rank counts (the RMSNorm gains on ranks > 0, key/value heads held by several ranks).
+  int64_t counted_begin = 0, counted_end = -1;  // -1: to the end
+
+  bool sliced() const { return !whole_shape.empty() && whole_shape != shape; }
+  const std::vector<int64_t>& full_shape() const { return whole_shape.empty() ? shape : whole_shape; }
+  int64_t whole_numel() const;
+  int64_t counted_hi() const { return counted_end < 0 ? numel : counted_end; }
 };
 
 // The specs in flat-buffer order; the last spec's offset + numel is the total count.
 std::vector<ParamSpec> llama_param_specs(const LlamaConfig& cfg);
+// The specs of tensor-parallel rank layout.rank: the same tensors in the same order, each cut to
+// that rank's slice.
+std::vector<ParamSpec> llama_param_specs(const LlamaConfig& cfg, const TpLayout& layout);
+
+// Elements [lo, hi) of spec p's slice (row-major in its own shape) as runs that are contiguous
+// in the whole tensor too: fn(slice_index, whole_index, count), in order.
+template <class Fn>
+void for_each_whole_run(const ParamSpec& p, int64_t lo, int64_t hi, Fn&& fn) {
+  if (!p.sliced() || p.shape.size() == 1 || p.shape[1] == p.whole_shape[1]) {
+    const int64_t cols = p.full_shape().size() > 1 ? p.full_shape()[1] : 1;
+    if (lo < hi) fn(lo, p.row_begin * cols + lo, hi - lo);  // rows slice: one run
+    return;
+  }
+  const int64_t cols = p.shape[1], whole_cols = p.whole_shape[1];
+  for (int64_t i = lo; i < hi;) {
+    const int64_t row = i / cols, col = i % cols, n = std::min(hi - i, cols - col);
+    fn(i, (p.row_begin + row) * whole_cols + p.col_begin + col, n);
+    i += n;
+  }
+}
 
 // [begin, end) element range in the flat buffer of layer `layer`'s parameters.
 struct ParamRange {

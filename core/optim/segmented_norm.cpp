@@ -39,8 +39,29 @@ double segmented_grad_sum_squares(const std::vector<Segment>& segments, const T*
   return combine_chunk_sums(partials.data(), int64_t(partials.size()));
 }
 
+template <class T>
+double replica_sum_squares(const std::vector<ParamSpec>& specs, int64_t begin, int64_t end, const T* g) {
+  double total = 0;
+  for (const SpecOverlap& o : overlapping_specs(specs, begin, end)) {
+    const ParamSpec& p = *o.spec;
+    // Replicas are the slice's elements outside [counted_begin, counted_hi()): two flat ranges.
+    const std::pair<int64_t, int64_t> replicas[] = {{p.offset, p.offset + p.counted_begin},
+                                                    {p.offset + p.counted_hi(), p.offset + p.numel}};
+    for (const auto& [rb, re] : replicas) {
+      const int64_t lo = std::max(rb, o.lo), hi = std::min(re, o.hi);
+      if (lo >= hi) continue;
+      double partial = 0;
+      ops::sum_squares_chunks(&partial, g + (lo - begin), hi - lo, hi - lo);
+      total += partial;
+    }
+  }
+  return total;
+}
+
 template void append_chunk_partials<float>(std::vector<double>&, const float*, int64_t);
 template void append_chunk_partials<double>(std::vector<double>&, const double*, int64_t);
+template double replica_sum_squares<float>(const std::vector<ParamSpec>&, int64_t, int64_t, const float*);
+template double replica_sum_squares<double>(const std::vector<ParamSpec>&, int64_t, int64_t, const double*);
 template double segmented_grad_sum_squares<float>(const std::vector<Segment>&, const float*);
 template double segmented_grad_sum_squares<double>(const std::vector<Segment>&, const double*);
 

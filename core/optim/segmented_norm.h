@@ -35,6 +35,13 @@ constexpr int64_t num_chunk_partials(int64_t numel) { return (numel + kNormChunk
 template <class T>
 void append_chunk_partials(std::vector<double>& out, const T* g, int64_t numel);
 
+// Tensor parallelism: the sum of squares of the elements of flat [begin, end) (g[end - begin] their
+// gradient) that this rank does not count because another tensor-parallel rank holds the same
+// values and counts them (ParamSpec::counted_begin/end: RMSNorm gains, replicated key/value
+// heads). A rank subtracts it from its sum before the group adds up; 0 without slicing.
+template <class T>
+double replica_sum_squares(const std::vector<ParamSpec>& specs, int64_t begin, int64_t end, const T* g);
+
 // Sum of squares of a full flat gradient buffer in the canonical order described above.
 template <class T>
 double segmented_grad_sum_squares(const std::vector<Segment>& segments, const T* flat_grads);

@@ -30,9 +30,10 @@ namespace llama4d {
 template <class T>
 class DistributedDataParallel final : public DataParallelStrategy<T> {
  public:
-  DistributedDataParallel(Llama<T>& model, ProcessGroup& data, const AdamWConfig& adamw)
+  DistributedDataParallel(Llama<T>& model, ProcessGroup& data, ProcessGroup* tensor, const AdamWConfig& adamw)
       : model_(model),
         data_(data),
+        tensor_(tensor),
         segments_(param_segments(model.param_specs())),
         adamw_(adamw, model.param_specs(), 0, model.num_params(), &model.memory()),
         tracer_(data.trace(), model.num_layers()) {}
@@ -66,7 +67,9 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
 
     // 3. Clip and step, identically on every rank (same gradients, same order of operations).
     T* g = model_.grads();
-    const double sum_sq = segmented_grad_sum_squares(segments_, g);
+    const double sum_sq = tensor_parallel_sum_squares(
+        tensor_, segmented_grad_sum_squares(segments_, g),
+        tensor_ ? replica_sum_squares(model_.param_specs(), 0, model_.num_params(), g) : 0.0);
     if (grad_clip > 0) apply_grad_clip(g, model_.num_params(), clip_coefficient(sum_sq, grad_clip));
     adamw_.step(model_.params(), g, lr);
 
@@ -132,6 +135,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
  private:
   Llama<T>& model_;
   ProcessGroup& data_;
+  ProcessGroup* tensor_;
   std::vector<Segment> segments_;
   AdamW<T> adamw_;
   UnitTracer tracer_;
@@ -141,14 +145,16 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
 
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, ProcessGroup& data,
+                                                                         ProcessGroup* tensor,
                                                                          const AdamWConfig& adamw) {
-  return std::make_unique<DistributedDataParallel<T>>(model, data, adamw);
+  return std::make_unique<DistributedDataParallel<T>>(model, data, tensor, adamw);
 }
 
 template std::unique_ptr<DataParallelStrategy<float>> make_distributed_data_parallel<float>(Llama<float>&, ProcessGroup&,
+                                                                                           ProcessGroup*,
                                                                                            const AdamWConfig&);
 template std::unique_ptr<DataParallelStrategy<double>> make_distributed_data_parallel<double>(Llama<double>&,
-                                                                                             ProcessGroup&,
+                                                                                             ProcessGroup&, ProcessGroup*,
                                                                                              const AdamWConfig&);
 
 }  // namespace llama4d

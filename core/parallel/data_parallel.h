@@ -43,6 +43,10 @@ struct DataParallelGroups {
   ProcessGroup* data = nullptr;       // all data-parallel ranks: losses are summed here
   ProcessGroup* shard = nullptr;      // ranks that split parameters / grads / optimizer states
   ProcessGroup* replicate = nullptr;  // HSDP: ranks holding the same shard (nullptr otherwise)
+  // Tensor parallelism: the ranks holding the other slices of this rank's model
+  // (core/model/tp_layout.h). Data parallelism works on this rank's slice as if it were a whole
+  // model; only the global gradient norm adds up across this group. nullptr without TP.
+  ProcessGroup* tensor = nullptr;
 };
 
 template <class T>
@@ -81,6 +85,7 @@ class DataParallelStrategy : public UnitHooks {
 // The two implementations (data_parallel.cpp, zero.cpp); make_data_parallel picks one.
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, ProcessGroup& data,
+                                                                         ProcessGroup* tensor,
                                                                          const AdamWConfig& adamw);
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_zero_data_parallel(Llama<T>& model, const DataParallelGroups& groups,

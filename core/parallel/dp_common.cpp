@@ -14,6 +14,14 @@ LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local) {
   return {v[0], int64_t(v[1])};
 }
 
+double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, double replicas) {
+  if (!tensor) return slice_sum_sq;
+  double v = slice_sum_sq - replicas;
+  AllReduceOptions o;
+  o.label = "grad-norm (tensor-parallel slices)";
+  tensor->all_reduce(&v, 1, DType::f64, ReduceOp::sum, o)->wait();
+  return v;
+}
 
 void UnitTracer::end(const char* phase, int unit) {
   if (starts_.empty()) return;
@@ -43,7 +51,7 @@ std::unique_ptr<DataParallelStrategy<T>> make_data_parallel(Llama<T>& model, con
   if (config.stage == ZeroStage::none) {
     if (groups.replicate && groups.replicate->size() > 1)
       throw InputError("HSDP (dp_shard x dp_replicate) shards the model: use --zero 2 or 3");
-    return make_distributed_data_parallel(model, *groups.data, adamw);
+    return make_distributed_data_parallel(model, *groups.data, groups.tensor, adamw);
   }
   return make_zero_data_parallel(model, groups, config, adamw);
 }

@@ -17,6 +17,11 @@ namespace llama4d {
 // equal to a single device adding the ranks' sums in that order.
 LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local);
 
+// The squared gradient norm of the whole model from a data-parallel strategy's sum over this
+// rank's slice: with tensor parallelism, minus the replicas another tensor-parallel rank
+// counts (`replicas`), summed over the tensor-parallel group; unchanged without one.
+double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, double replicas);
+
 
 // Records one compute span per unit on the rank's trace ("forward layer 3", "backward head"),
 // so the Chrome trace shows gradient reductions overlapping the backward of earlier units. Spans

@@ -46,20 +46,54 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   schedule_ = LrSchedule{.max_lr = opt_.lr, .min_lr = opt_.min_lr,
                          .warmup_steps = std::min(opt_.warmup_steps, opt_.steps), .total_steps = opt_.steps};
   schedule_.validate();
-  mesh_ = std::make_unique<DeviceMesh>(world, plan_.mesh);
+  // A mesh without a data-parallel dim (tp only) gets dp=1, so the data group always exists.
+  std::vector<MeshDim> dims = plan_.mesh;
+  std::vector<std::string> data_dims = plan_.data_dims();
+  if (data_dims.empty()) {
+    dims.push_back({"dp", 1});
+    data_dims = {"dp"};
+  }
+  mesh_ = std::make_unique<DeviceMesh>(world, dims);
   model.set_checkpointing(plan_.ac);
+
+  // Tensor parallelism: this rank's model holds the slice its tp coordinate names, and runs
+  // with the group's communication at the model's communication points.
+  const TpLayout expected = plan_.tp_layout(model.config(), world.rank());
+  const TpLayout& held = model.tp_layout();
+  if (held.tp != expected.tp || held.rank != expected.rank)
+    throw Error("ParallelTrainer: the model holds " + (held.sliced() ? held.describe() : "the whole model") +
+                ", the plan gives this rank " + (expected.sliced() ? expected.describe() : "the whole model"));
   DataParallelGroups groups;
-  groups.data = &world;
-  groups.shard = plan_.hsdp() ? &mesh_->group("dp_shard") : &world;
+  groups.data = &mesh_->group(data_dims);
+  groups.shard = plan_.hsdp() ? &mesh_->group("dp_shard") : groups.data;
   groups.replicate = plan_.hsdp() ? &mesh_->group("dp_replicate") : nullptr;
+  if (expected.sliced()) {
+    groups.tensor = &mesh_->group("tp");
+    tensor_comm_ = std::make_unique<TensorParallelComm<T>>(*groups.tensor, model.config(), expected);
+    model.set_block_comm(tensor_comm_.get());
+    model.set_vocab_comm(tensor_comm_.get());
+  }
+  data_group_ = groups.data;
   strategy_ = make_data_parallel(model, groups, plan_.data_parallel(), opt_.adamw);
   strategy_->init_weights(opt_.seed);  // each rank allocates and computes only what it keeps
 }
 
 template <class T>
+std::string ParallelTrainer<T>::describe() const {
+  const TpLayout& t = model_.tp_layout();
+  if (!t.sliced()) return strategy_->describe();
+  const std::string tp = "TP over " + std::to_string(t.tp) + " ranks" + (t.sequence_parallel ? " with SP" : "");
+  // A single data-parallel rank without ZeRO does nothing worth naming.
+  if (data_group_->size() == 1 && plan_.zero == ZeroStage::none) return tp;
+  return tp + ", " + strategy_->describe();
+}
+
+template <class T>
 StepStats ParallelTrainer<T>::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<Batch> mbs = data_rank_micro_batches(data_.train(), opt_, steps_done_, world_.rank(), world_.size());
+  // Ranks of one tensor-parallel group share a data rank: they run the same rows.
+  const std::vector<Batch> mbs =
+      data_rank_micro_batches(data_.train(), opt_, steps_done_, data_group_->rank(), data_group_->size());
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
   StepStats st = strategy_->step(mbs, lr_at_step(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
   // Loss and norm are global (all-reduced), so every rank stops at the same step.
@@ -74,7 +108,7 @@ LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
   const TokenSpan val = data_.validation();
   int64_t windows = num_eval_windows(int64_t(val.size()), opt_.seq_len);
   if (max_windows > 0) windows = std::min(windows, max_windows);
-  const int64_t dp = world_.size(), d = world_.rank();
+  const int64_t dp = data_group_->size(), d = data_group_->rank();
   const int64_t w0 = windows * d / dp, w1 = windows * (d + 1) / dp;
   const int64_t rows = std::max<int64_t>(1, rank_micro_batch_rows(opt_, int(dp)));
   LossSum local;
@@ -84,7 +118,7 @@ LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
     local.loss_sum += part.loss_sum;
     local.tokens += part.tokens;
   }
-  return all_reduce_loss(world_, local);
+  return all_reduce_loss(*data_group_, local);
 }
 
 namespace {

@@ -1,7 +1,8 @@
 #pragma once
 // The training loop of one rank of a parallel plan. The global batch of a step is the same B
 // rows as on one device (TrainOptions.batch_size, whatever the mesh); data rank d owns rows
-// [d*B/dp, (d+1)*B/dp) and runs them in micro-batches of micro_batch_size rows.
+// [d*B/dp, (d+1)*B/dp) and runs them in micro-batches of micro_batch_size rows. The ranks of a
+// tensor-parallel group share a data rank and run the same rows on their slices of the model.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "core/comm/device_mesh.h"
 #include "core/parallel/data_parallel.h"
 #include "core/parallel/plan.h"
+#include "core/parallel/tensor_parallel.h"
 #include "core/train/train_options.h"
 #include "core/train/trainer.h"
 
@@ -35,9 +37,12 @@ class ParallelTrainer {
 
   StepStats step();
   int64_t steps_done() const { return steps_done_; }
-  int data_rank() const { return world_.rank(); }
+  int data_rank() const { return data_group_->rank(); }
+  ProcessGroup& data_group() const { return *data_group_; }
   const ParallelPlan& plan() const { return plan_; }
   DataParallelStrategy<T>& strategy() { return *strategy_; }
+  // "TP over 2 ranks with SP, ZeRO-3 over 2 ranks", "DP over 4 ranks".
+  std::string describe() const;
   const DeviceMesh& mesh() const { return *mesh_; }
 
   // Collective. Validation windows are split across ranks and their losses summed.
@@ -57,6 +62,8 @@ class ParallelTrainer {
   ParallelPlan plan_;
   LrSchedule schedule_;
   std::unique_ptr<DeviceMesh> mesh_;
+  ProcessGroup* data_group_ = nullptr;                    // this rank's data-parallel ranks
+  std::unique_ptr<TensorParallelComm<T>> tensor_comm_;  // tensor parallelism only
   std::unique_ptr<DataParallelStrategy<T>> strategy_;
   int64_t steps_done_ = 0;
 };

@@ -41,14 +41,13 @@ int ParallelPlan::size(std::string_view dim) const {
 }
 
 void ParallelPlan::validate() const {
-  static const char* const pending[][2] = {{"tp", "tensor parallelism"},
-                                           {"cp", "context parallelism"},
+  static const char* const pending[][2] = {{"cp", "context parallelism"},
                                            {"pp", "pipeline parallelism"},
                                            {"ep", "expert parallelism (Llama 3 is dense: there are no experts)"}};
   for (const auto& [dim, what] : pending)
     if (size(dim) > 1)
       throw InputError("--mesh " + describe_mesh() + ": " + what + " (" + dim + "=" + std::to_string(size(dim)) +
-                       ") is not implemented in this build yet; meshes may use dp, or dp_shard x dp_replicate, and " +
+                       ") is not implemented in this build yet; meshes may use tp and dp, or dp_shard x dp_replicate, and " +
                        dim + "=1");
   bool plain = false, split = false;
   for (const MeshDim& d : mesh) {
@@ -69,6 +68,29 @@ DataParallelConfig ParallelPlan::data_parallel() const {
   return c;
 }
 
+TpLayout ParallelPlan::tp_layout(const LlamaConfig& cfg, int world_rank) const {
+  // Coordinates run innermost first: rank = c[0] + size[0] * (c[1] + size[1] * ...).
+  int stride = 1;
+  for (const MeshDim& d : mesh) {
+    if (d.name == "tp")
+      return d.size > 1 ? llama4d::tp_layout(cfg, d.size, (world_rank / stride) % d.size, sequence_parallel)
+                        : TpLayout{};
+    stride *= d.size;
+  }
+  return {};
+}
+
+void ParallelPlan::check_model(const LlamaConfig& cfg) const {
+  for (int r = 0; r < size("tp"); ++r) llama4d::tp_layout(cfg, size("tp"), r);
+}
+
+std::vector<std::string> ParallelPlan::data_dims() const {
+  std::vector<std::string> dims;
+  for (const MeshDim& d : mesh)
+    if (d.name == "dp" || d.name == "dp_shard" || d.name == "dp_replicate") dims.push_back(d.name);
+  return dims;
+}
+
 std::string ParallelPlan::describe_mesh() const {
   if (mesh.empty()) return "1 device";
   std::string s;
@@ -79,6 +101,7 @@ std::string ParallelPlan::describe_mesh() const {
 std::string ParallelPlan::describe() const {
   std::string s = describe_mesh();
   if (!mesh.empty()) s += ", " + data_parallel().describe();
+  if (size("tp") > 1) s += sequence_parallel ? ", TP + SP" : ", TP";
   if (ac.kind != Checkpointing::Kind::none) s += ", AC " + ac.describe();
   return s;
 }
@@ -93,6 +116,7 @@ nlohmann::json ParallelPlan::to_json() const {
           {"reshard_after_forward", reshard_after_forward},
           {"prefetch", prefetch},
           {"ac", ac.describe()},
+          {"sequence_parallel", size("tp") > 1 && sequence_parallel},
           {"algo", std::string(reduce_algo_name(algo))}};
 }
 

@@ -18,6 +18,8 @@
 #include "core/comm/comm_types.h"
 #include "core/comm/device_mesh.h"
 #include "core/model/checkpointing.h"
+#include "core/model/config.h"
+#include "core/model/tp_layout.h"
 #include "core/parallel/data_parallel.h"
 
 namespace llama4d {
@@ -29,8 +31,11 @@ struct ParallelPlan {
   bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
   Checkpointing ac;
   ReduceAlgo algo = ReduceAlgo::ordered;
+  // Tensor parallelism: shard the residual stream and the RMSNorms along the sequence between
+  // the tensor-parallel regions (Korthikanti et al. 2022). On by default; no effect at tp=1.
+  bool sequence_parallel = true;
 
-  // The dims a mesh may name. tp, cp, pp, ep are reserved for the strategies to come.
+  // The dims a mesh may name. cp, pp, ep are reserved for the strategies to come.
   static const std::vector<std::string>& known_dims();
   // "dp=4", "dp_shard=2,dp_replicate=2", "tp=1,cp=1,pp=1,dp=4" (innermost first). Empty: one
   // device. InputError on malformed text, unknown or repeated dims, or sizes < 1.
@@ -51,6 +56,15 @@ struct ParallelPlan {
   void validate() const;
   // What the data-parallel strategy needs of the plan.
   DataParallelConfig data_parallel() const;
+  // The tensor-parallel slice world rank `world_rank` holds (the whole model without tp).
+  // InputError naming the constraint when tp cannot cut this model.
+  TpLayout tp_layout(const LlamaConfig& cfg, int world_rank) const;
+  // InputError naming the constraint when some rank's slice of `cfg` cannot be cut (before any
+  // rank starts).
+  void check_model(const LlamaConfig& cfg) const;
+  // The data-parallel dims the mesh names ({"dp"} or {"dp_shard", "dp_replicate"}); empty when
+  // it names none (a pure tensor-parallel mesh has one data-parallel rank).
+  std::vector<std::string> data_dims() const;
 
   std::string describe_mesh() const;  // "dp=4", "dp_shard=2,dp_replicate=2", "1 device"
   std::string describe() const;       // mesh + ZeRO + AC, one line (the algo is reported apart)

@@ -60,6 +60,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
         data_(*groups.data),
         shard_(*groups.shard),
         replicate_(groups.replicate && groups.replicate->size() > 1 ? groups.replicate : nullptr),
+        tensor_(groups.tensor),
         cfg_(cfg),
         layout_(model.param_specs(), shard_.size()),
         rank_(shard_.rank()),
@@ -406,13 +407,25 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
         ordered.insert(ordered.end(), all.begin() + cursor[size_t(r)], all.begin() + cursor[size_t(r)] + k);
         cursor[size_t(r)] += k;
       }
-    return combine_chunk_sums(ordered.data(), int64_t(ordered.size()));
+    const double slice_sum_sq = combine_chunk_sums(ordered.data(), int64_t(ordered.size()));
+    if (!tensor_) return slice_sum_sq;
+    // Tensor parallelism: the replicas among this shard group's pieces, then the slices' sums.
+    double replicas = 0;
+    for (size_t s = 0; s < segs.size(); ++s) {
+      const Piece p = layout_.piece(s, rank_);
+      replicas += replica_sum_squares(model_.param_specs(), p.begin, p.end, reduced_grads(s));
+    }
+    AllReduceOptions r;
+    r.label = "grad-norm replicas";
+    shard_.all_reduce(&replicas, 1, DType::f64, ReduceOp::sum, r)->wait();
+    return tensor_parallel_sum_squares(tensor_, slice_sum_sq, replicas);
   }
 
   Llama<T>& model_;
   ProcessGroup& data_;
   ProcessGroup& shard_;
   ProcessGroup* replicate_;
+  ProcessGroup* tensor_;
   DataParallelConfig cfg_;
   ShardLayout layout_;
   int rank_;

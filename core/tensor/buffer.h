@@ -62,6 +62,7 @@ class Buffer {
   bool empty() const { return count_ == 0; }
   int64_t bytes() const { return count_ * int64_t(sizeof(T)); }
   MemoryCategory category() const { return category_; }
+  MemoryTracker* memory() const { return memory_; }  // where it is charged (null: nowhere)
 
  private:
   void swap(Buffer& o) noexcept {

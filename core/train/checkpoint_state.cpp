@@ -19,11 +19,13 @@ template <class T>
 TrainingCheckpointWriter<T>::TrainingCheckpointWriter(std::string dir, const LlamaConfig& cfg,
                                                       const std::vector<ParamSpec>& specs)
     : dir_(std::move(dir)), cfg_(cfg), specs_(specs), files_(std::make_unique<TrainingCheckpointFiles>()) {
-  // Weights and moments in the training dtype: resuming rounds nothing.
+  // Weights and moments in the training dtype: resuming rounds nothing. The files hold the whole
+  // tensors even when this rank's specs are tensor-parallel slices of them.
   const DType storage = dtype_of<T>();
-  files_->model = tensor_files_layout(kModelBase, flat_tensors<T>(specs_, nullptr, storage), kModelMetadata);
-  std::vector<TensorToWrite> moments = flat_tensors<T>(specs_, nullptr, storage, "exp_avg.");
-  for (TensorToWrite& t : flat_tensors<T>(specs_, nullptr, storage, "exp_avg_sq.")) moments.push_back(std::move(t));
+  const std::vector<ParamSpec> whole = llama_param_specs(cfg);
+  files_->model = tensor_files_layout(kModelBase, flat_tensors<T>(whole, nullptr, storage), kModelMetadata);
+  std::vector<TensorToWrite> moments = flat_tensors<T>(whole, nullptr, storage, "exp_avg.");
+  for (TensorToWrite& t : flat_tensors<T>(whole, nullptr, storage, "exp_avg_sq.")) moments.push_back(std::move(t));
   files_->optimizer = tensor_files_layout(kOptimizerBase, moments);
 }
 

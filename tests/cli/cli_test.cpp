@@ -1,5 +1,7 @@
 // End-to-end checks of the command line, the way a user meets it.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -263,7 +265,9 @@ TEST(Cli, VerifyJsonReportsBitwiseEquivalence) {
 
 TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=two"), "dp=two");
-  expect_bad_input(run("verify --mesh tp=2,dp=2"), "tp");
+  // Tensor parallelism names the constraint a model breaks (tiny has 4 heads).
+  expect_bad_input(run("verify --mesh tp=3,dp=2"), "num_attention_heads");
+  expect_bad_input(run("train --preset tiny --mesh tp=8 --out " + tmp("tp8")), "more ranks than");
   expect_bad_input(run("verify --mesh dp=4 --batch-size 6"), "divisible");
   expect_bad_input(run("verify --mesh dp=2 --micro-batch-size -2"), "--micro-batch-size");
   expect_bad_input(run("verify --mesh dp=2 --zero 1 --keep-params"), "--keep-params");
@@ -274,6 +278,32 @@ TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=2,dp=2"), "twice");
   expect_bad_input(run("verify --mesh dq=2"), "unknown dim");
   expect_bad_input(run("train --preset tiny --zero 3 --out " + tmp("zero_single")), "--mesh");
+}
+
+// Tensor parallelism end to end: verify on tp meshes (with and without sequence parallelism, with
+// ZeRO-3 underneath, in fp32 against the measured TP bounds), and a run saved on tp=2 x dp=2
+// that resumes on tp=4 with the sequence-parallel default.
+TEST(Cli, TensorParallelVerifyTrainAndResumeOnAnotherTp) {
+  for (const std::string args : {"--mesh tp=2,dp=2 --zero 3", "--mesh tp=4 --sp off", "--mesh tp=2 --dtype f64"}) {
+    const Result v = run("verify " + args + " --steps 2 --seq-len 32 --json");
+    ASSERT_EQ(v.code, 0) << args << "\n" << v.err;
+    const auto j = nlohmann::json::parse(v.out);
+    EXPECT_TRUE(j.at("ok").get<bool>()) << args;
+    EXPECT_EQ(j.at("plan").at("sequence_parallel").get<bool>(), args.find("--sp off") == std::string::npos) << args;
+    EXPECT_FALSE(j.at("bounds_per_step").empty()) << "TP is held to bounds, not bits";
+  }
+  const std::string out = tmp("tp_resume");
+  const Result first = run("train --preset tiny --seq-len 32 --batch-size 4 --steps 4 --stop-at 2 --mesh tp=2,dp=2 "
+                           "--zero 3 --eval-every 0 --out " + out + " --json");
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_NE(nlohmann::json::parse(first.out).at("strategy").get<std::string>().find("TP over 2 ranks with SP"),
+            std::string::npos);
+  const Result second = run("train --resume " + out + "/checkpoint --preset tiny --seq-len 32 --batch-size 4 --steps 4 "
+                            "--mesh tp=4 --eval-every 0 --out " + out + " --json");
+  ASSERT_EQ(second.code, 0) << second.err;
+  const auto j = nlohmann::json::parse(second.out);
+  EXPECT_EQ(j.at("steps_this_run").get<int>(), 2);
+  EXPECT_TRUE(std::isfinite(j.at("final_loss").get<double>()));
 }
 
 TEST(Cli, ActivationCheckpointingFlag) {
