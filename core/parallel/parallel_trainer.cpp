@@ -64,7 +64,9 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
     throw Error("ParallelTrainer: the model holds " + (held.sliced() ? held.describe() : "the whole model") +
                 ", the plan gives this rank " + (expected.sliced() ? expected.describe() : "the whole model"));
   DataParallelGroups groups;
-  groups.data = &mesh_->group(data_dims);
+  // Pure data parallelism: the data group is the world itself (messages say "rank 3", not
+  // "rank 3 of 'dp' (world rank 3)").
+  groups.data = plan_.dp() == world.size() ? &world : &mesh_->group(data_dims);
   groups.shard = plan_.hsdp() ? &mesh_->group("dp_shard") : groups.data;
   groups.replicate = plan_.hsdp() ? &mesh_->group("dp_replicate") : nullptr;
   if (expected.sliced()) {
