@@ -214,7 +214,12 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
   if (std::isnan(val_loss) && a.eval_every > 0) val_loss = t.validate(a.eval_windows);
   const std::string ckpt = a.out + "/checkpoint";
   t.save(ckpt);
-  if (lead)
+  if (lead && steps_this_run == 0)  // a resumed run that had already finished: no loss to report
+    progress("train: the checkpoint had finished all %lld steps, nothing to train (pass --steps with a larger total "
+             "to go on); saved %s%s\n",
+             (long long)t.steps_done(), ckpt.c_str(),
+             a.eval_every > 0 ? (", val loss " + std::to_string(val_loss)).c_str() : "");
+  else if (lead)
     progress("train: saved %s; final loss %.4f%s\n", ckpt.c_str(), last_loss,
              a.eval_every > 0 ? (", val loss " + std::to_string(val_loss)).c_str() : " (no validation: --eval-every 0)");
   auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };

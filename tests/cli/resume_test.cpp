@@ -195,6 +195,23 @@ TEST(ResumeCli, MetricsHoldEachStepOnce) {
   fs::remove_all(dir);
 }
 
+// Issue 14 item 16: resuming a finished run used to print "final loss nan". It trains nothing
+// (re-running a finished job is harmless), says so and how to extend it, and --steps extends it.
+TEST(ResumeCli, FinishedRunSaysHowToExtendIt) {
+  const std::string dir = tmp("resume_finished");
+  ASSERT_FALSE(train_json(kRun + " --steps 2 --out " + dir).is_null());
+  const Result again = run("train --resume " + dir + "/checkpoint --out " + dir + " --json");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.err.find("had finished all 2 steps, nothing to train"), std::string::npos) << again.err;
+  EXPECT_EQ(again.err.find("nan"), std::string::npos) << again.err;
+  EXPECT_TRUE(nlohmann::json::parse(again.out).at("final_loss").is_null());
+  const nlohmann::json longer = train_json(" --resume " + dir + "/checkpoint --steps 3 --out " + dir);
+  ASSERT_FALSE(longer.is_null());
+  EXPECT_EQ(longer.at("steps_this_run").get<int64_t>(), 1);
+  EXPECT_TRUE(std::isfinite(longer.at("final_loss").get<double>()));
+  fs::remove_all(dir);
+}
+
 // Issue 14 item 10: trainer_state.json is checked (format, step ranges, the optimizer's step
 // count, dtype, numbers a JSON parser overflows on) with a one-line error naming the file. An
 // older file without "loop" still resumes.
