@@ -121,6 +121,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     ckpt.exp_avg_sq(b, e, adamw_.exp_avg_sq().data() + b);
   }
   int64_t optimizer_steps() const override { return adamw_.step_count(); }
+  bool weights_finite() const override { return ops::all_finite(model_.params(), model_.num_params()); }
   void load_state(const TrainingCheckpointReader<T>& ckpt) override {
     const int64_t n = model_.num_params();
     ckpt.params(0, n, model_.params());

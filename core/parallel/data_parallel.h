@@ -75,6 +75,9 @@ class DataParallelStrategy : public UnitHooks {
   // (HF layout): a run saved on one mesh resumes on any other.
   virtual void save_state(TrainingCheckpointWriter<T>& checkpoint) = 0;
   virtual int64_t optimizer_steps() const = 0;  // AdamW steps taken, for trainer_state.json
+  // The weights this rank keeps (all of them, or its shard) hold no NaN or infinity: checked
+  // before a checkpoint is written, so a diverged run never saves its weights.
+  virtual bool weights_finite() const = 0;
   // Each rank reads only the flat ranges it keeps.
   virtual void load_state(const TrainingCheckpointReader<T>& checkpoint) = 0;
 

@@ -184,6 +184,9 @@ void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
   world_.broadcast(staging.data(), length, DType::u8, b)->wait();
 
   failed = attempt(error, [&] {
+    if (!strategy_->weights_finite())
+      throw DivergenceError("step " + std::to_string(steps_done_) + ": some weights of this rank are not finite "
+                            "(training diverged; is --lr too large?); the checkpoint is not written");
     TrainingCheckpointWriter<T> writer(staging, model_.config(), model_.param_specs());
     strategy_->save_state(writer);
     writer.finish();

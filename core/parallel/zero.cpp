@@ -235,6 +235,10 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     }
   }
   int64_t optimizer_steps() const override { return steps_; }
+  bool weights_finite() const override {
+    if (stage() == 3) return ops::all_finite(param_shard_.data(), param_shard_.size());
+    return ops::all_finite(model_.params(), model_.num_params());  // every rank holds them whole
+  }
   void load_state(const TrainingCheckpointReader<T>& ckpt) override {
     if (stage() == 3) {
       for (size_t s = 0; s < layout_.segments().size(); ++s) {

@@ -130,6 +130,18 @@ TEST(Cli, DivergedRunStopsAndSavesNothing) {
     EXPECT_FALSE(fs::exists(dir + "/checkpoint")) << "no checkpoint of non-finite weights" << mesh;
     fs::remove_all(dir);
   }
+  // The last step's update itself overflows (lr 1e39, the peak of a 2-step schedule stopped after
+  // step 1, is infinite in fp32) while its loss and gradient norm were finite: the weights are
+  // checked before saving, on a mesh too.
+  for (const std::string mesh : {"", " --mesh dp=2", " --mesh dp=2 --zero 3", " --mesh tp=2"}) {
+    const std::string dir = tmp("diverged_last");
+    const Result r = run("train --preset tiny --seq-len 32 --steps 2 --stop-at 1 --warmup-steps 0 --grad-clip 0 --eval-every 0 "
+                         "--lr 1e39 --out " + dir + mesh);
+    EXPECT_EQ(r.code, 1) << mesh << ": " << r.err;
+    EXPECT_NE(r.err.find("step 1"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(dir + "/checkpoint")) << "no checkpoint of non-finite weights" << mesh;
+    fs::remove_all(dir);
+  }
 }
 
 TEST(Cli, BadFlagValueExitsTwo) {
