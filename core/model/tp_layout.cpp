@@ -41,14 +41,12 @@ TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank, bool sequence_paral
   t.kv_heads = last_kv - first_kv + 1;
   // The kernel maps local query head j to local key/value head j / (heads / kv_heads): that must
   // be the head it reads in the whole model.
-  if (t.heads % t.kv_heads != 0)
-    throw InputError(what + "rank " + std::to_string(rank) + "'s query heads span " + std::to_string(t.kv_heads) +
-                     " key/value groups unequally (num_attention_heads " + std::to_string(nh) +
-                     ", num_key_value_heads " + std::to_string(nkv) + ")");
-  for (int64_t j = 0; j < t.heads; ++j)
-    if ((t.heads_begin + j) / group - first_kv != j / (t.heads / t.kv_heads))
-      throw InputError(what + "rank " + std::to_string(rank) + "'s query heads split key/value groups unequally (" +
-                       std::to_string(nh) + " heads, " + std::to_string(nkv) + " key/value heads)");
+  bool equal_groups = t.heads % t.kv_heads == 0;
+  for (int64_t j = 0; equal_groups && j < t.heads; ++j)
+    equal_groups = (t.heads_begin + j) / group - first_kv == j / (t.heads / t.kv_heads);
+  if (!equal_groups)
+    throw InputError(what + "rank " + std::to_string(rank) + "'s query heads split key/value groups unequally (" +
+                     std::to_string(nh) + " heads, " + std::to_string(nkv) + " key/value heads)");
   t.ffn = I / tp;
   t.ffn_begin = rank * t.ffn;
   t.vocab_padded_rows = (V + tp - 1) / tp;

@@ -56,8 +56,9 @@ StepErrors tensor_parallel_tolerance(DType dtype, int64_t step) {
   return first ? StepErrors{3e-14, 5e-13, 6e-14, 2e-10, 1.4e-12} : StepErrors{2e-13, 7e-11, 3e-12, 2e-10, 1.4e-12};
 }
 
-// The plain Trainer adds in its own order; in fp64 the worst measured over the 80 runs above
-// was 4.0e-13 (element error of a later step's parameters). Against tensor parallelism the
+// The plain Trainer batches through its own data path (and, since it sums micro-batches in DP's
+// order, adds like DP but not like HSDP or ZeRO-2/3's per-micro-batch reductions); in fp64 the
+// worst measured over the 80 runs above was 4.0e-13 (element error of a later step's parameters). Against tensor parallelism the
 // tensor error ||a - b|| / ||a|| is held to it instead (worst measured 3.1e-13, element errors
 // up to 2.1e-11: see tensor_parallel_tolerance).
 constexpr double kPlainTolerance = 1e-12;
