@@ -71,8 +71,16 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   nlohmann::json by_op = nlohmann::json::object();
   for (const auto& [op, bytes] : traffic.at("bytes_sent_by_op").items())
     by_op[op] = double(bytes.template get<int64_t>()) / steps / ranks;
+  // The same steps on the modelled cluster: FLOPs at the GPU's rate, links by the alpha-beta model.
+  nlohmann::json sim = launcher.simulated_per_step(int64_t(steps));
+  const double sim_step_s = sim.at("step_us").get<double>() * 1e-6;
+  sim["tokens_per_s"] = double(opt.tokens_per_step()) / sim_step_s;
+  // MFU with the PaLM convention of core/model/flops.h (attention over the full T x T square).
+  sim["mfu"] = double(opt.tokens_per_step()) * training_flops_per_token(cfg, opt.seq_len) /
+               (sim_step_s * ranks * sim.at("gpu_tflops").get<double>() * 1e12);
   return {{"strategy", strategy},
           {"ranks", ranks},
+          {"simulated", sim},
           {"plan", plan.to_json()},
           {"step_seconds_median", median(times)},
           {"step_seconds", times},
@@ -148,6 +156,13 @@ nlohmann::json run_bench(const BenchArgs& a) {
              par.at("strategy").get<std::string>().c_str(), par.at("ranks").get<int>(), a.launch.backend.c_str(),
              par.at("step_seconds_median").get<double>() * 1e3, ratio,
              format_bytes(int64_t(par.at("bytes_sent_per_rank_per_step").get<double>())).c_str());
+    const nlohmann::json& sim = par.at("simulated");
+    double exposed = 0;
+    for (const auto& r : sim.at("per_rank")) exposed = std::max(exposed, r.at("exposed_comm_us").get<double>());
+    progress("bench: simulated on %d GPUs of %g TFLOP/s: step %.3f ms, exposed communication up to %.3f ms per rank, "
+             "%.0f tokens/s, MFU %.1f%%\n",
+             par.at("ranks").get<int>(), sim.at("gpu_tflops").get<double>(), sim.at("step_us").get<double>() / 1e3,
+             exposed / 1e3, sim.at("tokens_per_s").get<double>(), 100 * sim.at("mfu").get<double>());
     result["parallel"] = par;
     result["parallel_over_single_step_time"] = ratio;
   }

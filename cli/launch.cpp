@@ -29,6 +29,9 @@ void LaunchOptions::add_options(CLI::App& cmd) {
   cmd.add_option("--gpus-per-node", gpus_per_node, "virtual GPUs per node: NVLink inside, InfiniBand across")
       ->capture_default_str();
   cmd.add_option("--hbm-gib", hbm_gib, "memory capacity of each virtual GPU in GiB (0: unlimited)")->capture_default_str();
+  cmd.add_option("--gpu-tflops", gpu_tflops,
+                 "modelled compute rate of each virtual GPU in TFLOP/s for the simulated clock (default: H100 SXM dense BF16)")
+      ->capture_default_str();
   cmd.add_option("--trace", trace, "write a Chrome trace / Perfetto JSON of every rank's timeline here");
   cmd.add_option("--timeout", timeout_s, "seconds a rank waits for its peers before failing")->capture_default_str();
   cmd_ = &cmd;
@@ -37,13 +40,14 @@ void LaunchOptions::add_options(CLI::App& cmd) {
 void LaunchOptions::validate(bool parallel) const {
   // These shape the ranks of a mesh; a single-device run would ignore them without a word.
   if (!parallel && cmd_)
-    for (const std::string flag : {"--backend", "--algo", "--gpus-per-node", "--hbm-gib", "--trace", "--timeout"})
+    for (const std::string flag : {"--backend", "--algo", "--gpus-per-node", "--gpu-tflops", "--hbm-gib", "--trace", "--timeout"})
       if (cmd_->count(flag) > 0)
         throw InputError(flag + " applies to the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=4" +
                          (flag == "--backend" ? "; under mpirun -np N: --mesh dp=N)" : ")"));
   if (gpus_per_node < 1) throw InputError("--gpus-per-node must be >= 1");
   if (!(hbm_gib >= 0) || !std::isfinite(hbm_gib)) throw InputError("--hbm-gib must be a finite number >= 0 (0: unlimited)");
   if (timeout_s < 1) throw InputError("--timeout must be >= 1 second");
+  if (!(gpu_tflops > 0) || !std::isfinite(gpu_tflops)) throw InputError("--gpu-tflops must be a positive number");
 #ifndef LLAMA4D_HAVE_MPI
   if (backend == "mpi") throw InputError("--backend mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
@@ -106,6 +110,7 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
   const LaunchOptions& o = impl_->opt;
   ClusterSpec spec = ClusterSpec::for_ranks(ranks, o.gpus_per_node);
   spec.hbm_bytes = int64_t(o.hbm_gib * double(int64_t(1) << 30));
+  spec.gpu_tflops = o.gpu_tflops;
   const ReduceAlgo algo = parse_reduce_algo(o.algo);
   if (o.backend == "virtual") {
     VirtualClusterOptions vo;
@@ -141,6 +146,7 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
   if (impl_->mpi->size() != ranks)
     throw InputError("the mesh needs " + std::to_string(ranks) + " ranks but mpirun started " +
                      std::to_string(impl_->mpi->size()) + " (use mpirun -np " + std::to_string(ranks) + ")");
+  ops::ScopedFlopSink flops(&impl_->mpi->accounting().trace);  // this process's ops feed its simulated clock
   fn(impl_->mpi->world());
 #endif
 }
@@ -170,6 +176,24 @@ nlohmann::json RankLaunch::traffic_totals() const {
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& [rank, io] : per_rank) ranks.push_back({{"rank", rank}, {"bytes_sent", io.first}, {"bytes_recv", io.second}});
   return {{"total_bytes_sent", total}, {"per_rank", ranks}, {"bytes_sent_by_op", per_op}};
+}
+
+nlohmann::json RankLaunch::simulated_per_step(int64_t steps) const {
+  std::vector<const RankTrace*> traces;
+  if (impl_->cluster) traces = impl_->cluster->traces();
+#ifdef LLAMA4D_HAVE_MPI
+  if (impl_->mpi) traces = {&impl_->mpi->accounting().trace};
+#endif
+  const double n = double(std::max<int64_t>(steps, 1));
+  nlohmann::json ranks = nlohmann::json::array();
+  double slowest = 0;
+  for (const RankTrace* t : traces) {
+    const TimelineTotals s = t->totals();
+    slowest = std::max(slowest, s.clock_us / n);
+    ranks.push_back({{"rank", t->rank()}, {"step_us", s.clock_us / n}, {"compute_us", s.compute_us / n},
+                     {"exposed_comm_us", s.wait_us / n}, {"comm_busy_us", s.comm_us / n}, {"flops", s.flops / n}});
+  }
+  return {{"gpu_tflops", traces.empty() ? 0.0 : traces[0]->gpu_tflops()}, {"step_us", slowest}, {"per_rank", ranks}};
 }
 
 std::string RankLaunch::summary() const {

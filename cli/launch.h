@@ -17,6 +17,7 @@ struct LaunchOptions {
   std::string algo = "ordered";     // ordered | ring
   int gpus_per_node = 8;
   double hbm_gib = 0;               // per-rank capacity of the virtual GPUs; 0 = unlimited
+  double gpu_tflops = ClusterSpec{}.gpu_tflops;  // the simulated clock's compute rate
   std::string trace;                // Chrome trace path (virtual backend)
   int timeout_s = 600;
 
@@ -52,6 +53,11 @@ class RankLaunch {
   // Bytes each rank sent and received in the last run, and by operation (virtual backend: all
   // ranks; MPI: this rank's own).
   nlohmann::json traffic_totals() const;
+  // The simulated clock of the last run per step of `steps` (core/comm/trace.h): for each rank
+  // (virtual: all; MPI: this rank's own) its step time, FLOP time, exposed communication (the
+  // compute lane blocked on a result) and comm-lane busy time, in microseconds, and the slowest
+  // rank's step time. The modelled GPU rate comes with them.
+  nlohmann::json simulated_per_step(int64_t steps) const;
   std::string summary() const;
 
  private:

@@ -13,6 +13,46 @@
 
 namespace llama4d::ops {
 
+// ---- Work accounting: what the simulated clock charges ---------------------------------------
+// Ops that multiply matrices (matmul_*, attention_*) report the FLOPs their math needs to the
+// sink installed on the calling thread, if any: a virtual GPU's trace (core/comm/trace.h) turns
+// them into simulated time at the modelled GPU's rate. Every backend reports the same numbers,
+// from the functions below, whatever its kernels waste (padding, masked blocks). Elementwise ops
+// (RMSNorm, RoPE, SwiGLU, the loss, AdamW, fills) report nothing: on a GPU they are bound by
+// memory bandwidth, a cost this model leaves out.
+class FlopSink {
+ public:
+  virtual ~FlopSink() = default;
+  virtual void add_flops(double flops) = 0;
+};
+// The calling thread's sink (null: nothing is counted).
+inline FlopSink*& thread_flop_sink() {
+  static thread_local FlopSink* sink = nullptr;
+  return sink;
+}
+inline void report_flops(double flops) {
+  if (FlopSink* s = thread_flop_sink()) s->add_flops(flops);
+}
+// Installs a sink on this thread for the guard's lifetime (the previous one comes back after).
+class ScopedFlopSink {
+ public:
+  explicit ScopedFlopSink(FlopSink* sink) : previous_(thread_flop_sink()) { thread_flop_sink() = sink; }
+  ~ScopedFlopSink() { thread_flop_sink() = previous_; }
+  ScopedFlopSink(const ScopedFlopSink&) = delete;
+  ScopedFlopSink& operator=(const ScopedFlopSink&) = delete;
+
+ private:
+  FlopSink* previous_;
+};
+
+// 2 FLOPs per multiply-add: out[BT, OC] = inp[BT, C] @ weight^T is 2·BT·C·OC; each of the
+// backward's two products (dinp, dweight) costs the same, and a skipped one nothing.
+inline double matmul_forward_flops(int64_t BT, int64_t C, int64_t OC) { return 2.0 * double(BT) * double(C) * double(OC); }
+inline double matmul_backward_flops(bool dinp, bool dweight, int64_t BT, int64_t C, int64_t OC) {
+  return (double(dinp) + double(dweight)) * matmul_forward_flops(BT, C, OC);
+}
+
+
 // ---- Linear layer without bias, nn.Linear layout (weight is [OC, C]) -----------------------
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>
@@ -68,6 +108,24 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s);
+// (query, key) pairs one call scores, per batch item and query head: query i sees keys
+// [0, min(Tk, q_start + i - k_start + 1)). Causal training with Tq = Tk = T gives T(T+1)/2, about
+// half of the T² square the MFU convention counts (core/model/flops.h).
+inline int64_t attention_visible_pairs(const AttentionShape& s) {
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < s.Tq; ++i) {
+    const int64_t seen = s.q_start + i - s.k_start + 1;
+    pairs += seen <= 0 ? 0 : (seen < s.Tk ? seen : s.Tk);
+  }
+  return pairs;
+}
+// Forward: scores q·k and the weighted sum p·v, 2 products of hd multiply-adds per pair: 4·hd.
+// Backward: the scores again (only the log-sum-exp was saved), dv += pᵀ·do, dp = do·vᵀ,
+// dq += ds·k and dk += dsᵀ·q: 5 products, 10·hd per pair (2.5x the forward, as in FlashAttention-2).
+inline double attention_forward_flops(const AttentionShape& s) {
+  return 4.0 * double(s.hd) * double(s.B * s.nh) * double(attention_visible_pairs(s));
+}
+inline double attention_backward_flops(const AttentionShape& s) { return 2.5 * attention_forward_flops(s); }
 
 // ---- SwiGLU: out = silu(gate) * up ----------------------------------------------------------
 // out[N], gate[N], up[N] (N = BT * I)

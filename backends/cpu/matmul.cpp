@@ -40,6 +40,7 @@ struct Split {
 
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC) {
+  report_flops(matmul_forward_flops(BT, C, OC));
   cpu::ConstMatrixMap<T> x(inp, BT, C);     // [BT, C]
   cpu::ConstMatrixMap<T> w(weight, OC, C);  // [OC, C]
   cpu::MatrixMap<T> y(out, BT, OC);         // [BT, OC]
@@ -54,6 +55,7 @@ void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
                      int64_t C, int64_t OC) {
+  report_flops(matmul_backward_flops(dinp != nullptr, dweight != nullptr, BT, C, OC));
   cpu::ConstMatrixMap<T> dy(dout, BT, OC);  // [BT, OC]
   const bool parallel = BT * C * OC >= kParallelWork;
   if (dinp != nullptr) {

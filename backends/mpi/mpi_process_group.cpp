@@ -71,6 +71,7 @@ std::shared_ptr<Work> MpiProcessGroup::submit(CommCall call) {
   const int64_t seq = p2p ? -1 : next_seq_++;
   auto sim_end = std::make_shared<double>(issue_us);
   std::string description = describe(call);
+  std::string waited_for = description;  // names the compute lane's wait, if there is one
   auto self = shared_from_this();
   auto task = [self, call = std::move(call), seq, issue_us, sim_end] {
     if (self->s_.broken) throw CommError("mpi: session unusable after an earlier communication failure");
@@ -82,7 +83,7 @@ std::shared_ptr<Work> MpiProcessGroup::submit(CommCall call) {
       *sim_end = self->run_collective(call, seq, issue_us);
   };
   RankAccounting* acc = &accounting();
-  return s_.stream.submit(std::move(description), std::move(task), [acc, sim_end] { acc->trace.join_comm(*sim_end); });
+  return s_.stream.submit(std::move(description), std::move(task), [acc, sim_end, waited_for] { acc->trace.join_comm(*sim_end, waited_for); });
 }
 
 void MpiProcessGroup::isend(std::vector<Request>& reqs, const void* buf, int64_t bytes, int peer, int tag,
@@ -447,7 +448,7 @@ double MpiProcessGroup::run_collective(const CommCall& call, int64_t seq, double
     }
   }
   const double sim1 = start + plan.sim_us;
-  record_comm(call, plan, seq, wall0, start, sim1);
+  record_comm(call, plan, seq, wall0, ready, start, sim1);
   return sim1;
 }
 
@@ -465,7 +466,7 @@ double MpiProcessGroup::run_send(const CommCall& call, double issue_us) {
   s_.pending_sends.push_back(std::move(pending));
   s_.progress_sends();
   const CommPlan plan = plan_p2p(cluster(), world_ranks(), rank(), call.peer, bytes);
-  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, true}]++, wall0, ready, ready + plan.sim_us);
+  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, true}]++, wall0, ready, ready, ready + plan.sim_us);
   return ready + plan.sim_us;
 }
 
@@ -489,7 +490,7 @@ double MpiProcessGroup::run_recv(const CommCall& call, double issue_us) {
   // The sender's departure time is not known here: the transfer is modelled from this rank's
   // ready time.
   const CommPlan plan = plan_p2p(cluster(), world_ranks(), call.peer, rank(), bytes);
-  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, false}]++, wall0, ready, ready + plan.sim_us);
+  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, false}]++, wall0, ready, ready, ready + plan.sim_us);
   return ready + plan.sim_us;
 }
 

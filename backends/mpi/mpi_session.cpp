@@ -88,7 +88,7 @@ MpiSession::MpiSession(MpiOptions options) {
     if (c.gpus_per_node < 1) throw InputError("mpi: cluster needs at least one GPU per node");
     c.nodes = (s.size + c.gpus_per_node - 1) / c.gpus_per_node;
     c.validate(s.size);
-    s.accounting = std::make_unique<RankAccounting>(s.rank, c.hbm_bytes, RankTrace::Clock::now());
+    s.accounting = std::make_unique<RankAccounting>(s.rank, c, RankTrace::Clock::now());
     s.world = s.make_world(s.options.algo);
   } catch (...) {
     impl_.reset();

@@ -19,7 +19,7 @@ VirtualCluster::VirtualCluster(VirtualClusterOptions options)
   options_.cluster.nodes = (options_.ranks + options_.cluster.gpus_per_node - 1) / options_.cluster.gpus_per_node;
   options_.cluster.validate(options_.ranks);
   for (int r = 0; r < options_.ranks; ++r)
-    accounting_.push_back(std::make_unique<RankAccounting>(r, options_.cluster.hbm_bytes, origin_));
+    accounting_.push_back(std::make_unique<RankAccounting>(r, options_.cluster, origin_));
 }
 
 VirtualCluster::~VirtualCluster() = default;
@@ -34,6 +34,8 @@ void VirtualCluster::run(const std::function<void(ProcessGroup& world)>& fn) {
   for (int r = 0; r < options_.ranks; ++r) {
     threads.emplace_back([this, &fn, world, r] {
       CommStream stream("rank " + std::to_string(r));
+      // The ops this thread runs charge their FLOPs to this rank's simulated clock.
+      ops::ScopedFlopSink flops(&accounting_[size_t(r)]->trace);
       try {
         ProcessGroup::Info info;
         info.name = "world";

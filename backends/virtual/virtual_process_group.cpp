@@ -25,6 +25,7 @@ std::shared_ptr<Work> VirtualProcessGroup::submit(CommCall call) {
   const int64_t seq = p2p ? -1 : next_seq_++;
   auto sim_end = std::make_shared<double>(issue_us);
   std::string description = describe(call);
+  std::string waited_for = description;  // names the compute lane's wait, if there is one
   auto self = shared_from_this();
   auto task = [self, call = std::move(call), seq, issue_us, sim_end] {
     if (call.op == CommOp::send)
@@ -36,7 +37,7 @@ std::shared_ptr<Work> VirtualProcessGroup::submit(CommCall call) {
   };
   RankAccounting* acc = &accounting();
   return stream_.submit(
-      std::move(description), std::move(task), [acc, sim_end] { acc->trace.join_comm(*sim_end); }, !async);
+      std::move(description), std::move(task), [acc, sim_end, waited_for] { acc->trace.join_comm(*sim_end, waited_for); }, !async);
 }
 
 std::string VirtualProcessGroup::where(const CommCall& call, int64_t seq) const {
@@ -223,7 +224,7 @@ double VirtualProcessGroup::run_collective(const CommCall& call, int64_t seq, do
   lock.unlock();
 
   const double sim1 = sim0 + plan.sim_us;
-  record_comm(call, plan, seq, wall0, sim0, sim1);
+  record_comm(call, plan, seq, wall0, ready, sim0, sim1);
   return sim1;
 }
 
@@ -249,7 +250,7 @@ double VirtualProcessGroup::run_send(const CommCall& call, double issue_us) {
     w.channels[{group_->id, rank(), call.peer, call.tag}].push_back(std::move(m));
     w.cv.notify_all();
   }
-  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, true}]++, wall0, ready, sim1);
+  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, true}]++, wall0, ready, ready, sim1);
   return sim1;
 }
 
@@ -294,7 +295,7 @@ double VirtualProcessGroup::run_recv(const CommCall& call, double issue_us) {
   const CommPlan plan = plan_p2p(cluster(), world_ranks(), call.peer, rank(), bytes);
   const double sim0 = std::max(ready, m.depart_us);
   const double sim1 = std::max(ready, m.depart_us + plan.sim_us);
-  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, false}]++, wall0, sim0, sim1);
+  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, false}]++, wall0, ready, sim0, sim1);
   return sim1;
 }
 

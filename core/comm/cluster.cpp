@@ -1,5 +1,6 @@
 #include "core/comm/cluster.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
@@ -40,12 +41,13 @@ void ClusterSpec::validate(int world_size) const {
     if (!(p->bandwidth_gbps > 0) || !(p->alpha_us >= 0))
       throw InputError("link bandwidth must be positive and latency non-negative");
   if (hbm_bytes < 0) throw InputError("HBM capacity must be >= 0 (0 = unlimited)");
+  if (!(gpu_tflops > 0) || !std::isfinite(gpu_tflops)) throw InputError("the GPU's TFLOP/s must be a positive number");
 }
 
 std::string ClusterSpec::describe() const {
   char buf[200];
-  std::snprintf(buf, sizeof buf, "%d node%s x %d GPUs, NVLink %g GB/s %g us, IB %g GB/s %g us", nodes,
-                nodes == 1 ? "" : "s", gpus_per_node, nvlink.bandwidth_gbps, nvlink.alpha_us,
+  std::snprintf(buf, sizeof buf, "%d node%s x %d GPUs, %g TFLOP/s, NVLink %g GB/s %g us, IB %g GB/s %g us", nodes,
+                nodes == 1 ? "" : "s", gpus_per_node, gpu_tflops, nvlink.bandwidth_gbps, nvlink.alpha_us,
                 infiniband.bandwidth_gbps, infiniband.alpha_us);
   return buf;
 }

@@ -6,7 +6,9 @@
 // 900 GB/s, which counts both directions of 18 links of 25 GB/s each way; the "Case Study: LLaMA 3"
 // write-up this project started from uses 900 per direction, twice too fast), alpha 1 us.
 // InfiniBand: one 400 Gb/s ConnectX-7 NIC per GPU (the Llama 3 paper's RoCE/IB fabric), 50 GB/s
-// per direction, alpha 5 us. 80 GB of HBM3.
+// per direction, alpha 5 us. 80 GB of HBM3. Compute: 989 TFLOP/s, the H100 SXM's dense BF16
+// tensor-core peak (NVIDIA's datasheet quotes 1,979 with 2:4 sparsity), the precision Llama 3
+// trained in; the simulated clock charges every op's FLOPs at this rate (core/comm/trace.h).
 // Rank r lives on node r / gpus_per_node, so the innermost mesh dims (tp, then cp) stay on a
 // node and ride NVLink, as in Llama 3's [tp, cp, pp, dp] order.
 #include <cstdint>
@@ -27,6 +29,7 @@ struct ClusterSpec {
   LinkParams nvlink{1.0, 450.0};
   LinkParams infiniband{5.0, 50.0};
   int64_t hbm_bytes = 0;  // per-GPU memory capacity; 0 = unlimited
+  double gpu_tflops = 989.0;  // modelled compute rate per GPU, 1e12 FLOP/s
 
   // The smallest cluster of `gpus_per_node`-GPU nodes holding `world_size` ranks.
   static ClusterSpec for_ranks(int world_size, int gpus_per_node = 8);
@@ -40,7 +43,7 @@ struct ClusterSpec {
 
   // InputError when a size is non-positive or the cluster holds fewer than world_size ranks.
   void validate(int world_size) const;
-  std::string describe() const;  // "2 nodes x 8 GPUs, NVLink 450 GB/s 1 us, IB 50 GB/s 5 us"
+  std::string describe() const;  // "2 nodes x 8 GPUs, 989 TFLOP/s, NVLink 450 GB/s 1 us, IB 50 GB/s 5 us"
 };
 
 constexpr int64_t kH100HbmBytes = 80'000'000'000;

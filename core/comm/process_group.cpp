@@ -284,7 +284,7 @@ std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& opts) {
 }
 
 void ProcessGroup::record_comm(const CommCall& call, const CommPlan& plan, int64_t seq, double wall_start_us,
-                               double sim_start_us, double sim_end_us) {
+                               double ready_us, double sim_start_us, double sim_end_us) {
   const size_t me = size_t(rank());
   TrafficRecord r;
   r.op = std::string(comm_op_name(call.op));
@@ -314,7 +314,7 @@ void ProcessGroup::record_comm(const CommCall& call, const CommPlan& plan, int64
   std::string detail = "group '" + name() + "', " + plan.algorithm + ", sent " + format_bytes(r.bytes_sent) +
                        ", received " + format_bytes(r.bytes_recv);
   if (!call.label.empty()) detail += ", " + call.label;
-  trace().add_comm(r.op, std::move(detail), r.wall_start_us, r.wall_end_us, sim_start_us, sim_end_us);
+  trace().add_comm(r.op, std::move(detail), r.wall_start_us, r.wall_end_us, ready_us, sim_start_us, sim_end_us);
   traffic().add(std::move(r));
 }
 

@@ -147,9 +147,10 @@ class ProcessGroup {
   virtual std::shared_ptr<void> make_symmetric(int64_t bytes);
   const Info& info() const { return info_; }
   // Backends call this when an operation finished: appends this rank's traffic record (bytes
-  // from `plan`) and a comm span to its trace. seq: the call's index on this group.
-  void record_comm(const CommCall& call, const CommPlan& plan, int64_t seq, double wall_start_us, double sim_start_us,
-                   double sim_end_us);
+  // from `plan`) and a comm span to its trace. seq: the call's index on this group. ready_us:
+  // when this rank's comm stream was ready for the call (a later sim_start_us is waiting for peers).
+  void record_comm(const CommCall& call, const CommPlan& plan, int64_t seq, double wall_start_us, double ready_us,
+                   double sim_start_us, double sim_end_us);
 
  private:
   std::shared_ptr<Work> run(CommCall call);

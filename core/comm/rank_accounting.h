@@ -3,15 +3,16 @@
 // Shared by all the groups a rank belongs to (a rank has one memory, whatever group it talks in).
 #include <cstdint>
 
-#include "core/tensor/memory_tracker.h"
+#include "core/comm/cluster.h"
 #include "core/comm/trace.h"
+#include "core/tensor/memory_tracker.h"
 #include "core/comm/traffic_log.h"
 
 namespace llama4d {
 
 struct RankAccounting {
-  RankAccounting(int world_rank, int64_t hbm_capacity_bytes, RankTrace::Clock::time_point origin)
-      : memory(world_rank, hbm_capacity_bytes), trace(world_rank, origin) {}
+  RankAccounting(int world_rank, const ClusterSpec& cluster, RankTrace::Clock::time_point origin)
+      : memory(world_rank, cluster.hbm_bytes), trace(world_rank, origin, cluster.gpu_tflops) {}
   MemoryTracker memory;
   RankTrace trace;
   TrafficLog traffic;

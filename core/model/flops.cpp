@@ -13,6 +13,24 @@ double training_flops_per_token(const LlamaConfig& cfg, int64_t seq_len) {
          12.0 * double(cfg.num_hidden_layers) * double(cfg.q_dim()) * double(seq_len);
 }
 
+UnitFlops unit_flops(const LlamaConfig& cfg, int64_t B, int64_t T, int unit) {
+  const double BT = double(B * T), C = double(cfg.hidden_size), I = double(cfg.intermediate_size);
+  const double q = double(cfg.q_dim()), kv = double(cfg.kv_dim());
+  UnitFlops f;
+  if (unit == embedding_unit()) return f;
+  if (unit == head_unit(cfg.num_hidden_layers)) {
+    f.forward = 2 * BT * C * double(cfg.vocab_size);
+    f.backward = 2 * f.forward;
+    return f;
+  }
+  const double products = 2 * BT * C * (q + 2 * kv) + 2 * BT * q * C + 3 * 2 * BT * C * I;
+  f.attention_forward = 4.0 * double(cfg.head_dim) * double(B * cfg.num_attention_heads) * double(T * (T + 1) / 2);
+  f.down_proj = 2 * BT * I * C;
+  f.forward = products + f.attention_forward;
+  f.backward = 2 * products + 2.5 * f.attention_forward;
+  return f;
+}
+
 double recompute_flops_per_token(const LlamaConfig& cfg, int64_t seq_len, const Checkpointing& ac) {
   const double attention_forward = 4.0 * double(cfg.num_hidden_layers) * double(cfg.q_dim()) * double(seq_len);
   switch (ac.kind) {

@@ -4,6 +4,7 @@
 
 #include "core/model/checkpointing.h"
 #include "core/model/config.h"
+#include "core/model/units.h"
 
 namespace llama4d {
 
@@ -26,5 +27,21 @@ int64_t matmul_parameters(const LlamaConfig& cfg);
 //   selective      the attention core's forward (q k^T and p v): 4 L nh hd T
 //                  (RMSNorm and SwiGLU recomputation is elementwise, O(C) per token, left out)
 double recompute_flops_per_token(const LlamaConfig& cfg, int64_t seq_len, const Checkpointing& ac);
+
+// What one unit's ops do for a micro-batch of B rows x T tokens on one device: the FLOPs the
+// simulated clock charges (core/ops.h), with attention over the T(T+1)/2 causal (query, key)
+// pairs each head really scores rather than MFU's full square:
+//   block forward   2·BT·C·(q + 2 kv) + 2·BT·q·C + 3 · 2·BT·C·I   + 4·hd·B·nh·T(T+1)/2
+//   block backward  2x the forward's products (input and weight gradients) + 10·hd·B·nh·T(T+1)/2
+//   head            2·BT·C·V forward, twice that backward; the embedding: none (a lookup)
+// (q = nh·hd, kv = nkv·hd). Checkpointing adds, inside backward: full / every:k run a block's
+// forward again (the top block of a segment stops before down_proj: forward - down_proj);
+// selective runs attention's forward again (attention_forward).
+struct UnitFlops {
+  double forward = 0, backward = 0;
+  double attention_forward = 0;  // part of forward: q·k and p·v
+  double down_proj = 0;          // part of forward: the last product of the block
+};
+UnitFlops unit_flops(const LlamaConfig& cfg, int64_t B, int64_t T, int unit);
 
 }  // namespace llama4d

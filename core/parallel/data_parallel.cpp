@@ -87,13 +87,13 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   }
 
   // UnitHooks: time each unit for the trace; launch a bucket as soon as its grads are final.
-  void before_forward(int) override { tracer_.begin(); }
-  void after_forward(int unit) override { tracer_.end("forward", unit); }
-  void before_recompute(int) override { tracer_.begin(); }
-  void after_recompute(int unit) override { tracer_.end("recompute", unit); }
-  void before_backward(int) override { tracer_.begin(); }
+  void before_forward(int unit) override { tracer_.begin("forward", unit); }
+  void after_forward(int) override { tracer_.end(); }
+  void before_recompute(int unit) override { tracer_.begin("recompute", unit); }
+  void after_recompute(int) override { tracer_.end(); }
+  void before_backward(int unit) override { tracer_.begin("backward", unit); }
   void after_backward(int unit) override {
-    tracer_.end("backward", unit);
+    tracer_.end();
     if (!sync_) return;  // no_sync: an earlier micro-batch, gradients keep accumulating locally
     // Unit u's segment is final now (a tied head adds into segment 0 before the embedding runs).
     const Segment& s = segments_[size_t(unit)];

@@ -23,13 +23,6 @@ double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, do
   return v;
 }
 
-void UnitTracer::end(const char* phase, int unit) {
-  if (starts_.empty()) return;
-  const double start = starts_.back();
-  starts_.pop_back();
-  trace_.add_compute(std::string(phase) + " " + unit_name(unit, num_layers_), start, trace_.wall_now_us());
-}
-
 }  // namespace llama4d
 
 namespace llama4d {

@@ -23,19 +23,18 @@ LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local);
 double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, double replicas);
 
 
-// Records one compute span per unit on the rank's trace ("forward layer 3", "backward head"),
-// so the Chrome trace shows gradient reductions overlapping the backward of earlier units. Spans
-// nest: a unit's recompute (activation checkpointing) runs inside its backward.
+// Records one compute span per unit and pass on the rank's trace ("forward layer 3", "backward
+// head"), so the Chrome trace shows gradient reductions overlapping the backward of earlier
+// units. Spans nest: a unit's recompute (activation checkpointing) runs inside its backward.
 class UnitTracer {
  public:
   UnitTracer(RankTrace& trace, int num_layers) : trace_(trace), num_layers_(num_layers) {}
-  void begin() { starts_.push_back(trace_.wall_now_us()); }
-  void end(const char* phase, int unit);
+  void begin(const char* phase, int unit) { trace_.begin_span(std::string(phase) + " " + unit_name(unit, num_layers_)); }
+  void end() { trace_.end_span(); }
 
  private:
   RankTrace& trace_;
   int num_layers_;
-  std::vector<double> starts_;
 };
 
 }  // namespace llama4d

@@ -163,31 +163,31 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       // Prefetch: the next unit's all-gather runs on the comm stream while this one computes.
       if (cfg_.prefetch && unit + 1 < model_.num_units()) start_gather(unit + 1);
     }
-    tracer_.begin();
+    tracer_.begin("forward", unit);
   }
   // Blocks are resharded after forward (unless kept, Llama 3's choice). The embedding and the
   // head stay gathered until their backward, as FSDP treats its root module: the head's
   // backward follows its forward at once, and a tied head needs the embedding's weights.
   void after_forward(int unit) override {
-    tracer_.end("forward", unit);
+    tracer_.end();
     if (stage() == 3 && cfg_.reshard_after_forward && is_block(unit)) release_params(size_t(unit));
   }
   // Activation checkpointing reruns a unit's forward inside backward: it needs the weights.
   void before_recompute(int unit) override {
     if (stage() == 3) ensure_gathered(unit);
-    tracer_.begin();
+    tracer_.begin("recompute", unit);
   }
-  void after_recompute(int unit) override { tracer_.end("recompute", unit); }
+  void after_recompute(int) override { tracer_.end(); }
   void before_backward(int unit) override {
     free_finished_reductions();
     if (stage() == 3) {
       ensure_gathered(unit);
       if (cfg_.prefetch && unit > 0) start_gather(unit - 1);
     }
-    tracer_.begin();
+    tracer_.begin("backward", unit);
   }
   void after_backward(int unit) override {
-    tracer_.end("backward", unit);
+    tracer_.end();
     // Segment u's gradient is final once unit u ran backward: with tied embeddings the head
     // (a later unit) adds into segment 0 before the embedding does.
     if (sync_) start_reduce(size_t(unit));

@@ -22,6 +22,7 @@
 #include "core/model/llama.h"
 #include "core/ops.h"
 #include "core/tensor/memory_tracker.h"
+#include "lessons/common/clock.h"
 #include "lessons/common/lesson.h"
 
 namespace llama4d::lesson {
@@ -136,25 +137,51 @@ int64_t recompute_formula(const LlamaConfig& c, int64_t T, const Checkpointing& 
 struct Measured {
   int64_t after_forward = 0, peak = 0, left = 0, scratch_peak = 0;
   double loss = 0;
+  double simulated_us = 0;  // the forward + backward on a modelled H100's clock
   std::vector<float> grads;
 };
 
-// One forward + backward from fresh weights, reading the model's own (single-device) tracker.
+// One forward + backward from fresh weights, reading the model's own (single-device) tracker, and
+// the time a modelled GPU would take for it: the ops report their FLOPs to a simulated clock.
 Measured measure(const LlamaConfig& cfg, const Checkpointing& ac, const Batch& b, uint64_t seed) {
   Llama<float> model(cfg);
   model.set_checkpointing(ac);
   model.init_weights(seed);
   model.zero_grad();
   model.memory().reset_peaks();  // from here on only this forward + backward counts
+  RankTrace clock(0, RankTrace::Clock::now(), ClusterSpec{}.gpu_tflops);
+  ops::ScopedFlopSink charge(&clock);
   Measured m;
   m.loss = model.forward(b.tokens.data(), b.targets.data(), b.B, b.T).loss_sum;
   m.after_forward = model.memory().live(MemoryCategory::activations);
   model.backward(float(1.0 / double(b.counted_targets())));
+  m.simulated_us = clock.totals().clock_us;
   m.peak = model.memory().peak(MemoryCategory::activations);
   m.left = model.memory().live(MemoryCategory::activations);
   m.scratch_peak = model.memory().peak(MemoryCategory::scratch);
   m.grads.assign(model.grads(), model.grads() + model.num_params());
   return m;
+}
+
+// The README's answer for the simulated clock: every unit's forward and backward FLOPs
+// (core/model/flops.h, causal attention) plus what the policy recomputes, at the GPU's rate.
+//   selective  attention's forward once more per block
+//   every:k    every block's forward once more, less each segment's top down_proj
+double simulated_formula_us(const LlamaConfig& cfg, const Checkpointing& ac, int64_t B, int64_t T, double tflops) {
+  const int L = int(cfg.num_hidden_layers);
+  double flops = 0;
+  for (int u = 0; u < num_units(L); ++u) {
+    const UnitFlops f = unit_flops(cfg, B, T, u);
+    flops += f.forward + f.backward;
+    if (u == embedding_unit() || u == head_unit(L)) continue;
+    if (ac.kind == Checkpointing::Kind::selective) flops += f.attention_forward;
+    if (ac.kind == Checkpointing::Kind::every) {
+      const int layer = u - 1;
+      const bool top = (layer + 1) % ac.every == 0 || layer == L - 1;
+      flops += f.forward - (top ? f.down_proj : 0);
+    }
+  }
+  return flops / (tflops * 1e6);
 }
 
 double median(std::vector<double> v) {
@@ -390,8 +417,23 @@ int run(const LessonOptions& o, const AcArgs& a) {
     say.say(format_table(rows));
   }
   say.say("\nMFU counts only the model's FLOPs, so recomputation lowers it; HFU also counts the recomputed ones.\n"
-          "Wall-clock times are this machine's and noisy (small matrices also run below the GEMM peak); the\n"
-          "exercises check the FLOP counts, not the times.\n");
+          "Wall-clock times are this machine's and noisy (small matrices also run below the GEMM peak).\n");
+  const double tflops = ClusterSpec{}.gpu_tflops;
+  std::vector<int64_t> sim_formula, sim_measured;
+  {
+    std::vector<std::vector<std::string>> rows = {{"policy", "fwd+bwd us (simulated)", "+% time", "formula us"}};
+    for (size_t i = 0; i < policies.size(); ++i) {
+      const double f = simulated_formula_us(cfg, policies[i].ac, B, T, tflops);
+      sim_formula.push_back(ns(f));
+      sim_measured.push_back(ns(runs[i].simulated_us));
+      rows.push_back({labels[i], fixed(runs[i].simulated_us, 3),
+                      fixed(100.0 * (runs[i].simulated_us / runs[none_index].simulated_us - 1), 1), fixed(f, 3)});
+    }
+    say.say("\nThe same forward + backward on the simulated clock of a GPU computing " + fixed(tflops, 0) +
+            " TFLOP/s (an H100's dense BF16 peak):\nevery op's FLOPs at that rate, so recomputation costs exactly "
+            "its FLOPs (exercise C1).\n\n");
+    say.say(format_table(rows));
+  }
   say.pause();
 
   // ---- (d) where to put the checkpoints: every:k for k = 1..L --------------------------------------
@@ -515,6 +557,14 @@ int run(const LessonOptions& o, const AcArgs& a) {
               -1, exp_recompute, m_recompute,
               "Measured = core/model/flops.h (recompute_flops_per_token), the HFU numerator's extra term.");
   columns["F2"] = labels;
+  std::vector<int64_t> sim_low, sim_high;
+  for (int64_t f : sim_formula) sim_low.push_back(f - 1), sim_high.push_back(f + 1);
+  sheet.range("C1", "On the simulated clock, how long does one forward + backward take, per policy (ns)?",
+              "(sum over units of forward + backward FLOPs + the policy's recomputed FLOPs) / GPU rate; attention "
+              "counts the T(T+1)/2 causal pairs per head",
+              sim_low, sim_high, sim_measured,
+              "Measured: the clock the ops' FLOP reports advanced (core/comm/trace.h); within 1 ns of rounding.");
+  columns["C1"] = labels;
   std::vector<std::string> k_labels;
   for (int64_t k : k_list) k_labels.push_back("k=" + std::to_string(k));
   sheet.exact("K1", "What is the activation peak of every:k, for every k from 1 to L?",

@@ -18,6 +18,7 @@
 #include "core/model/params.h"
 #include "core/model/tp_layout.h"
 #include "core/optim/segmented_norm.h"
+#include "lessons/common/clock.h"
 #include "lessons/common/lesson.h"
 
 namespace llama4d::lesson {
@@ -389,6 +390,29 @@ int run(LessonOptions o, const TpArgs& a) {
                                                           : "") +
                   ": nothing else moves",
               -1, e.total, m_total);
+  // Time on the simulated clock (one node: every hop is NVLink).
+  if (s.cluster.cluster.nodes == 1) {
+    std::vector<int64_t> busy_low, busy_high, busy, hidden;
+    for (int w = 0; w < W; ++w) {
+      const RankSnapshot& r1 = last.ranks[size_t(w)];
+      double formula = 0;
+      for (const TrafficRecord& t : r1.traffic) formula += collective_us(t, algo, s.cluster.cluster.nvlink);
+      busy_low.push_back(ns(formula) - 1), busy_high.push_back(ns(formula) + 1);
+      busy.push_back(ns(r1.time.comm_us));
+      hidden.push_back(ns(std::max(0.0, r1.time.comm_us - r1.time.wait_us)));
+    }
+    sheet.range("T11", "On the simulated clock, how long do the step's collectives keep each rank's links busy (ns)?",
+                "the sum over the step's collectives of the alpha-beta time: all-reduce = reduce-scatter + all-gather, "
+                "each " + std::string(algo == ReduceAlgo::ring ? "(n-1) steps of alpha + chunk / bandwidth"
+                                                               : "one phase of alpha + the busiest rank's bytes / bandwidth"),
+                busy_low, busy_high, busy, "Within 1 ns of rounding; a group of one rank costs nothing.");
+    if (dp == 1)
+      sheet.exact("T12", "How much of that communication hides behind compute (ns)?",
+                  "none: every f and g is synchronous, the next matmul needs its result (measured: busy - exposed)",
+                  0.0, std::vector<int64_t>(size_t(W), 0), hidden,
+                  "Data parallelism's bucketed all-reduces (lesson 01) overlap; tensor parallelism's cannot, which is "
+                  "why Llama 3 keeps tp inside a node's NVLink.");
+  }
   if (!full) {
     sheet.exact("S1", "How many bytes of activations does each rank keep for the backward?",
                 "per micro-batch, with rows = " +

@@ -15,6 +15,7 @@
 #include "core/model/llama.h"
 #include "core/ops.h"
 #include "core/parallel/dp_common.h"
+#include "lessons/common/clock.h"
 
 namespace llama4d::lesson {
 
@@ -110,8 +111,9 @@ std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
     // Every rank files its snapshot, then all meet; rank 0 shows the phase while the others
     // wait in a second barrier. The barriers run after the snapshot, so their (empty) records
     // never count as the step's traffic. A learner may take minutes at a pause: long timeout.
-    auto publish = [&](int64_t step, const StepStats& st, size_t first_record) {
+    auto publish = [&](int64_t step, const StepStats& st, size_t first_record, const TimelineTotals& before) {
       RankSnapshot snap;
+      snap.time = time_delta(world.trace().totals(), before);
       const std::vector<TrafficRecord> all = world.traffic().records();
       snap.traffic.assign(all.begin() + std::ptrdiff_t(std::min(first_record, all.size())), all.end());
       snap.live = memory_live(world.memory());
@@ -124,6 +126,7 @@ std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
           p.step = step;
           p.stats = st;
           p.strategy = trainer.describe();
+          p.gpu_tflops = s.cluster.cluster.gpu_tflops;
         }
       }
       BarrierOptions o;
@@ -141,11 +144,12 @@ std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
       world.barrier(o)->wait();
     };
 
-    publish(0, StepStats{}, 0);
+    publish(0, StepStats{}, 0, TimelineTotals{});
     for (int64_t k = 1; k <= s.train.steps; ++k) {
       const size_t mark = world.traffic().records().size();
+      const TimelineTotals before = world.trace().totals();
       const StepStats st = trainer.step();
-      publish(k, st, mark);
+      publish(k, st, mark, before);
     }
   });
   return phases;
@@ -184,16 +188,21 @@ void StepReporter::show(const PhaseView& p) {
                 p.stats.grad_norm);
   say_.say(line);
   const std::string traffic = traffic_table(p.ranks), memory = memory_table(peak_of(p));
-  if (traffic == last_traffic_ && memory == last_memory_) {
-    say_.say("Every rank sent and held exactly what it did in the previous step.\n");
+  std::vector<TimelineTotals> times;
+  for (const RankSnapshot& r : p.ranks) times.push_back(r.time);
+  const std::string time = time_table(times, p.gpu_tflops);
+  if (traffic == last_traffic_ && memory == last_memory_ && time == last_time_) {
+    say_.say("Every rank sent and held exactly what it did in the previous step, in the same simulated time.\n");
   } else {
     say_.say("Bytes SENT by each rank during the step, per collective (labels 'layer N' folded):\n\n" + traffic);
     if (!traffic_note_.empty()) say_.say("\n" + traffic_note_ + "\n");
     say_.say("\nPeak bytes per rank so far" + memory_note_ + ":\n\n" + memory);
+    say_.say("\n" + time);
   }
   if (timeline_) say_.say("\nRank 0's collectives in the order they started:\n\n" + timeline_table(p.ranks[0].traffic, 60));
   last_traffic_ = traffic;
   last_memory_ = memory;
+  last_time_ = time;
   say_.pause();
 }
 

@@ -68,12 +68,14 @@ struct RankSnapshot {
   std::vector<TrafficRecord> traffic;  // what this rank sent and received during the step
   RankMemory live;             // bytes held now (between steps: "at rest")
   RankMemory peak;             // highest so far, per category
+  TimelineTotals time;         // the step on the simulated clock (lessons/common/clock.h)
 };
 
 struct PhaseView {
   int64_t step = 0;       // 0: right after construction, before any step
   StepStats stats;        // rank 0's (loss, grad norm) for step >= 1
   std::string strategy;   // DataParallelStrategy::describe()
+  double gpu_tflops = 0;  // the simulated clock's rate (RankSnapshot::time)
   std::vector<RankSnapshot> ranks;
 };
 
@@ -108,7 +110,7 @@ class StepReporter {
  private:
   Narrator& say_;
   bool timeline_;
-  std::string traffic_note_, memory_note_, last_traffic_, last_memory_;
+  std::string traffic_note_, memory_note_, last_traffic_, last_memory_, last_time_;
 };
 
 // ---- Tables ----------------------------------------------------------------------------------

@@ -146,24 +146,46 @@ TEST(VirtualAccounting, SimulatedClocksFollowTheSlowestRankAndOverlap) {
     w->wait();
     EXPECT_NEAR(pg.trace().sim_now_us(), 400.0 + ar_us + 1000.0, 1e-6);
   });
+  // Rank 0: two compute spans, two transfers, 300 us waiting for rank 3 on the comm lane, and
+  // one blocked stretch on the compute lane (the synchronous call); the async one was hidden.
   const std::vector<TraceEvent> ev = cluster.accounting(0).trace.events();
-  ASSERT_EQ(ev.size(), 4u);
-  EXPECT_EQ(ev[0].name, "forward");
-  EXPECT_EQ(ev[1].category, TraceCategory::comm);
-  EXPECT_NEAR(ev[1].sim_start_us, 400.0, 1e-9);  // started when the slowest rank arrived
-  EXPECT_NEAR(ev[1].sim_end_us, 400.0 + ar_us, 1e-9);
-  EXPECT_LE(ev[1].wall_start_us, ev[1].wall_end_us);
+  int compute = 0, comm = 0, peer_waits = 0, blocked = 0;
+  for (const TraceEvent& e : ev) {
+    if (e.category == TraceCategory::compute) ++compute;
+    if (e.category == TraceCategory::comm) {
+      ++comm;
+      EXPECT_NEAR(e.sim_end_us - e.sim_start_us, ar_us, 1e-9);
+      EXPECT_LE(e.wall_start_us, e.wall_end_us);
+    }
+    if (e.category == TraceCategory::wait && e.lane == TraceLane::comm) {
+      ++peer_waits;
+      EXPECT_NEAR(e.sim_start_us, 100.0, 1e-9);
+      EXPECT_NEAR(e.sim_end_us, 400.0, 1e-9);  // the collective started when the slowest rank arrived
+    }
+    if (e.category == TraceCategory::wait && e.lane == TraceLane::compute) {
+      ++blocked;
+      EXPECT_NEAR(e.sim_end_us - e.sim_start_us, 300.0 + ar_us, 1e-9);
+    }
+  }
+  EXPECT_EQ(compute, 2);
+  EXPECT_EQ(comm, 2);
+  EXPECT_EQ(peer_waits, 1);
+  EXPECT_EQ(blocked, 1);
 
   const nlohmann::json j = chrome_trace_json(cluster.traces());
-  int complete = 0, sim_pids = 0;
+  int complete = 0, sim_pids = 0, waits = 0;
   for (const auto& e : j.at("traceEvents")) {
     if (e.at("ph") != "X") continue;
     ++complete;
     EXPECT_TRUE(e.contains("ts") && e.contains("dur"));
     sim_pids += e.at("pid").get<int>() >= 100000;
+    waits += e.at("cat") == "wait";
   }
-  EXPECT_EQ(complete, 4 * 4 * 2);  // 4 ranks x 4 events, on the wall and simulated timelines
-  EXPECT_EQ(sim_pids, 4 * 4);
+  // Every rank: 2 compute spans and 2 transfers on both timelines, plus its waits (simulated
+  // only): ranks 0-2 waited for rank 3 (a comm-lane wait each) and every rank was blocked once.
+  EXPECT_EQ(waits, 3 + 4);
+  EXPECT_EQ(complete, 4 * 4 * 2 + waits);
+  EXPECT_EQ(sim_pids, 4 * 4 + waits);
 }
 
 TEST(MemoryTracker, PeaksCategoriesAndOutOfMemory) {
