@@ -21,7 +21,10 @@
 //           for the parameters in flight, NOT ZeRO-3's minimum. One of the seed documents
 //           calls Llama 3's FSDP "ZeRO-3"; it is the reshard_after_forward=false variant.
 // HSDP: shard inside a group (dp_shard, e.g. one node), replicate across groups (dp_replicate):
-//   reduce-scatter inside the shard group, then all-reduce the shards across replicas.
+//   each unit's gradient is reduce-scattered inside the shard group, then the unit's piece of
+//   the shard is all-reduced across replicas right behind it (as PyTorch FSDP2's HSDP), so the
+//   cross-node traffic overlaps the backward of the units below. Every element is still summed
+//   over dp_shard first, then over dp_replicate.
 //
 // Memory is allocated, not declared: the model holds its parameters and gradients per unit
 // (Llama::Residency::per_unit) for the stages that shard them, so ZeRO-3 allocates a unit's
@@ -82,6 +85,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     if (stage() == 3) param_shard_ = Buffer<T>(mem, MemoryCategory::params, shard_n, "parameter shard");
     gather_work_.resize(nseg);
     reduce_work_.resize(nseg);
+    replica_work_.resize(nseg);
   }
 
   void init_weights(uint64_t seed) override {
@@ -341,16 +345,35 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
 
   // Every stage reduce-scatters: a rank only needs the summed gradient of the pieces it updates.
   void start_reduce(size_t s) {
-    const Segment& seg = layout_.segments()[s];
+    const std::string unit = unit_name(layout_.segments()[s].unit, model_.num_layers());
     ReduceScatterOptions o;
     o.async_op = true;
-    o.label = "grads " + unit_name(seg.unit, model_.num_layers());
+    o.label = "grads " + unit;
     in_flight_.push_back(s);
     T* full = model_.unit_grads(int(s));
     if (!full) throw Error("ZeRO: unit " + std::to_string(s) + " produced no gradient to reduce");
     T* out = stage() == 1 ? model_.grads() + layout_.piece(s, rank_).begin  // in place
                           : grad_recv_.data() + layout_.piece(s, rank_).shard_offset;
     reduce_work_[s] = shard_.reduce_scatter_v(out, full, layout_.piece_counts(s), dtype_of<T>(), ReduceOp::sum, o);
+    if (replicate_) start_replica_reduce(s, unit);
+  }
+
+  // HSDP: this rank's piece of segment s, [piece numel] in the reduce-scatter output, summed in
+  // place across the replicas. Queued now, right behind its reduce-scatter: the rank's comm
+  // stream runs it as soon as the reduce-scatter landed (stream order, as FSDP2 orders its
+  // all-reduce after its reduce-scatter). Queuing it when a poll first sees the reduce-scatter
+  // done instead would order the two groups' collectives differently on different ranks, and
+  // one FIFO stream per rank (as NCCL's) can then deadlock: A waits for B in the shard group
+  // while B waits for C in its replica group, ... Every replica of a shard rank holds the same
+  // pieces, so an empty one is skipped by the whole replica group alike.
+  void start_replica_reduce(size_t s, const std::string& unit) {
+    const Piece p = layout_.piece(s, rank_);
+    if (p.numel() == 0) return;
+    AllReduceOptions o;
+    o.async_op = true;
+    o.label = "grads across replicas " + unit;
+    replica_work_[s] =
+        replicate_->all_reduce(grad_recv_.data() + p.shard_offset, p.numel(), dtype_of<T>(), ReduceOp::sum, o);
   }
 
   // A reduction that finished frees its unit's full gradient right away (stages 2/3): that
@@ -365,18 +388,20 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       if (reduce_work_[s] && reduce_work_[s]->is_completed()) reduction_done(s);
   }
 
-  // After a reducing backward: wait for its reductions, (HSDP) all-reduce the received shard
-  // across replicas, and add it to the accumulated gradient shard (ZeRO-1: the only one).
+  // After a reducing backward: wait for its reductions and (HSDP) the all-reduces across
+  // replicas behind them, then add the received shard to the accumulated gradient shard. Every
+  // micro-batch, like the reduce-scatters: acc += (sum over replicas of (sum over dp_shard)),
+  // the order the equivalence harness replays.
   void finish_reductions(bool first_micro_batch) {
     for (size_t s = 0; s < reduce_work_.size(); ++s)
       if (reduce_work_[s]) reduction_done(s);
     in_flight_.clear();
     if (stage() == 1) return;  // reduced in place, once per step
-    if (replicate_) {
-      AllReduceOptions o;
-      o.label = "grads across replicas";
-      replicate_->all_reduce(grad_recv_.data(), grad_recv_.size(), dtype_of<T>(), ReduceOp::sum, o)->wait();
-    }
+    for (std::shared_ptr<Work>& w : replica_work_)
+      if (w) {
+        w->wait();  // rethrows a failure (a peer's timeout at worst), joins the simulated clocks
+        w.reset();
+      }
     if (first_micro_batch)
       ops::copy(grad_shard_.data(), grad_recv_.data(), grad_recv_.size());
     else
@@ -439,6 +464,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   std::vector<std::unique_ptr<AdamW<T>>> adamw_;  // one per segment piece (null when empty)
   Buffer<T> param_shard_, grad_shard_, grad_recv_;
   std::vector<std::shared_ptr<Work>> gather_work_, reduce_work_;
+  std::vector<std::shared_ptr<Work>> replica_work_;  // HSDP: per segment, its all-reduce across replicas
   std::deque<size_t> in_flight_;  // segments with a reduce-scatter in flight, oldest first
   static constexpr size_t kMaxReductionsInFlight = 2;
 };

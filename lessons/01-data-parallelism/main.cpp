@@ -21,70 +21,106 @@ int run(const LessonOptions& o) {
   s.cluster = o.cluster_options();
   const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
   const std::vector<Segment> buckets = param_segments(llama_param_specs(s.model));
-  const int64_t N = s.model.num_parameters(), R = o.ranks;
+  // Notation (README): W ranks, all of them in every all-reduce (n = W); M micro-batches of b rows
+  // per rank; B = W M b sequences per step.
+  const int64_t N = s.model.num_parameters(), W = o.ranks, M = o.micro_batches, b = o.rows;
+  const std::string n_is = " (n = " + std::to_string(W) + ")";
 
-  say.phase("the mesh and the batch");
+  // The questions, asked (with --step) before the phase that shows the answer.
+  const std::string q_batch = "How many sequences does one step train on (the global batch B), with W = " +
+                              std::to_string(W) + " ranks, M = " + std::to_string(M) + " micro-batch(es) per rank, b = " +
+                              std::to_string(b) + " rows each?";
+  const std::string q_state = "How many bytes of model state (params + grads + AdamW) does each rank hold?";
+  const std::string q_grads = "How many bytes does each rank send per step to all-reduce the gradients?";
+  const std::string q_calls =
+      "How many gradient all-reduces does each rank issue per step with M = " + std::to_string(M) + " micro-batch(es)?";
+  const std::string q_total = "How many bytes does each rank send in all during a step?";
+
+  say.phase("the mesh and the batch",
+            "core/parallel/parallel_trainer.cpp: data_rank_micro_batches() gives data rank d its rows, cut into "
+            "micro-batches; lessons/common/lesson.cpp: LessonOptions::train_options() sets B");
   say.say("Model '" + o.preset + "': N = " + grouped(N) + " parameters (fp32: 4N = " + grouped(4 * N) +
-          " bytes). Data parallelism over " + std::to_string(R) + " virtual GPUs, " +
+          " bytes). Data parallelism over W = " + std::to_string(W) + " virtual GPUs, " +
           std::string(reduce_algo_name(s.cluster.algo)) + " reductions; " + s.cluster.cluster.describe() + ".\n\n");
   say.say(mesh_table(s.plan, s.cluster.cluster));
-  say.say("\nThe global batch is " + std::to_string(s.train.batch_size) +
-          " sequences whatever the number of ranks; data rank d trains rows [d*B/R, (d+1)*B/R) in " +
-          std::to_string(o.micro_batches) + " micro-batch(es) of " + std::to_string(o.rows) +
-          " rows. Rows of step 1:\n\n");
-  say.say(batch_table(data, s.train, int(R), 0));
+  say.say("\n");
+  say.ask("E1", q_batch);
+  say.say("\nThe global batch is B = W x M x b = " + std::to_string(W) + " x " + std::to_string(M) + " x " +
+          std::to_string(b) + " = " + std::to_string(s.train.batch_size) +
+          " sequences.\nEvery rank trains M micro-batches of b rows whatever W is, so B grows with the ranks (llama4d "
+          "train does\nthe opposite: --batch-size fixes B, and each rank gets B/W rows). Data rank d trains rows "
+          "[d*B/W, (d+1)*B/W).\nRows of step 1:\n\n");
+  say.say(batch_table(data, s.train, int(W), 0));
   say.pause();
 
   StepReporter steps(say, o.step,
-                     "One all-reduce per bucket (a bucket = one layer, or the embedding / the norm + head), launched\n"
-                     "as soon as that layer's backward is done, while earlier layers still compute (the CLI's --trace\n"
-                     "shows it). With " + std::to_string(o.micro_batches) +
-                         " micro-batch(es), only the last backward communicates: the others accumulate (no_sync).",
-                     "");
+                     "One all-reduce per bucket (a bucket = one unit: a layer, the embedding, or the head = final norm\n"
+                     "+ LM head), launched as soon as that unit's backward is done, while earlier units still compute;\n"
+                     "the head's is the first, the embedding's the last. With M = " + std::to_string(M) +
+                         ", only the last micro-batch's backward\ncommunicates: the others accumulate (no_sync).",
+                     "",
+                     "core/parallel/data_parallel.cpp: DistributedDataParallel::step() (no_sync) and after_backward() "
+                     "(one bucket per unit)");
   const std::vector<PhaseView> phases = run_phases(s, data, [&](const PhaseView& p) {
-    if (p.step > 0) return steps.show(p);
-    say.phase("replicas at rest (" + p.strategy + ")");
-    say.say("Every rank holds the whole model: parameters 4N, gradients 4N, AdamW moments 8N = 16N bytes\n"
+    if (p.step > 0)
+      return steps.show(p, [&] {
+        if (p.step > 1) return;
+        say.ask("E3", q_grads);
+        say.ask("E4", q_calls);
+        say.ask("E5", q_total);
+        if (o.step) say.say("\n");
+      });
+    say.phase("replicas at rest (" + p.strategy + ")",
+              "core/parallel/data_parallel.cpp: DistributedDataParallel::init_weights(); core/optim/adamw.h: AdamW "
+              "(the moments m and v)");
+    say.ask("E2", q_state);
+    say.say("\nEvery rank holds the whole model: parameters 4N, gradients 4N, AdamW moments 8N = 16N bytes\n"
             "(bytes live on each virtual GPU right after construction):\n\n");
     say.say(memory_table(live_of(p)));
     say.pause();
   });
 
   // ---- Exercises: the README's formulas against the last step's measurements.
-  say.phase("exercises: formula vs measured");
+  say.phase("exercises: formula vs measured",
+            "lessons/common/lesson.cpp: all_reduce_sent() (the README's formulas); core/comm/comm_model.cpp: "
+            "plan_all_reduce() (what the virtual GPUs counted)");
   const PhaseView& last = phases.back();
   const ReduceAlgo algo = s.cluster.algo;
   ExerciseSheet sheet;
-  std::vector<int64_t> state, grad_bytes, grad_calls, all_bytes, exp_state, exp_grad, exp_calls, exp_all;
-  for (int r = 0; r < R; ++r) {
+  std::vector<int64_t> batch, state, grad_bytes, grad_calls, all_bytes, exp_batch, exp_state, exp_grad, exp_calls,
+      exp_all;
+  for (int r = 0; r < W; ++r) {
     const RankSnapshot& snap = last.ranks[size_t(r)];
+    batch.push_back(snap.tokens / s.train.seq_len);  // every position of every row has a target
     state.push_back(snap.peak.params + snap.peak.grads + snap.peak.optimizer);
     grad_bytes.push_back(sent_bytes(snap.traffic, "all_reduce", "grad bucket"));
     grad_calls.push_back(call_count(snap.traffic, "all_reduce", "grad bucket"));
     all_bytes.push_back(total_sent(snap.traffic));
+    exp_batch.push_back(W * M * b);
     exp_state.push_back(16 * N);
     int64_t g = 0;
-    for (const Segment& b : buckets) g += all_reduce_sent(b.numel(), int(R), r, 4, algo);
+    for (const Segment& seg : buckets) g += all_reduce_sent(seg.numel(), int(W), r, 4, algo);
     exp_grad.push_back(g);
     exp_calls.push_back(int64_t(buckets.size()));
-    exp_all.push_back(g + all_reduce_sent(2, int(R), r, 8, algo));  // + the fp64 (loss_sum, tokens) pair
+    exp_all.push_back(g + all_reduce_sent(2, int(W), r, 8, algo));  // + the fp64 (loss_sum, tokens) pair
   }
-  const double ar = 2.0 * double(R - 1) / double(R);
-  sheet.exact("E1", "How many bytes of model state (params + grads + AdamW) does each rank hold?",
-              "4N + 4N + 8N = 16N, the same as one GPU: DP buys throughput, not memory", 16.0 * double(N), exp_state,
-              state);
-  sheet.exact("E2", "How many bytes does each rank send per step to all-reduce the gradients?",
-              "2(R-1)/R * 4N (reduce-scatter + all-gather, ring or direct alike)", ar * 4.0 * double(N), exp_grad,
-              grad_bytes,
-              "Each bucket is split into R balanced chunks; when R does not divide it, ranks with a longer chunk send "
+  const double ar = 2.0 * double(W - 1) / double(W);
+  sheet.exact("E1", q_batch,
+              "B = W x M x b: each rank trains M micro-batches of b rows (measured: the tokens the step's loss "
+              "all-reduce counted, / T)",
+              -1, exp_batch, batch);  // every rank measures the same global B: no mean to compare
+  sheet.exact("E2", q_state, "4N + 4N + 8N = 16N, the same as one GPU: DP buys throughput, not memory",
+              16.0 * double(N), exp_state, state);
+  sheet.exact("E3", q_grads, "2(n-1)/n * 4N" + n_is + ": reduce-scatter + all-gather, ring or direct alike",
+              ar * 4.0 * double(N), exp_grad, grad_bytes,
+              "Each bucket is split into n balanced chunks; when n does not divide it, ranks with a longer chunk send "
               "a few bytes more, ranks with a shorter one less: the mean stays exact.");
-  sheet.exact("E3", "How many gradient all-reduces does each rank issue per step with " +
-                        std::to_string(o.micro_batches) + " micro-batch(es)?",
+  sheet.exact("E4", q_calls,
               "one per bucket (L + 2 = " + std::to_string(buckets.size()) +
-                  "), whatever the number of micro-batches: only the last backward syncs (no_sync)",
+                  "), whatever M: only the last backward syncs (no_sync)",
               double(buckets.size()), exp_calls, grad_calls);
-  sheet.exact("E4", "What else moves during a step?",
-              "only the loss: one all-reduce of 2 doubles (loss sum, tokens): 2(R-1)/R * (4N + 16) in all",
+  sheet.exact("E5", q_total,
+              "the gradients + only the loss, one all-reduce of 2 doubles (loss sum, tokens): 2(n-1)/n * (4N + 16)",
               ar * (4.0 * double(N) + 16.0), exp_all, all_bytes);
   EquivalenceReport rep;
   const bool equivalent = finish_with_equivalence(say, sheet, s, data, rep);

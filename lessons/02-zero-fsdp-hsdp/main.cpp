@@ -22,8 +22,8 @@ struct ZeroArgs {
 };
 
 // The README's shard rule, written independently of ShardLayout (the exercises compare them):
-// segment of `len` elements over n ranks, piece size S = ceil(len / n) rounded up to a multiple
-// of 512; rank j owns [j*S, (j+1)*S) clipped to the segment, so the last pieces are short or empty.
+// segment of `len` elements over n ranks, piece size P = ceil(len / n) rounded up to a multiple
+// of 512; rank j owns [j*P, (j+1)*P) clipped to the segment, so the last pieces are short or empty.
 int64_t piece_size(int64_t len, int n) { return ((len + n - 1) / n + kShardAlign - 1) / kShardAlign * kShardAlign; }
 int64_t piece_numel(int64_t len, int n, int j) {
   return std::clamp<int64_t>(len - int64_t(j) * piece_size(len, n), 0, piece_size(len, n));
@@ -47,7 +47,7 @@ std::string segment_name(const Segment& s, size_t num_segments) {
 std::string shard_map(const ShardLayout& layout) {
   const int n = layout.num_shards();
   std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> head = {"segment", "flat range", "numel", "piece S"};
+  std::vector<std::string> head = {"segment", "flat range", "numel", "piece P"};
   for (int j = 0; j < n; ++j) head.push_back("shard " + std::to_string(j));
   head.push_back("padding");
   rows.push_back(head);
@@ -86,8 +86,23 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   const int n = s.plan.dp_shard(), q = s.plan.dp_replicate(), W = s.plan.world_size(), stage = z.zero;
   const int64_t N = s.model.num_parameters(), M = o.micro_batches, L = s.model.num_hidden_layers;
   const bool reshard = s.plan.reshard_after_forward;
+  // The exercises' questions, asked (with --step) before the phase whose tables answer them. The
+  // numbers stay the same in every configuration: Z8 is HSDP's and appears only with --replicas.
+  const std::string q1 = "How many elements of the flat buffer does each rank own (its shard)?",
+                    q2 = "How many bytes of AdamW state does each rank hold?",
+                    q3 = "How much model state (params + grads + AdamW) does each rank keep between steps?",
+                    q4 = "How big is the communication buffer each rank keeps?",
+                    q5 = "What is the peak of parameter memory per rank?",
+                    q6 = "What is the peak of gradient memory per rank?",
+                    q7 = "How many bytes does each rank send per step to reduce the gradients?",
+                    q8 = "HSDP: how many bytes does each rank send to sum its shard across the replicas?",
+                    q9 = "How many bytes does each rank send per step to all-gather parameters?",
+                    q10 = "How many bytes does each rank send per step for the gradient norm (clipping)?",
+                    q11 = "How many bytes does each rank send in all, per step?";
 
-  say.phase("the mesh and the batch");
+  say.phase("the mesh and the batch",
+            "core/parallel/parallel_trainer.cpp: ParallelTrainer::ParallelTrainer() builds the data, shard and "
+            "replica groups from the mesh");
   say.say("Model '" + o.preset + "': N = " + grouped(N) + " parameters (4N = " + grouped(4 * N) + " bytes in fp32). " +
           s.plan.data_parallel().describe() + " over " + std::to_string(n) + " shard ranks" +
           (q > 1 ? " x " + std::to_string(q) + " replicas (HSDP)" : "") + ", " +
@@ -101,13 +116,34 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
 
   StepReporter steps(say, o.step, "",
                      " (grads include the full gradients of layers whose reduction is still in flight;\n"
-                     "how many depends on thread timing, so it can differ between ranks and runs)");
+                     "how many depends on thread timing, so it can differ between ranks and runs)",
+                     "core/parallel/zero.cpp: ZeroDataParallel::step(); the hooks before_forward(), after_forward() "
+                     "(gather, prefetch, reshard) and before_backward(), after_backward() (re-gather, reduce-scatter, "
+                     "free)");
   const std::vector<PhaseView> phases = run_phases(s, data, [&](const PhaseView& p) {
-    if (p.step > 0) return steps.show(p);
-    say.phase("the shard map, and memory at rest (" + p.strategy + ")");
+    if (p.step > 0)
+      return steps.show(p, [&] {
+        if (p.step > 1) return;
+        say.ask("Z5", q5);
+        say.ask("Z6", q6);
+        say.ask("Z7", q7);
+        if (q > 1) say.ask("Z8", q8);
+        say.ask("Z9", q9);
+        say.ask("Z10", q10);
+        say.ask("Z11", q11);
+        if (o.step) say.say("\n");
+      });
+    say.phase("the shard map, and memory at rest (" + p.strategy + ")",
+              "core/parallel/shard_layout.cpp: ShardLayout::ShardLayout() cuts the segments; core/parallel/zero.cpp: "
+              "ZeroDataParallel::ZeroDataParallel() allocates the shards and the reduce-scatter buffer");
+    say.ask("Z1", q1);
+    say.ask("Z2", q2);
+    say.ask("Z3", q3);
+    say.ask("Z4", q4);
+    if (o.step) say.say("\n");
     say.say("Each segment (the unit FSDP gathers and frees together) is cut into " + std::to_string(n) +
-            " pieces of S = ceil(numel / " + std::to_string(n) +
-            ") elements rounded up to a multiple of 512; shard j owns [begin + j*S, begin + (j+1)*S) clipped "
+            " pieces of P = ceil(numel / " + std::to_string(n) +
+            ") elements rounded up to a multiple of 512; shard j owns [begin + j*P, begin + (j+1)*P) clipped "
             "to the segment.\nThe pieces hold the AdamW moments" +
             std::string(stage >= 2 ? ", the reduced gradients" : "") + (stage == 3 ? " and the parameters" : "") +
             " of their range" + (q > 1 ? "; world ranks j, j+" + std::to_string(n) + ", ... hold the same shard j" : "") +
@@ -119,11 +155,13 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   });
 
   // ---- Exercises -----------------------------------------------------------------------------
-  say.phase("exercises: formula vs measured");
+  say.phase("exercises: formula vs measured",
+            "lessons/02-zero-fsdp-hsdp/main.cpp: run() computes every formula from the model's shape");
+  if (q == 1) say.say("(Z8 is HSDP's all-reduce across replicas: it appears with --replicas.)\n\n");
   const PhaseView& rest = phases.front();
   const PhaseView& last = phases.back();
   const ReduceAlgo algo = s.cluster.algo;
-  int64_t root = 0, layer = 0;  // elements of the root segments (embedding, norm + head), of a layer
+  int64_t root = 0, layer = 0;  // E + H (the embedding's and the norm + head's elements); a layer's
   for (const Segment& g : segs) {
     if (!is_block(g, segs.size()))
       root += g.numel();
@@ -142,7 +180,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   bool layout_matches = true;
   for (int w = 0; w < W; ++w) {
     const int j = w % n;
-    int64_t sh = 0, rs_bytes = 0, ag_bytes = 0;
+    int64_t sh = 0, rs_bytes = 0, ag_bytes = 0, rep_bytes = 0;
     for (size_t k = 0; k < segs.size(); ++k) {
       const std::vector<int64_t> c = pieces_of(segs[k].numel(), n);
       sh += c[size_t(j)];
@@ -153,6 +191,8 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
         rs_bytes += M * reduce_scatter_sent(c, j, 4);  // every micro-batch, as soon as a layer is done
       const int times = stage < 3 ? 1 : int(M) * (reshard && is_block(segs[k], segs.size()) ? 2 : 1);
       ag_bytes += times * all_gather_sent(c, j, 4, algo);
+      // HSDP: each unit's piece is all-reduced across the replicas on its own, per micro-batch.
+      if (q > 1) rep_bytes += M * all_reduce_sent(c[size_t(j)], q, w / n, 4, algo);
     }
     shard[size_t(w)] = sh;
     opt[size_t(w)] = 8 * sh;
@@ -178,7 +218,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     grad_lo[size_t(w)] = stage == 1 ? 4 * N : 4 * sh + 4 * (tied_embed + sizes.front());
     grad_hi[size_t(w)] = stage == 1 ? 4 * N : 4 * sh + 4 * (tied_embed + three);
     rs[size_t(w)] = rs_bytes;
-    rep[size_t(w)] = q > 1 ? M * all_reduce_sent(sh, q, w / n, 4, algo) : 0;
+    rep[size_t(w)] = rep_bytes;
     ag[size_t(w)] = ag_bytes;
     norm[size_t(w)] = all_gather_sent(partials, j, 8, algo);  // every stage clips from its shard
     total[size_t(w)] = rs_bytes + rep[size_t(w)] + ag_bytes + norm[size_t(w)] + all_reduce_sent(2, W, w, 8, algo);
@@ -207,14 +247,14 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   for (int w = 0; w < W; ++w) m_grad_red[size_t(w)] = m_rs[size_t(w)] + m_rs_embed[size_t(w)] + m_rs_head[size_t(w)];
 
   ExerciseSheet sheet;
-  Exercise x1{"Z1", "How many elements of the flat buffer does each rank own (its shard)?",
+  Exercise x1{"Z1", q1,
               "the sum over segments of its piece; N/n on average (n = " + std::to_string(n) +
                   "), but padding to 512-element pieces makes the last shard ranks short",
               mean_shard, shard, m_shard, {}, "Measured = ShardLayout, the layout the strategy uses; every piece of "
               "every segment is compared with the formula, not only the sums.", false};
   x1.pass = layout_matches && x1.expected == x1.measured;
   sheet.add(x1);
-  sheet.exact("Z2", "How many bytes of AdamW state does each rank hold?", "8 bytes per owned element: 8N/n",
+  sheet.exact("Z2", q2, "8 bytes per owned element: 8N/n",
               8.0 * mean_shard, opt, m_opt);
   const char* rest_formula = stage == 1   ? "ZeRO-1: params 4N + grads 4N + AdamW 8N/n"
                              : stage == 2 ? "ZeRO-2: params 4N + grads 4N/n + AdamW 8N/n"
@@ -222,14 +262,15 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   const double rest_textbook = stage == 1 ? 8.0 * dN + 8.0 * mean_shard
                                : stage == 2 ? 4.0 * dN + 12.0 * mean_shard
                                             : 16.0 * mean_shard;
-  sheet.exact("Z3", "How much model state (params + grads + AdamW) does each rank keep between steps?", rest_formula,
+  sheet.exact("Z3", q3, rest_formula,
               rest_textbook, state_rest, m_state);
-  sheet.exact("Z4", "How big is the communication buffer each rank keeps?",
+  sheet.exact("Z4", q4,
               stage == 1 ? "none: ZeRO-1 reduce-scatters the gradients in place"
-                         : "one shard of gradients (4N/n): each micro-batch's reduce-scatter lands there before it is "
-                           "added to the accumulated gradient shard",
+                         : "one shard of gradients (4N/n), allocated once at construction (the at-rest table shows it) "
+                           "and reused: each micro-batch's reduce-scatter lands there before it is added to the "
+                           "accumulated gradient shard",
               stage == 1 ? 0.0 : 4.0 * mean_shard, comm, m_comm);
-  sheet.exact("Z5", "What is the peak of parameter memory per rank?",
+  sheet.exact("Z5", q5,
               stage < 3 ? "4N: every rank keeps the full parameters"
               : reshard ? "shard + embedding (gathered from its forward to its backward) + what is in flight: 2 "
                           "layers (the one computing and the prefetched next), or 1 layer + the head at either end "
@@ -238,56 +279,56 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
                           "choice): 4N/n + 4N",
               -1, par_lo, m_par);
   if (stage == 1)
-    sheet.exact("Z6", "What is the peak of gradient memory per rank?", "4N: ZeRO-1 keeps full gradients", 4.0 * dN,
+    sheet.exact("Z6", q6, "4N: ZeRO-1 keeps full gradients", 4.0 * dN,
                 grad_lo, m_grad);
   else
-    sheet.range("Z6", "What is the peak of gradient memory per rank?",
+    sheet.range("Z6", q6,
                 "the gradient shard 4N/n + the full gradient of the unit in backward + up to 2 more still being "
                 "reduce-scattered (+ a tied embedding's, held from the head's backward to the end)",
                 grad_lo, grad_hi, m_grad,
                 "A range, because how many reductions are still in flight depends on thread timing.");
   const double frac = (dn - 1) / dn;
   if (stage == 1)
-    sheet.exact("Z7", "How many bytes does each rank send per step to reduce the gradients?",
+    sheet.exact("Z7", q7,
                 "one reduce-scatter per step, after local accumulation: (n-1)/n * 4N; with the all-gather of the "
                 "updated parameters, ZeRO-1 moves what DP's all-reduce moves, 2(n-1)/n * 4N",
                 frac * 4 * dN, rs, m_grad_red,
                 "In place: each rank's piece of the full gradient buffer receives the sum, so ZeRO-1 needs no "
                 "extra buffer; the global norm for clipping comes from the pieces (one tiny all-gather).");
   else
-    sheet.exact("Z7", "How many bytes does each rank send per step to reduce the gradients?",
+    sheet.exact("Z7", q7,
                 "a reduce-scatter per layer per micro-batch: M (n-1)/n * 4N, here M = " + std::to_string(M), dM * frac * 4 * dN,
                 rs, m_grad_red,
                 "Per micro-batch, not per step: the full gradient is never kept, so accumulation cannot wait (DP's "
                 "no_sync would need 4N of gradients).");
   if (q > 1)
-    sheet.exact("Z8", "HSDP: how many bytes does each rank send to sum its shard across the replicas?",
-                "an all-reduce of the gradient shard over the " + std::to_string(q) +
-                    " replicas per micro-batch: M * 2(q-1)/q * 4N/n",
+    sheet.exact("Z8", q8,
+                "per micro-batch, one all-reduce over the " + std::to_string(q) +
+                    " replicas per unit, of its piece, right behind its reduce-scatter: M * 2(q-1)/q * 4N/n",
                 dM * 2.0 * (q - 1) / q * 4 * mean_shard, rep, m_rep,
-                "This crosses nodes (InfiniBand) but moves only 1/n of the gradients: the point of HSDP.");
+                "This crosses nodes (InfiniBand) but moves only 1/n of the gradients: the point of HSDP. One call "
+                "per unit, so it overlaps the backward of the units below (the traffic table lists them).");
   const double ag_textbook = stage < 3 ? frac * 4 * dN : dM * frac * 4 * (reshard ? 2 * dN - double(root) : dN);
-  sheet.exact("Z9", "How many bytes does each rank send per step to all-gather parameters?",
+  sheet.exact("Z9", q9,
               stage < 3   ? "after the update, every rank's new pieces to everyone: (n-1)/n * 4N"
               : reshard   ? "per micro-batch, forward gathers every segment and backward re-gathers every layer (the "
-                            "root stays gathered): M (n-1)/n * 4 (2N - R)"
+                            "embedding and the head stay gathered): M (n-1)/n * 4 (2N - E - H)"
                           : "per micro-batch, forward gathers every segment once: M (n-1)/n * 4N",
               ag_textbook, ag, m_ag,
-              stage == 3 && reshard ? "The textbook's ZeRO-3 figure is 2 (n-1)/n * 4N: here the root segments "
-                                      "(R = embedding + norm + head) are not re-gathered, as PyTorch FSDP does for "
-                                      "its root module."
+              stage == 3 && reshard ? "The textbook's ZeRO-3 figure is 2 (n-1)/n * 4N: here the embedding (E "
+                                      "elements) and the norm + head (H) are not re-gathered, as PyTorch FSDP does "
+                                      "for its root module."
                                     : "");
-  if (stage >= 2)
-    sheet.exact("Z10", "What does the gradient-norm step send?",
-                "each rank's fp64 sums of squares per 512-element chunk of its gradient shard, all-gathered: about "
-                "(n-1)/n * 8 * N/512 bytes",
-                frac * 8.0 * double([&] {
-                  int64_t k = 0;
-                  for (int64_t p : partials) k += p;
-                  return k;
-                }()),
-                norm, m_norm, "Tiny next to the gradients, and it keeps clipping bitwise equal to one device.");
-  sheet.exact("Z11", "And in total, per rank and step?",
+  sheet.exact("Z10", q10,
+              "each rank's fp64 sums of squares per 512-element chunk of its reduced gradient pieces, all-gathered: "
+              "about (n-1)/n * 8 * N/512 bytes",
+              frac * 8.0 * double([&] {
+                int64_t k = 0;
+                for (int64_t p : partials) k += p;
+                return k;
+              }()),
+              norm, m_norm, "Tiny next to the gradients, and it keeps clipping bitwise equal to one device.");
+  sheet.exact("Z11", q11,
               "the sum of the above + the loss all-reduce (2 doubles over all ranks): nothing else moves", -1, total,
               m_total);
   EquivalenceReport report;

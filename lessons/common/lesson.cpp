@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -60,11 +61,17 @@ VirtualClusterOptions LessonOptions::cluster_options() const {
 
 ReduceAlgo LessonOptions::reduce_algo() const { return parse_reduce_algo(algo); }
 
+namespace {
+constexpr const char* kNotATerminal =
+    "(--step: stdin is not a terminal, so the lesson neither waits nor reads predictions)";
+}  // namespace
+
 Narrator::Narrator(const LessonOptions& o)
     : out_(o.json ? stderr : stdout), step_(o.step), interactive_(o.step && isatty(STDIN_FILENO)) {}
 
-void Narrator::phase(const std::string& title) {
+void Narrator::phase(const std::string& title, const std::string& read) {
   std::fprintf(out_, "\n== phase %d: %s ==\n\n", ++phase_, title.c_str());
+  if (!read.empty()) std::fprintf(out_, "read: %s\n\n", read.c_str());
   std::fflush(out_);
 }
 
@@ -76,13 +83,52 @@ void Narrator::say(const std::string& text) {
 void Narrator::pause() {
   if (!step_) return;
   if (!interactive_) {
-    if (!noted_) say("\n(--step: stdin is not a terminal, so the lesson does not wait)\n");
+    if (!noted_) say("\n" + std::string(kNotATerminal) + "\n");
     noted_ = true;
     return;
   }
   say("\n-- press Enter to continue --");
   std::string line;
-  if (!std::getline(std::cin, line)) interactive_ = false;  // stdin closed: stop waiting
+  read_line(line);
+}
+
+bool Narrator::read_line(std::string& line) {
+  if (!interactive_) return false;
+  if (std::getline(std::cin, line)) return true;
+  interactive_ = false;  // stdin closed: stop waiting
+  return false;
+}
+
+void Narrator::ask(const std::string& id, const std::string& question) {
+  if (!step_) return;
+  say("Predict " + id + ": " + question + "\n");
+  if (!interactive_) {
+    if (!noted_) say(std::string(kNotATerminal) + "\n");
+    noted_ = true;
+    return;
+  }
+  std::string line;
+  for (;;) {
+    say("  your number (Enter to skip): ");
+    if (!read_line(line)) return;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) return;  // skipped
+    if (const std::optional<double> v = parse_prediction(line)) {
+      predictions_[id] = *v;
+      return;
+    }
+    say("  not a number: digits, commas allowed (757,632), or 5e6\n");
+  }
+}
+
+std::optional<double> parse_prediction(const std::string& text) {
+  std::string digits;
+  for (char c : text)
+    if (c != ',' && c != '_' && c != ' ' && c != '\t' && c != '\r' && c != '\n') digits += c;
+  if (digits.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(digits.c_str(), &end);
+  if (end != digits.c_str() + digits.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
 }
 
 // ---- One training run, phase by phase -------------------------------------------------------
@@ -116,6 +162,7 @@ std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
       snap.time = time_delta(world.trace().totals(), before);
       const std::vector<TrafficRecord> all = world.traffic().records();
       snap.traffic.assign(all.begin() + std::ptrdiff_t(std::min(first_record, all.size())), all.end());
+      snap.tokens = st.tokens;
       snap.live = memory_live(world.memory());
       snap.peak = trainer.strategy().peak_memory();
       {
@@ -181,8 +228,9 @@ EquivalenceReport run_equivalence_fp64(const RunSetup& s, const TextDataset& dat
   return equivalence_in<double>(s, data);
 }
 
-void StepReporter::show(const PhaseView& p) {
-  say_.phase("step " + std::to_string(p.step) + ": what each rank sent and held");
+void StepReporter::show(const PhaseView& p, const std::function<void()>& before_tables) {
+  say_.phase("step " + std::to_string(p.step) + ": what each rank sent and held", read_);
+  if (before_tables) before_tables();
   char line[160];
   std::snprintf(line, sizeof line, "loss %.6f, gradient norm %.6f (before clipping)\n\n", p.stats.loss,
                 p.stats.grad_norm);
@@ -194,7 +242,7 @@ void StepReporter::show(const PhaseView& p) {
   if (traffic == last_traffic_ && memory == last_memory_ && time == last_time_) {
     say_.say("Every rank sent and held exactly what it did in the previous step, in the same simulated time.\n");
   } else {
-    say_.say("Bytes SENT by each rank during the step, per collective (labels 'layer N' folded):\n\n" + traffic);
+    say_.say("Bytes SENT by each rank during the step, per collective (labels 'layer k' folded):\n\n" + traffic);
     if (!traffic_note_.empty()) say_.say("\n" + traffic_note_ + "\n");
     say_.say("\nPeak bytes per rank so far" + memory_note_ + ":\n\n" + memory);
     say_.say("\n" + time);
@@ -362,12 +410,14 @@ std::string memory_table(const std::vector<RankMemory>& per_rank) {
   return format_table(rows);
 }
 
-bool finish_with_equivalence(Narrator& say, const ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
+bool finish_with_equivalence(Narrator& say, ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
                              EquivalenceReport& report) {
+  sheet.set_predictions(say.predictions());
   say.say(sheet.report());
   say.pause();
   // The proof: the same steps on one device, compared bit by bit.
-  say.phase("equivalence with one device");
+  say.phase("equivalence with one device",
+            "core/verify/equivalence.cpp: verify_plan() runs the plan, replay_on_one_device() the one device");
   report = run_equivalence(setup, data);
   say.say(report.table());
   // Bitwise with ordered reductions, unless the plan splits a sum one device cannot replay
@@ -478,10 +528,29 @@ namespace {
 double mean_of(const std::vector<int64_t>& v) { return v.empty() ? 0.0 : double(sum_of(v)) / double(v.size()); }
 
 std::string number(double v) {
-  if (std::fabs(v - std::round(v)) < 1e-9) return grouped(int64_t(std::llround(v)));
+  if (std::fabs(v) < 1e18 && std::fabs(v - std::round(v)) < 1e-9) return grouped(int64_t(std::llround(v)));
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f", v);
+  std::snprintf(buf, sizeof buf, std::fabs(v) < 1e18 ? "%.2f" : "%.3g", v);
   return buf;
+}
+
+// The learner's number against the measured mean over ranks (for a range: whether it lies in
+// the range of every rank).
+std::string prediction_verdict(double predicted, const Exercise& e) {
+  const double measured = mean_of(e.measured);
+  std::string out = "you predicted " + number(predicted) + "; measured (mean over ranks) " + number(measured) + ": ";
+  if (!e.upper.empty()) {
+    bool inside = e.expected.size() == e.upper.size() && !e.expected.empty();
+    for (size_t r = 0; inside && r < e.expected.size(); ++r)
+      inside = double(e.expected[r]) <= predicted && predicted <= double(e.upper[r]);
+    return out + (inside ? "inside every rank's range" : "outside the range of some rank");
+  }
+  if (std::fabs(predicted - measured) <= 0.5) return out + "exact";
+  if (measured == 0) return out + "the measured value is 0";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f%% %s", 100.0 * std::fabs(predicted - measured) / std::fabs(measured),
+                predicted > measured ? "high" : "low");
+  return out + buf;
 }
 
 }  // namespace
@@ -534,6 +603,8 @@ std::string ExerciseSheet::report() const {
     table.erase(first + 1, second - first);
     out += table;
     if (!e.note.empty()) out += "       " + e.note + "\n";
+    if (const auto it = predictions_.find(e.id); it != predictions_.end())
+      out += "       " + prediction_verdict(it->second, e) + "\n";
     out += "\n";
   }
   int passed = 0;
@@ -550,6 +621,7 @@ nlohmann::json ExerciseSheet::to_json() const {
     if (e.textbook >= 0) j["formula_per_rank"] = e.textbook, j["measured_mean"] = mean_of(e.measured);
     if (!e.upper.empty()) j["expected_at_most"] = e.upper;
     if (!e.note.empty()) j["note"] = e.note;
+    if (const auto it = predictions_.find(e.id); it != predictions_.end()) j["prediction"] = it->second;
     a.push_back(j);
   }
   return a;

@@ -1,6 +1,7 @@
 #pragma once
 // What the lesson programs share, so each lesson's main.cpp holds only its own story:
-//   - the flags every lesson takes and the narration (phase banners, --step pauses);
+//   - the flags every lesson takes and the narration (phase banners naming the code to read,
+//     --step pauses, and "predict, then see": a question asked before the table that answers it);
 //   - a training run on virtual GPUs that stops after construction and after every step, on
 //     every rank at once, so rank 0 can show what each rank holds and what it sent;
 //   - tables: the mesh, the rows of the batch, traffic per collective, memory per category;
@@ -10,6 +11,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,22 +53,37 @@ class Narrator {
  public:
   explicit Narrator(const LessonOptions& options);
   std::FILE* out() const { return out_; }
-  void phase(const std::string& title);  // "== phase 3: ... =="
-  void say(const std::string& text);     // as is (add your own newlines)
+  // "== phase 3: ... ==", then "read: <read>" when given: the file and function that do what
+  // the phase shows.
+  void phase(const std::string& title, const std::string& read = "");
+  void say(const std::string& text);  // as is (add your own newlines)
   // With --step: waits for Enter when stdin is a terminal; otherwise only notes the pause, so
   // CI and pipes never block.
   void pause();
+  // Predict, then see. With --step, prints exercise `id`'s question; when stdin is a terminal it
+  // reads a number (Enter skips; "1,234", "5e6" are numbers), which the exercise report later
+  // sets beside the measured value. Call it before the table that shows the answer. Without
+  // --step, or with stdin not a terminal, nothing waits.
+  void ask(const std::string& id, const std::string& question);
+  const std::map<std::string, double>& predictions() const { return predictions_; }
 
  private:
+  bool read_line(std::string& line);  // false (and no more waiting) once stdin is closed
+
   std::FILE* out_;
   bool step_, interactive_, noted_ = false;
   int phase_ = 0;
+  std::map<std::string, double> predictions_;
 };
+
+// "2,020,352", " 1.5e6 ", "757_632" -> the number; "", "abc", "12x" -> nothing.
+std::optional<double> parse_prediction(const std::string& text);
 
 // ---- One training run, phase by phase -------------------------------------------------------
 
 struct RankSnapshot {
   std::vector<TrafficRecord> traffic;  // what this rank sent and received during the step
+  int64_t tokens = 0;                  // tokens of the whole step, as this rank's loss all-reduce summed them
   RankMemory live;             // bytes held now (between steps: "at rest")
   RankMemory peak;             // highest so far, per category
   TimelineTotals time;         // the step on the simulated clock (lessons/common/clock.h)
@@ -103,14 +121,20 @@ EquivalenceReport run_equivalence_fp64(const RunSetup& setup, const TextDataset&
 // did gets one line instead of the same tables again.
 class StepReporter {
  public:
-  StepReporter(Narrator& say, bool timeline, std::string traffic_note, std::string memory_note)
-      : say_(say), timeline_(timeline), traffic_note_(std::move(traffic_note)), memory_note_(std::move(memory_note)) {}
-  void show(const PhaseView& p);
+  // read: the code a step phase runs (see Narrator::phase).
+  StepReporter(Narrator& say, bool timeline, std::string traffic_note, std::string memory_note, std::string read = "")
+      : say_(say),
+        timeline_(timeline),
+        traffic_note_(std::move(traffic_note)),
+        memory_note_(std::move(memory_note)),
+        read_(std::move(read)) {}
+  // before_tables runs after the banner, before anything measured is shown (Narrator::ask).
+  void show(const PhaseView& p, const std::function<void()>& before_tables = nullptr);
 
  private:
   Narrator& say_;
   bool timeline_;
-  std::string traffic_note_, memory_note_, last_traffic_, last_memory_, last_time_;
+  std::string traffic_note_, memory_note_, read_, last_traffic_, last_memory_, last_time_;
 };
 
 // ---- Tables ----------------------------------------------------------------------------------
@@ -173,20 +197,25 @@ class ExerciseSheet {
              std::vector<int64_t> upper, std::vector<int64_t> measured, std::string note = "");
   void add(Exercise e);  // an exercise with its own verdict
 
+  // The learner's predictions (Narrator::predictions), shown beside the measurements.
+  void set_predictions(std::map<std::string, double> predictions) { predictions_ = std::move(predictions); }
+
   std::string report() const;
   nlohmann::json to_json() const;
   int failed() const;
 
  private:
   std::vector<Exercise> items_;
+  std::map<std::string, double> predictions_;
 };
 
 // The equivalence verdict for the JSON summary (the full per-tensor table is report.table()).
 nlohmann::json equivalence_json(const EquivalenceReport& report);
-// How every lesson ends: the exercise sheet, then the equivalence check on one device, printed.
+// How every lesson ends: the exercise sheet (with the learner's predictions), then the
+// equivalence check on one device, printed.
 // Returns whether the check holds: bitwise with ordered reductions; within the harness's measured
 // bounds with ring, or with tensor parallelism (row-parallel partial sums add in another order).
-bool finish_with_equivalence(Narrator& say, const ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
+bool finish_with_equivalence(Narrator& say, ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
                              EquivalenceReport& report);
 // The fields every lesson's --json summary has (a lesson adds its own, e.g. the shard map).
 nlohmann::json summary_json(const std::string& lesson, const std::string& preset, const RunSetup& setup,

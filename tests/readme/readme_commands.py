@@ -117,7 +117,17 @@ def mpirun_flags():
     return flags
 
 
-def check_claims(cmd, argv, comment, out, err, root):
+def table_bounds(readme_text):
+    """The rows "| step 1 | ..." and "| later steps | ..." of a README's bounds table, as floats."""
+    rows = {}
+    for line in readme_text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] in ("step 1", "later steps"):
+            rows[cells[0]] = [float(c) for c in cells[1:]]
+    return rows
+
+
+def check_claims(cmd, argv, comment, out, err, root, readme_text=""):
     """The comment's claims that can be read off the run. Returns a list of failures."""
     bad = []
     text = out + err
@@ -166,6 +176,15 @@ def check_claims(cmd, argv, comment, out, err, root):
             need("final loss nan" not in text, "the resumed run reports a nan loss")
     if "loss on text" in comment:
         need(json.loads(out)["loss"] > 0, "no loss")
+    if "bounds of the table above" in comment:
+        # The README's table states what the harness checks: the same numbers, step by step.
+        rows, steps = table_bounds(readme_text), json.loads(out)["bounds_per_step"]
+        keys = ["loss", "grad_element", "grad_tensor", "param_element", "param_tensor"]
+        need(len(steps) >= 2 and set(rows) == {"step 1", "later steps"}, "no bounds table, or fewer than 2 steps")
+        for name, step in (("step 1", 0), ("later steps", len(steps) - 1)):
+            if name in rows and step < len(steps):
+                need(rows[name] == [steps[step][k] for k in keys],
+                     f"README's {name} bounds {rows[name]} differ from the harness's {[steps[step][k] for k in keys]}")
     return bad
 
 
@@ -188,6 +207,8 @@ def main():
     failures, ran, variables = [], 0, {}
     for readme in READMES:
         variables.clear()  # a variable belongs to its README's blocks
+        with open(os.path.join(source, readme), encoding="utf-8") as f:
+            readme_text = f.read()
         for line, cmd, comment in commands(os.path.join(source, readme)):
             where = f"{readme}:{line}"
             assign = re.fullmatch(r"(\w+)=(\S+)", cmd)
@@ -211,7 +232,7 @@ def main():
             ran += 1
             problems = [] if p.returncode == 0 else [f"exit code {p.returncode}"]
             if p.returncode == 0:
-                problems += check_claims(cmd, run, comment, p.stdout, p.stderr, root)
+                problems += check_claims(cmd, run, comment, p.stdout, p.stderr, root, readme_text)
             if a.as_written and seconds >= MINUTE and "minute" not in comment:
                 problems.append(f"took {seconds:.0f} s but is not marked as taking minutes")
             print(f"     {seconds:.1f} s" + ("" if not problems else "  FAILED: " + "; ".join(problems)), flush=True)
