@@ -40,6 +40,12 @@ void Work::wait() {
   if (hook) hook();
 }
 
+void Work::collect() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) throw Error("Work::collect on an operation still running: " + description_);
+  if (error_) rethrow_copy(error_);
+}
+
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;

@@ -19,6 +19,10 @@ class Work {
   // out, mismatched call) or the error that stopped it (e.g. OutOfMemoryError for a comm buffer).
   void wait();
   bool is_completed() const;
+  // For a handle is_completed() found finished: rethrows its failure as wait() does, but leaves
+  // the rank's simulated compute clock alone. Finding a result ready when this laptop's threads
+  // got there is no reason for the modelled GPU to wait for it (a poll costs nothing).
+  void collect();
   const std::string& description() const { return description_; }
 
   // --- for backends ---

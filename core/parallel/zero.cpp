@@ -377,15 +377,19 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   }
 
   // A reduction that finished frees its unit's full gradient right away (stages 2/3): that
-  // is where ZeRO-2 saves memory, since later units' backward runs without it.
-  void reduction_done(size_t s) {
-    reduce_work_[s]->wait();  // completed: rethrows a failure, joins the simulated clocks
+  // is where ZeRO-2 saves memory, since later units' backward runs without it. `waited`: the
+  // compute waits for it (the simulated clock joins its end); a poll that found it done does not.
+  void reduction_done(size_t s, bool waited = true) {
+    if (waited)
+      reduce_work_[s]->wait();  // rethrows a failure, joins the simulated clocks
+    else
+      reduce_work_[s]->collect();
     reduce_work_[s].reset();
     if (stage() >= 2) model_.free_unit_grads(int(s));
   }
   void free_finished_reductions() {
     for (size_t s = 0; s < reduce_work_.size(); ++s)
-      if (reduce_work_[s] && reduce_work_[s]->is_completed()) reduction_done(s);
+      if (reduce_work_[s] && reduce_work_[s]->is_completed()) reduction_done(s, false);
   }
 
   // After a reducing backward: wait for its reductions and (HSDP) the all-reduces across

@@ -10,6 +10,7 @@
 #include "core/comm/text_table.h"
 #include "core/model/params.h"
 #include "core/parallel/shard_layout.h"
+#include "lessons/common/clock.h"
 #include "lessons/common/lesson.h"
 
 namespace llama4d::lesson {
@@ -98,7 +99,9 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
                     q8 = "HSDP: how many bytes does each rank send to sum its shard across the replicas?",
                     q9 = "How many bytes does each rank send per step to all-gather parameters?",
                     q10 = "How many bytes does each rank send per step for the gradient norm (clipping)?",
-                    q11 = "How many bytes does each rank send in all, per step?";
+                    q11 = "How many bytes does each rank send in all, per step?",
+                    q12 = "ZeRO-3 without prefetching: how long are the links busy per step (ns)?",
+                    q13 = "How much exposed communication does prefetching save per step (ns)?";
 
   say.phase("the mesh and the batch",
             "core/parallel/parallel_trainer.cpp: ParallelTrainer::ParallelTrainer() builds the data, shard and "
@@ -154,10 +157,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     say.pause();
   });
 
-  // ---- Exercises -----------------------------------------------------------------------------
-  say.phase("exercises: formula vs measured",
-            "lessons/02-zero-fsdp-hsdp/main.cpp: run() computes every formula from the model's shape");
-  if (q == 1) say.say("(Z8 is HSDP's all-reduce across replicas: it appears with --replicas.)\n\n");
+  // ---- Exercises (printed after the time phase) ----------------------------------------------
   const PhaseView& rest = phases.front();
   const PhaseView& last = phases.back();
   const ReduceAlgo algo = s.cluster.algo;
@@ -331,6 +331,78 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   sheet.exact("Z11", q11,
               "the sum of the above + the loss all-reduce (2 doubles over all ranks): nothing else moves", -1, total,
               m_total);
+
+  // ---- Time on the simulated clock: what prefetching buys (ZeRO-3) and HSDP's two links.
+  const PhaseView& timed = phases.back();
+  auto durations_ns = [](const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix) {
+    double us = 0;
+    for (const TrafficRecord& r : records)
+      if (r.op == op && r.label.rfind(prefix, 0) == 0) us += r.sim_end_us - r.sim_start_us;
+    return ns(us);
+  };
+  if (stage == 3) {
+    RunSetup no_prefetch = s;
+    no_prefetch.plan.prefetch = false;
+    no_prefetch.train.steps = 1;
+    const PhaseView off = run_phases(no_prefetch, data, nullptr)[1];
+    const PhaseView& on = phases[1];
+    say.phase("time: what prefetching buys, on the simulated clock",
+              "core/parallel/zero.cpp: before_forward() and before_backward() call start_gather() for the next unit");
+    say.ask("Z12", q12);
+    say.ask("Z13", q13);
+    if (o.step) say.say("\n");
+    std::vector<TimelineTotals> t_on, t_off;
+    std::vector<int64_t> busy_on, busy_off, saved, gathers, most;
+    for (int r = 0; r < W; ++r) {
+      t_on.push_back(on.ranks[size_t(r)].time), t_off.push_back(off.ranks[size_t(r)].time);
+      busy_on.push_back(ns(t_on.back().comm_us)), busy_off.push_back(ns(t_off.back().comm_us));
+      saved.push_back(ns(t_off.back().wait_us) - ns(t_on.back().wait_us));
+      gathers.push_back(durations_ns(off.ranks[size_t(r)].traffic, "all_gather", "params"));
+      // Without prefetching a step lasts at most compute + comm busy; with it at least the larger of
+      // the two (one comm stream, every result waited for), so it saves at most the smaller (+1 ns).
+      most.push_back(std::min(ns(t_off.back().comm_us), ns(t_on.back().compute_us)) + 1);
+    }
+    say.say("Step 1 with prefetching (the default: the next unit's all-gather runs while this one computes):\n\n" +
+            time_table(t_on, on.gpu_tflops) + "\nThe same step without (each unit waits for its own gather):\n\n" +
+            time_table(t_off, off.gpu_tflops));
+    say.say("\nA prefetched gather hides behind the unit computing meanwhile. Without it each unit waits for its own "
+            "gather, and\nbehind the reduce-scatters queued before it on the same comm stream, so the saving can exceed "
+            "the gathers\n(here " + std::to_string(gathers[0] / 1000) + " us of them) but never the step's compute (" +
+            std::to_string(ns(t_on[0].compute_us) / 1000) + " us): more tokens per rank (--rows, --seq-len) give it "
+            "more to hide behind.\n");
+    say.pause();
+    std::vector<int64_t> one(size_t(W), 1);
+    std::vector<int64_t> busy_lo, busy_hi;
+    for (int64_t b : busy_on) busy_lo.push_back(b - 1), busy_hi.push_back(b + 1);
+    sheet.range("Z12", q12,
+                "no: the same collectives of the same sizes, only issued earlier (expected: the run with prefetching)",
+                busy_lo, busy_hi, busy_off, "Within 1 ns of rounding.");
+    sheet.range("Z13", q13,
+                "more than nothing, and at most the smaller of the step's compute and its communication (a step "
+                "takes at least the larger of the two with prefetching, at most their sum without)",
+                one, most, saved, "Measured: exposed time without prefetching minus with it, step 1 of each run.");
+  }
+  if (q > 1) {
+    std::vector<int64_t> lo, hi, measured;
+    for (int r = 0; r < W; ++r) {
+      double formula = 0;
+      for (const TrafficRecord& t : timed.ranks[size_t(r)].traffic)
+        if (t.label.rfind("grads across replicas", 0) == 0)
+          formula += collective_us(t, s.cluster.algo, s.cluster.cluster.infiniband);
+      lo.push_back(ns(formula) - 1), hi.push_back(ns(formula) + 1);
+      measured.push_back(durations_ns(timed.ranks[size_t(r)].traffic, "all_reduce", "grads across replicas"));
+    }
+    sheet.range("Z14", "HSDP on the simulated clock: how long do the all-reduces across replicas take per step (ns)?",
+                "per unit and micro-batch, an all-reduce of its piece over q ranks, every hop InfiniBand: alpha " +
+                    std::to_string(int(s.cluster.cluster.infiniband.alpha_us)) + " us + bytes / " +
+                    std::to_string(int(s.cluster.cluster.infiniband.bandwidth_gbps)) + " GB/s per phase",
+                lo, hi, measured,
+                "Within 1 ns of rounding. The shard group's reduce-scatters ride NVLink at 9x the bandwidth; "
+                "each replica all-reduce moves 1/n of the gradients.");
+  }
+  say.phase("exercises: formula vs measured",
+            "lessons/02-zero-fsdp-hsdp/main.cpp: run() computes every formula from the model's shape");
+  if (q == 1) say.say("(Z8 is HSDP's all-reduce across replicas: it appears with --replicas.)\n\n");
   EquivalenceReport report;
   const bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
 

@@ -34,6 +34,18 @@ struct TpArgs {
 
 // ---- The README's slicing rules, written from the shapes (never read from TpLayout) -----------
 
+// Alpha-beta time of one recorded collective. Sequence parallelism's all-gathers and
+// reduce-scatters move rows: rank r's chunk is rows [BT r/n, BT (r+1)/n) of the B*T tokens, so
+// they are uneven when n does not divide B*T; everything else splits its buffer evenly.
+double tp_collective_us(const TrafficRecord& t, int64_t BT, ReduceAlgo algo, const LinkParams& link) {
+  if ((t.op != "all_gather" && t.op != "reduce_scatter") || t.count % BT != 0) return collective_us(t, algo, link);
+  const int n = t.group_size;
+  std::vector<int64_t> counts;
+  for (int r = 0; r < n; ++r) counts.push_back((BT * (r + 1) / n - BT * r / n) * (t.count / BT));
+  const int64_t elem = int64_t(dtype_size(t.dtype));
+  return t.op == "all_gather" ? all_gather_us(counts, elem, algo, link) : reduce_scatter_us(counts, elem, algo, link);
+}
+
 // What tensor-parallel rank r holds of a model with nh query heads, nkv key/value heads, SwiGLU
 // width I and vocabulary V, cut tp ways.
 struct Slice {
@@ -396,7 +408,7 @@ int run(LessonOptions o, const TpArgs& a) {
     for (int w = 0; w < W; ++w) {
       const RankSnapshot& r1 = last.ranks[size_t(w)];
       double formula = 0;
-      for (const TrafficRecord& t : r1.traffic) formula += collective_us(t, algo, s.cluster.cluster.nvlink);
+      for (const TrafficRecord& t : r1.traffic) formula += tp_collective_us(t, BT, algo, s.cluster.cluster.nvlink);
       busy_low.push_back(ns(formula) - 1), busy_high.push_back(ns(formula) + 1);
       busy.push_back(ns(r1.time.comm_us));
       hidden.push_back(ns(std::max(0.0, r1.time.comm_us - r1.time.wait_us)));

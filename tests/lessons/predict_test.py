@@ -33,7 +33,7 @@ CASES = {
     "lesson01": {
         "flags": ["--preset", "tiny", "--ranks", "4", "--micro-batches", "2", "--steps", "1", "--step"],
         "answers": {"E1": ["15"], "E2": ["lots", "2,020,352"], "E4": ["4"]},
-        "asked": ["E1", "E2", "E3", "E4", "E5"],
+        "asked": ["E1", "E2", "E3", "E4", "E5", "E6", "E7"],
         "revealed_by": {"E1": "B = W x M x b", "E2": "2,020,352", "E5": "757,664"},
         "verdicts": {
             "E1": "you predicted 15; measured (mean over ranks) 16: 6.2% low",
@@ -44,7 +44,7 @@ CASES = {
     "lesson02": {
         "flags": ["--preset", "tiny", "--zero", "3", "--ranks", "4", "--steps", "1", "--step"],
         "answers": {"Z1": ["31568"], "Z6": ["1"], "Z11": ["2e6"]},
-        "asked": ["Z1", "Z2", "Z3", "Z4", "Z5", "Z6", "Z7", "Z9", "Z10", "Z11"],
+        "asked": ["Z1", "Z2", "Z3", "Z4", "Z5", "Z6", "Z7", "Z9", "Z10", "Z11", "Z12", "Z13"],
         "revealed_by": {"Z1": "shard total", "Z4": "comm buffers", "Z11": "bytes sent"},
         "verdicts": {
             "Z1": "you predicted 31,568; measured (mean over ranks) 31,568: exact",
