@@ -340,6 +340,36 @@ TEST(Cli, ActivationCheckpointingFlag) {
   EXPECT_GT(jb.at("recompute_flops_per_token").get<double>(), 0.0);
 }
 
+// bench on a mesh also times the step on the simulated cluster: per rank, compute is exactly the
+// FLOPs the ops reported at --gpu-tflops, and the step is compute + exposed communication.
+TEST(Cli, BenchReportsTheStepOnTheSimulatedClock) {
+  const std::string common = "bench --preset tiny --seq-len 64 --mesh dp=2 --zero 3 --iters 1 --warmup 0 --gemm-n 64 "
+                             "--gemm-seconds 0.05 --json";
+  std::vector<nlohmann::json> sims;
+  for (const char* rate : {"", " --gpu-tflops 100"}) {
+    const Result b = run(common + rate);
+    ASSERT_EQ(b.code, 0) << b.err;
+    const nlohmann::json sim = nlohmann::json::parse(b.out).at("parallel").at("simulated");
+    const double tflops = sim.at("gpu_tflops").get<double>();
+    EXPECT_EQ(tflops, *rate ? 100.0 : 989.0);
+    ASSERT_EQ(sim.at("per_rank").size(), 2u);
+    for (const auto& r : sim.at("per_rank")) {
+      const double flops = r.at("flops").get<double>(), compute = r.at("compute_us").get<double>();
+      EXPECT_GT(flops, 0.0);
+      EXPECT_NEAR(compute, flops / (tflops * 1e6), 1e-9 * compute);
+      EXPECT_NEAR(r.at("step_us").get<double>(), compute + r.at("exposed_comm_us").get<double>(), 1e-9 * compute);
+      EXPECT_GT(r.at("comm_busy_us").get<double>(), 0.0);
+    }
+    EXPECT_GT(sim.at("mfu").get<double>(), 0.0);
+    EXPECT_LE(sim.at("mfu").get<double>(), 1.0);
+    sims.push_back(sim);
+  }
+  // The same FLOPs either way; only their price changed.
+  EXPECT_EQ(sims[0].at("per_rank")[0].at("flops"), sims[1].at("per_rank")[0].at("flops"));
+  expect_bad_input(run(common + " --gpu-tflops 0"), "--gpu-tflops");
+  expect_bad_input(run("bench --preset tiny --seq-len 32 --gpu-tflops 50"), "--gpu-tflops");
+}
+
 TEST(Cli, ThreadCountIsBounded) {
   expect_bad_input(run("train --preset tiny --threads 100000 --out " + tmp("threads")), "thread");
 }
