@@ -38,7 +38,6 @@ class ParallelTrainer {
   StepStats step();
   int64_t steps_done() const { return steps_done_; }
   int data_rank() const { return data_group_->rank(); }
-  ProcessGroup& data_group() const { return *data_group_; }
   const ParallelPlan& plan() const { return plan_; }
   DataParallelStrategy<T>& strategy() { return *strategy_; }
   // "TP over 2 ranks with SP, ZeRO-3 over 2 ranks", "DP over 4 ranks".
