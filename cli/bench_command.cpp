@@ -75,9 +75,14 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   nlohmann::json sim = launcher.simulated_per_step(int64_t(steps));
   const double sim_step_s = sim.at("step_us").get<double>() * 1e-6;
   sim["tokens_per_s"] = double(opt.tokens_per_step()) / sim_step_s;
-  // MFU with the PaLM convention of core/model/flops.h (attention over the full T x T square).
+  // MFU with the PaLM convention of core/model/flops.h (attention over the full T x T square,
+  // which the clock does not charge: at long sequences it can exceed compute_fraction).
   sim["mfu"] = double(opt.tokens_per_step()) * training_flops_per_token(cfg, opt.seq_len) /
                (sim_step_s * ranks * sim.at("gpu_tflops").get<double>() * 1e12);
+  // The share of the step the modelled GPUs spent computing what the ops reported (<= 1).
+  double computing = 0;
+  for (const auto& r : sim.at("per_rank")) computing += r.at("compute_us").get<double>();
+  sim["compute_fraction"] = computing / double(sim.at("per_rank").size()) / sim.at("step_us").get<double>();
   return {{"strategy", strategy},
           {"ranks", ranks},
           {"simulated", sim},

@@ -56,7 +56,7 @@ class RankLaunch {
   // The simulated clock of the last run per step of `steps` (core/comm/trace.h): for each rank
   // (virtual: all; MPI: this rank's own) its step time, FLOP time, exposed communication (the
   // compute lane blocked on a result) and comm-lane busy time, in microseconds, and the slowest
-  // rank's step time. The modelled GPU rate comes with them.
+  // of those ranks' step time (under MPI: this rank's). The modelled GPU rate comes with them.
   nlohmann::json simulated_per_step(int64_t steps) const;
   std::string summary() const;
 

@@ -20,8 +20,9 @@
 // recompute inside a backward, a wait inside a unit). A span's simulated interval runs from the
 // compute clock at its begin to the clock at its end, so it contains its children; its self
 // time (duration minus its direct children's) is the FLOPs charged while it was innermost.
-// Work outside any span is recorded as "compute (outside spans)", so the top-level spans of a
-// rank (depth 0) tile its compute clock: their durations add up to it.
+// Work outside any span is recorded as "compute (outside spans)", so the top-level events of a
+// rank's compute lane (depth 0: spans and waits) tile its compute clock: their durations add up
+// to it. (A span's self time also includes any modelled time ComputeScope charged on top.)
 #include <chrono>
 #include <cstdint>
 #include <mutex>

@@ -20,8 +20,8 @@ class Work {
   void wait();
   bool is_completed() const;
   // For a handle is_completed() found finished: rethrows its failure as wait() does, but leaves
-  // the rank's simulated compute clock alone. Finding a result ready when this laptop's threads
-  // got there is no reason for the modelled GPU to wait for it (a poll costs nothing).
+  // the rank's simulated compute clock alone, so what a poll finds (which follows this laptop's
+  // threads) never moves the modelled GPU's time. Code that uses the result calls wait() too.
   void collect();
   const std::string& description() const { return description_; }
 

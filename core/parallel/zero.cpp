@@ -85,6 +85,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     if (stage() == 3) param_shard_ = Buffer<T>(mem, MemoryCategory::params, shard_n, "parameter shard");
     gather_work_.resize(nseg);
     reduce_work_.resize(nseg);
+    grads_freed_.assign(nseg, 0);
     replica_work_.resize(nseg);
   }
 
@@ -354,6 +355,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     if (!full) throw Error("ZeRO: unit " + std::to_string(s) + " produced no gradient to reduce");
     T* out = stage() == 1 ? model_.grads() + layout_.piece(s, rank_).begin  // in place
                           : grad_recv_.data() + layout_.piece(s, rank_).shard_offset;
+    grads_freed_[s] = 0;
     reduce_work_[s] = shard_.reduce_scatter_v(out, full, layout_.piece_counts(s), dtype_of<T>(), ReduceOp::sum, o);
     if (replicate_) start_replica_reduce(s, unit);
   }
@@ -377,19 +379,24 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   }
 
   // A reduction that finished frees its unit's full gradient right away (stages 2/3): that
-  // is where ZeRO-2 saves memory, since later units' backward runs without it. `waited`: the
-  // compute waits for it (the simulated clock joins its end); a poll that found it done does not.
-  void reduction_done(size_t s, bool waited = true) {
-    if (waited)
-      reduce_work_[s]->wait();  // rethrows a failure, joins the simulated clocks
-    else
-      reduce_work_[s]->collect();
+  // is where ZeRO-2 saves memory, since later units' backward runs without it. Freeing follows
+  // this laptop's threads (a poll), but the compute waits for a result only at fixed points
+  // (the rate limit, the end of the backward), so the simulated clock never depends on timing.
+  void free_unit_grads_once(size_t s) {
+    if (stage() >= 2 && !grads_freed_[s]) model_.free_unit_grads(int(s));
+    grads_freed_[s] = 1;
+  }
+  void reduction_done(size_t s) {
+    reduce_work_[s]->wait();  // rethrows a failure, joins the simulated clocks
     reduce_work_[s].reset();
-    if (stage() >= 2) model_.free_unit_grads(int(s));
+    free_unit_grads_once(s);
   }
   void free_finished_reductions() {
     for (size_t s = 0; s < reduce_work_.size(); ++s)
-      if (reduce_work_[s] && reduce_work_[s]->is_completed()) reduction_done(s, false);
+      if (reduce_work_[s] && reduce_work_[s]->is_completed()) {
+        reduce_work_[s]->collect();  // rethrows a failure; the clock waits later, at a fixed point
+        free_unit_grads_once(s);
+      }
   }
 
   // After a reducing backward: wait for its reductions and (HSDP) the all-reduces across
@@ -468,6 +475,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   std::vector<std::unique_ptr<AdamW<T>>> adamw_;  // one per segment piece (null when empty)
   Buffer<T> param_shard_, grad_shard_, grad_recv_;
   std::vector<std::shared_ptr<Work>> gather_work_, reduce_work_;
+  std::vector<uint8_t> grads_freed_;  // [segment] its full gradient was freed by a poll
   std::vector<std::shared_ptr<Work>> replica_work_;  // HSDP: per segment, its all-reduce across replicas
   std::deque<size_t> in_flight_;  // segments with a reduce-scatter in flight, oldest first
   static constexpr size_t kMaxReductionsInFlight = 2;

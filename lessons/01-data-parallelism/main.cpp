@@ -181,6 +181,7 @@ int run(const LessonOptions& o) {
     char buf[64];
     auto fmt = [&](const char* f, double v) { std::snprintf(buf, sizeof buf, f, v); return std::string(buf); };
     for (int64_t w : {1, 2, 4, 8}) {
+      if (w > cluster.gpus_per_node) break;  // the formulas price every hop as NVLink: one node only
       RunSetup one_step = s;
       one_step.plan = ParallelPlan::parse("dp=" + std::to_string(w));
       one_step.train.batch_size = w * M * b;
@@ -212,7 +213,8 @@ int run(const LessonOptions& o) {
     say.pause();
     sheet.range("E7", q_steps,
                 "M x the forward + backward FLOPs per rank / GPU rate + the exposed communication of E6", w_lo, w_hi,
-                w_measured, "Per W (the columns are W = 1, 2, 4, 8, not ranks); within 1 ns of rounding.");
+                w_measured, "Per W (the columns are W = 1, 2, 4, 8 as far as one node holds them, not ranks); within 1 ns "
+                "of rounding.");
   }
   say.phase("exercises: formula vs measured",
             "lessons/common/lesson.cpp: all_reduce_sent() (the README's formulas); core/comm/comm_model.cpp: "

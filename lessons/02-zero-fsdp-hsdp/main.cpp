@@ -382,7 +382,11 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
                 "takes at least the larger of the two with prefetching, at most their sum without)",
                 one, most, saved, "Measured: exposed time without prefetching minus with it, step 1 of each run.");
   }
-  if (q > 1) {
+  // Z14 prices every replica hop as InfiniBand: only when every replica group spans q nodes.
+  bool replicas_cross_nodes = q > 1;
+  for (int r = 0; r < W; ++r)
+    for (int j = r + n; j < W; j += n) replicas_cross_nodes &= s.cluster.cluster.node_of(r) != s.cluster.cluster.node_of(j);
+  if (replicas_cross_nodes) {
     std::vector<int64_t> lo, hi, measured;
     for (int r = 0; r < W; ++r) {
       double formula = 0;

@@ -361,7 +361,8 @@ TEST(Cli, BenchReportsTheStepOnTheSimulatedClock) {
       EXPECT_GT(r.at("comm_busy_us").get<double>(), 0.0);
     }
     EXPECT_GT(sim.at("mfu").get<double>(), 0.0);
-    EXPECT_LE(sim.at("mfu").get<double>(), 1.0);
+    EXPECT_GT(sim.at("compute_fraction").get<double>(), 0.0);
+    EXPECT_LE(sim.at("compute_fraction").get<double>(), 1.0);
     sims.push_back(sim);
   }
   // The same FLOPs either way; only their price changed.

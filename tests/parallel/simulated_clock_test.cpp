@@ -99,6 +99,32 @@ void check_step(const ParallelPlan& plan) {
   }
 }
 
+// The clock must not follow this laptop's threads: ZeRO-2 frees a reduced gradient when a poll
+// finds its reduce-scatter done, which depends on timing, but every rank's simulated step is the
+// same in every run.
+TEST(SimulatedClock, ZeroStepTimeDoesNotDependOnThreadTiming) {
+  const LlamaConfig cfg = LlamaConfig::preset("tiny");
+  const TrainOptions opt = test::options(2, 3);  // 24 rows over dp=4: 2 micro-batches of 3
+  const ParallelPlan plan = test::dp_plan(4, 1, ZeroStage::zero2);
+  std::vector<std::vector<double>> clocks;
+  for (int run = 0; run < 4; ++run) {
+    VirtualClusterOptions vo;
+    vo.ranks = plan.world_size();
+    VirtualCluster cluster(vo);
+    cluster.run([&](ProcessGroup& world) {
+      ops::set_backend_threads(1);
+      Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
+      ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
+      trainer.step();
+      trainer.step();
+    });
+    std::vector<double> c;
+    for (int r = 0; r < plan.world_size(); ++r) c.push_back(cluster.accounting(r).trace.totals().clock_us);
+    clocks.push_back(c);
+  }
+  for (size_t run = 1; run < clocks.size(); ++run) EXPECT_EQ(clocks[run], clocks[0]) << "run " << run;
+}
+
 TEST(SimulatedClock, UnitSpansCarryTheirFlopsDataParallel) { check_step(test::dp_plan(2, 1, ZeroStage::none)); }
 
 TEST(SimulatedClock, UnitSpansCarryTheirFlopsZero3WithRecompute) {
