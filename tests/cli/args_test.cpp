@@ -31,7 +31,7 @@ TEST(CliArgs, OddValuesAreRefused) {
     expect_bad_input(run(kTrain + flags + " --out " + out), needle);
     EXPECT_FALSE(fs::exists(fs::path(out).parent_path())) << flags << ": a rejected run left its --out behind";
   }
-  for (const std::string& cmd : {"verify --seed -1", "eval --seed -1", "generate --init-seed -1", "generate --seed -1"})
+  for (const char* cmd : {"verify --seed -1", "eval --seed -1", "generate --init-seed -1", "generate --seed -1"})
     expect_bad_input(run(cmd), "seed");
 }
 

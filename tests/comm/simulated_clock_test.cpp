@@ -204,7 +204,9 @@ TEST(SimulatedClock, EveryCollectiveLastsItsAlphaBetaTime) {
         // The receiver is 10 us behind its sender: the eager send's data arrived while it computed.
         EXPECT_NEAR(spans[name], name == "recv" ? 0.0 : us, 1e-9) << name;
         // Every rank but the last arrives early at every collective (the p2p pair: the receiver).
-        if (op != "send") EXPECT_EQ(peer_waits["wait for peers: " + name], r < n - 1 ? 1 : 0) << name;
+        if (op != "send") {
+          EXPECT_EQ(peer_waits["wait for peers: " + name], r < n - 1 ? 1 : 0) << name;
+        }
       }
     }
   }

@@ -187,7 +187,9 @@ TEST(BatchSampler, StartsCoverTheWholeSplitAndStayInside) {
       ASSERT_GE(start, 0);
       ASSERT_LE(start, 31);
       ASSERT_EQ(start, reference_start(40, 8, 5, step, r)) << step << "," << r;
-      if (step < 3) EXPECT_EQ(start, first_starts[step][r]) << step << "," << r;
+      if (step < 3) {
+        EXPECT_EQ(start, first_starts[step][r]) << step << "," << r;
+      }
       for (int64_t t = 0; t < 8; ++t) {  // split[i] == i: the window is start .. start+7
         ASSERT_EQ(b.tokens[size_t(r * 8 + t)], start + t);
         ASSERT_EQ(b.targets[size_t(r * 8 + t)], start + t + 1);

@@ -154,7 +154,9 @@ TEST(Hsdp, RankDyingInAReplicaAllReduceFailsEveryRank) {
       << error;
   ASSERT_EQ(failures.size(), 4u) << error;
   for (const RankFailure& f : failures)
-    if (f.rank != 3) EXPECT_TRUE(test::contains(f.message, "world rank 3")) << f.message;
+    if (f.rank != 3) {
+      EXPECT_TRUE(test::contains(f.message, "world rank 3")) << f.message;
+    }
 }
 
 }  // namespace

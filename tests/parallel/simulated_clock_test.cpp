@@ -89,7 +89,9 @@ void check_step(const ParallelPlan& plan) {
     for (const auto& [unit, f] : expected) {
       EXPECT_EQ(spans["forward " + unit], 2) << unit;
       EXPECT_EQ(spans["backward " + unit], 2) << unit;
-      if (f.recompute > 0) EXPECT_EQ(spans["recompute " + unit], 2) << unit;
+      if (f.recompute > 0) {
+        EXPECT_EQ(spans["recompute " + unit], 2) << unit;
+      }
     }
     const TimelineTotals t = trace.totals();
     EXPECT_EQ(t.flops, total_flops);  // nothing charged outside the units
