@@ -52,7 +52,6 @@ inline double matmul_backward_flops(bool dinp, bool dweight, int64_t BT, int64_t
   return (double(dinp) + double(dweight)) * matmul_forward_flops(BT, C, OC);
 }
 
-
 // ---- Linear layer without bias, nn.Linear layout (weight is [OC, C]) -----------------------
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>

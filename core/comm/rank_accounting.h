@@ -5,8 +5,8 @@
 
 #include "core/comm/cluster.h"
 #include "core/comm/trace.h"
-#include "core/tensor/memory_tracker.h"
 #include "core/comm/traffic_log.h"
+#include "core/tensor/memory_tracker.h"
 
 namespace llama4d {
 

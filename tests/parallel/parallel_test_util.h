@@ -6,6 +6,7 @@
 #include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"
 #include "core/ops.h"
+#include "core/parallel/parallel_trainer.h"
 #include "core/verify/equivalence.h"
 
 namespace llama4d::test {
@@ -41,6 +42,18 @@ inline ParallelPlan dp_plan(int shard, int replicate, ZeroStage stage, bool resh
   p.zero = stage;
   p.reshard_after_forward = reshard_after_forward;
   return p;
+}
+
+// `steps` training steps of `plan` on `cluster` (one compute thread per virtual GPU), each rank
+// holding its tensor-parallel slice; the cluster keeps every rank's traffic and trace.
+inline void train_steps(VirtualCluster& cluster, const LlamaConfig& cfg, const TrainOptions& opt,
+                        const ParallelPlan& plan, int steps) {
+  cluster.run([&](ProcessGroup& world) {
+    ops::set_backend_threads(1);
+    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
+    ParallelTrainer<float> trainer(world, model, corpus(), opt, plan);
+    for (int i = 0; i < steps; ++i) trainer.step();
+  });
 }
 
 inline RankLauncher virtual_launcher(int ranks, ReduceAlgo algo = ReduceAlgo::ordered) {

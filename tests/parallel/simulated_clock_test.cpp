@@ -56,12 +56,7 @@ void check_step(const ParallelPlan& plan) {
   vo.ranks = plan.world_size();
   vo.cluster.gpu_tflops = 50;
   VirtualCluster cluster(vo);
-  cluster.run([&](ProcessGroup& world) {
-    ops::set_backend_threads(1);
-    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
-    ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
-    trainer.step();
-  });
+  test::train_steps(cluster, cfg, opt, plan, 1);
   const auto expected = expected_flops(cfg, 6, 16, plan.ac.kind != Checkpointing::Kind::none);
   const double per_us = 50e6;  // FLOPs per microsecond at 50 TFLOP/s
   for (int r = 0; r < plan.world_size(); ++r) {
@@ -113,13 +108,7 @@ TEST(SimulatedClock, ZeroStepTimeDoesNotDependOnThreadTiming) {
     VirtualClusterOptions vo;
     vo.ranks = plan.world_size();
     VirtualCluster cluster(vo);
-    cluster.run([&](ProcessGroup& world) {
-      ops::set_backend_threads(1);
-      Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
-      ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
-      trainer.step();
-      trainer.step();
-    });
+    test::train_steps(cluster, cfg, opt, plan, 2);
     std::vector<double> c;
     for (int r = 0; r < plan.world_size(); ++r) c.push_back(cluster.accounting(r).trace.totals().clock_us);
     clocks.push_back(c);

@@ -250,12 +250,7 @@ std::vector<TrafficRecord> one_step_traffic(const LlamaConfig& cfg, const TrainO
   VirtualClusterOptions vo;
   vo.ranks = plan.world_size();
   VirtualCluster cluster(vo);
-  cluster.run([&](ProcessGroup& world) {
-    ops::set_backend_threads(1);
-    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
-    ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
-    trainer.step();
-  });
+  test::train_steps(cluster, cfg, opt, plan, 1);
   std::vector<TrafficRecord> out;
   for (const TrafficRecord& t : cluster.traffic())
     if (t.group_size == plan.size("tp")) out.push_back(t);
