@@ -28,7 +28,7 @@ struct BenchArgs {
   TrainOptions opt;
   int64_t warmup = 2, iters = 5, gemm_n = 1024;
   double gemm_seconds = 1.0;
-  int threads = 0;
+  int threads = 0, micro_batches = 0;
   bool json = false, force = false;
 };
 
@@ -52,7 +52,7 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   std::mutex mu;
   launcher.run(ranks, [&](ProcessGroup& world) {
     if (world.rank() == 0) threads = ops::backend_threads();  // this rank's share (RankLaunch sets it)
-    Llama<T> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()));
+    Llama<T> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
     ParallelTrainer<T> trainer(world, model, data, opt, plan);
     std::vector<double> mine;
     for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
@@ -104,8 +104,9 @@ nlohmann::json run_bench(const BenchArgs& a) {
   if (a.warmup < 0 || a.iters < 1) throw InputError("--warmup must be >= 0 and --iters >= 1");
   TrainOptions opt = a.opt;
   opt.steps = a.warmup + a.iters;
-  const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
   const ParallelPlan plan = a.parallel.plan(cfg, a.launch.algo);
+  apply_micro_batches(a.micro_batches, opt, plan, cfg);
+  const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
   Llama<T> model(cfg);
   model.set_checkpointing(plan.ac);
   model.init_weights(opt.seed);
@@ -184,6 +185,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   a->launch.add_options(*cmd);
   cmd->add_option("--batch-size", a->opt.batch_size, "sequences per step")->capture_default_str();
   cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
+  add_micro_batches_option(*cmd, a->micro_batches);
   cmd->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--iters", a->iters, "timed steps")->capture_default_str();
   cmd->add_option("--gemm-n", a->gemm_n, "size of the square GEMM for the peak measurement")->capture_default_str();

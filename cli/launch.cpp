@@ -178,12 +178,17 @@ nlohmann::json RankLaunch::traffic_totals() const {
   return {{"total_bytes_sent", total}, {"per_rank", ranks}, {"bytes_sent_by_op", per_op}};
 }
 
-nlohmann::json RankLaunch::simulated_per_step(int64_t steps) const {
+std::vector<const RankTrace*> RankLaunch::traces() const {
   std::vector<const RankTrace*> traces;
   if (impl_->cluster) traces = impl_->cluster->traces();
 #ifdef LLAMA4D_HAVE_MPI
   if (impl_->mpi) traces = {&impl_->mpi->accounting().trace};
 #endif
+  return traces;
+}
+
+nlohmann::json RankLaunch::simulated_per_step(int64_t steps) const {
+  const std::vector<const RankTrace*> traces = this->traces();
   const double n = double(std::max<int64_t>(steps, 1));
   nlohmann::json ranks = nlohmann::json::array();
   double slowest = 0;

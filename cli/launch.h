@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
+#include "core/comm/trace.h"
 
 namespace llama4d::cli {
 
@@ -58,6 +59,8 @@ class RankLaunch {
   // compute lane blocked on a result) and comm-lane busy time, in microseconds, and the slowest
   // of those ranks' step time (under MPI: this rank's). The modelled GPU rate comes with them.
   nlohmann::json simulated_per_step(int64_t steps) const;
+  // The ranks' timelines of the last run (virtual: every rank's; MPI: this rank's own).
+  std::vector<const RankTrace*> traces() const;
   std::string summary() const;
 
  private:

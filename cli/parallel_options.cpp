@@ -1,6 +1,7 @@
 #include "cli/parallel_options.h"
 
 #include "core/error.h"
+#include "core/parallel/parallel_trainer.h"
 
 namespace llama4d::cli {
 
@@ -18,6 +19,11 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh)
   cmd.add_option("--sp", sp, "sequence parallelism with tp > 1: shard the residual stream and norms (on, off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd.add_option("--schedule", schedule, "pipeline schedule with pp > 1: gpipe, 1f1b, interleaved, zb-h1")
+      ->capture_default_str();
+  cmd.add_option("--pp-chunks", pp_chunks, "model chunks per pipeline rank (the interleaved schedule, >= 2)")
+      ->capture_default_str();
+  cmd.add_option("--pp-layers", pp_layers, "layers of each pipeline stage, e.g. 1,2,2,1 (default: balanced)");
 }
 
 ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& algo) const {
@@ -27,11 +33,34 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
   p.ac = Checkpointing::parse(ac, int(model.num_hidden_layers));
   p.algo = parse_reduce_algo(algo);
   p.sequence_parallel = sp == "on";
+  p.schedule = parse_pipeline_schedule(schedule);
+  p.pp_chunks = pp_chunks;
+  if (!pp_layers.empty()) p.pp_layers = parse_pipeline_layers(pp_layers);
   if (p.single_device() && (zero != 0 || keep_params))
     throw InputError("--zero and --keep-params need a data-parallel --mesh (e.g. --mesh dp=4)");
   p.validate();
   p.check_model(model);
   return p;
+}
+
+void add_micro_batches_option(CLI::App& cmd, int& micro_batches) {
+  cmd.add_option("--micro-batches", micro_batches,
+                 "micro-batches per step on each data rank (instead of --micro-batch-size; 0: not set)")
+      ->capture_default_str();
+}
+
+void apply_micro_batches(int micro_batches, TrainOptions& opt, const ParallelPlan& plan, const LlamaConfig& model) {
+  if (micro_batches < 0) throw InputError("--micro-batches must be >= 1, got " + std::to_string(micro_batches));
+  if (micro_batches > 0) {
+    const int dp = plan.single_device() ? 1 : plan.dp();
+    const int64_t rows = opt.batch_size / dp;
+    if (opt.batch_size % dp != 0 || rows % micro_batches != 0)
+      throw InputError("--micro-batches " + std::to_string(micro_batches) + ": each data-parallel rank gets " +
+                       std::to_string(rows) + " rows of --batch-size " + std::to_string(opt.batch_size) +
+                       ", not divisible into that many micro-batches");
+    opt.micro_batch_size = rows / micro_batches;
+  }
+  if (!plan.single_device()) plan.check_model(model, int(rank_micro_batch_count(opt, plan.dp())));
 }
 
 }  // namespace llama4d::cli

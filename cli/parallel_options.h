@@ -1,11 +1,13 @@
 #pragma once
-// --mesh, --zero, --keep-params, --ac and --sp: how the parallel plan is chosen on the command line.
+// --mesh, --zero, --keep-params, --ac, --sp, --schedule, --pp-chunks and --pp-layers: how the
+// parallel plan is chosen on the command line.
 // Parsed once into a ParallelPlan, which every command passes on unchanged.
 #include <string>
 
 #include "cli/commands.h"
 #include "core/model/config.h"
 #include "core/parallel/plan.h"
+#include "core/train/train_options.h"
 
 namespace llama4d::cli {
 
@@ -15,11 +17,21 @@ struct ParallelChoice {
   bool keep_params = false;  // ZeRO-3: keep gathered parameters from forward to backward
   std::string ac = "none";   // activation checkpointing policy
   std::string sp = "on";     // sequence parallelism with tp > 1: on | off
+  std::string schedule = "1f1b";  // pipeline schedule with pp > 1
+  int pp_chunks = 1;              // model chunks per pipeline rank (interleaved)
+  std::string pp_layers;          // "1,2,2,1": layers per virtual stage; empty: balanced
 
   void add_options(CLI::App& cmd, const std::string& default_mesh);
   bool parallel() const { return !mesh.empty(); }
   // The plan (validated: InputError for anything this build cannot run). algo: ordered | ring.
   ParallelPlan plan(const LlamaConfig& model, const std::string& algo) const;
 };
+
+// --micro-batches N: micro-batches per step on each data rank, an alternative to
+// --micro-batch-size (what pipeline schedules are described in). apply_micro_batches sets
+// opt.micro_batch_size to the rank's rows / N (N = 0: leaves it) and checks that the plan's
+// schedule runs that many; InputError naming the problem.
+void add_micro_batches_option(CLI::App& cmd, int& micro_batches);
+void apply_micro_batches(int micro_batches, TrainOptions& opt, const ParallelPlan& plan, const LlamaConfig& model);
 
 }  // namespace llama4d::cli

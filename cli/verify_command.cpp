@@ -23,6 +23,7 @@ struct VerifyArgs {
   std::string data;
   int threads = 0;
   bool json = false;
+  int micro_batches = 0;
 };
 
 template <class T>
@@ -41,6 +42,7 @@ EquivalenceReport run_verify(const VerifyArgs& a, RankLaunch& launcher) {
     const int64_t rows = o.train.batch_size / o.plan.dp();
     o.train.micro_batch_size = rows % 2 == 0 ? std::max<int64_t>(1, rows / 2) : 1;
   }
+  apply_micro_batches(a.micro_batches, o.train, o.plan, o.model);
   check_fits_in_memory(o.model, 4.0 * sizeof(T) * 2, false, "verifying");
   const TextDataset data = load_dataset(a.data.empty() ? default_corpus_path() : a.data, o.train.seq_len);
   return verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
@@ -55,6 +57,7 @@ void add_verify_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("verify", "prove a parallel strategy computes the single-device gradients");
   a->model.add_options(*cmd, "tiny", false);
   a->parallel.add_options(*cmd, "dp=4");
+  add_micro_batches_option(*cmd, a->micro_batches);
   a->launch.add_options(*cmd);
   a->opt.steps = 3;
   a->opt.batch_size = 0;

@@ -260,7 +260,8 @@ double VirtualProcessGroup::run_recv(const CommCall& call, double issue_us) {
   const double ready = std::max(issue_us, trace().comm_clock_us());
   const int64_t bytes = call.count * int64_t(dtype_size(call.dtype));
   const int src_world = world_ranks()[size_t(call.peer)];
-  const std::string context = where(call, -1);
+  // The caller's label names what the message is for ("pipeline: recv gradient 3 from rank 2").
+  const std::string context = where(call, -1) + (call.label.empty() ? std::string() : " for " + call.label);
 
   Message m;
   {

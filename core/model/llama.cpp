@@ -56,17 +56,48 @@ void MicroBatchState<T>::reset() {
   forward_done = false;
 }
 
+namespace {
+
+// The unit whose segment holds spec p (core/model/units.h).
+int unit_of_spec(const ParamSpec& p, int num_layers) {
+  if (p.name == "model.embed_tokens.weight") return embedding_unit();
+  return p.layer >= 0 ? block_unit(p.layer) : head_unit(num_layers);
+}
+
+}  // namespace
+
 template <class T>
-Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& layout)
+Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& layout, const std::vector<UnitRange>& held)
     : cfg_(cfg), tp_(layout), memory_(memory) {
   cfg_.validate();
-  specs_ = llama_param_specs(cfg_, tp_);
-  total_ = specs_.back().offset + specs_.back().numel;
   const int L = num_layers();
-  const ParamSpec& embed = find_param(specs_, "model.embed_tokens.weight");
-  unit_ranges_.push_back({embed.offset, embed.offset + embed.numel});
-  for (int l = 0; l < L; ++l) unit_ranges_.push_back(layer_param_range(specs_, l));
-  unit_ranges_.push_back({find_param(specs_, "model.norm.weight").offset, total_});
+  held_.assign(size_t(num_units()), held.empty() ? 1 : 0);
+  for (const UnitRange& r : held) {
+    if (r.begin < 0 || r.end > num_units() || r.begin >= r.end)
+      throw Error("Llama: held unit range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ") is empty or outside the model");
+    for (int u = r.begin; u < r.end; ++u) held_[size_t(u)] = 1;
+  }
+  if (held_[size_t(head_unit(L))] && cfg_.tie_word_embeddings && !held_[size_t(embedding_unit())])
+    throw InputError("a rank holding the LM head without the embedding needs its own copy of the tied embedding "
+                     "(tie_word_embeddings), which is not supported yet");
+  // This rank's tensors, packed in flat order; a unit it does not hold gets an empty segment.
+  std::vector<int64_t> begin(size_t(num_units()), -1), end(size_t(num_units()), 0);
+  segment_numel_.assign(size_t(num_units()), 0);
+  for (ParamSpec p : llama_param_specs(cfg_, tp_)) {
+    const int u = unit_of_spec(p, L);
+    segment_numel_[size_t(u)] += p.numel;
+    if (!held_[size_t(u)]) continue;
+    p.offset = total_;
+    total_ += p.numel;
+    if (begin[size_t(u)] < 0) begin[size_t(u)] = p.offset;
+    end[size_t(u)] = total_;
+    specs_.push_back(std::move(p));
+  }
+  int64_t at = 0;
+  for (int u = 0; u < num_units(); ++u) {
+    if (begin[size_t(u)] >= 0) at = end[size_t(u)];
+    unit_ranges_.push_back(begin[size_t(u)] >= 0 ? ParamRange{begin[size_t(u)], end[size_t(u)]} : ParamRange{at, at});
+  }
   if (!memory_) {
     own_memory_ = std::make_unique<MemoryTracker>(0, 0);
     memory_ = own_memory_.get();
@@ -74,6 +105,11 @@ Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& l
   rope_ = make_rope_tables<T>(cfg_, cfg_.max_position_embeddings);
   unit_params_.resize(size_t(num_units()));
   unit_grads_.resize(size_t(num_units()));
+}
+
+template <class T>
+bool Llama<T>::holds_all_units() const {
+  return std::all_of(held_.begin(), held_.end(), [](uint8_t h) { return h != 0; });
 }
 
 template <class T>
@@ -190,17 +226,15 @@ T* Llama<T>::grad(std::string_view name) {
 template <class T>
 void Llama<T>::init_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end, T* out) {
   // Draw j of a matrix is the one its element j of the WHOLE tensor gets on one device, so a
-  // tensor-parallel slice holds exactly the values of the corresponding part of the model.
-  int64_t draws_before = 0;  // normal draws consumed by the (whole) matrices before this spec
+  // tensor-parallel slice, or a pipeline rank's stages, hold exactly the values of that part of the model.
   for (const ParamSpec& p : specs) {
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
     const bool gain = p.shape.size() == 1;  // RMSNorm gains start at 1 and draw nothing
     if (lo < hi)
       for_each_whole_run(p, lo - p.offset, hi - p.offset, [&](int64_t at, int64_t whole, int64_t n) {
         for (int64_t i = 0; i < n; ++i)
-          out[p.offset + at + i - begin] = gain ? T(1) : T(0.02 * normal_draw(seed, draws_before + whole + i));
+          out[p.offset + at + i - begin] = gain ? T(1) : T(0.02 * normal_draw(seed, p.first_draw + whole + i));
       });
-    if (!gain) draws_before += p.whole_numel();
   }
 }
 
@@ -223,6 +257,7 @@ void Llama<T>::init_weights(uint64_t seed) {
     return;
   }
   for (int u = 0; u < num_units(); ++u) {
+    if (!holds_unit(u)) continue;
     allocate_unit_params(u, "parameters of " + unit_name(u, num_layers()));
     init_device_values(specs_, seed, unit_range(u).begin, unit_range(u).end, unit_params(u));
   }
@@ -305,6 +340,8 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   if (T_ > cfg_.max_position_embeddings)
     throw InputError("sequence length " + std::to_string(T_) + " exceeds max_position_embeddings " +
                      std::to_string(cfg_.max_position_embeddings));
+  for (int u = r.begin; u < r.end; ++u)
+    if (!holds_unit(u)) throw Error("Llama::forward: this rank does not hold " + unit_name(u, L));
   const bool has_embedding = r.contains(embedding_unit()), has_head = r.contains(head);
   if (has_embedding && !tokens) throw Error("Llama::forward: a range with the embedding needs tokens");
   if (!has_embedding && !hidden_in) throw Error("Llama::forward: a range without the embedding needs its input hidden state");
@@ -407,7 +444,8 @@ void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitH
 }
 
 template <class T>
-void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out) {
+void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out, BackwardPass pass) {
+  if (pass != BackwardPass::full) throw Error("Llama::backward: split passes are not merged yet");
   if (!st.forward_done) throw Error("Llama::backward called without a forward");
   const int L = num_layers(), head = head_unit(L);
   const UnitRange r = st.units;
@@ -497,7 +535,8 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   if (cache.len + Tn > cache.max_len)
     throw InputError("KV cache full: " + std::to_string(cache.len) + " + " + std::to_string(Tn) + " tokens > " +
                      std::to_string(cache.max_len));
-  if (tp_.sliced()) throw Error("Llama::decode runs on one device (whole model), not on a tensor-parallel slice");
+  if (tp_.sliced() || !holds_all_units())
+    throw Error("Llama::decode runs on one device (whole model), not on a tensor- or pipeline-parallel part of it");
   check_ids(tokens, nullptr, B * Tn);
   const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
   const BlockDims d = block_dims(B, Tn);

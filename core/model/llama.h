@@ -60,6 +60,9 @@ struct MicroBatchState {
   void reset();
 };
 
+// Which part of a backward to run (zero-bubble pipeline schedules split it).
+enum class BackwardPass { full, input, weight };
+
 template <class T>
 class Llama {
  public:
@@ -68,8 +71,11 @@ class Llama {
   // memory: the rank's tracker; null means the model keeps its own (unlimited) one, so a single
   // device reports its memory too. layout: the tensor-parallel slice this rank holds (default:
   // the whole model); a sliced model needs set_block_comm and set_vocab_comm before it runs.
+  // held: the units this rank holds (a pipeline rank's stages); empty: all of them. The others
+  // have no parameters here: their segments are empty, at the place they would be.
   // Allocates nothing yet.
-  explicit Llama(const LlamaConfig& cfg, MemoryTracker* memory = nullptr, const TpLayout& layout = {});
+  explicit Llama(const LlamaConfig& cfg, MemoryTracker* memory = nullptr, const TpLayout& layout = {},
+                 const std::vector<UnitRange>& held = {});
   ~Llama();
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
@@ -82,8 +88,13 @@ class Llama {
   int num_layers() const { return int(cfg_.num_hidden_layers); }
   int num_units() const { return llama4d::num_units(num_layers()); }
   UnitRange all_units() const { return {0, num_units()}; }
-  // Flat [begin, end) of unit u's parameter segment.
+  // Flat [begin, end) of unit u's parameter segment (empty when this rank does not hold u).
   ParamRange unit_range(int u) const { return unit_ranges_[size_t(u)]; }
+  bool holds_unit(int u) const { return held_[size_t(u)] != 0; }
+  // Elements of unit u's segment on a rank that holds it (this rank's tensor-parallel slice),
+  // whether or not this rank does.
+  int64_t segment_numel(int u) const { return segment_numel_[size_t(u)]; }
+  bool holds_all_units() const;
   // The segments unit u reads (and writes gradients of): {u}, plus {0} for a tied head.
   std::vector<int> segments_used_by(int u) const;
   MemoryTracker& memory() { return *memory_; }
@@ -133,7 +144,7 @@ class Llama {
   // (null when the range ends with the head, which starts from the loss). Gradients ACCUMULATE
   // into the unit gradients. Leaves the input's gradient in st.input_grad when the range starts
   // at a block; frees the rest of st.
-  void backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out = nullptr);
+  void backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out = nullptr, BackwardPass pass = BackwardPass::full);
 
   // The whole model through one internal state (one device, data parallelism).
   LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_);
@@ -173,6 +184,8 @@ class Llama {
   TpLayout tp_;
   std::vector<ParamSpec> specs_;
   std::vector<ParamRange> unit_ranges_;
+  std::vector<uint8_t> held_;  // [unit]
+  std::vector<int64_t> segment_numel_;  // [unit]
   int64_t total_ = 0;
   std::unique_ptr<MemoryTracker> own_memory_;
   MemoryTracker* memory_ = nullptr;

@@ -36,7 +36,7 @@ std::vector<ParamSpec> llama_param_specs(const LlamaConfig& cfg, const TpLayout&
 
   std::vector<ParamSpec> specs;
   specs.reserve(size_t(3 + 9 * cfg.num_hidden_layers));
-  int64_t offset = 0;
+  int64_t offset = 0, draws = 0;
   // A slice of rows [row_begin, +shape[0]) and columns [col_begin, +shape[1]) of the whole tensor.
   auto add = [&](std::string name, std::vector<int64_t> shape, std::vector<int64_t> whole, int64_t row_begin,
                  int64_t col_begin, int layer, bool decay) {
@@ -53,6 +53,8 @@ std::vector<ParamSpec> llama_param_specs(const LlamaConfig& cfg, const TpLayout&
     const bool replicated = p.shape.size() == 1;
     p.counted_begin = 0;
     p.counted_end = replicated && !counts_replicas ? 0 : p.numel;
+    p.first_draw = draws;
+    if (!replicated) draws += p.whole_numel();  // RMSNorm gains start at 1 and draw nothing
     specs.push_back(std::move(p));
     offset += specs.back().numel;
   };

@@ -30,13 +30,14 @@ namespace llama4d {
 template <class T>
 class DistributedDataParallel final : public DataParallelStrategy<T> {
  public:
-  DistributedDataParallel(Llama<T>& model, ProcessGroup& data, ProcessGroup* tensor, const AdamWConfig& adamw)
+  DistributedDataParallel(Llama<T>& model, const DataParallelGroups& groups, const AdamWConfig& adamw)
       : model_(model),
-        data_(data),
-        tensor_(tensor),
-        segments_(param_segments(model.param_specs())),
+        data_(*groups.data),
+        tensor_(groups.tensor),
+        pipeline_(groups.pipeline),
+        segments_(held_segments(model)),
         adamw_(adamw, model.param_specs(), 0, model.num_params(), &model.memory()),
-        tracer_(data.trace(), model.num_layers()) {}
+        tracer_(data_.trace(), model.num_layers()) {}
 
   void init_weights(uint64_t seed) override {
     model_.init_weights(seed);
@@ -50,26 +51,21 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     LossSum local;
     {
       ScopedHooks<T> hooks(model_, this);
-      for (size_t m = 0; m < micro_batches.size(); ++m) {
-        const Batch& b = micro_batches[m];
-        sync_ = (m + 1 == micro_batches.size());
-        const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-        local.loss_sum += part.loss_sum;
-        local.tokens += part.tokens;
-        model_.backward(loss_scale);
-      }
+      local = this->passes().train(model_, micro_batches, loss_scale, *this);
     }
 
     // 2. Wait for the buckets still in flight: now every rank holds the summed gradient.
     for (auto& w : pending_) w->wait();
     pending_.clear();
-    const LossSum global = all_reduce_loss(data_, local);
+    const LossSum global = all_reduce_loss(pipeline_, all_reduce_loss(data_, local));
 
     // 3. Clip and step, identically on every rank (same gradients, same order of operations).
     T* g = model_.grads();
-    const double sum_sq = tensor_parallel_sum_squares(
-        tensor_, segmented_grad_sum_squares(segments_, g),
-        tensor_ ? replica_sum_squares(model_.param_specs(), 0, model_.num_params(), g) : 0.0);
+    std::vector<double> partials;
+    for (const Segment& s : segments_) append_chunk_partials(partials, g + s.begin, s.numel());
+    const double replicas = tensor_ ? replica_sum_squares(model_.param_specs(), 0, model_.num_params(), g) : 0.0;
+    const double sum_sq = tensor_parallel_sum_squares(tensor_, pipeline_sum_squares(pipeline_, model_, partials),
+                                                      pipeline_sum(pipeline_, replicas, "grad-norm replicas (pipeline stages)"));
     if (grad_clip > 0) apply_grad_clip(g, model_.num_params(), clip_coefficient(sum_sq, grad_clip));
     adamw_.step(model_.params(), g, lr);
 
@@ -81,10 +77,11 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     return st;
   }
 
-  LossSum evaluate(const Batch& b) override {
-    MicroBatchState<T> st;  // dropped at once: no backward follows
-    return model_.forward(st, model_.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
-  }
+  LossSum evaluate(const Batch& b) override { return this->passes().evaluate(model_, b); }
+
+  // PassEvents: no_sync for every micro-batch but the last.
+  void begin_backward_pass(int micro_batch, int count) override { sync_ = micro_batch + 1 == count; }
+  void end_backward_pass(int, int) override {}
 
   // UnitHooks: time each unit for the trace; launch a bucket as soon as its grads are final.
   void before_forward(int unit) override { tracer_.begin("forward", unit); }
@@ -137,6 +134,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   Llama<T>& model_;
   ProcessGroup& data_;
   ProcessGroup* tensor_;
+  ProcessGroup* pipeline_;
   std::vector<Segment> segments_;
   AdamW<T> adamw_;
   UnitTracer tracer_;
@@ -145,17 +143,16 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
 };
 
 template <class T>
-std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, ProcessGroup& data,
-                                                                         ProcessGroup* tensor,
+std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, const DataParallelGroups& groups,
                                                                          const AdamWConfig& adamw) {
-  return std::make_unique<DistributedDataParallel<T>>(model, data, tensor, adamw);
+  return std::make_unique<DistributedDataParallel<T>>(model, groups, adamw);
 }
 
-template std::unique_ptr<DataParallelStrategy<float>> make_distributed_data_parallel<float>(Llama<float>&, ProcessGroup&,
-                                                                                           ProcessGroup*,
+template std::unique_ptr<DataParallelStrategy<float>> make_distributed_data_parallel<float>(Llama<float>&,
+                                                                                           const DataParallelGroups&,
                                                                                            const AdamWConfig&);
 template std::unique_ptr<DataParallelStrategy<double>> make_distributed_data_parallel<double>(Llama<double>&,
-                                                                                             ProcessGroup&, ProcessGroup*,
+                                                                                             const DataParallelGroups&,
                                                                                              const AdamWConfig&);
 
 }  // namespace llama4d

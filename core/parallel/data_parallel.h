@@ -14,6 +14,7 @@
 #include "core/comm/process_group.h"
 #include "core/model/llama.h"
 #include "core/optim/adamw.h"
+#include "core/parallel/passes.h"
 #include "core/train/checkpoint_state.h"
 #include "core/train/trainer.h"
 
@@ -47,12 +48,21 @@ struct DataParallelGroups {
   // (core/model/tp_layout.h). Data parallelism works on this rank's slice as if it were a whole
   // model; only the global gradient norm adds up across this group. nullptr without TP.
   ProcessGroup* tensor = nullptr;
+  // Pipeline parallelism: the ranks holding the other stages of the model. A stage's data
+  // parallelism covers only its own units; the loss (computed on the last stage) and the
+  // global gradient norm add up across this group. nullptr without PP.
+  ProcessGroup* pipeline = nullptr;
 };
 
 template <class T>
-class DataParallelStrategy : public UnitHooks {
+class DataParallelStrategy : public UnitHooks, public PassEvents {
  public:
   ~DataParallelStrategy() override = default;
+
+  // How the forward and backward passes run (core/parallel/passes.h): the whole model one
+  // micro-batch after another unless a pipeline runner is set. Not owned.
+  void set_passes(Passes<T>* passes) { passes_ = passes ? passes : &sequential_; }
+  Passes<T>& passes() { return *passes_; }
 
   // One optimizer step from this rank's micro-batches. loss_scale = 1 / tokens of the GLOBAL
   // batch, so gradients are summed (never averaged) and equal the single-device gradient of
@@ -83,12 +93,15 @@ class DataParallelStrategy : public UnitHooks {
 
   virtual RankMemory peak_memory() const = 0;
   virtual std::string describe() const = 0;
+
+ private:
+  SequentialPasses<T> sequential_;
+  Passes<T>* passes_ = &sequential_;
 };
 
 // The two implementations (data_parallel.cpp, zero.cpp); make_data_parallel picks one.
 template <class T>
-std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, ProcessGroup& data,
-                                                                         ProcessGroup* tensor,
+std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, const DataParallelGroups& groups,
                                                                          const AdamWConfig& adamw);
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_zero_data_parallel(Llama<T>& model, const DataParallelGroups& groups,

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/error.h"
+#include "core/optim/grad_clip.h"
+
 namespace llama4d {
 
 LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local) {
@@ -14,12 +17,47 @@ LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local) {
   return {v[0], int64_t(v[1])};
 }
 
+LossSum all_reduce_loss(ProcessGroup* pipeline, const LossSum& local) {
+  return pipeline && pipeline->size() > 1 ? all_reduce_loss(*pipeline, local) : local;
+}
+
 double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, double replicas) {
   if (!tensor) return slice_sum_sq;
   double v = slice_sum_sq - replicas;
   AllReduceOptions o;
   o.label = "grad-norm (tensor-parallel slices)";
   tensor->all_reduce(&v, 1, DType::f64, ReduceOp::sum, o)->wait();
+  return v;
+}
+
+double pipeline_sum_squares(ProcessGroup* pipeline, const std::vector<int64_t>& partials_per_unit,
+                            const std::vector<uint8_t>& held, const std::vector<double>& partials) {
+  if (!pipeline || pipeline->size() == 1) return combine_chunk_sums(partials.data(), int64_t(partials.size()));
+  int64_t total = 0;
+  for (int64_t c : partials_per_unit) total += c;
+  std::vector<double> all(size_t(total), 0.0);
+  size_t at = 0, mine = 0;
+  for (size_t u = 0; u < partials_per_unit.size(); ++u) {
+    const size_t n = size_t(partials_per_unit[u]);
+    if (held[u]) {
+      if (mine + n > partials.size()) throw Error("pipeline_sum_squares: fewer partials than the held segments need");
+      std::copy_n(partials.begin() + std::ptrdiff_t(mine), n, all.begin() + std::ptrdiff_t(at));
+      mine += n;
+    }
+    at += n;
+  }
+  if (mine != partials.size()) throw Error("pipeline_sum_squares: more partials than the held segments have");
+  AllReduceOptions o;
+  o.label = "grad-norm partials (pipeline stages)";
+  pipeline->all_reduce(all.data(), total, DType::f64, ReduceOp::sum, o)->wait();
+  return combine_chunk_sums(all.data(), total);
+}
+
+double pipeline_sum(ProcessGroup* pipeline, double v, const char* label) {
+  if (!pipeline || pipeline->size() == 1) return v;
+  AllReduceOptions o;
+  o.label = label;
+  pipeline->all_reduce(&v, 1, DType::f64, ReduceOp::sum, o)->wait();
   return v;
 }
 
@@ -44,7 +82,7 @@ std::unique_ptr<DataParallelStrategy<T>> make_data_parallel(Llama<T>& model, con
   if (config.stage == ZeroStage::none) {
     if (groups.replicate && groups.replicate->size() > 1)
       throw InputError("HSDP (dp_shard x dp_replicate) shards the model: use --zero 2 or 3");
-    return make_distributed_data_parallel(model, *groups.data, groups.tensor, adamw);
+    return make_distributed_data_parallel(model, groups, adamw);
   }
   return make_zero_data_parallel(model, groups, config, adamw);
 }

@@ -9,6 +9,8 @@
 #include "core/comm/process_group.h"
 #include "core/comm/trace.h"
 #include "core/model/head.h"
+#include "core/model/llama.h"
+#include "core/optim/segmented_norm.h"
 #include "core/parallel/data_parallel.h"
 
 namespace llama4d {
@@ -16,11 +18,46 @@ namespace llama4d {
 // (loss_sum, tokens) summed over `group` in rank order, in fp64: every rank gets the same bits,
 // equal to a single device adding the ranks' sums in that order.
 LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local);
+// The same over the pipeline group, where only the last stage has a loss (the others add
+// zeros, exactly); `local` itself without one.
+LossSum all_reduce_loss(ProcessGroup* pipeline, const LossSum& local);
 
 // The squared gradient norm of the whole model from a data-parallel strategy's sum over this
 // rank's slice: with tensor parallelism, minus the replicas another tensor-parallel rank
 // counts (`replicas`), summed over the tensor-parallel group; unchanged without one.
 double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, double replicas);
+
+// The segments of this rank's model, one per unit (empty for the units a pipeline rank does
+// not hold), for DP buckets and ZeRO shards.
+template <class T>
+std::vector<Segment> held_segments(const Llama<T>& model) {
+  std::vector<Segment> out;
+  for (int u = 0; u < model.num_units(); ++u) out.push_back({model.unit_range(u).begin, model.unit_range(u).end, u});
+  return out;
+}
+
+// The sum of squares of the gradient of every unit of the model's slice, in the single-device
+// order (core/optim/segmented_norm.h), from `partials`: this rank's chunk partials of the
+// segments it holds, in segment order. Without pipeline parallelism they are all of them.
+// With it each rank writes its partials where the whole list has them and zeros elsewhere; a
+// sum over the pipeline group adds every partial to zeros only (exact), so every rank
+// combines the same list a single device would, and the norm keeps its bits.
+double pipeline_sum_squares(ProcessGroup* pipeline, const std::vector<int64_t>& partials_per_unit,
+                            const std::vector<uint8_t>& held, const std::vector<double>& partials);
+template <class T>
+double pipeline_sum_squares(ProcessGroup* pipeline, const Llama<T>& model, const std::vector<double>& partials) {
+  std::vector<int64_t> counts;
+  std::vector<uint8_t> held;
+  for (int u = 0; u < model.num_units(); ++u) {
+    counts.push_back(num_chunk_partials(model.segment_numel(u)));
+    held.push_back(model.holds_unit(u) ? 1 : 0);
+  }
+  return pipeline_sum_squares(pipeline, counts, held, partials);
+}
+
+// A double summed over the pipeline group (a quantity each stage has for its own units); `v`
+// itself without one.
+double pipeline_sum(ProcessGroup* pipeline, double v, const char* label);
 
 
 // Records one compute span per unit and pass on the rank's trace ("forward layer 3", "backward

@@ -25,6 +25,10 @@ int64_t rank_micro_batch_rows(const TrainOptions& opt, int dp) {
   return mb;
 }
 
+int64_t rank_micro_batch_count(const TrainOptions& opt, int dp) {
+  return opt.batch_size / dp / rank_micro_batch_rows(opt, dp);
+}
+
 std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& opt, int64_t step, int data_rank,
                                            int dp) {
   const int64_t mb = rank_micro_batch_rows(opt, dp), rows = opt.batch_size / dp, first = data_rank * rows;
@@ -42,7 +46,7 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   if (world.size() != plan_.world_size())
     throw InputError("mesh " + plan_.describe_mesh() + " needs " + std::to_string(plan_.world_size()) +
                      " ranks, the world has " + std::to_string(world.size()));
-  rank_micro_batch_rows(opt_, plan_.dp());  // validates the batch split
+  plan_.check_model(model.config(), int(rank_micro_batch_count(opt_, plan_.dp())));  // validates the split too
   schedule_ = LrSchedule{.max_lr = opt_.lr, .min_lr = opt_.min_lr,
                          .warmup_steps = std::min(opt_.warmup_steps, opt_.steps), .total_steps = opt_.steps};
   schedule_.validate();
@@ -75,19 +79,39 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
     model.set_block_comm(tensor_comm_.get());
     model.set_vocab_comm(tensor_comm_.get());
   }
+  // Pipeline parallelism: this rank's model holds its stages' units, and the step's passes run
+  // as this rank's list of the schedule.
+  const std::vector<UnitRange> stages = plan_.held_units(model.config(), world.rank());
+  for (int u = 0; u < model.num_units(); ++u) {
+    bool expected_held = stages.empty();
+    for (const UnitRange& r : stages) expected_held = expected_held || r.contains(u);
+    if (model.holds_unit(u) != expected_held)
+      throw Error("ParallelTrainer: the model " + std::string(model.holds_unit(u) ? "holds " : "lacks ") +
+                  unit_name(u, model.num_layers()) + ", which the plan gives " + (expected_held ? "this rank" : "another pipeline rank"));
+  }
+  if (plan_.size("pp") > 1) {
+    groups.pipeline = &mesh_->group("pp");
+    pipeline_ = std::make_unique<PipelineRunner<T>>(*groups.pipeline, plan_.schedule, plan_.pipeline_layout(model.config()));
+  }
   data_group_ = groups.data;
   strategy_ = make_data_parallel(model, groups, plan_.data_parallel(), opt_.adamw);
+  strategy_->set_passes(pipeline_.get());
   strategy_->init_weights(opt_.seed);  // each rank allocates and computes only what it keeps
 }
 
 template <class T>
 std::string ParallelTrainer<T>::describe() const {
   const TpLayout& t = model_.tp_layout();
-  if (!t.sliced()) return strategy_->describe();
-  const std::string tp = "TP over " + std::to_string(t.tp) + " ranks" + (t.sequence_parallel ? " with SP" : "");
+  std::string s;
+  if (t.sliced()) s = "TP over " + std::to_string(t.tp) + " ranks" + (t.sequence_parallel ? " with SP" : "");
+  if (pipeline_) {
+    const PipelineSchedule& sch = pipeline_->schedule(int(rank_micro_batch_count(opt_, plan_.dp())));
+    s += std::string(s.empty() ? "" : ", ") + "PP over " + std::to_string(sch.ranks) + " ranks (" + sch.name() + ")";
+  }
+  if (s.empty()) return strategy_->describe();
   // A single data-parallel rank without ZeRO does nothing worth naming.
-  if (data_group_->size() == 1 && plan_.zero == ZeroStage::none) return tp;
-  return tp + ", " + strategy_->describe();
+  if (data_group_->size() == 1 && plan_.zero == ZeroStage::none) return s;
+  return s + ", " + strategy_->describe();
 }
 
 template <class T>
@@ -120,7 +144,7 @@ LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
     local.loss_sum += part.loss_sum;
     local.tokens += part.tokens;
   }
-  return all_reduce_loss(*data_group_, local);
+  return all_reduce_loss(pipeline_ ? &pipeline_->group() : nullptr, all_reduce_loss(*data_group_, local));
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include "core/data/dataset.h"
 #include "core/comm/device_mesh.h"
 #include "core/parallel/data_parallel.h"
+#include "core/parallel/pipeline_parallel.h"
 #include "core/parallel/plan.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/train/train_options.h"
@@ -24,6 +25,8 @@ std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& 
                                            int dp);
 // Rows per micro-batch on a data rank: micro_batch_size, or all of the rank's rows when 0.
 int64_t rank_micro_batch_rows(const TrainOptions& opt, int dp);
+// Micro-batches per step on a data rank.
+int64_t rank_micro_batch_count(const TrainOptions& opt, int dp);
 
 template <class T>
 class ParallelTrainer {
@@ -43,6 +46,8 @@ class ParallelTrainer {
   // "TP over 2 ranks with SP, ZeRO-3 over 2 ranks", "DP over 4 ranks".
   std::string describe() const;
   const DeviceMesh& mesh() const { return *mesh_; }
+  // Pipeline parallelism: this rank's runner (null without pp).
+  PipelineRunner<T>* pipeline() { return pipeline_.get(); }
 
   // Collective. Validation windows are split across ranks and their losses summed.
   LossSum validate(int64_t max_windows);
@@ -63,6 +68,7 @@ class ParallelTrainer {
   std::unique_ptr<DeviceMesh> mesh_;
   ProcessGroup* data_group_ = nullptr;                    // this rank's data-parallel ranks
   std::unique_ptr<TensorParallelComm<T>> tensor_comm_;  // tensor parallelism only
+  std::unique_ptr<PipelineRunner<T>> pipeline_;         // pipeline parallelism only
   std::unique_ptr<DataParallelStrategy<T>> strategy_;
   int64_t steps_done_ = 0;
 };

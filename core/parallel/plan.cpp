@@ -42,12 +42,11 @@ int ParallelPlan::size(std::string_view dim) const {
 
 void ParallelPlan::validate() const {
   static const char* const pending[][2] = {{"cp", "context parallelism"},
-                                           {"pp", "pipeline parallelism"},
                                            {"ep", "expert parallelism (Llama 3 is dense: there are no experts)"}};
   for (const auto& [dim, what] : pending)
     if (size(dim) > 1)
       throw InputError("--mesh " + describe_mesh() + ": " + what + " (" + dim + "=" + std::to_string(size(dim)) +
-                       ") is not implemented in this build yet; meshes may use tp and dp, or dp_shard x dp_replicate, and " +
+                       ") is not implemented in this build yet; meshes may use tp, pp and dp, or dp_shard x dp_replicate, and " +
                        dim + "=1");
   bool plain = false, split = false;
   for (const MeshDim& d : mesh) {
@@ -58,6 +57,32 @@ void ParallelPlan::validate() const {
   if (!reshard_after_forward && zero != ZeroStage::zero3) throw InputError("--keep-params applies to --zero 3 only");
   if (hsdp() && zero < ZeroStage::zero2)
     throw InputError("HSDP (dp_shard x dp_replicate) shards gradients: use --zero 2 or 3");
+  if (pp_chunks < 1) throw InputError("--pp-chunks must be >= 1, got " + std::to_string(pp_chunks));
+  if (size("pp") == 1 && (pp_chunks > 1 || !pp_layers.empty()))
+    throw InputError("--pp-chunks and --pp-layers need pipeline parallelism (pp > 1 in --mesh)");
+  if ((pp_chunks > 1) != (schedule == PipelineScheduleKind::interleaved) && size("pp") > 1)
+    throw InputError(schedule == PipelineScheduleKind::interleaved
+                         ? "the interleaved schedule needs --pp-chunks >= 2"
+                         : "--pp-chunks " + std::to_string(pp_chunks) + " needs --schedule interleaved");
+}
+
+int ParallelPlan::coordinate(std::string_view dim, int world_rank) const {
+  // Coordinates run innermost first: rank = c[0] + size[0] * (c[1] + size[1] * ...).
+  int stride = 1;
+  for (const MeshDim& d : mesh) {
+    if (d.name == dim) return (world_rank / stride) % d.size;
+    stride *= d.size;
+  }
+  return 0;
+}
+
+PipelineLayout ParallelPlan::pipeline_layout(const LlamaConfig& cfg) const {
+  return make_pipeline_layout(cfg, size("pp"), pp_chunks, pp_layers);
+}
+
+std::vector<UnitRange> ParallelPlan::held_units(const LlamaConfig& cfg, int world_rank) const {
+  if (size("pp") == 1) return {};
+  return pipeline_layout(cfg).rank_units(coordinate("pp", world_rank), int(cfg.num_hidden_layers));
 }
 
 DataParallelConfig ParallelPlan::data_parallel() const {
@@ -69,19 +94,19 @@ DataParallelConfig ParallelPlan::data_parallel() const {
 }
 
 TpLayout ParallelPlan::tp_layout(const LlamaConfig& cfg, int world_rank) const {
-  // Coordinates run innermost first: rank = c[0] + size[0] * (c[1] + size[1] * ...).
-  int stride = 1;
-  for (const MeshDim& d : mesh) {
-    if (d.name == "tp")
-      return d.size > 1 ? llama4d::tp_layout(cfg, d.size, (world_rank / stride) % d.size, sequence_parallel)
-                        : TpLayout{};
-    stride *= d.size;
-  }
-  return {};
+  const int tp = size("tp");
+  return tp > 1 ? llama4d::tp_layout(cfg, tp, coordinate("tp", world_rank), sequence_parallel) : TpLayout{};
 }
 
-void ParallelPlan::check_model(const LlamaConfig& cfg) const {
+void ParallelPlan::check_model(const LlamaConfig& cfg, int micro_batches) const {
   for (int r = 0; r < size("tp"); ++r) llama4d::tp_layout(cfg, size("tp"), r);
+  const int pp = size("pp");
+  if (pp == 1) return;
+  if (cfg.tie_word_embeddings)
+    throw InputError("pipeline parallelism with tied embeddings (tie_word_embeddings: the first and last stages "
+                     "would each keep a copy) is not supported yet");
+  pipeline_layout(cfg);
+  if (micro_batches > 0) simulate_pipeline_schedule(make_pipeline_schedule(schedule, pp, micro_batches, pp_chunks));
 }
 
 std::vector<std::string> ParallelPlan::data_dims() const {
@@ -102,6 +127,8 @@ std::string ParallelPlan::describe() const {
   std::string s = describe_mesh();
   if (!mesh.empty()) s += ", " + data_parallel().describe();
   if (size("tp") > 1) s += sequence_parallel ? ", TP + SP" : ", TP";
+  if (size("pp") > 1)
+    s += ", PP " + std::string(pipeline_schedule_name(schedule)) + (pp_chunks > 1 ? " v=" + std::to_string(pp_chunks) : "");
   if (ac.kind != Checkpointing::Kind::none) s += ", AC " + ac.describe();
   return s;
 }
@@ -117,6 +144,10 @@ nlohmann::json ParallelPlan::to_json() const {
           {"prefetch", prefetch},
           {"ac", ac.describe()},
           {"sequence_parallel", size("tp") > 1 && sequence_parallel},
+          {"pipeline", size("pp") > 1 ? nlohmann::json{{"schedule", std::string(pipeline_schedule_name(schedule))},
+                                                       {"chunks", pp_chunks},
+                                                       {"layers", pp_layers}}
+                                      : nlohmann::json(nullptr)},
           {"algo", std::string(reduce_algo_name(algo))}};
 }
 

@@ -21,6 +21,8 @@
 #include "core/model/config.h"
 #include "core/model/tp_layout.h"
 #include "core/parallel/data_parallel.h"
+#include "core/parallel/pipeline_layout.h"
+#include "core/parallel/pipeline_schedule.h"
 
 namespace llama4d {
 
@@ -34,8 +36,13 @@ struct ParallelPlan {
   // Tensor parallelism: shard the residual stream and the RMSNorms along the sequence between
   // the tensor-parallel regions (Korthikanti et al. 2022). On by default; no effect at tp=1.
   bool sequence_parallel = true;
+  // Pipeline parallelism over the pp dim: the schedule, model chunks per rank (interleaved)
+  // and the layers of each virtual stage (empty: balanced; core/parallel/pipeline_layout.h).
+  PipelineScheduleKind schedule = PipelineScheduleKind::one_f_one_b;
+  int pp_chunks = 1;
+  std::vector<int> pp_layers;
 
-  // The dims a mesh may name. cp, pp, ep are reserved for the strategies to come.
+  // The dims a mesh may name. cp and ep are reserved for the strategies to come.
   static const std::vector<std::string>& known_dims();
   // "dp=4", "dp_shard=2,dp_replicate=2", "tp=1,cp=1,pp=1,dp=4" (innermost first). Empty: one
   // device. InputError on malformed text, unknown or repeated dims, or sizes < 1.
@@ -59,9 +66,15 @@ struct ParallelPlan {
   // The tensor-parallel slice world rank `world_rank` holds (the whole model without tp).
   // InputError naming the constraint when tp cannot cut this model.
   TpLayout tp_layout(const LlamaConfig& cfg, int world_rank) const;
-  // InputError naming the constraint when some rank's slice of `cfg` cannot be cut (before any
-  // rank starts).
-  void check_model(const LlamaConfig& cfg) const;
+  // This rank's coordinate along `dim` (0 when the mesh does not name it).
+  int coordinate(std::string_view dim, int world_rank) const;
+  // Pipeline parallelism: the stages of `cfg`, and the units world rank `world_rank` holds
+  // (empty without pp: all of them).
+  PipelineLayout pipeline_layout(const LlamaConfig& cfg) const;
+  std::vector<UnitRange> held_units(const LlamaConfig& cfg, int world_rank) const;
+  // InputError naming the constraint when some rank's slice or stage of `cfg` cannot be cut,
+  // or the schedule cannot run `micro_batches` per step (0: not checked), before any rank starts.
+  void check_model(const LlamaConfig& cfg, int micro_batches = 0) const;
   // The data-parallel dims the mesh names ({"dp"} or {"dp_shard", "dp_replicate"}); empty when
   // it names none (a pure tensor-parallel mesh has one data-parallel rank).
   std::vector<std::string> data_dims() const;

@@ -1,13 +1,16 @@
 #include "core/parallel/shard_layout.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
 namespace llama4d {
 
 ShardLayout::ShardLayout(const std::vector<ParamSpec>& specs, int num_shards)
-    : n_(num_shards), segments_(param_segments(specs)) {
+    : ShardLayout(param_segments(specs), num_shards) {}
+
+ShardLayout::ShardLayout(std::vector<Segment> segments, int num_shards) : n_(num_shards), segments_(std::move(segments)) {
   if (num_shards < 1) throw InputError("number of shards must be >= 1");
   shard_offset_.assign(segments_.size(), std::vector<int64_t>(size_t(n_)));
   std::vector<int64_t> rank_offset(size_t(n_), 0);

@@ -30,6 +30,8 @@ struct Piece {
 class ShardLayout {
  public:
   ShardLayout(const std::vector<ParamSpec>& specs, int num_shards);
+  // Segments as a rank holds them (a pipeline rank's are empty for the units it does not hold).
+  ShardLayout(std::vector<Segment> segments, int num_shards);
 
   int num_shards() const { return n_; }
   const std::vector<Segment>& segments() const { return segments_; }

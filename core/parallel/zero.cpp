@@ -64,8 +64,9 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
         shard_(*groups.shard),
         replicate_(groups.replicate && groups.replicate->size() > 1 ? groups.replicate : nullptr),
         tensor_(groups.tensor),
+        pipeline_(groups.pipeline && groups.pipeline->size() > 1 ? groups.pipeline : nullptr),
         cfg_(cfg),
-        layout_(model.param_specs(), shard_.size()),
+        layout_(held_segments(model), shard_.size()),
         rank_(shard_.rank()),
         tracer_(shard_.trace(), model.num_layers()) {
     const size_t nseg = layout_.segments().size();
@@ -86,6 +87,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     gather_work_.resize(nseg);
     reduce_work_.resize(nseg);
     grads_freed_.assign(nseg, 0);
+    accumulated_.assign(nseg, 0);
     replica_work_.resize(nseg);
   }
 
@@ -105,22 +107,16 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     // 1. Forward/backward per micro-batch. Stage 1 accumulates locally and reduces at the last
     //    micro-batch (like DP); stages 2/3 reduce-scatter every micro-batch and accumulate the
     //    received shard. Stage 3 gathers/frees parameters unit by unit through the hooks.
+    model_.zero_grad();
+    std::fill(accumulated_.begin(), accumulated_.end(), 0);
     LossSum local;
     {
       ScopedHooks<T> hooks(model_, this);
-      for (size_t m = 0; m < micro_batches.size(); ++m) {
-        const Batch& b = micro_batches[m];
-        const bool last = m + 1 == micro_batches.size();
-        if (m == 0) model_.zero_grad();
-        sync_ = stage() >= 2 || last;
-        const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-        local.loss_sum += part.loss_sum;
-        local.tokens += part.tokens;
-        model_.backward(loss_scale);
-        if (sync_) finish_reductions(m == 0);
-      }
+      local = this->passes().train(model_, micro_batches, loss_scale, *this);
     }
-    const LossSum global = all_reduce_loss(data_, local);
+    if (keeps_params_for_step())
+      for (size_t s = 0; s < layout_.segments().size(); ++s) release_params(s);
+    const LossSum global = all_reduce_loss(pipeline_, all_reduce_loss(data_, local));
 
     // 2. Global gradient norm from what each rank holds, in the single-device order.
     const double sum_sq = sharded_sum_squares();
@@ -153,12 +149,17 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     LossSum loss;
     {
       ScopedHooks<T> hooks(model_, this);
-      MicroBatchState<T> st;  // dropped at once: no backward follows
-      loss = model_.forward(st, model_.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+      loss = this->passes().evaluate(model_, b);
     }
     for (size_t s = 0; s < layout_.segments().size(); ++s)
       if (stage() == 3) release_params(s);
     return loss;
+  }
+
+  // ---- PassEvents: which backward passes reduce ---------------------------------------------
+  void begin_backward_pass(int micro_batch, int count) override { sync_ = stage() >= 2 || micro_batch + 1 == count; }
+  void end_backward_pass(int, int) override {
+    if (sync_) finish_reductions();
   }
 
   // ---- UnitHooks: where FSDP happens -----------------------------------------------------
@@ -166,7 +167,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     if (stage() == 3) {
       ensure_gathered(unit);
       // Prefetch: the next unit's all-gather runs on the comm stream while this one computes.
-      if (cfg_.prefetch && unit + 1 < model_.num_units()) start_gather(unit + 1);
+      if (cfg_.prefetch && unit + 1 < model_.num_units() && model_.holds_unit(unit + 1)) start_gather(unit + 1);
     }
     tracer_.begin("forward", unit);
   }
@@ -187,7 +188,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     free_finished_reductions();
     if (stage() == 3) {
       ensure_gathered(unit);
-      if (cfg_.prefetch && unit > 0) start_gather(unit - 1);
+      if (cfg_.prefetch && unit > 0 && model_.holds_unit(unit - 1)) start_gather(unit - 1);
     }
     tracer_.begin("backward", unit);
   }
@@ -197,8 +198,9 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     // (a later unit) adds into segment 0 before the embedding does.
     if (sync_) start_reduce(size_t(unit));
     // Backward runs units last to first, so a unit's own segment has no reader left (the
-    // embedding, which a tied head also reads, is the very last).
-    if (stage() == 3) release_params(size_t(unit));
+    // embedding, which a tied head also reads, is the very last). In a pipeline that keeps
+    // parameters, other micro-batches still need it: it stays until the step ends.
+    if (stage() == 3 && !keeps_params_for_step()) release_params(size_t(unit));
     // Rate limit (as FSDP does): with more than kMaxReductionsInFlight units still being
     // reduced, wait for the oldest, so unreduced gradients never pile up beyond a few units.
     free_finished_reductions();
@@ -272,6 +274,10 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
 
  private:
   int stage() const { return int(cfg_.stage); }
+  // ZeRO-3 without resharding under pipeline parallelism (Llama 3's choice): a stage's
+  // micro-batches interleave forward and backward, so releasing a unit after either would
+  // gather it again for every micro-batch, 2m all-gathers per unit and step instead of one.
+  bool keeps_params_for_step() const { return stage() == 3 && !cfg_.reshard_after_forward && pipeline_; }
   bool is_block(int unit) const { return unit != embedding_unit() && unit != head_unit(model_.num_layers()); }
 
   // Copies this rank's pieces of a full flat buffer into a shard buffer (pieces back to back).
@@ -286,6 +292,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   void gather_shards(T* full, const T* shard, const char* label) {
     std::vector<std::shared_ptr<Work>> works;
     for (size_t s = 0; s < layout_.segments().size(); ++s) {
+      if (layout_.segments()[s].numel() == 0) continue;  // a unit another pipeline stage holds
       AllGatherOptions o;
       o.async_op = true;
       o.label = label;
@@ -299,6 +306,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   void all_gather_params_in_place() {
     std::vector<std::shared_ptr<Work>> works;
     for (size_t s = 0; s < layout_.segments().size(); ++s) {
+      if (layout_.segments()[s].numel() == 0) continue;  // a unit another pipeline stage holds
       AllGatherOptions o;
       o.async_op = true;
       o.label = "updated parameters";
@@ -351,6 +359,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     o.async_op = true;
     o.label = "grads " + unit;
     in_flight_.push_back(s);
+    reduced_this_pass_.push_back(s);
     T* full = model_.unit_grads(int(s));
     if (!full) throw Error("ZeRO: unit " + std::to_string(s) + " produced no gradient to reduce");
     T* out = stage() == 1 ? model_.grads() + layout_.piece(s, rank_).begin  // in place
@@ -399,24 +408,32 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       }
   }
 
-  // After a reducing backward: wait for its reductions and (HSDP) the all-reduces across
-  // replicas behind them, then add the received shard to the accumulated gradient shard. Every
-  // micro-batch, like the reduce-scatters: acc += (sum over replicas of (sum over dp_shard)),
-  // the order the equivalence harness replays.
-  void finish_reductions(bool first_micro_batch) {
+  // After a reducing backward pass: wait for its reductions and (HSDP) the all-reduces across
+  // replicas behind them, then add each reduced segment's received piece to the accumulated
+  // gradient shard. Every micro-batch, like the reduce-scatters:
+  // acc += (sum over replicas of (sum over dp_shard)), the order the equivalence harness replays.
+  // Per segment: a pipeline rank with several model chunks reduces one chunk's units per pass.
+  void finish_reductions() {
     for (size_t s = 0; s < reduce_work_.size(); ++s)
       if (reduce_work_[s]) reduction_done(s);
     in_flight_.clear();
+    std::vector<size_t> reduced;
+    reduced.swap(reduced_this_pass_);
     if (stage() == 1) return;  // reduced in place, once per step
-    for (std::shared_ptr<Work>& w : replica_work_)
-      if (w) {
-        w->wait();  // rethrows a failure (a peer's timeout at worst), joins the simulated clocks
-        w.reset();
+    for (size_t s : reduced) {
+      if (replica_work_[s]) {
+        replica_work_[s]->wait();  // rethrows a failure (a peer's timeout at worst), joins the simulated clocks
+        replica_work_[s].reset();
       }
-    if (first_micro_batch)
-      ops::copy(grad_shard_.data(), grad_recv_.data(), grad_recv_.size());
-    else
-      ops::accumulate(grad_shard_.data(), grad_recv_.data(), grad_recv_.size());
+      const Piece p = layout_.piece(s, rank_);
+      T* acc = grad_shard_.data() + p.shard_offset;
+      const T* got = grad_recv_.data() + p.shard_offset;
+      if (accumulated_[s])
+        ops::accumulate(acc, got, p.numel());
+      else
+        ops::copy(acc, got, p.numel());
+      accumulated_[s] = 1;
+    }
   }
 
   // Chunk partials of this rank's gradient pieces, gathered from every shard rank and added
@@ -447,7 +464,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
         ordered.insert(ordered.end(), all.begin() + cursor[size_t(r)], all.begin() + cursor[size_t(r)] + k);
         cursor[size_t(r)] += k;
       }
-    const double slice_sum_sq = combine_chunk_sums(ordered.data(), int64_t(ordered.size()));
+    const double slice_sum_sq = pipeline_sum_squares(pipeline_, model_, ordered);
     if (!tensor_) return slice_sum_sq;
     // Tensor parallelism: the replicas among this shard group's pieces, then the slices' sums.
     double replicas = 0;
@@ -458,7 +475,8 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     AllReduceOptions r;
     r.label = "grad-norm replicas";
     shard_.all_reduce(&replicas, 1, DType::f64, ReduceOp::sum, r)->wait();
-    return tensor_parallel_sum_squares(tensor_, slice_sum_sq, replicas);
+    return tensor_parallel_sum_squares(tensor_, slice_sum_sq,
+                                       pipeline_sum(pipeline_, replicas, "grad-norm replicas (pipeline stages)"));
   }
 
   Llama<T>& model_;
@@ -466,6 +484,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   ProcessGroup& shard_;
   ProcessGroup* replicate_;
   ProcessGroup* tensor_;
+  ProcessGroup* pipeline_;  // null without pipeline parallelism
   DataParallelConfig cfg_;
   ShardLayout layout_;
   int rank_;
@@ -476,8 +495,10 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   Buffer<T> param_shard_, grad_shard_, grad_recv_;
   std::vector<std::shared_ptr<Work>> gather_work_, reduce_work_;
   std::vector<uint8_t> grads_freed_;  // [segment] its full gradient was freed by a poll
+  std::vector<uint8_t> accumulated_;  // [segment] its gradient shard holds a micro-batch's sum this step
   std::vector<std::shared_ptr<Work>> replica_work_;  // HSDP: per segment, its all-reduce across replicas
   std::deque<size_t> in_flight_;  // segments with a reduce-scatter in flight, oldest first
+  std::vector<size_t> reduced_this_pass_;  // segments reduce-scattered since the last finish_reductions
   static constexpr size_t kMaxReductionsInFlight = 2;
 };
 

@@ -135,15 +135,15 @@ ErrorStats compare_tensors(const std::vector<ParamSpec>& specs, const std::vecto
   return all;
 }
 
-// What a tensor-parallel rank holds of a whole flat buffer (laid out by whole_specs), in the
-// rank's own flat order: its specs list the same tensors in the same order, each a slice.
+// What a rank holds of a whole flat buffer (laid out by whole_specs), in the rank's own flat
+// order: its specs name some of the same tensors (a pipeline rank's stages), each whole or a
+// tensor-parallel slice.
 template <class T>
 std::vector<T> slice_of_whole(const std::vector<ParamSpec>& local, const std::vector<ParamSpec>& whole_specs,
                               const std::vector<T>& whole) {
   std::vector<T> out(size_t(flat_numel(local)));
-  for (size_t i = 0; i < local.size(); ++i) {
-    const ParamSpec& p = local[i];
-    const T* src = whole.data() + whole_specs[i].offset;
+  for (const ParamSpec& p : local) {
+    const T* src = whole.data() + find_param(whole_specs, p.name).offset;
     for_each_whole_run(p, 0, p.numel,
                        [&](int64_t at, int64_t w, int64_t n) { std::copy_n(src + w, n, out.data() + p.offset + at); });
   }
@@ -284,7 +284,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
   rep.algo = std::string(reduce_algo_name(o.plan.algo));
   rep.ranks = o.plan.world_size();
   rep.steps = int(o.train.steps);
-  rep.micro_batches_per_rank = (o.train.batch_size / o.plan.dp()) / rank_micro_batch_rows(o.train, o.plan.dp());
+  rep.micro_batches_per_rank = rank_micro_batch_count(o.train, o.plan.dp());
   rep.memory.resize(size_t(rep.ranks));
 
   // 1. The references, on one device, before anything parallel runs.
@@ -306,18 +306,21 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
   std::mutex mu;
   int lowest_rank = rep.ranks;
   launch([&](ProcessGroup& world) {
-    Llama<T> model(o.model, &world.memory(), o.plan.tp_layout(o.model, world.rank()));
+    Llama<T> model(o.model, &world.memory(), o.plan.tp_layout(o.model, world.rank()), o.plan.held_units(o.model, world.rank()));
     ParallelTrainer<T> trainer(world, model, data, o.train, o.plan);
     // A tensor-parallel rank compares its slices with the same slices of the references.
+    // A pipeline rank compares the tensors of its stages.
     const std::vector<ParamSpec>& held = model.param_specs();
     const bool sliced = model.tp_layout().sliced();
+    std::vector<size_t> whole_index;  // [held tensor] its index in `specs`
+    for (const ParamSpec& h : held) whole_index.push_back(size_t(&find_param(specs, h.name) - specs.data()));
     std::vector<T> slice_buffers[4];
     auto held_part = [&](const std::vector<T>& whole, int k) -> const std::vector<T>& {
-      if (!sliced) return whole;
+      if (!sliced && model.holds_all_units()) return whole;
       return slice_buffers[k] = slice_of_whole(held, specs, whole);
     };
     RankComparison mine;
-    std::vector<ErrorStats> grad_errs(P), param_errs(P);
+    std::vector<ErrorStats> grad_errs(held.size()), param_errs(held.size());
     double plain_err = 0;
     std::vector<double> losses, norms;
     std::vector<int64_t> tokens;
@@ -354,9 +357,9 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
     own[steps_at - 2] = mine.tokens_equal ? 0 : 1;
     own[steps_at - 1] = plain_err;
     for (size_t s = 0; s < S; ++s) put(own + steps_at + kStepDoubles * s, mine.per_step[s]);
-    for (size_t i = 0; i < P; ++i) {
-      put(&findings[tensors_at + per_tensor * i], grad_errs[i]);
-      put(&findings[tensors_at + per_tensor * i + kStatsDoubles], param_errs[i]);
+    for (size_t i = 0; i < held.size(); ++i) {
+      put(&findings[tensors_at + per_tensor * whole_index[i]], grad_errs[i]);
+      put(&findings[tensors_at + per_tensor * whole_index[i] + kStatsDoubles], param_errs[i]);
     }
     AllReduceOptions ao;
     ao.label = "equivalence findings";

@@ -150,7 +150,7 @@ std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
     // One compute thread per virtual GPU: N ranks must not each start a full OpenMP team.
     ops::set_backend_threads(1);
     // With tensor parallelism each rank's model holds only its slice of every weight.
-    Llama<float> model(s.model, &world.memory(), plan.tp_layout(s.model, world.rank()));
+    Llama<float> model(s.model, &world.memory(), plan.tp_layout(s.model, world.rank()), plan.held_units(s.model, world.rank()));
     ParallelTrainer<float> trainer(world, model, data, s.train, plan);
     const size_t me = size_t(world.rank());
 

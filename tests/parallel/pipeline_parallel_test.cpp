@@ -1,0 +1,255 @@
+// Pipeline parallelism on virtual GPUs: every schedule trains bitwise like one device
+// accumulating the same micro-batches in the same order (alone, with data parallelism under
+// DP and ZeRO 1/2/3, with activation checkpointing), its timeline on the simulated clock has
+// exactly the formula's bubble on uniform stages, each rank allocates only its stages, holds
+// as many micro-batches as the schedule says, and sends 2 m b s h elements per boundary; a
+// wrong schedule fails naming the rank and the action.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "core/error.h"
+#include "core/parallel/pipeline_parallel.h"
+#include "core/parallel/pipeline_picture.h"
+#include "parallel_test_util.h"
+
+namespace llama4d {
+namespace {
+
+using Kind = PipelineScheduleKind;
+
+// `small`'s depth (6 layers) at tiny's width, so the matrix of schedules stays fast.
+LlamaConfig six_layers() {
+  LlamaConfig c = LlamaConfig::preset("tiny");
+  c.num_hidden_layers = 6;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+struct PpCase {
+  std::string name;
+  Kind kind;
+  int pp, m, chunks = 1;
+  const char* data = "";  // extra mesh dims, e.g. "dp=2"
+  ZeroStage zero = ZeroStage::none;
+  const char* ac = "none";
+  bool keep_params = false;
+};
+
+EquivalenceOptions options_for(const PpCase& c) {
+  EquivalenceOptions o;
+  o.model = six_layers();
+  o.plan = ParallelPlan::parse("pp=" + std::to_string(c.pp) + (*c.data ? "," : "") + c.data);
+  o.plan.schedule = c.kind;
+  o.plan.pp_chunks = c.chunks;
+  o.plan.zero = c.zero;
+  o.plan.reshard_after_forward = !c.keep_params;
+  o.plan.ac = Checkpointing::parse(c.ac, int(o.model.num_hidden_layers));
+  o.train = test::options(3, 1);
+  o.train.batch_size = c.m * o.plan.dp();  // one row per micro-batch: m micro-batches per data rank
+  return o;
+}
+
+class PipelineEquivalence : public testing::TestWithParam<PpCase> {};
+
+// fp32, ordered reductions: losses, gradient norms, every gradient and parameter after 3 AdamW
+// steps (clipping active) bitwise equal to the replay, on every rank.
+TEST_P(PipelineEquivalence, BitwiseEqualToOneDevice) {
+  const EquivalenceOptions o = options_for(GetParam());
+  const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
+  EXPECT_TRUE(r.ok) << r.table();
+  EXPECT_TRUE(r.bitwise) << r.table();
+  EXPECT_EQ(int(r.per_rank.size()), o.plan.world_size());
+  EXPECT_EQ(r.micro_batches_per_rank, GetParam().m);
+}
+
+std::vector<PpCase> schedule_matrix() {
+  std::vector<PpCase> out;
+  for (int p : {2, 3, 4})
+    for (int m : {1, p, 2 * p, 2 * p + 1})
+      for (Kind k : {Kind::gpipe, Kind::one_f_one_b, Kind::zb_h1})
+        out.push_back({std::string(pipeline_schedule_name(k)) + "_pp" + std::to_string(p) + "_m" + std::to_string(m), k, p, m});
+  for (int p : {2, 3})
+    for (int m : {p, 2 * p}) out.push_back({"interleaved_pp" + std::to_string(p) + "_v2_m" + std::to_string(m), Kind::interleaved, p, m, 2});
+  for (auto& c : out)
+    for (char& ch : c.name)
+      if (ch == '-') ch = '_';
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineEquivalence, testing::ValuesIn(schedule_matrix()),
+                         [](const testing::TestParamInfo<PpCase>& i) { return i.param.name; });
+
+const PpCase kComposed[] = {
+    {"1f1b_pp2_dp2_ddp", Kind::one_f_one_b, 2, 4, 1, "dp=2", ZeroStage::none},
+    {"1f1b_pp2_dp2_zero1", Kind::one_f_one_b, 2, 4, 1, "dp=2", ZeroStage::zero1},
+    {"zb_h1_pp2_dp2_zero2", Kind::zb_h1, 2, 3, 1, "dp=2", ZeroStage::zero2},
+    {"1f1b_pp3_dp2_zero3", Kind::one_f_one_b, 3, 4, 1, "dp=2", ZeroStage::zero3},
+    {"1f1b_pp2_dp2_zero3_keep_params", Kind::one_f_one_b, 2, 4, 1, "dp=2", ZeroStage::zero3, "none", true},
+    {"interleaved_pp2_dp2_zero3_selective", Kind::interleaved, 2, 4, 2, "dp=2", ZeroStage::zero3, "selective"},
+    {"gpipe_pp2_full_ac", Kind::gpipe, 2, 3, 1, "", ZeroStage::none, "full"},
+    {"zb_h1_pp3_every2_ac", Kind::zb_h1, 3, 4, 1, "", ZeroStage::none, "every:2"},
+    {"1f1b_pp2_hsdp_2x2_zero3", Kind::one_f_one_b, 2, 2, 1, "dp_shard=2,dp_replicate=2", ZeroStage::zero3},
+};
+INSTANTIATE_TEST_SUITE_P(Composed, PipelineEquivalence, testing::ValuesIn(kComposed),
+                         [](const testing::TestParamInfo<PpCase>& i) { return i.param.name; });
+
+// The runtime's own timeline on the simulated clock, with uniform stages (each action a fixed
+// modelled time) and free transfers, has the bubble fraction of the formula, to rounding.
+TEST(PipelineTimeline, BubbleOfEveryScheduleEqualsTheFormula) {
+  const StageCosts costs{10, 15, 5, 0};  // microseconds: I = 1.5 F, W = F / 2
+  for (Kind k : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zb_h1})
+    for (int p : {2, 3, 4})
+      for (int m : {p, 2 * p, 2 * p + 1}) {
+        const int v = k == Kind::interleaved ? 2 : 1;
+        if (k == Kind::interleaved && m % p != 0) continue;
+        const PipelineSchedule s = make_pipeline_schedule(k, p, m, v);
+        VirtualClusterOptions vo;
+        vo.ranks = p;
+        VirtualCluster cluster(vo);
+        cluster.run([&](ProcessGroup& world) { run_modelled_pipeline(world, s, costs); });
+        const PipelinePicture pic = pipeline_picture(cluster.traces(), s.name());
+        double busy = 0;
+        for (double b : pic.busy_us()) busy += b;
+        const double measured = 1.0 - busy / (double(p) * pic.end_us);
+        EXPECT_NEAR(measured, pipeline_bubble_formula(k, p, m, v, costs), 1e-12) << s.name();
+        EXPECT_NEAR(pic.end_us, simulate_pipeline_schedule(s, costs).makespan, 1e-9) << s.name();
+        EXPECT_EQ(int(pic.boxes.size()), p * m * v * (k == Kind::zb_h1 ? 3 : 2)) << s.name();
+      }
+}
+
+// A list that waits for a message no rank sends fails within the group timeout, naming the
+// rank and the action, instead of hanging.
+TEST(PipelineTimeline, AWrongScheduleFailsNamingRankAndAction) {
+  PipelineSchedule s = make_pipeline_schedule(Kind::gpipe, 2, 2);
+  auto& r0 = s.actions[0];
+  auto it = std::find_if(r0.begin(), r0.end(),
+                         [](const PipelineAction& a) { return a.op == PipelineAction::Op::recv_gradient && a.micro_batch == 1; });
+  const PipelineAction recv = *it;
+  r0.erase(it);
+  r0.insert(r0.begin() + 1, recv);  // rank 0 waits for gradient 1 before it sent activation 1
+  VirtualClusterOptions vo;
+  vo.ranks = 2;
+  vo.timeout = std::chrono::milliseconds(300);
+  VirtualCluster cluster(vo);
+  try {
+    cluster.run([&](ProcessGroup& world) { run_modelled_pipeline(world, s, StageCosts{}); });
+    FAIL() << "the deadlocked schedule ran to the end";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("pipeline: recv gradient 1 from rank 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+  }
+}
+
+// One training step of a pipeline plan; every rank's memory peaks and the run's traffic.
+struct StepRecord {
+  std::vector<RankMemory> memory;
+  std::vector<int> peak_in_flight;
+  std::vector<TrafficRecord> traffic;
+  std::vector<int64_t> params_held;
+};
+
+StepRecord one_step(const LlamaConfig& cfg, Kind k, int p, int m, int chunks = 1) {
+  ParallelPlan plan = ParallelPlan::parse("pp=" + std::to_string(p));
+  plan.schedule = k;
+  plan.pp_chunks = chunks;
+  TrainOptions opt = test::options(1, 1);
+  opt.batch_size = m;
+  VirtualClusterOptions vo;
+  vo.ranks = p;
+  VirtualCluster cluster(vo);
+  StepRecord rec;
+  rec.memory.resize(size_t(p));
+  rec.peak_in_flight.resize(size_t(p));
+  rec.params_held.resize(size_t(p));
+  cluster.run([&](ProcessGroup& world) {
+    ops::set_backend_threads(1);
+    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
+    ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
+    trainer.step();
+    rec.memory[size_t(world.rank())] = trainer.strategy().peak_memory();
+    rec.peak_in_flight[size_t(world.rank())] = trainer.pipeline()->peak_in_flight();
+    rec.params_held[size_t(world.rank())] = model.num_params();
+  });
+  rec.traffic = cluster.traffic();
+  return rec;
+}
+
+// Each rank allocates the weights, gradients and AdamW moments of its stages only: together
+// exactly one device's.
+TEST(PipelineMemory, EachRankAllocatesOnlyItsStages) {
+  const LlamaConfig cfg = six_layers();
+  const StepRecord r = one_step(cfg, Kind::one_f_one_b, 3, 3);
+  const int64_t whole = Llama<float>(cfg).num_params();
+  int64_t sum = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    const int64_t n = r.params_held[size_t(rank)];
+    sum += n;
+    EXPECT_EQ(r.memory[size_t(rank)].params, 4 * n) << "rank " << rank;
+    EXPECT_EQ(r.memory[size_t(rank)].grads, 4 * n) << "rank " << rank;
+    EXPECT_EQ(r.memory[size_t(rank)].optimizer, 8 * n) << "rank " << rank;
+    EXPECT_LT(n, whole);
+  }
+  EXPECT_EQ(sum, whole);
+}
+
+// The peak activation memory of a stage is its peak number of micro-batches in flight times
+// one micro-batch's activations (measured with m = 1): GPipe holds all m, 1F1B at most p - r.
+TEST(PipelineMemory, ActivationPeaksFollowTheMicroBatchesInFlight) {
+  const LlamaConfig cfg = six_layers();
+  const int p = 3, m = 6;
+  const StepRecord one = one_step(cfg, Kind::gpipe, p, 1);
+  for (Kind k : {Kind::gpipe, Kind::one_f_one_b, Kind::zb_h1}) {
+    const StepRecord r = one_step(cfg, k, p, m);
+    for (int rank = 0; rank < p; ++rank) {
+      const int expect = k == Kind::gpipe ? m : k == Kind::one_f_one_b ? std::min(m, p - rank) : std::min(m, p);
+      EXPECT_EQ(r.peak_in_flight[size_t(rank)], expect) << pipeline_schedule_name(k) << " rank " << rank;
+      if (k == Kind::zb_h1) continue;  // a micro-batch between I and W holds less than a whole one
+      EXPECT_EQ(r.memory[size_t(rank)].activations, expect * one.memory[size_t(rank)].activations)
+          << pipeline_schedule_name(k) << " rank " << rank;
+    }
+  }
+}
+
+// Every stage boundary carries 2 m b s h elements per step: m activations forward, m gradients back.
+TEST(PipelineTraffic, TwoMbshElementsPerBoundary) {
+  const LlamaConfig cfg = six_layers();
+  const int p = 3, m = 4;
+  const StepRecord r = one_step(cfg, Kind::one_f_one_b, p, m);
+  std::map<int, int64_t> sent;  // world rank -> bytes sent point to point
+  for (const TrafficRecord& t : r.traffic)
+    if (t.op == "send") sent[t.world_rank] += t.bytes_sent;
+  const int64_t bsh = 1 * 16 * cfg.hidden_size, f32 = 4;  // one row of 16 tokens per micro-batch
+  EXPECT_EQ(sent[0], m * bsh * f32);           // activations to rank 1
+  EXPECT_EQ(sent[1], 2 * m * bsh * f32);       // activations to 2, gradients to 0
+  EXPECT_EQ(sent[2], m * bsh * f32);           // gradients to 1
+  EXPECT_EQ(sent[0] + sent[1] + sent[2], (p - 1) * 2 * m * bsh * f32);
+}
+
+TEST(PipelinePlan, BadPlansNameTheConstraint) {
+  const LlamaConfig cfg = six_layers();
+  auto message = [&](const std::string& mesh, Kind k, int chunks, int m, std::vector<int> layers = {}) -> std::string {
+    try {
+      ParallelPlan p = ParallelPlan::parse(mesh);
+      p.schedule = k;
+      p.pp_chunks = chunks;
+      p.pp_layers = layers;
+      p.validate();
+      p.check_model(cfg, m);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message("pp=4", Kind::interleaved, 2, 4).find("every stage needs at least one layer"), std::string::npos);
+  EXPECT_NE(message("pp=2", Kind::interleaved, 2, 3).find("not a multiple of 2"), std::string::npos);
+  EXPECT_NE(message("pp=2", Kind::one_f_one_b, 2, 4).find("needs --schedule interleaved"), std::string::npos);
+  EXPECT_NE(message("pp=3", Kind::one_f_one_b, 1, 4, {1, 2, 2}).find("adds up to 5 layers"), std::string::npos);
+  LlamaConfig tied = cfg;
+  tied.tie_word_embeddings = true;
+  ParallelPlan p = ParallelPlan::parse("pp=2");
+  EXPECT_THROW(p.check_model(tied), InputError);
+}
+
+}  // namespace
+}  // namespace llama4d
