@@ -15,6 +15,7 @@
 #include "core/model/llama.h"
 #include "core/ops.h"
 #include "core/parallel/parallel_trainer.h"
+#include "core/parallel/pipeline_picture.h"
 #include "core/train/trainer.h"
 
 namespace llama4d::cli {
@@ -83,7 +84,21 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   double computing = 0;
   for (const auto& r : sim.at("per_rank")) computing += r.at("compute_us").get<double>();
   sim["compute_fraction"] = computing / double(sim.at("per_rank").size()) / sim.at("step_us").get<double>();
+  nlohmann::json pipeline = nullptr;
+  if (plan.size("pp") > 1 && launcher.traces().size() == size_t(ranks)) {
+    // The pipeline's idle share over the run: time outside its forward and backward actions on
+    // the simulated clock (stages as the model cuts them), beside the uniform-stage formula.
+    const int pp = plan.size("pp"), m = int(rank_micro_batch_count(opt, plan.dp()));
+    const PipelinePicture pic = pipeline_picture(launcher.traces(), "bench");
+    double busy = 0;
+    for (double b : pic.busy_us()) busy += b;
+    pipeline = {{"schedule", std::string(pipeline_schedule_name(plan.schedule))},
+                {"micro_batches", m},
+                {"bubble_fraction", 1.0 - busy / (double(ranks) * pic.end_us)},
+                {"bubble_formula_uniform_stages", pipeline_bubble_formula(plan.schedule, pp, m, plan.pp_chunks)}};
+  }
   return {{"strategy", strategy},
+          {"pipeline", pipeline},
           {"ranks", ranks},
           {"simulated", sim},
           {"plan", plan.to_json()},
@@ -169,6 +184,10 @@ nlohmann::json run_bench(const BenchArgs& a) {
              "%.0f tokens/s, MFU %.1f%%\n",
              par.at("ranks").get<int>(), sim.at("gpu_tflops").get<double>(), sim.at("step_us").get<double>() / 1e3,
              exposed / 1e3, sim.at("tokens_per_s").get<double>(), 100 * sim.at("mfu").get<double>());
+    if (!par.at("pipeline").is_null())
+      progress("bench: pipeline bubble on the simulated clock %.1f%% of the step (uniform stages would give %.1f%%)\n",
+               100 * par.at("pipeline").at("bubble_fraction").get<double>(),
+               100 * par.at("pipeline").at("bubble_formula_uniform_stages").get<double>());
     result["parallel"] = par;
     result["parallel_over_single_step_time"] = ratio;
   }

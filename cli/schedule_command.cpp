@@ -7,6 +7,7 @@
 // one step of a model (--preset, --seq-len) with that pipeline instead, so the boxes are the
 // FLOPs of the real stages (the embedding and the head make the first and last uneven) and the
 // transfers cost what the cluster model says; --trace writes that run for Perfetto.
+#include <filesystem>
 #include <sstream>
 
 #include "cli/common.h"
@@ -100,7 +101,13 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
   for (double b : busy) total_busy += b;
   const double measured = pic.end_us > 0 ? 1.0 - total_busy / (double(a.pp) * pic.end_us) : 0.0;
   const double formula = pipeline_bubble_formula(kind, a.pp, a.micro_batches, a.chunks, costs);
-  if (!a.svg.empty()) write_text_file_atomically(a.svg, pipeline_svg(pic));
+  if (!a.svg.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(a.svg).parent_path();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+    if (ec) throw IoError("--svg " + a.svg + ": cannot create " + dir.string() + ": " + ec.message());
+    write_text_file_atomically(a.svg, pipeline_svg(pic));
+  }
 
   nlohmann::json ranks = nlohmann::json::array();
   for (int r = 0; r < a.pp; ++r)

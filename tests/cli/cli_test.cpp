@@ -285,7 +285,12 @@ TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=2 --zero 1 --keep-params"), "--keep-params");
   // Dimensions this build cannot train yet are refused by name, never dropped silently.
   expect_bad_input(run("train --preset tiny --mesh cp=2,dp=2 --out " + tmp("cp")), "context parallelism");
-  expect_bad_input(run("verify --mesh pp=2"), "pipeline parallelism");
+  expect_bad_input(run("verify --mesh pp=3"), "every stage needs at least one layer");  // tiny has 2 layers
+  expect_bad_input(run("verify --mesh pp=2 --pp-layers 1,2"), "adds up to 3 layers");
+  expect_bad_input(run("train --preset tiny --mesh pp=2 --schedule pipedream --out " + tmp("pp_bad")), "pipedream");
+  expect_bad_input(run("verify --preset small --seq-len 32 --mesh pp=2 --schedule interleaved --pp-chunks 2 --batch-size 6 --micro-batches 3"),
+                   "not a multiple of 2");
+  expect_bad_input(run("verify --mesh dp=2 --pp-chunks 2"), "pipeline parallelism");
   expect_bad_input(run("bench --mesh ep=2"), "expert");
   expect_bad_input(run("verify --mesh dp=2,dp=2"), "twice");
   expect_bad_input(run("verify --mesh dq=2"), "unknown dim");
@@ -316,6 +321,50 @@ TEST(Cli, TensorParallelVerifyTrainAndResumeOnAnotherTp) {
   const auto j = nlohmann::json::parse(second.out);
   EXPECT_EQ(j.at("steps_this_run").get<int>(), 2);
   EXPECT_TRUE(std::isfinite(j.at("final_loss").get<double>()));
+}
+
+// Pipeline parallelism end to end: verify is bitwise for a zero-bubble pipeline under ZeRO-3,
+// train runs 1F1B and its checkpoint resumes on a data-parallel mesh, and `schedule` draws the
+// timeline with the formula's bubble (text, SVG and JSON) or, with --measure, a model's.
+TEST(Cli, PipelineParallelVerifyTrainResumeAndSchedule) {
+  const Result v = run("verify --mesh pp=2,dp=2 --zero 3 --schedule zb-h1 --micro-batches 2 --steps 2 --seq-len 32 --json");
+  ASSERT_EQ(v.code, 0) << v.err;
+  const auto jv = nlohmann::json::parse(v.out);
+  EXPECT_TRUE(jv.at("bitwise").get<bool>());
+  EXPECT_EQ(jv.at("plan").at("pipeline").at("schedule").get<std::string>(), "zb-h1");
+
+  const std::string out = tmp("pp_resume");
+  const Result first = run("train --preset tiny --seq-len 32 --batch-size 4 --micro-batch-size 1 --steps 4 --stop-at 2 "
+                           "--mesh pp=2 --eval-every 2 --out " + out + " --json");
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_NE(nlohmann::json::parse(first.out).at("strategy").get<std::string>().find("PP over 2 ranks (1F1B, p=2, m=4)"),
+            std::string::npos) << first.out;
+  const Result second = run("train --resume " + out + "/checkpoint --preset tiny --seq-len 32 --batch-size 4 --steps 4 "
+                            "--mesh dp=2 --eval-every 0 --out " + out + " --json");
+  ASSERT_EQ(second.code, 0) << second.err;
+  EXPECT_EQ(nlohmann::json::parse(second.out).at("steps_this_run").get<int>(), 2);
+
+  const std::string svg = tmp("1f1b.svg");
+  const Result s = run("schedule --pp 4 --micro-batches 8 --schedule 1f1b --svg " + svg + " --json");
+  ASSERT_EQ(s.code, 0) << s.err;
+  const auto js = nlohmann::json::parse(s.out);
+  EXPECT_NEAR(js.at("bubble_fraction").get<double>(), 3.0 / 11.0, 1e-12);  // (p-1)/(m+p-1)
+  EXPECT_NEAR(js.at("bubble_formula").get<double>(), 3.0 / 11.0, 1e-12);
+  EXPECT_EQ(js.at("per_rank").at(0).at("peak_in_flight").get<int>(), 4);
+  EXPECT_EQ(js.at("per_rank").at(3).at("peak_in_flight").get<int>(), 1);
+  EXPECT_NE(read_file(svg).find("<svg"), std::string::npos);
+  const Result text = run("schedule --pp 2 --micro-batches 2 --schedule gpipe");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("rank 1 |"), std::string::npos) << text.out;
+  const Result m = run("schedule --measure --preset tiny --seq-len 32 --pp 2 --micro-batches 4 --schedule zb-h1 --json");
+  ASSERT_EQ(m.code, 0) << m.err;
+  const auto jm = nlohmann::json::parse(m.out);
+  EXPECT_GT(jm.at("bubble_fraction").get<double>(), 0.0);
+  EXPECT_TRUE(jm.at("bubble_formula").is_null());
+  EXPECT_GT(jm.at("per_rank").at(1).at("busy_us").get<double>(), 0.0);
+  expect_bad_input(run("schedule --pp 2 --micro-batches 3 --schedule interleaved --pp-chunks 2"), "multiple");
+  expect_bad_input(run("schedule --costs 1,2"), "--costs");
+  expect_bad_input(run("schedule --preset tiny"), "--measure");
 }
 
 TEST(Cli, ActivationCheckpointingFlag) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The MPI backend gives the same bits as the virtual backend: the same plan, run as 4 OS
 # processes under mpirun and as 4 threads, must both pass verify (bitwise equal to one device for
-# data parallelism with ordered reductions; within the measured bounds for ring reductions and
+# data and pipeline parallelism with ordered reductions; within the measured bounds for ring reductions and
 # tensor parallelism), and report identical losses and identical per-tensor errors.
 #   mpi_vs_virtual.sh <llama4d binary>
 set -euo pipefail
@@ -35,3 +35,8 @@ run ring --mesh dp=4 --zero 2 --algo ring --grad-clip 0
 # ZeRO-2 on the data-parallel dim, and tp=4 with replicated KV heads (tiny has 2).
 run tp_sp_zero2 --mesh tp=2,dp=2 --zero 2
 run tp4_no_sp --mesh tp=4 --sp off
+# Pipeline parallelism: point-to-point activations and gradients between processes, with ZeRO-3
+# on the data-parallel dim, and a zero-bubble schedule on 4 stages (tiny has 2 layers: 2 stages
+# of one layer each, so 4 stages need the six-layer small).
+run pp_zero3 --mesh pp=2,dp=2 --zero 3 --micro-batches 2
+run pp4_zb --preset small --seq-len 32 --mesh pp=4 --schedule zb-h1 --micro-batches 4 --batch-size 4

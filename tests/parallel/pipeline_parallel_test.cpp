@@ -93,6 +93,37 @@ const PpCase kComposed[] = {
 INSTANTIATE_TEST_SUITE_P(Composed, PipelineEquivalence, testing::ValuesIn(kComposed),
                          [](const testing::TestParamInfo<PpCase>& i) { return i.param.name; });
 
+// With tensor parallelism inside each stage (and sequence parallelism, so a stage boundary
+// carries each rank's 1/tp of the rows), the pipeline adds no rounding of its own: losses,
+// gradient norms and every step's errors against one device are exactly those of the same plan
+// without pp. (TP itself is not bitwise against one device: it adds partial sums in another
+// order; tensor_parallel_test holds it to its bounds.)
+TEST(PipelineEquivalence, WithTensorParallelismAddsNothingToTp) {
+  auto run = [](const char* mesh) {
+    EquivalenceOptions o;
+    o.model = six_layers();
+    o.plan = ParallelPlan::parse(mesh);
+    o.plan.schedule = Kind::one_f_one_b;
+    o.plan.zero = o.plan.dp() > 1 ? ZeroStage::zero3 : ZeroStage::none;
+    o.train = test::options(3, 1);
+    o.train.batch_size = 3 * o.plan.dp();
+    return verify_plan<double>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
+  };
+  for (const auto& [with_pp, without] : {std::pair{"tp=2,pp=2", "tp=2"}, {"tp=2,pp=3,dp=2", "tp=2,dp=2"}}) {
+    const EquivalenceReport r = run(with_pp), ref = run(without);
+    EXPECT_TRUE(r.tokens_parallel == ref.tokens_parallel && !r.losses_parallel.empty()) << with_pp;
+    EXPECT_EQ(r.plain_max_rel_err, ref.plain_max_rel_err) << with_pp;
+    EXPECT_EQ(r.losses_parallel, ref.losses_parallel) << with_pp;
+    EXPECT_EQ(r.grad_norms_parallel, ref.grad_norms_parallel) << with_pp;
+    ASSERT_EQ(r.errors_per_step.size(), ref.errors_per_step.size());
+    for (size_t s = 0; s < r.errors_per_step.size(); ++s) {
+      const StepErrors &a = r.errors_per_step[s], &b = ref.errors_per_step[s];
+      EXPECT_EQ(a.grad_tensor, b.grad_tensor) << with_pp << " step " << s + 1;
+      EXPECT_EQ(a.param_tensor, b.param_tensor) << with_pp << " step " << s + 1;
+    }
+  }
+}
+
 // The runtime's own timeline on the simulated clock, with uniform stages (each action a fixed
 // modelled time) and free transfers, has the bubble fraction of the formula, to rounding.
 TEST(PipelineTimeline, BubbleOfEveryScheduleEqualsTheFormula) {
