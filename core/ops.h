@@ -57,7 +57,8 @@ inline double matmul_backward_flops(bool dinp, bool dweight, int64_t BT, int64_t
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC);
 // dinp[BT, C] += dout[BT, OC] @ weight[OC, C];  dweight[OC, C] += dout^T @ inp[BT, C].
-// Either of dinp / dweight may be null to skip it (e.g. no input gradient for layer 0's input).
+// Either of dinp / dweight may be null to skip it (e.g. no input gradient for layer 0's input);
+// weight is read only for dinp, inp only for dweight, and the other keeps its bits.
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
                      int64_t C, int64_t OC);
@@ -66,7 +67,8 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 // out[BT, C], rstd[BT] (saved 1/rms for backward), inp[BT, C], weight[C]
 template <class T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t BT, int64_t C, T eps);
-// dinp[BT, C] +=, dweight[C] +=
+// dinp[BT, C] +=, dweight[C] +=. Either may be null to skip it, and the other keeps its bits;
+// weight is read only for dinp.
 template <class T>
 void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
                       const T* rstd, int64_t BT, int64_t C);

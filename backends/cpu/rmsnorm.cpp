@@ -28,7 +28,9 @@ template <class T>
 void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
                       const T* rstd, int64_t BT, int64_t C) {
   const bool parallel = BT * C >= kParallelElements;
-  cpu::parallel_for(BT, parallel, [&](int64_t r) {
+  // The two gradients read only dout, inp, rstd (and weight for dinp), never each other: either
+  // may be skipped, and the other keeps its bits (the split backward of zero-bubble schedules).
+  if (dinp) cpu::parallel_for(BT, parallel, [&](int64_t r) {
     const T* x = inp + r * C;
     const T* dy = dout + r * C;
     T* dx = dinp + r * C;
@@ -47,6 +49,7 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
   });
   // dweight sums over rows: split by column blocks so each column is summed by one thread in
   // row order (no atomics, same bits for any thread count).
+  if (!dweight) return;
   constexpr int64_t kCols = 64;
   const int64_t blocks = (C + kCols - 1) / kCols;
   cpu::parallel_for(blocks, parallel, [&](int64_t blk) {

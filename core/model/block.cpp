@@ -1,5 +1,8 @@
 #include "core/model/block.h"
 
+#include <string>
+#include <utility>
+
 #include "core/ops.h"
 
 namespace llama4d {
@@ -60,6 +63,7 @@ int64_t BlockActivations<T>::bytes() const {
 
 template <class T>
 void BlockScratch<T>::allocate(MemoryTracker* m, const BlockDims& d) {
+  memory = m;
   const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
   const auto s = MemoryCategory::scratch;
   dn = Buffer<T>(m, s, BT * C, "backward dn"), dh = Buffer<T>(m, s, BT * C, "backward dh");
@@ -70,8 +74,51 @@ void BlockScratch<T>::allocate(MemoryTracker* m, const BlockDims& d) {
 }
 
 template <class T>
+void BlockScratch<T>::allocate_input_pass(MemoryTracker* m, const BlockDims& d) {
+  memory = m;
+  datt = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.nh * d.hd, "backward datt");
+  dact = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.I, "backward dact");
+}
+
+template <class T>
 void BlockScratch<T>::reset() {
   for (Buffer<T>* b : {&dn, &dh, &dq, &dk, &dv, &datt, &dgate, &dup, &dact, &gk, &gv, &gnorm}) b->reset();
+}
+
+template <class T>
+void BlockWeightGradInputs<T>::allocate(MemoryTracker* m, const BlockDims& d, const std::string& owner) {
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I;
+  auto buffer = [&](int64_t n, const char* what) {
+    return Buffer<T>(m, MemoryCategory::activations, n, "weight-gradient inputs of " + owner + ": " + what);
+  };
+  ddown = buffer(BT * C, "d(down_proj out)");
+  dgate = buffer(BT * I, "d(gate_proj out)"), dup = buffer(BT * I, "d(up_proj out)");
+  dn2 = buffer(BT * C, "dn2");
+  dattn = buffer(BT * C, "d(o_proj out)");
+  dq = buffer(BT * qd, "dq"), dk = buffer(BT * kvd, "dk"), dv = buffer(BT * kvd, "dv");
+  dn1 = buffer(BT * C, "dn1");
+}
+
+template <class T>
+void BlockWeightGradInputs<T>::take_inputs(BlockActivations<T>& a, Buffer<T>& block_input) {
+  act = std::move(a.act), n2 = std::move(a.n2), att = std::move(a.att), n1 = std::move(a.n1);
+  h = std::move(a.h), rstd2 = std::move(a.rstd2), rstd1 = std::move(a.rstd1), x = std::move(block_input);
+}
+
+template <class T>
+void BlockWeightGradInputs<T>::reset() {
+  for (Buffer<T>* b : {&ddown, &dgate, &dup, &dn2, &dattn, &dq, &dk, &dv, &dn1, &act, &n2, &att, &n1, &h, &rstd2,
+                       &x, &rstd1})
+    b->reset();
+}
+
+template <class T>
+int64_t BlockWeightGradInputs<T>::bytes() const {
+  int64_t n = 0;
+  for (const Buffer<T>* b : {&ddown, &dgate, &dup, &dn2, &dattn, &dq, &dk, &dv, &dn1, &act, &n2, &att, &n1, &h,
+                             &rstd2, &x, &rstd1})
+    n += b->bytes();
+  return n;
 }
 
 namespace {
@@ -166,20 +213,101 @@ void block_recompute_selective(BlockActivations<T>& a, const BlockWeights<T>& w,
 
 namespace {
 
-// dinp[rows,C] += RMSNorm backward; the gain's gradient accumulates into g_gain. With sequence
-// parallelism this rank's rows give only part of it: it is taken apart and summed over the ranks.
+// dinp[rows,C] += RMSNorm backward; the gain's gradient accumulates into g_gain. Either may be
+// null (the input and weight passes of a split backward; gain is read only for dinp). With
+// sequence parallelism this rank's rows give only part of the gain's gradient: it is taken apart
+// and summed over the ranks.
 template <class T>
 void norm_backward(T* dinp, T* g_gain, const T* dn, const T* inp, const T* gain, const T* rstd, const BlockDims& d,
                    BlockScratch<T>& s, BlockComm<T>& comm) {
-  if (d.sp == 1) {
+  if (d.sp == 1 || !g_gain) {
     ops::rmsnorm_backward(dinp, g_gain, dn, inp, gain, rstd, d.rows(), d.C);
     return;
   }
-  if (s.gnorm.empty()) s.gnorm = Buffer<T>(s.dn.memory(), MemoryCategory::scratch, d.C, "backward RMSNorm gain grad");
+  if (s.gnorm.empty()) s.gnorm = Buffer<T>(s.memory, MemoryCategory::scratch, d.C, "backward RMSNorm gain grad");
   ops::fill(s.gnorm.data(), T(0), d.C);
   ops::rmsnorm_backward(dinp, s.gnorm.data(), dn, inp, gain, rstd, d.rows(), d.C);
   comm.norm_weight_grads(s.gnorm.data(), d);
   ops::accumulate(g_gain, s.gnorm.data(), d.C);
+}
+
+// The k and v projections' backward: dn[B,T,C] += dk @ wk + dv @ wv (dn null: skipped);
+// g.wk, g.wv += their weight gradients (null: skipped; w.wk, w.wv are read only for dn).
+template <class T>
+void key_value_projection_backward(T* dn, const BlockWeights<T>& g, const T* dk, const T* dv, const T* n1,
+                                   const BlockWeights<T>& w, const BlockDims& d, BlockScratch<T>& s,
+                                   BlockComm<T>& comm) {
+  const int64_t BT = d.BT(), C = d.C, kvd = d.nkv * d.hd;
+  if (!g.wk || !comm.sums_key_value_weight_grads()) {
+    ops::matmul_backward(dn, g.wk, dk, n1, w.wk, BT, C, kvd);
+    ops::matmul_backward(dn, g.wv, dv, n1, w.wv, BT, C, kvd);
+    return;
+  }
+  // This micro-batch's k/v weight gradients apart, summed over the head's replicas, then added.
+  if (s.gk.empty()) {
+    s.gk = Buffer<T>(s.memory, MemoryCategory::scratch, kvd * C, "backward k_proj grad (replicated heads)");
+    s.gv = Buffer<T>(s.memory, MemoryCategory::scratch, kvd * C, "backward v_proj grad (replicated heads)");
+  }
+  ops::fill(s.gk.data(), T(0), kvd * C);
+  ops::fill(s.gv.data(), T(0), kvd * C);
+  ops::matmul_backward(dn, s.gk.data(), dk, n1, w.wk, BT, C, kvd);
+  ops::matmul_backward(dn, s.gv.data(), dv, n1, w.wv, BT, C, kvd);
+  comm.key_value_weight_grads(s.gk.data(), s.gv.data(), d);
+  ops::accumulate(g.wk, s.gk.data(), kvd * C);
+  ops::accumulate(g.wv, s.gv.data(), kvd * C);
+}
+
+// Where a block's backward computes the gradients of its matmul and norm outputs. The full
+// backward consumes each at once, so they share scratch (dn serves d(down out), dn2 and dn1 in
+// turn); the input pass keeps them for the weight pass, each in its own buffer.
+template <class T>
+struct BlockGradBuffers {
+  T *ddown, *dact, *dgate, *dup, *dn2, *dh, *datt, *dq, *dk, *dv, *dn1;
+};
+
+// block_backward with the weight gradients g (all null: the input pass, none computed).
+template <class T>
+void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers<T>& b, const T* dout,
+                         const BlockActivations<T>& a, const BlockWeights<T>& w, const T* x, const BlockDims& d,
+                         const RopeTables<T>& rope, int64_t pos_start, BlockScratch<T>& s, BlockComm<T>& comm) {
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I, rows = d.rows();
+  const int64_t mine = d.row0() * C;
+  // The residual stream's gradient, this rank's rows of b.dh [B,T,C].
+  T* dh = b.dh + mine;
+
+  // Feed-forward half, last op first. The residual passes dout straight to dh.
+  ops::copy(dh, dout, rows * C);
+  ops::copy(b.ddown + mine, dout, rows * C);  // d(mlp output): the down_proj output's gradient
+  comm.mlp_output_backward(b.ddown, d);
+  ops::fill(b.dact, T(0), BT * I);
+  ops::matmul_backward(b.dact, g.wdown, b.ddown, a.act.data(), w.wdown, BT, I, C);
+  ops::fill(b.dgate, T(0), BT * I);
+  ops::fill(b.dup, T(0), BT * I);
+  ops::swiglu_backward(b.dgate, b.dup, b.dact, a.gate.data(), a.up.data(), BT * I);
+  ops::fill(b.dn2, T(0), BT * C);
+  ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I);
+  ops::matmul_backward(b.dn2, g.wup, b.dup, a.n2.data(), w.wup, BT, C, I);
+  comm.mlp_input_backward(b.dn2, d);
+  norm_backward(dh, g.ln2, b.dn2 + mine, a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
+
+  // Attention half. dout is no longer read, so dx may alias it from here on.
+  ops::copy(dx, dh, rows * C);
+  comm.attention_output_backward(b.dh, d);
+  ops::fill(b.datt, T(0), BT * qd);
+  ops::matmul_backward(b.datt, g.wo, b.dh, a.att.data(), w.wo, BT, qd, C);
+  ops::fill(b.dq, T(0), BT * qd);
+  ops::fill(b.dk, T(0), BT * kvd);
+  ops::fill(b.dv, T(0), BT * kvd);
+  ops::attention_backward(b.dq, b.dk, b.dv, b.datt, a.q.data(), a.k.data(), a.v.data(), a.att.data(),
+                          a.lse.data(), attention_shape<T>(d, pos_start));
+  comm.key_value_backward(b.dk, b.dv, d);
+  ops::rope_backward(b.dq, rope.cos.data(), rope.sin.data(), d.B, d.T, d.nh, d.hd, pos_start);
+  ops::rope_backward(b.dk, rope.cos.data(), rope.sin.data(), d.B, d.T, d.nkv, d.hd, pos_start);
+  ops::fill(b.dn1, T(0), BT * C);
+  ops::matmul_backward(b.dn1, g.wq, b.dq, a.n1.data(), w.wq, BT, C, qd);
+  key_value_projection_backward(b.dn1, g, b.dk, b.dv, a.n1.data(), w, d, s, comm);
+  comm.attention_input_backward(b.dn1, d);
+  norm_backward(dx, g.ln1, b.dn1 + mine, x, w.ln1, a.rstd1.data(), d, s, comm);
 }
 
 }  // namespace
@@ -187,62 +315,39 @@ void norm_backward(T* dinp, T* g_gain, const T* dn, const T* inp, const T* gain,
 template <class T>
 void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockActivations<T>& a,
                     const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
-                    int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm_ptr) {
-  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I, rows = d.rows();
-  const int64_t mine = d.row0() * C;
+                    int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm) {
+  const BlockGradBuffers<T> b{.ddown = s.dn.data(), .dact = s.dact.data(), .dgate = s.dgate.data(),
+                              .dup = s.dup.data(), .dn2 = s.dn.data(), .dh = s.dh.data(), .datt = s.datt.data(),
+                              .dq = s.dq.data(), .dk = s.dk.data(), .dv = s.dv.data(), .dn1 = s.dn.data()};
+  block_backward_into(dx, g, b, dout, a, w, x, d, rope, pos_start, s, comm_or_none(comm));
+}
+
+template <class T>
+void block_backward_input(T* dx, BlockWeightGradInputs<T>& keep, const T* dout, const BlockActivations<T>& a,
+                          const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
+                          int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm) {
+  const BlockGradBuffers<T> b{.ddown = keep.ddown.data(), .dact = s.dact.data(), .dgate = keep.dgate.data(),
+                              .dup = keep.dup.data(), .dn2 = keep.dn2.data(), .dh = keep.dattn.data(),
+                              .datt = s.datt.data(), .dq = keep.dq.data(), .dk = keep.dk.data(),
+                              .dv = keep.dv.data(), .dn1 = keep.dn1.data()};
+  block_backward_into(dx, BlockWeights<T>{}, b, dout, a, w, x, d, rope, pos_start, s, comm_or_none(comm));
+}
+
+template <class T>
+void block_backward_weight(const BlockWeights<T>& g, const BlockWeightGradInputs<T>& in, const BlockDims& d,
+                           BlockScratch<T>& s, BlockComm<T>* comm_ptr) {
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, I = d.I, mine = d.row0() * C;
   BlockComm<T>& comm = comm_or_none(comm_ptr);
-  // The residual stream's gradient, this rank's rows of s.dh [B,T,C].
-  T* dh = s.dh.data() + mine;
-
-  // Feed-forward half, last op first. The residual passes dout straight to dh.
-  ops::copy(dh, dout, rows * C);
-  ops::copy(s.dn.data() + mine, dout, rows * C);  // d(mlp output): the down_proj output's gradient
-  comm.mlp_output_backward(s.dn.data(), d);
-  ops::fill(s.dact.data(), T(0), BT * I);
-  ops::matmul_backward(s.dact.data(), g.wdown, s.dn.data(), a.act.data(), w.wdown, BT, I, C);
-  ops::fill(s.dgate.data(), T(0), BT * I);
-  ops::fill(s.dup.data(), T(0), BT * I);
-  ops::swiglu_backward(s.dgate.data(), s.dup.data(), s.dact.data(), a.gate.data(), a.up.data(), BT * I);
-  ops::fill(s.dn.data(), T(0), BT * C);
-  ops::matmul_backward(s.dn.data(), g.wgate, s.dgate.data(), a.n2.data(), w.wgate, BT, C, I);
-  ops::matmul_backward(s.dn.data(), g.wup, s.dup.data(), a.n2.data(), w.wup, BT, C, I);
-  comm.mlp_input_backward(s.dn.data(), d);
-  norm_backward(dh, g.ln2, s.dn.data() + mine, a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
-
-  // Attention half. dout is no longer read, so dx may alias it from here on.
-  ops::copy(dx, dh, rows * C);
-  comm.attention_output_backward(s.dh.data(), d);
-  ops::fill(s.datt.data(), T(0), BT * qd);
-  ops::matmul_backward(s.datt.data(), g.wo, s.dh.data(), a.att.data(), w.wo, BT, qd, C);
-  ops::fill(s.dq.data(), T(0), BT * qd);
-  ops::fill(s.dk.data(), T(0), BT * kvd);
-  ops::fill(s.dv.data(), T(0), BT * kvd);
-  ops::attention_backward(s.dq.data(), s.dk.data(), s.dv.data(), s.datt.data(), a.q.data(), a.k.data(), a.v.data(),
-                          a.att.data(), a.lse.data(), attention_shape<T>(d, pos_start));
-  comm.key_value_backward(s.dk.data(), s.dv.data(), d);
-  ops::rope_backward(s.dq.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nh, d.hd, pos_start);
-  ops::rope_backward(s.dk.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nkv, d.hd, pos_start);
-  ops::fill(s.dn.data(), T(0), BT * C);
-  ops::matmul_backward(s.dn.data(), g.wq, s.dq.data(), a.n1.data(), w.wq, BT, C, qd);
-  if (comm.sums_key_value_weight_grads()) {
-    // This micro-batch's k/v weight gradients apart, summed over the head's replicas, then added.
-    if (s.gk.empty()) {
-      s.gk = Buffer<T>(s.dn.memory(), MemoryCategory::scratch, kvd * C, "backward k_proj grad (replicated heads)");
-      s.gv = Buffer<T>(s.dn.memory(), MemoryCategory::scratch, kvd * C, "backward v_proj grad (replicated heads)");
-    }
-    ops::fill(s.gk.data(), T(0), kvd * C);
-    ops::fill(s.gv.data(), T(0), kvd * C);
-    ops::matmul_backward(s.dn.data(), s.gk.data(), s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
-    ops::matmul_backward(s.dn.data(), s.gv.data(), s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
-    comm.key_value_weight_grads(s.gk.data(), s.gv.data(), d);
-    ops::accumulate(g.wk, s.gk.data(), kvd * C);
-    ops::accumulate(g.wv, s.gv.data(), kvd * C);
-  } else {
-    ops::matmul_backward(s.dn.data(), g.wk, s.dk.data(), a.n1.data(), w.wk, BT, C, kvd);
-    ops::matmul_backward(s.dn.data(), g.wv, s.dv.data(), a.n1.data(), w.wv, BT, C, kvd);
-  }
-  comm.attention_input_backward(s.dn.data(), d);
-  norm_backward(dx, g.ln1, s.dn.data() + mine, x, w.ln1, a.rstd1.data(), d, s, comm);
+  const BlockWeights<T> none{};  // no input gradient: the parameters are not read
+  // block_backward's weight-gradient calls, in its order.
+  ops::matmul_backward<T>(nullptr, g.wdown, in.ddown.data(), in.act.data(), nullptr, BT, I, C);
+  ops::matmul_backward<T>(nullptr, g.wgate, in.dgate.data(), in.n2.data(), nullptr, BT, C, I);
+  ops::matmul_backward<T>(nullptr, g.wup, in.dup.data(), in.n2.data(), nullptr, BT, C, I);
+  norm_backward<T>(nullptr, g.ln2, in.dn2.data() + mine, in.h.data(), nullptr, in.rstd2.data(), d, s, comm);
+  ops::matmul_backward<T>(nullptr, g.wo, in.dattn.data(), in.att.data(), nullptr, BT, qd, C);
+  ops::matmul_backward<T>(nullptr, g.wq, in.dq.data(), in.n1.data(), nullptr, BT, C, qd);
+  key_value_projection_backward<T>(nullptr, g, in.dk.data(), in.dv.data(), in.n1.data(), none, d, s, comm);
+  norm_backward<T>(nullptr, g.ln1, in.dn1.data() + mine, in.x.data(), nullptr, in.rstd1.data(), d, s, comm);
 }
 
 #define LLAMA4D_BLOCK(T)                                                                                            \
@@ -254,9 +359,15 @@ void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockA
                                  const RopeTables<T>&, int64_t, BlockComm<T>*, BlockKvCache<T>*);                   \
   template void block_recompute_selective<T>(BlockActivations<T>&, const BlockWeights<T>&, const T*,                \
                                              const BlockDims&, const RopeTables<T>&, int64_t, BlockComm<T>*);       \
+  template struct BlockWeightGradInputs<T>;                                                                          \
   template void block_backward<T>(T*, const BlockWeights<T>&, const T*, const BlockActivations<T>&,                 \
                                   const BlockWeights<T>&, const T*, const BlockDims&, const RopeTables<T>&, int64_t, \
-                                  BlockScratch<T>&, BlockComm<T>*);
+                                  BlockScratch<T>&, BlockComm<T>*);                                                 \
+  template void block_backward_input<T>(T*, BlockWeightGradInputs<T>&, const T*, const BlockActivations<T>&,        \
+                                        const BlockWeights<T>&, const T*, const BlockDims&, const RopeTables<T>&,   \
+                                        int64_t, BlockScratch<T>&, BlockComm<T>*);                                  \
+  template void block_backward_weight<T>(const BlockWeights<T>&, const BlockWeightGradInputs<T>&, const BlockDims&, \
+                                         BlockScratch<T>&, BlockComm<T>*);
 LLAMA4D_BLOCK(float)
 LLAMA4D_BLOCK(double)
 #undef LLAMA4D_BLOCK

@@ -4,6 +4,7 @@
 //   out = h + down_proj( silu(gate_proj(n2)) * up_proj(n2) ),                         n2 = rmsnorm(h)
 // Shapes: x, h, out [B, T, C]; q [B, T, nh, hd]; k, v [B, T, nkv, hd]; gate, up [B, T, I].
 #include <cstdint>
+#include <string>
 
 #include "core/model/rope.h"
 #include "core/tensor/buffer.h"
@@ -73,13 +74,46 @@ struct BlockActivations {
 };
 
 // Backward temporaries, shared by all blocks of one backward pass (scratch category).
+// block_backward uses all of them; block_backward_input only dact and datt (the gradients the
+// weight pass reads go to the micro-batch's BlockWeightGradInputs instead); block_backward_weight
+// only gk, gv, gnorm, which every pass allocates on first use.
 template <class T>
 struct BlockScratch {
   Buffer<T> dn, dh, dq, dk, dv, datt, dgate, dup, dact;
   Buffer<T> gk, gv;  // [nkv*hd, C] replicated key/value heads only (BlockComm::sums_key_value_weight_grads)
   Buffer<T> gnorm;   // [C] sequence parallelism only (BlockComm::norm_weight_grads)
-  void allocate(MemoryTracker* memory, const BlockDims& d);
+  MemoryTracker* memory = nullptr;  // where gk, gv, gnorm are allocated on first use
+  void allocate(MemoryTracker* memory, const BlockDims& d);             // for block_backward
+  void allocate_input_pass(MemoryTracker* memory, const BlockDims& d);  // for block_backward_input
   void reset();
+};
+
+// What a block's weight gradients are computed from, kept from its input-gradient pass to its
+// weight-gradient pass (the "B" and "W" of zero-bubble pipeline schedules, Qi et al. 2023): the
+// gradient of every matmul's output and every RMSNorm's output, and the inputs of those matmuls
+// and norms. Charged to the rank's tracker as activations. dn1, dn2 and dattn are [B,T,C]
+// because the input pass computes in them; under sequence parallelism the weight pass reads
+// this rank's rows of dn1 and dn2 only.
+template <class T>
+struct BlockWeightGradInputs {
+  // Output gradients, written by block_backward_input:
+  Buffer<T> ddown;       // [B,T,C] d(down_proj output), every row
+  Buffer<T> dgate, dup;  // [B,T,I] d(gate_proj output), d(up_proj output)
+  Buffer<T> dn2;         // [B,T,C] d(n2): the gate/up projections' input gradient, the norm's dy
+  Buffer<T> dattn;       // [B,T,C] d(o_proj output), every row
+  Buffer<T> dq, dk, dv;  // [B,T,nh,hd], [B,T,nkv,hd] x2: d(q/k/v_proj output), RoPE undone
+  Buffer<T> dn1;         // [B,T,C] d(n1)
+  // Inputs, moved from the block's activations and its input by take_inputs:
+  Buffer<T> act, n2, att, n1;  // [B,T,I], [B,T,C], [B,T,nh*hd], [B,T,C]: of down, gate/up, o, q/k/v
+  Buffer<T> h, rstd2, x, rstd1;  // [rows,C], [rows] x2, [rows,C]: the two RMSNorms' inputs, 1/rms
+
+  // The output gradients (owner names them for out-of-memory messages: "layer 3").
+  void allocate(MemoryTracker* memory, const BlockDims& d, const std::string& owner);
+  // Moves the matmul and norm inputs out of a (whose other tensors the caller frees) and x.
+  void take_inputs(BlockActivations<T>& a, Buffer<T>& x);
+  void reset();
+  bool holds_anything() const { return !ddown.empty(); }
+  int64_t bytes() const;
 };
 
 // Named communication points inside a block, no-ops here. Tensor and sequence parallelism
@@ -152,5 +186,22 @@ template <class T>
 void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockActivations<T>& a,
                     const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
                     int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm = nullptr);
+
+// block_backward split in two, for zero-bubble pipeline schedules. The input pass computes dx
+// (the same bits, by the same op calls minus the weight gradients) and leaves the output
+// gradients in `keep` (allocated; the caller then moves the inputs in with keep.take_inputs).
+// It makes the activation communication calls (mlp/attention _output_backward, _input_backward,
+// key_value_backward). s needs allocate_input_pass.
+template <class T>
+void block_backward_input(T* dx, BlockWeightGradInputs<T>& keep, const T* dout, const BlockActivations<T>& a,
+                          const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
+                          int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm = nullptr);
+// The weight pass: ACCUMULATES into g what block_backward would, by the same op calls in the same
+// order (so input then weight is bitwise block_backward), with the weight-gradient communication
+// calls (norm_weight_grads, key_value_weight_grads). Reads no parameter and recomputes nothing.
+// s needs only `memory` set.
+template <class T>
+void block_backward_weight(const BlockWeights<T>& g, const BlockWeightGradInputs<T>& in, const BlockDims& d,
+                           BlockScratch<T>& s, BlockComm<T>* comm = nullptr);
 
 }  // namespace llama4d

@@ -1,5 +1,7 @@
 #include "core/model/head.h"
 
+#include <utility>
+
 #include "core/model/block.h"
 #include "core/ops.h"
 
@@ -70,35 +72,99 @@ LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T
 }
 
 template <class T>
+void HeadWeightGradInputs<T>::allocate(MemoryTracker* m, int64_t BT, int64_t C, int64_t V) {
+  const auto act = MemoryCategory::activations;
+  dlogits = Buffer<T>(m, act, BT * V, "weight-gradient inputs of the head: dlogits");
+  dn = Buffer<T>(m, act, BT * C, "weight-gradient inputs of the head: d(final norm)");
+}
+
+template <class T>
+void HeadWeightGradInputs<T>::take_inputs(HeadActivations<T>& a, Buffer<T>& head_input) {
+  n = std::move(a.n), rstd = std::move(a.rstd), x = std::move(head_input);
+}
+
+template <class T>
+void HeadWeightGradInputs<T>::reset() {
+  for (Buffer<T>* b : {&dlogits, &dn, &n, &x, &rstd}) b->reset();
+}
+
+template <class T>
+int64_t HeadWeightGradInputs<T>::bytes() const {
+  return dlogits.bytes() + dn.bytes() + n.bytes() + x.bytes() + rstd.bytes();
+}
+
+namespace {
+
+// dx[rows, C] += the final RMSNorm's input gradient and dnorm_w[C] += its gain's (either may be
+// null; norm_w is read only for dx), from dn[BT, C], the LM head's input gradient as its rows'
+// owners hold it (summed over the vocabulary slices; under sequence parallelism this rank's rows
+// of it). There the gain's gradient from this rank's rows is summed over the ranks first.
+template <class T>
+void final_norm_backward(T* dx, T* dnorm_w, const T* dn, const T* x, const T* norm_w, const T* rstd, int64_t BT,
+                         int64_t C, MemoryTracker* memory, VocabComm<T>* vocab) {
+  const BlockDims d = sequence_rows(BT, C, vocab);
+  const int64_t rows = d.rows(), mine = d.row0() * C;
+  if (d.sp == 1 || !dnorm_w) {
+    ops::rmsnorm_backward(dx, dnorm_w, dn + mine, x, norm_w, rstd, rows, C);
+    return;
+  }
+  Buffer<T> gain(memory, MemoryCategory::scratch, C, "backward final norm gain grad");
+  ops::fill(gain.data(), T(0), C);
+  ops::rmsnorm_backward(dx, gain.data(), dn + mine, x, norm_w, rstd, rows, C);
+  vocab->sum(gain.data(), C, "sequence-parallel norm gain gradient");
+  ops::accumulate(dnorm_w, gain.data(), C);
+}
+
+// head_backward computing dlogits[BT, V] and dn[BT, C] into the given buffers; dnorm_w and
+// dlm_w null: the input pass (no weight gradient).
+template <class T>
+void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const HeadActivations<T>& a, const T* x,
+                        const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C,
+                        int64_t V, MemoryTracker* memory, VocabComm<T>* vocab) {
+  ops::fill(dlogits, T(0), BT * V);
+  if (vocab)
+    ops::cross_entropy_backward_slice(dlogits, a.logits.data(), a.lse.data(), targets, loss_scale, BT, V,
+                                      vocab->vocab_begin());
+  else
+    ops::cross_entropy_backward(dlogits, a.logits.data(), targets, loss_scale, BT, V);
+  ops::fill(dn, T(0), BT * C);
+  ops::matmul_backward(dn, dlm_w, dlogits, a.n.data(), lm_w, BT, C, V);
+  const BlockDims d = sequence_rows(BT, C, vocab);
+  ops::fill(dx, T(0), d.rows() * C);
+  // Sequence parallelism: the partial input gradients are reduce-scattered to the rows' owners.
+  if (d.sp > 1)
+    vocab->sum_to_rows(dn, BT, C, "sequence-parallel head input gradient: reduce-scatter");
+  else if (vocab)
+    vocab->sum(dn, BT * C, "f backward: head input gradient");
+  final_norm_backward(dx, dnorm_w, dn, x, norm_w, a.rstd.data(), BT, C, memory, vocab);
+}
+
+}  // namespace
+
+template <class T>
 void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, const T* x, const T* norm_w,
                    const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C, int64_t V,
                    MemoryTracker* memory, VocabComm<T>* vocab) {
   Buffer<T> dlogits(memory, MemoryCategory::scratch, BT * V, "backward dlogits");
   Buffer<T> dn(memory, MemoryCategory::scratch, BT * C, "backward dn (head)");
-  ops::fill(dlogits.data(), T(0), BT * V);
-  if (vocab)
-    ops::cross_entropy_backward_slice(dlogits.data(), a.logits.data(), a.lse.data(), targets, loss_scale, BT, V,
-                                      vocab->vocab_begin());
-  else
-    ops::cross_entropy_backward(dlogits.data(), a.logits.data(), targets, loss_scale, BT, V);
-  ops::fill(dn.data(), T(0), BT * C);
-  ops::matmul_backward(dn.data(), dlm_w, dlogits.data(), a.n.data(), lm_w, BT, C, V);
-  const BlockDims d = sequence_rows(BT, C, vocab);
-  const int64_t rows = d.rows(), mine = d.row0() * C, shards = d.sp;
-  ops::fill(dx, T(0), rows * C);
-  if (shards == 1) {
-    if (vocab) vocab->sum(dn.data(), BT * C, "f backward: head input gradient");
-    ops::rmsnorm_backward(dx, dnorm_w, dn.data(), x, norm_w, a.rstd.data(), BT, C);
-    return;
-  }
-  // Sequence parallelism: the partial input gradients are reduce-scattered to the rows' owners,
-  // and the final norm's gain gradient from this rank's rows is summed over the ranks.
-  vocab->sum_to_rows(dn.data(), BT, C, "sequence-parallel head input gradient: reduce-scatter");
-  Buffer<T> gain(memory, MemoryCategory::scratch, C, "backward final norm gain grad");
-  ops::fill(gain.data(), T(0), C);
-  ops::rmsnorm_backward(dx, gain.data(), dn.data() + mine, x, norm_w, a.rstd.data(), rows, C);
-  vocab->sum(gain.data(), C, "sequence-parallel norm gain gradient");
-  ops::accumulate(dnorm_w, gain.data(), C);
+  head_backward_into(dx, dnorm_w, dlm_w, dlogits.data(), dn.data(), a, x, norm_w, lm_w, targets, loss_scale, BT, C,
+                     V, memory, vocab);
+}
+
+template <class T>
+void head_backward_input(T* dx, HeadWeightGradInputs<T>& keep, const HeadActivations<T>& a, const T* x,
+                         const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT,
+                         int64_t C, int64_t V, VocabComm<T>* vocab) {
+  head_backward_into<T>(dx, nullptr, nullptr, keep.dlogits.data(), keep.dn.data(), a, x, norm_w, lm_w, targets,
+                        loss_scale, BT, C, V, keep.dn.memory(), vocab);
+}
+
+template <class T>
+void head_backward_weight(T* dnorm_w, T* dlm_w, const HeadWeightGradInputs<T>& in, int64_t BT, int64_t C, int64_t V,
+                          MemoryTracker* memory, VocabComm<T>* vocab) {
+  // head_backward's weight-gradient calls, in its order; no input gradient, so no parameter read.
+  ops::matmul_backward<T>(nullptr, dlm_w, in.dlogits.data(), in.n.data(), nullptr, BT, C, V);
+  final_norm_backward<T>(nullptr, dnorm_w, in.dn.data(), in.x.data(), nullptr, in.rstd.data(), BT, C, memory, vocab);
 }
 
 #define LLAMA4D_HEAD(T)                                                                                         \
@@ -106,7 +172,13 @@ void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, con
   template LossSum head_forward<T>(HeadActivations<T>&, const T*, const T*, const T*, const int32_t*, int64_t, \
                                    int64_t, int64_t, double, VocabComm<T>*);                                    \
   template void head_backward<T>(T*, T*, T*, const HeadActivations<T>&, const T*, const T*, const T*,           \
-                                 const int32_t*, T, int64_t, int64_t, int64_t, MemoryTracker*, VocabComm<T>*);
+                                 const int32_t*, T, int64_t, int64_t, int64_t, MemoryTracker*, VocabComm<T>*); \
+  template struct HeadWeightGradInputs<T>;                                                                      \
+  template void head_backward_input<T>(T*, HeadWeightGradInputs<T>&, const HeadActivations<T>&, const T*,       \
+                                       const T*, const T*, const int32_t*, T, int64_t, int64_t, int64_t,        \
+                                       VocabComm<T>*);                                                          \
+  template void head_backward_weight<T>(T*, T*, const HeadWeightGradInputs<T>&, int64_t, int64_t, int64_t,      \
+                                        MemoryTracker*, VocabComm<T>*);
 LLAMA4D_HEAD(float)
 LLAMA4D_HEAD(double)
 #undef LLAMA4D_HEAD

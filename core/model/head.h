@@ -65,4 +65,35 @@ void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, con
                    const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C, int64_t V,
                    MemoryTracker* memory, VocabComm<T>* vocab = nullptr);
 
+// What the head's weight gradients are computed from, kept from its input-gradient pass to its
+// weight-gradient pass (zero-bubble pipeline schedules): the gradients of the LM head's output
+// and of the final norm's output, and their inputs. Activations on the rank's tracker. Under
+// sequence parallelism the weight pass reads this rank's rows of dn only.
+template <class T>
+struct HeadWeightGradInputs {
+  Buffer<T> dlogits;  // [BT, V] (this rank's vocabulary slice)
+  Buffer<T> dn;       // [BT, C] d(final norm output), summed over the vocabulary slices
+  Buffer<T> n;        // [BT, C] the LM head's input (moved from HeadActivations)
+  Buffer<T> x, rstd;  // [rows, C], [rows] the final norm's input and 1/rms
+  void allocate(MemoryTracker* memory, int64_t BT, int64_t C, int64_t V);  // dlogits, dn
+  // Moves the LM head's and the norm's inputs out of a (whose other tensors the caller frees) and x.
+  void take_inputs(HeadActivations<T>& a, Buffer<T>& x);
+  void reset();
+  int64_t bytes() const;
+};
+
+// head_backward split in two. The input pass: dx as head_backward (the same bits), no gradient
+// touched; dlogits and dn are left in keep (allocated). It makes the vocabulary-parallel calls
+// the input gradient needs. Then keep.take_inputs.
+template <class T>
+void head_backward_input(T* dx, HeadWeightGradInputs<T>& keep, const HeadActivations<T>& a, const T* x,
+                         const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT,
+                         int64_t C, int64_t V, VocabComm<T>* vocab = nullptr);
+// The weight pass: dnorm_w and dlm_w ACCUMULATE what head_backward adds, by the same op calls, so
+// input then weight is bitwise head_backward. Under sequence parallelism it sums the gain's
+// gradient over the ranks (a VocabComm call). Reads no parameter.
+template <class T>
+void head_backward_weight(T* dnorm_w, T* dlm_w, const HeadWeightGradInputs<T>& in, int64_t BT, int64_t C,
+                          int64_t V, MemoryTracker* memory, VocabComm<T>* vocab = nullptr);
+
 }  // namespace llama4d

@@ -41,19 +41,24 @@ double normal_draw(uint64_t seed, int64_t j) {
 
 template <class T>
 int64_t MicroBatchState<T>::activation_bytes() const {
-  int64_t n = tokens.bytes() + targets.bytes() + head.bytes() + input_grad.bytes();
+  int64_t n = tokens.bytes() + targets.bytes() + head.bytes() + input_grad.bytes() + head_weight_inputs.bytes() +
+              embedding_weight_input.bytes();
   for (const Buffer<T>& b : x) n += b.bytes();
   for (const BlockActivations<T>& a : blocks) n += a.bytes();
+  for (const BlockWeightGradInputs<T>& w : block_weight_inputs) n += w.bytes();
   return n;
 }
 
 template <class T>
 void MicroBatchState<T>::reset() {
   tokens.reset(), targets.reset(), head.reset(), input_grad.reset();
+  head_weight_inputs.reset(), embedding_weight_input.reset();
   for (Buffer<T>& b : x) b.reset();
   for (BlockActivations<T>& a : blocks) a.reset();
+  for (BlockWeightGradInputs<T>& w : block_weight_inputs) w.reset();
   loss = {};
   forward_done = false;
+  weight_pass_pending = false;
 }
 
 namespace {
@@ -352,6 +357,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   st.B = B, st.seq = T_, st.units = r;
   st.x.resize(size_t(L + 1));
   st.blocks.resize(size_t(L));
+  st.block_weight_inputs.resize(size_t(L));
   const int64_t BT = B * T_, C = cfg_.hidden_size, V = vocab_rows();
   VocabComm<T>* vocab = vocab_comm();
   if (tp_.sliced() && !comm_) throw Error("Llama: a tensor-parallel slice runs only with a BlockComm");
@@ -444,8 +450,87 @@ void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitH
 }
 
 template <class T>
+void Llama<T>::backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, BackwardPass pass) {
+  const int L = num_layers(), head = head_unit(L);
+  const int64_t BT = st.B * st.seq, C = cfg_.hidden_size, V = vocab_rows();
+  const T* x = st.x[size_t(L)].data();
+  if (pass == BackwardPass::full) {
+    T* g_head = ensure_unit_grads(head);
+    T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + C;
+    head_backward(dx, g_head, g_lm, st.head, x, unit_params(head), lm_head_params(), st.targets.data(), loss_scale,
+                  BT, C, V, memory_, vocab_comm());
+  } else {
+    HeadWeightGradInputs<T>& keep = st.head_weight_inputs;
+    keep.allocate(memory_, BT, C, V);
+    head_backward_input(dx, keep, st.head, x, unit_params(head), lm_head_params(), st.targets.data(), loss_scale, BT,
+                        C, V, vocab_comm());
+    keep.take_inputs(st.head, st.x[size_t(L)]);
+  }
+  st.head.reset();
+  st.targets.reset();
+}
+
+template <class T>
+void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch<T>& scratch, BackwardPass pass,
+                              UnitHooks& h) {
+  const BlockDims d = block_dims(st.B, st.seq);
+  ensure_block_activations(st, l, h);
+  BlockActivations<T>& a = st.blocks[size_t(l)];
+  const T* x = st.x[size_t(l)].data();
+  if (pass == BackwardPass::full) {
+    block_backward(dx, block_grads(l), dx, a, block_params(l), x, d, rope_, 0, scratch, comm_);
+  } else {
+    BlockWeightGradInputs<T>& keep = st.block_weight_inputs[size_t(l)];
+    keep.allocate(memory_, d, unit_name(block_unit(l), num_layers()));
+    block_backward_input(dx, keep, dx, a, block_params(l), x, d, rope_, 0, scratch, comm_);
+    keep.take_inputs(a, st.x[size_t(l)]);
+  }
+  a.reset();
+}
+
+template <class T>
+void Llama<T>::embedding_weight_grads(MicroBatchState<T>& st, const T* dx) {
+  const BlockDims d = block_dims(st.B, st.seq);
+  const int64_t BT = d.BT(), C = d.C, V = vocab_rows();
+  VocabComm<T>* vocab = vocab_comm();
+  T* g = ensure_unit_grads(embedding_unit());
+  if (vocab && d.sp > 1) {
+    // Every rank's vocabulary rows take gradients from every token: gather the rows first.
+    Buffer<T> all(memory_, MemoryCategory::scratch, BT * C, "embedding output gradient (all rows)");
+    ops::copy(all.data() + d.row0() * C, dx, d.rows() * C);
+    vocab->gather_rows(all.data(), BT, C, "sequence-parallel embedding gradient: gather");
+    ops::embedding_backward_rows(g, all.data(), st.tokens.data(), BT, C, vocab->vocab_begin(), V);
+  } else if (vocab) {
+    ops::embedding_backward_rows(g, dx, st.tokens.data(), BT, C, vocab->vocab_begin(), V);
+  } else {
+    ops::embedding_backward(g, dx, st.tokens.data(), BT, C);
+  }
+  st.tokens.reset();
+}
+
+template <class T>
+void Llama<T>::backward_embedding(MicroBatchState<T>& st, const T* dx, BackwardPass pass) {
+  if (pass == BackwardPass::full) {
+    embedding_weight_grads(st, dx);
+    return;
+  }
+  // The embedding has no input gradient: its whole backward is weight work. Keep dx x_0 [rows,C].
+  const int64_t n = block_dims(st.B, st.seq).rows() * cfg_.hidden_size;
+  st.embedding_weight_input =
+      Buffer<T>(memory_, MemoryCategory::activations, n, "weight-gradient inputs of the embedding: dx_0");
+  ops::copy(st.embedding_weight_input.data(), dx, n);
+}
+
+template <class T>
 void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out, BackwardPass pass) {
-  if (pass != BackwardPass::full) throw Error("Llama::backward: split passes are not merged yet");
+  UnitHooks none;
+  UnitHooks& h = hooks_ ? *hooks_ : none;
+  if (pass == BackwardPass::weight) {
+    backward_weight(st, h);
+    return;
+  }
+  if (st.weight_pass_pending)
+    throw Error("Llama::backward: this micro-batch's input pass ran; its weight pass is next");
   if (!st.forward_done) throw Error("Llama::backward called without a forward");
   const int L = num_layers(), head = head_unit(L);
   const UnitRange r = st.units;
@@ -453,55 +538,61 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out,
   if (!has_head && !grad_out) throw Error("Llama::backward: a range without the head needs the gradient of its output");
   if (has_head && st.targets.empty()) throw Error("Llama::backward: the forward had no targets (inference), so there is no loss");
   const BlockDims d = block_dims(st.B, st.seq);
-  const int64_t BT = d.BT(), C = d.C, V = vocab_rows();
-  VocabComm<T>* vocab = vocab_comm();
-  UnitHooks none;
-  UnitHooks& h = hooks_ ? *hooks_ : none;
 
   // dx [B,T,C]: the gradient flowing down the residual stream, unit by unit.
-  Buffer<T> dx(memory_, MemoryCategory::scratch, d.rows() * C, "residual gradient");
+  Buffer<T> dx(memory_, MemoryCategory::scratch, d.rows() * d.C, "residual gradient");
   if (!has_head) {
-    ops::copy(dx.data(), grad_out, d.rows() * C);
+    ops::copy(dx.data(), grad_out, d.rows() * d.C);
     st.x[size_t(r.end - 1)].reset();  // the range's output: sent on in forward, not read again
   }
   BlockScratch<T> scratch;
-  if (r.end - 1 > 0 && r.begin < head) scratch.allocate(memory_, d);
+  if (r.end - 1 > 0 && r.begin < head) {
+    if (pass == BackwardPass::full) scratch.allocate(memory_, d);
+    else scratch.allocate_input_pass(memory_, d);
+  }
 
   for (int u = r.end - 1; u >= r.begin; --u) {
     h.before_backward(u);
-    if (u == head) {
-      T* g_head = ensure_unit_grads(head);
-      T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + C;
-      head_backward(dx.data(), g_head, g_lm, st.head, st.x[size_t(L)].data(), unit_params(head), lm_head_params(),
-                    st.targets.data(), loss_scale, BT, C, V, memory_, vocab);
-      st.head.reset();
-      st.targets.reset();
-    } else if (u == embedding_unit()) {
-      if (vocab && d.sp > 1) {
-        // Every rank's vocabulary rows take gradients from every token: gather the rows first.
-        Buffer<T> all(memory_, MemoryCategory::scratch, BT * C, "embedding output gradient (all rows)");
-        ops::copy(all.data() + d.row0() * C, dx.data(), d.rows() * C);
-        vocab->gather_rows(all.data(), BT, C, "sequence-parallel embedding gradient: gather");
-        ops::embedding_backward_rows(ensure_unit_grads(embedding_unit()), all.data(), st.tokens.data(), BT, C,
-                                     vocab->vocab_begin(), V);
-      } else if (vocab)
-        ops::embedding_backward_rows(ensure_unit_grads(embedding_unit()), dx.data(), st.tokens.data(), BT, C,
-                                     vocab->vocab_begin(), V);
-      else
-        ops::embedding_backward(ensure_unit_grads(embedding_unit()), dx.data(), st.tokens.data(), BT, C);
-      st.tokens.reset();
-    } else {
-      const int l = u - 1;
-      ensure_block_activations(st, l, h);
-      block_backward(dx.data(), block_grads(l), dx.data(), st.blocks[size_t(l)], block_params(l),
-                     st.x[size_t(l)].data(), d, rope_, 0, scratch, comm_);
-      st.blocks[size_t(l)].reset();
-    }
-    st.x[size_t(std::max(u - 1, 0))].reset();  // the unit's input: nothing reads it again
-    h.after_backward(u);
+    if (u == head) backward_head(st, dx.data(), loss_scale, pass);
+    else if (u == embedding_unit()) backward_embedding(st, dx.data(), pass);
+    else backward_block(st, u - 1, dx.data(), scratch, pass, h);
+    st.x[size_t(std::max(u - 1, 0))].reset();  // the unit's input: nothing reads it again (or the input pass kept it)
+    if (pass == BackwardPass::full) h.after_backward(u);
+    else h.after_backward_input(u);
   }
   if (!r.contains(embedding_unit())) st.input_grad = std::move(dx);
   st.forward_done = false;
+  st.weight_pass_pending = pass == BackwardPass::input;
+}
+
+// The weight pass: the units last to first, as full runs them, so gradients two units share (a
+// tied embedding: the head's, then the lookup's) accumulate in full's order.
+template <class T>
+void Llama<T>::backward_weight(MicroBatchState<T>& st, UnitHooks& h) {
+  if (!st.weight_pass_pending)
+    throw Error("Llama::backward: a weight pass needs this micro-batch's input pass (BackwardPass::input) first");
+  const int L = num_layers(), head = head_unit(L);
+  const UnitRange r = st.units;
+  const BlockDims d = block_dims(st.B, st.seq);
+  BlockScratch<T> scratch;  // only the lazily allocated weight-gradient temporaries
+  scratch.memory = memory_;
+  for (int u = r.end - 1; u >= r.begin; --u) {
+    h.before_backward_weight(u);
+    if (u == head) {
+      T* g_head = ensure_unit_grads(head);
+      T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + d.C;
+      head_backward_weight(g_head, g_lm, st.head_weight_inputs, d.BT(), d.C, vocab_rows(), memory_, vocab_comm());
+      st.head_weight_inputs.reset();
+    } else if (u == embedding_unit()) {
+      embedding_weight_grads(st, st.embedding_weight_input.data());
+      st.embedding_weight_input.reset();
+    } else {
+      block_backward_weight(block_grads(u - 1), st.block_weight_inputs[size_t(u - 1)], d, scratch, comm_);
+      st.block_weight_inputs[size_t(u - 1)].reset();
+    }
+    h.after_backward(u);
+  }
+  st.weight_pass_pending = false;
 }
 
 template <class T>

@@ -41,9 +41,16 @@ struct KVCache {
   std::vector<Buffer<T>> k, v;          // one buffer per layer
 };
 
+// Which part of a backward to run. Zero-bubble pipeline schedules (Qi et al. 2023, "Zero Bubble
+// Pipeline Parallelism": "B" then "W") split it: `input` computes only what the input gradient
+// needs (what the previous stage waits for) and keeps what the weight gradients are computed
+// from; `weight`, run later, computes the weight gradients from that. input then weight gives
+// the same bits as full.
+enum class BackwardPass { full, input, weight };
+
 // Everything one micro-batch's forward keeps for its backward, over the units it ran.
 // Several can be alive at once (a pipeline's micro-batches in flight). Freed unit by unit as
-// the backward consumes it; empty again when the backward returns.
+// the backward consumes it; empty again when the backward returns (the weight pass, when split).
 template <class T>
 struct MicroBatchState {
   int64_t B = 0, seq = 0;                   // batch rows, tokens per row
@@ -55,13 +62,17 @@ struct MicroBatchState {
   Buffer<T> input_grad;  // after backward of a range that starts at a block: d(objective)/d(x at the range's start)
   LossSum loss;          // when the head is in the range
   bool forward_done = false;
+  // Between an input pass and its weight pass: what each unit's weight gradients are computed
+  // from (see BlockWeightGradInputs, HeadWeightGradInputs), and the embedding's output gradient
+  // [rows, C] for its scatter-add (with the tokens, kept too).
+  std::vector<BlockWeightGradInputs<T>> block_weight_inputs;  // [L]
+  HeadWeightGradInputs<T> head_weight_inputs;
+  Buffer<T> embedding_weight_input;
+  bool weight_pass_pending = false;
 
   int64_t activation_bytes() const;  // what is held now
   void reset();
 };
-
-// Which part of a backward to run (zero-bubble pipeline schedules split it).
-enum class BackwardPass { full, input, weight };
 
 template <class T>
 class Llama {
@@ -144,7 +155,17 @@ class Llama {
   // (null when the range ends with the head, which starts from the loss). Gradients ACCUMULATE
   // into the unit gradients. Leaves the input's gradient in st.input_grad when the range starts
   // at a block; frees the rest of st.
-  void backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out = nullptr, BackwardPass pass = BackwardPass::full);
+  //
+  // pass splits it (zero-bubble schedules): `input` takes loss_scale and grad_out, leaves
+  // st.input_grad as full does, touches no unit gradient, and keeps in st what the weight
+  // gradients are computed from (activations on the tracker); everything else is freed as full
+  // frees it. `weight` (loss_scale and grad_out unused) then accumulates every weight gradient
+  // with full's op calls in full's order, reading no parameter and recomputing nothing, and frees
+  // st; Error unless st's input pass ran. Hooks: see UnitHooks. Under tensor/sequence parallelism
+  // the activation communication points run in the input pass and the weight-gradient ones
+  // (norm and replicated key/value weight gradients) in the weight pass.
+  void backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out = nullptr,
+                BackwardPass pass = BackwardPass::full);
 
   // The whole model through one internal state (one device, data parallelism).
   LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_);
@@ -175,6 +196,13 @@ class Llama {
   T* lm_head_params();
   T* ensure_unit_grads(int u);  // allocates (zeroed) when absent
   void ensure_block_activations(MicroBatchState<T>& st, int layer, UnitHooks& h);
+  // One unit of backward(st, ..., pass), pass full or input; dx [rows,C] the residual gradient.
+  void backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, BackwardPass pass);
+  void backward_block(MicroBatchState<T>& st, int layer, T* dx, BlockScratch<T>& scratch, BackwardPass pass,
+                      UnitHooks& h);
+  void backward_embedding(MicroBatchState<T>& st, const T* dx, BackwardPass pass);
+  void embedding_weight_grads(MicroBatchState<T>& st, const T* dx);  // the scatter-add of dx [rows,C]
+  void backward_weight(MicroBatchState<T>& st, UnitHooks& h);
   void forward_block(MicroBatchState<T>& st, int layer, T* out);
   void check_ids(const int32_t* tokens, const int32_t* targets, int64_t n) const;
   VocabComm<T>* vocab_comm() const;  // null unless sliced; Error when sliced without one

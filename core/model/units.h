@@ -32,6 +32,16 @@ struct UnitRange {
 // parallelism starts reducing a unit's gradients the moment its backward is done.
 // Recompute brackets a unit's forward run again inside backward (activation checkpointing);
 // it may come several units before that unit's own backward (every:k policies).
+//
+// A backward split in two (Llama's BackwardPass, for zero-bubble pipeline schedules) brackets
+// each unit twice: its input pass with before_backward / after_backward_input (the unit's
+// input gradient is ready; no gradient of its own written yet), then, later, its weight pass with
+// before_backward_weight / after_backward. A whole backward brackets each unit once, with
+// before_backward / after_backward. So, per unit, the calls are
+//   whole:  before_backward  [recompute...]  after_backward
+//   split:  before_backward  [recompute...]  after_backward_input ... before_backward_weight  after_backward
+// and after_backward keeps its meaning. The input pass reads the unit's parameters (and may
+// recompute); the weight pass reads none.
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
@@ -40,6 +50,8 @@ class UnitHooks {
   virtual void before_recompute(int unit) {}
   virtual void after_recompute(int unit) {}
   virtual void before_backward(int unit) {}
+  virtual void after_backward_input(int unit) {}    // split backward: the input pass is done
+  virtual void before_backward_weight(int unit) {}  // split backward: the weight pass starts
   virtual void after_backward(int unit) {}  // every gradient this unit writes is now final
 };
 

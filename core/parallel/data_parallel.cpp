@@ -89,6 +89,9 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   void before_recompute(int unit) override { tracer_.begin("recompute", unit); }
   void after_recompute(int) override { tracer_.end(); }
   void before_backward(int unit) override { tracer_.begin("backward", unit); }
+  // A split backward (zero-bubble pipelines): its weight pass is where the gradients become final.
+  void after_backward_input(int) override { tracer_.end(); }
+  void before_backward_weight(int unit) override { tracer_.begin("backward-weight", unit); }
   void after_backward(int unit) override {
     tracer_.end();
     if (!sync_) return;  // no_sync: an earlier micro-batch, gradients keep accumulating locally

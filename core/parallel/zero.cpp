@@ -192,6 +192,14 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     }
     tracer_.begin("backward", unit);
   }
+  // A split backward (zero-bubble pipelines): the input pass is the last to read a unit's
+  // parameters (the weight pass reads only what it kept), so ZeRO-3 frees them here already;
+  // the gradients become final in the weight pass.
+  void after_backward_input(int unit) override {
+    tracer_.end();
+    if (stage() == 3 && !keeps_params_for_step()) release_params(size_t(unit));
+  }
+  void before_backward_weight(int unit) override { tracer_.begin("backward-weight", unit); }
   void after_backward(int unit) override {
     tracer_.end();
     // Segment u's gradient is final once unit u ran backward: with tied embeddings the head

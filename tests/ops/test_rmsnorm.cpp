@@ -50,6 +50,21 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   EXPECT_LT(max_rel_error(dw2, dw), 1e-15);
 }
 
+// Either gradient may be skipped (null), and the other keeps its bits: the split backward of
+// zero-bubble pipeline schedules computes dx in one call and dweight (no weight read) in another.
+TEST(RmsNorm, BackwardSkipsANullGradientAndKeepsTheOthersBits) {
+  const int64_t BT = 300, C = 70;
+  auto x = random_vector(BT * C, 9), w = random_vector(C, 10, 0.5, 1.5), dout = random_vector(BT * C, 11);
+  std::vector<double> y(BT * C), rstd(BT);
+  ops::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), BT, C, 1e-5);
+  std::vector<double> dx(BT * C, 0.5), dw(C, 0.25), dx_only(dx), dw_only(dw);
+  ops::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), BT, C);
+  ops::rmsnorm_backward<double>(dx_only.data(), nullptr, dout.data(), x.data(), w.data(), rstd.data(), BT, C);
+  ops::rmsnorm_backward<double>(nullptr, dw_only.data(), dout.data(), x.data(), nullptr, rstd.data(), BT, C);
+  EXPECT_TRUE(bitwise_equal(dx_only, dx));
+  EXPECT_TRUE(bitwise_equal(dw_only, dw));
+}
+
 TEST(RmsNorm, FloatAgreesWithDoubleAndThreadCountDoesNotChangeBits) {
   const int64_t BT = 300, C = 288;  // large enough to run in parallel
   auto x = random_vector(BT * C, 6), w = random_vector(C, 7, 0.5, 1.5),
