@@ -61,6 +61,7 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
     for (const char* flag : {"--preset", "--config", "--dtype", "--seq-len", "--pp-layers"})
       if (cmd.count(flag)) throw InputError(std::string(flag) + " applies with --measure only");
   if (a.measure && cmd.count("--costs")) throw InputError("--costs applies without --measure only");
+  if (a.measure && a.pp < 2) throw InputError("--measure trains a pipeline: it needs --pp 2 or more, got " + std::to_string(a.pp));
 
   RankLaunch launcher(a.launch);
   std::vector<int> peaks = plan.peak_in_flight;

@@ -278,7 +278,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
       progress("train: %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
-               (long long)model.num_params(), a.model.dtype.c_str(), trainer.describe().c_str(),
+               (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
                ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
       progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
                (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),

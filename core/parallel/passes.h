@@ -20,8 +20,8 @@ class PassEvents {
   virtual ~PassEvents() = default;
   // Around a backward pass of micro-batch `micro_batch` (of `count` this step) that adds
   // weight gradients; the units it runs call the model's hooks in between. A pipeline rank with
-  // several model chunks has one such pass per chunk and micro-batch; the passes of one
-  // micro-batch on one unit always come in micro-batch order.
+  // several model chunks has one such pass per chunk and micro-batch; the passes over any one
+  // unit always come in micro-batch order.
   virtual void begin_backward_pass(int micro_batch, int count) = 0;
   virtual void end_backward_pass(int micro_batch, int count) = 0;
 };

@@ -29,7 +29,7 @@ struct PipelineLayout {
   UnitRange stage_units(int stage, int num_layers) const;
   // Pipeline rank r's units: one range per chunk, chunk order.
   std::vector<UnitRange> rank_units(int rank, int num_layers) const;
-  std::string describe() const;  // "layers 0-1 | 2-3 | 4 | 5 (+ embedding on stage 0, head on stage 3)"
+  std::string describe() const;  // "layers 0-1 | 2-3 | 4 | 5 (embedding on stage 0, head on stage 3)"
 };
 
 // The layout of `cfg` over `ranks` x `chunks` virtual stages; `layers` gives each stage's

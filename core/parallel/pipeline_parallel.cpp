@@ -101,8 +101,20 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
   int in_flight = 0;
   peak_in_flight_ = 0;
 
+  // A sent input gradient is freed once its send has buffered it (a poll: it never moves the
+  // simulated clock), so a stage holds only the few still on their way, not all m.
+  auto free_sent_gradients = [&] {
+    for (size_t j = 0; j < gradient_sent.size(); ++j)
+      if (gradient_sent[j] && gradient_sent[j]->is_completed()) {
+        gradient_sent[j]->collect();  // rethrows a failed send
+        gradient_sent[j].reset();
+        states[j].input_grad.reset();
+      }
+  };
+
   for (const PipelineAction& a : s.actions[size_t(rank)]) {
     const size_t k = size_t(a.micro_batch * v + a.chunk);
+    if (a.is_compute()) free_sent_gradients();
     const Batch& b = micro_batches[size_t(a.micro_batch)];
     const UnitRange units = chunks[size_t(a.chunk)];
     MicroBatchState<T>& st = states[k];
@@ -120,8 +132,8 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
       }
       case Op::send_activation:
       case Op::send_gradient: {
-        // The output stays in the state until its backward (activation) or the step's end
-        // (input gradient), so the buffered send may read it later.
+        // The output stays in the state until its backward (activation) or until the send has
+        // buffered it (input gradient), so the send may read it later.
         const T* src = a.op == Op::send_activation ? st.x[size_t(units.end - 1)].data() : st.input_grad.data();
         SendOptions o;
         o.tag = s.tag(rank, a);

@@ -58,8 +58,8 @@ void ParallelPlan::validate() const {
   if (hsdp() && zero < ZeroStage::zero2)
     throw InputError("HSDP (dp_shard x dp_replicate) shards gradients: use --zero 2 or 3");
   if (pp_chunks < 1) throw InputError("--pp-chunks must be >= 1, got " + std::to_string(pp_chunks));
-  if (size("pp") == 1 && (pp_chunks > 1 || !pp_layers.empty()))
-    throw InputError("--pp-chunks and --pp-layers need pipeline parallelism (pp > 1 in --mesh)");
+  if (size("pp") == 1 && (pp_chunks > 1 || !pp_layers.empty() || schedule != PipelineScheduleKind::one_f_one_b))
+    throw InputError("--schedule, --pp-chunks and --pp-layers need pipeline parallelism (pp > 1 in --mesh)");
   if ((pp_chunks > 1) != (schedule == PipelineScheduleKind::interleaved) && size("pp") > 1)
     throw InputError(schedule == PipelineScheduleKind::interleaved
                          ? "the interleaved schedule needs --pp-chunks >= 2"
@@ -106,7 +106,13 @@ void ParallelPlan::check_model(const LlamaConfig& cfg, int micro_batches) const 
     throw InputError("pipeline parallelism with tied embeddings (tie_word_embeddings: the first and last stages "
                      "would each keep a copy) is not supported yet");
   pipeline_layout(cfg);
-  if (micro_batches > 0) simulate_pipeline_schedule(make_pipeline_schedule(schedule, pp, micro_batches, pp_chunks));
+  if (micro_batches <= 0) return;
+  simulate_pipeline_schedule(make_pipeline_schedule(schedule, pp, micro_batches, pp_chunks));
+  // Every message of a step has its own tag, 2 (m S + boundary) + direction, and MPI guarantees
+  // tags only up to 32767.
+  if (int64_t(micro_batches) * pp * pp_chunks >= 16384)
+    throw InputError("pipeline: " + std::to_string(micro_batches) + " micro-batches x " + std::to_string(pp * pp_chunks) +
+                     " stages is more messages per step than tags (at most 16383)");
 }
 
 std::vector<std::string> ParallelPlan::data_dims() const {

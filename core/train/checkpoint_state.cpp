@@ -136,8 +136,10 @@ TrainingCheckpointReader<T>::TrainingCheckpointReader(const std::string& dir, co
                      " (resume with --dtype " + (info_.dtype == dtype_name(DType::f64) ? "f64" : "f32") + ")");
   model_ = std::make_shared<const TensorStore>(TensorStore::open(dir));
   optimizer_ = std::make_shared<const TensorStore>(TensorStore::open(dir, kOptimizerBase));
-  check_no_unexpected_tensors(*model_, specs_);
-  check_no_unexpected_tensors(*optimizer_, specs_, {"exp_avg.", "exp_avg_sq."});
+  // The files hold the whole model; this rank's specs may be a pipeline stage's subset of it.
+  const std::vector<ParamSpec> whole = llama_param_specs(cfg);
+  check_no_unexpected_tensors(*model_, whole);
+  check_no_unexpected_tensors(*optimizer_, whole, {"exp_avg.", "exp_avg_sq."});
 }
 
 template <class T>

@@ -184,23 +184,22 @@ int64_t count_of(const std::vector<TrafficRecord>& records, const std::string& o
 // "1,2,1,2"
 std::string join(const std::vector<int>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s;
 }
 
 // Llama 3's balancing (Dubey et al. 2024, section 3.3.2): the same stage sizes as the balanced
 // cut, but the smallest stages at the two ends, where the embedding and the head already add
-// work (and, under 1F1B, the first stage holds the most micro-batches). With a cut that divides
-// evenly, one layer moves off each end, as the paper did.
+// work (and, under 1F1B, the first stage holds the most micro-batches); 126 layers on 16 stages
+// is 7 on the ends and 8 elsewhere. The balanced cut gives its last stage ceil(L/S) layers, so
+// whenever the sizes differ this moves the head off a fullest stage. A cut that divides evenly
+// has nothing to move (returned as is).
 std::vector<int> llama3_layers(std::vector<int> balanced) {
   const size_t S = balanced.size();
   if (S < 3) return balanced;
-  if (*std::min_element(balanced.begin(), balanced.end()) == *std::max_element(balanced.begin(), balanced.end())) {
-    if (balanced.front() < 2) return balanced;
-    balanced.front()--, balanced.back()--;
-    balanced[1]++, balanced[S - 2]++;
-    return balanced;
-  }
   std::sort(balanced.begin(), balanced.end());
   std::vector<int> out(S);
   out.front() = balanced[0], out.back() = balanced[1];
@@ -270,7 +269,10 @@ int run(LessonOptions o, const PpArgs& a) {
     for (int r = 0; r < p; ++r) {
       const std::vector<UnitRange> units = layout.rank_units(r, L);
       std::string stages;
-      for (int c = 0; c < v; ++c) stages += (c ? "," : "") + std::to_string(c * p + r);
+      for (int c = 0; c < v; ++c) {
+        if (c) stages += ',';
+        stages += std::to_string(c * p + r);
+      }
       rows.push_back({std::to_string(r), stages, units_str(cfg, units), grouped(params_of(cfg, units)),
                       grouped(4 * params_of(cfg, units))});
     }
@@ -536,8 +538,8 @@ int run(LessonOptions o, const PpArgs& a) {
   const Kind bal_kind = kind == Kind::interleaved ? Kind::one_f_one_b : kind;
   const std::vector<int> llama = v == 1 ? llama3_layers(balanced) : balanced;
   if (v > 1 || llama == balanced) {
-    say.say("(skipped: " + std::string(v > 1 ? "the interleaved layout has p v stages" : "no other cut of these layers") +
-            "; run --schedule 1f1b with --layers 6 --pp 4)\n");
+    say.say("(skipped: " + std::string(v > 1 ? "the interleaved layout has p v stages" : "the layers divide evenly, every stage has as many") +
+            "; the stages' layer counts differ with --layers 6 --pp 4)\n");
   } else {
     say.say("The same model, " + std::string(pipeline_schedule_name(bal_kind)) + ", two cuts of its " + std::to_string(L) +
             " layers: balanced " + join(balanced) + " and Llama 3's " + join(llama) +
@@ -691,7 +693,7 @@ int main(int argc, char** argv) {
   app.add_option("--pp-chunks", pp.chunks, "model chunks per rank for the interleaved schedule (v)")
       ->check(CLI::Range(2, 8))
       ->capture_default_str();
-  app.add_option("--layers", pp.layers, "override the preset's depth (0: keep it); 6 gives tiny small's depth")
+  app.add_option("--layers", pp.layers, "layers of the model (default 6, small's depth; 0 keeps the preset's)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   return llama4d::lesson::lesson_main(app, argc, argv, [&] {

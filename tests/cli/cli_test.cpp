@@ -339,10 +339,15 @@ TEST(Cli, PipelineParallelVerifyTrainResumeAndSchedule) {
   ASSERT_EQ(first.code, 0) << first.err;
   EXPECT_NE(nlohmann::json::parse(first.out).at("strategy").get<std::string>().find("PP over 2 ranks (1F1B, p=2, m=4)"),
             std::string::npos) << first.out;
+  // Each pipeline rank reads its stages' tensors from the whole-model checkpoint, and writes them.
   const Result second = run("train --resume " + out + "/checkpoint --preset tiny --seq-len 32 --batch-size 4 --steps 4 "
-                            "--mesh dp=2 --eval-every 0 --out " + out + " --json");
+                            "--stop-at 3 --mesh pp=2,dp=2 --zero 3 --micro-batch-size 1 --eval-every 0 --out " + out + " --json");
   ASSERT_EQ(second.code, 0) << second.err;
-  EXPECT_EQ(nlohmann::json::parse(second.out).at("steps_this_run").get<int>(), 2);
+  EXPECT_EQ(nlohmann::json::parse(second.out).at("steps_this_run").get<int>(), 1);
+  const Result third = run("train --resume " + out + "/checkpoint --preset tiny --seq-len 32 --batch-size 4 --steps 4 "
+                           "--mesh dp=2 --eval-every 0 --out " + out + " --json");
+  ASSERT_EQ(third.code, 0) << third.err;
+  EXPECT_EQ(nlohmann::json::parse(third.out).at("steps_this_run").get<int>(), 1);
 
   const std::string svg = tmp("1f1b.svg");
   const Result s = run("schedule --pp 4 --micro-batches 8 --schedule 1f1b --svg " + svg + " --json");
@@ -365,6 +370,8 @@ TEST(Cli, PipelineParallelVerifyTrainResumeAndSchedule) {
   expect_bad_input(run("schedule --pp 2 --micro-batches 3 --schedule interleaved --pp-chunks 2"), "multiple");
   expect_bad_input(run("schedule --costs 1,2"), "--costs");
   expect_bad_input(run("schedule --preset tiny"), "--measure");
+  expect_bad_input(run("schedule --measure --pp 1"), "--pp 2");
+  expect_bad_input(run("verify --mesh dp=2 --schedule zb-h1"), "pipeline parallelism");
 }
 
 TEST(Cli, ActivationCheckpointingFlag) {
