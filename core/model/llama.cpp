@@ -82,9 +82,13 @@ Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& l
       throw Error("Llama: held unit range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ") is empty or outside the model");
     for (int u = r.begin; u < r.end; ++u) held_[size_t(u)] = 1;
   }
-  if (held_[size_t(head_unit(L))] && cfg_.tie_word_embeddings && !held_[size_t(embedding_unit())])
-    throw InputError("a rank holding the LM head without the embedding needs its own copy of the tied embedding "
-                     "(tie_word_embeddings), which is not supported yet");
+  // A tied LM head reads the embedding's weights: a rank with the head but not the embedding (a
+  // pipeline's last stage) keeps its own copy of that segment, whose gradient holds only the
+  // head's part until the strategy adds the two copies' parts (core/parallel/data_parallel.h).
+  if (held_[size_t(head_unit(L))] && cfg_.tie_word_embeddings && !held_[size_t(embedding_unit())]) {
+    held_[size_t(embedding_unit())] = 1;
+    embedding_copy_ = true;
+  }
   // This rank's tensors, packed in flat order; a unit it does not hold gets an empty segment.
   std::vector<int64_t> begin(size_t(num_units()), -1), end(size_t(num_units()), 0);
   segment_numel_.assign(size_t(num_units()), 0);
@@ -119,6 +123,17 @@ bool Llama<T>::holds_all_units() const {
 
 template <class T>
 Llama<T>::~Llama() = default;
+
+template <class T>
+bool Llama<T>::runs_unit(int u) const {
+  return holds_unit(u) && !(u == embedding_unit() && embedding_copy_);
+}
+
+template <class T>
+std::vector<int> Llama<T>::segments_final_after(int u) const {
+  if (u == head_unit(num_layers()) && embedding_copy_) return {u, embedding_unit()};
+  return {u};
+}
 
 template <class T>
 std::vector<int> Llama<T>::segments_used_by(int u) const {
@@ -346,7 +361,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     throw InputError("sequence length " + std::to_string(T_) + " exceeds max_position_embeddings " +
                      std::to_string(cfg_.max_position_embeddings));
   for (int u = r.begin; u < r.end; ++u)
-    if (!holds_unit(u)) throw Error("Llama::forward: this rank does not hold " + unit_name(u, L));
+    if (!runs_unit(u)) throw Error("Llama::forward: this rank does not hold " + unit_name(u, L));
   const bool has_embedding = r.contains(embedding_unit()), has_head = r.contains(head);
   if (has_embedding && !tokens) throw Error("Llama::forward: a range with the embedding needs tokens");
   if (!has_embedding && !hidden_in) throw Error("Llama::forward: a range without the embedding needs its input hidden state");

@@ -101,7 +101,17 @@ class Llama {
   UnitRange all_units() const { return {0, num_units()}; }
   // Flat [begin, end) of unit u's parameter segment (empty when this rank does not hold u).
   ParamRange unit_range(int u) const { return unit_ranges_[size_t(u)]; }
+  // Unit u's segment is on this rank (its parameters, gradients and optimizer state).
   bool holds_unit(int u) const { return held_[size_t(u)] != 0; }
+  // This rank runs unit u: it holds it, and not just as the tied head's copy of the embedding.
+  bool runs_unit(int u) const;
+  // A pipeline's last stage with tied embeddings: segment 0 is a copy of the first stage's,
+  // read by the head; the two copies' gradients are summed by the strategy, and only the first
+  // stage counts the segment (in the gradient norm, in checkpoints).
+  bool holds_embedding_copy() const { return embedding_copy_; }
+  // The segments whose gradients are final once unit u's backward has run: {u}, plus the
+  // embedding copy after a last stage's tied head.
+  std::vector<int> segments_final_after(int u) const;
   // Elements of unit u's segment on a rank that holds it (this rank's tensor-parallel slice),
   // whether or not this rank does.
   int64_t segment_numel(int u) const { return segment_numel_[size_t(u)]; }
@@ -213,6 +223,7 @@ class Llama {
   std::vector<ParamSpec> specs_;
   std::vector<ParamRange> unit_ranges_;
   std::vector<uint8_t> held_;  // [unit]
+  bool embedding_copy_ = false;
   std::vector<int64_t> segment_numel_;  // [unit]
   int64_t total_ = 0;
   std::unique_ptr<MemoryTracker> own_memory_;

@@ -35,6 +35,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
         data_(*groups.data),
         tensor_(groups.tensor),
         pipeline_(groups.pipeline),
+        tied_(groups.tied),
         segments_(held_segments(model)),
         adamw_(adamw, model.param_specs(), 0, model.num_params(), &model.memory()),
         tracer_(data_.trace(), model.num_layers()) {}
@@ -57,12 +58,14 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     // 2. Wait for the buckets still in flight: now every rank holds the summed gradient.
     for (auto& w : pending_) w->wait();
     pending_.clear();
+    sum_tied_embedding_grads(tied_, model_.unit_grads(embedding_unit()), segments_[0].numel());
     const LossSum global = all_reduce_loss(pipeline_, all_reduce_loss(data_, local));
 
     // 3. Clip and step, identically on every rank (same gradients, same order of operations).
     T* g = model_.grads();
     std::vector<double> partials;
-    for (const Segment& s : segments_) append_chunk_partials(partials, g + s.begin, s.numel());
+    for (const Segment& s : segments_)
+      if (counts_segment(model_, s.unit)) append_chunk_partials(partials, g + s.begin, s.numel());
     const double replicas = tensor_ ? replica_sum_squares(model_.param_specs(), 0, model_.num_params(), g) : 0.0;
     const double sum_sq = tensor_parallel_sum_squares(tensor_, pipeline_sum_squares(pipeline_, model_, partials),
                                                       pipeline_sum(pipeline_, replicas, "grad-norm replicas (pipeline stages)"));
@@ -95,12 +98,15 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   void after_backward(int unit) override {
     tracer_.end();
     if (!sync_) return;  // no_sync: an earlier micro-batch, gradients keep accumulating locally
-    // Unit u's segment is final now (a tied head adds into segment 0 before the embedding runs).
-    const Segment& s = segments_[size_t(unit)];
-    AllReduceOptions o;
-    o.async_op = true;
-    o.label = "grad bucket " + unit_name(unit, model_.num_layers());
-    pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
+    // Unit u's segment is final now (a tied head adds into segment 0 before the embedding runs;
+    // on a last stage with the embedding's copy, the head finishes that copy too).
+    for (int u : model_.segments_final_after(unit)) {
+      const Segment& s = segments_[size_t(u)];
+      AllReduceOptions o;
+      o.async_op = true;
+      o.label = "grad bucket " + unit_name(u, model_.num_layers());
+      pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
+    }
   }
 
   void gather_params(std::vector<T>& out) override {
@@ -114,8 +120,10 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   void save_state(TrainingCheckpointWriter<T>& ckpt) override {
     // Every replica holds everything: replica d writes elements [n*d/dp, n*(d+1)/dp), so the
     // ranks share the writing.
+    // The tied head's copy of the embedding is the first stage's to write.
     const int64_t n = model_.num_params(), dp = data_.size(), d = data_.rank();
-    const int64_t b = n * d / dp, e = n * (d + 1) / dp;
+    const int64_t copy_end = counts_segment(model_, embedding_unit()) ? 0 : segments_[0].end;  // the copy leads the buffer
+    const int64_t b = std::max(copy_end, n * d / dp), e = std::max(b, n * (d + 1) / dp);
     ckpt.params(b, e, model_.params() + b);
     ckpt.exp_avg(b, e, adamw_.exp_avg().data() + b);
     ckpt.exp_avg_sq(b, e, adamw_.exp_avg_sq().data() + b);
@@ -138,6 +146,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   ProcessGroup& data_;
   ProcessGroup* tensor_;
   ProcessGroup* pipeline_;
+  ProcessGroup* tied_;  // pp with tied embeddings, first and last stage only
   std::vector<Segment> segments_;
   AdamW<T> adamw_;
   UnitTracer tracer_;

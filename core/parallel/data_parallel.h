@@ -52,6 +52,11 @@ struct DataParallelGroups {
   // parallelism covers only its own units; the loss (computed on the last stage) and the
   // global gradient norm add up across this group. nullptr without PP.
   ProcessGroup* pipeline = nullptr;
+  // Pipeline parallelism with tied embeddings, on the first and the last stage only: those two
+  // ranks, which hold the embedding (the last as its tied head's weights). After its own
+  // reduction each sums its part of the embedding's gradient with the other's (first + last),
+  // so both copies take the same optimizer step. nullptr otherwise.
+  ProcessGroup* tied = nullptr;
 };
 
 template <class T>

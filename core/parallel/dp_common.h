@@ -27,6 +27,13 @@ LossSum all_reduce_loss(ProcessGroup* pipeline, const LossSum& local);
 // counts (`replicas`), summed over the tensor-parallel group; unchanged without one.
 double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, double replicas);
 
+// Whether this rank counts segment u (in the gradient norm, in checkpoints): it holds it, and
+// not as the tied head's copy of the embedding, which the first stage counts.
+template <class T>
+bool counts_segment(const Llama<T>& model, int u) {
+  return model.holds_unit(u) && !(u == embedding_unit() && model.holds_embedding_copy());
+}
+
 // The segments of this rank's model, one per unit (empty for the units a pipeline rank does
 // not hold), for DP buckets and ZeRO shards.
 template <class T>
@@ -50,9 +57,20 @@ double pipeline_sum_squares(ProcessGroup* pipeline, const Llama<T>& model, const
   std::vector<uint8_t> held;
   for (int u = 0; u < model.num_units(); ++u) {
     counts.push_back(num_chunk_partials(model.segment_numel(u)));
-    held.push_back(model.holds_unit(u) ? 1 : 0);
+    held.push_back(counts_segment(model, u) ? 1 : 0);
   }
   return pipeline_sum_squares(pipeline, counts, held, partials);
+}
+
+// Pipeline parallelism with tied embeddings: g[n], this rank's part of the embedding's gradient
+// (already reduced over the data-parallel ranks), summed in place with the other stage's part
+// over `tied` (first stage + last stage); nothing without the group.
+template <class T>
+void sum_tied_embedding_grads(ProcessGroup* tied, T* g, int64_t n) {
+  if (!tied || n == 0) return;
+  AllReduceOptions o;
+  o.label = "tied embedding grads (first + last stage)";
+  tied->all_reduce(g, n, dtype_of<T>(), ReduceOp::sum, o)->wait();
 }
 
 // A double summed over the pipeline group (a quantity each stage has for its own units); `v`

@@ -85,12 +85,20 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   for (int u = 0; u < model.num_units(); ++u) {
     bool expected_held = stages.empty();
     for (const UnitRange& r : stages) expected_held = expected_held || r.contains(u);
-    if (model.holds_unit(u) != expected_held)
-      throw Error("ParallelTrainer: the model " + std::string(model.holds_unit(u) ? "holds " : "lacks ") +
+    if (model.runs_unit(u) != expected_held)
+      throw Error("ParallelTrainer: the model " + std::string(model.runs_unit(u) ? "holds " : "lacks ") +
                   unit_name(u, model.num_layers()) + ", which the plan gives " + (expected_held ? "this rank" : "another pipeline rank"));
   }
   if (plan_.size("pp") > 1) {
     groups.pipeline = &mesh_->group("pp");
+    // Tied embeddings: the first and the last stage each hold the embedding (the last as the
+    // head's weights); the two ranks of a pipeline that hold it sum their gradients.
+    const int pp = plan_.size("pp"), first = 0, last = pp - 1, me = groups.pipeline->rank();
+    if (model.config().tie_word_embeddings && (me == first || me == last)) {
+      tied_group_ = groups.pipeline->new_group({first, last}, "tied embedding (pp ranks " + std::to_string(first) + ", " +
+                                                                   std::to_string(last) + ")");
+      groups.tied = tied_group_.get();
+    }
     pipeline_ = std::make_unique<PipelineRunner<T>>(*groups.pipeline, plan_.schedule, plan_.pipeline_layout(model.config()));
   }
   data_group_ = groups.data;

@@ -69,6 +69,7 @@ class ParallelTrainer {
   ProcessGroup* data_group_ = nullptr;                    // this rank's data-parallel ranks
   std::unique_ptr<TensorParallelComm<T>> tensor_comm_;  // tensor parallelism only
   std::unique_ptr<PipelineRunner<T>> pipeline_;         // pipeline parallelism only
+  std::shared_ptr<ProcessGroup> tied_group_;            // pp with tied embeddings: first + last stage
   std::unique_ptr<DataParallelStrategy<T>> strategy_;
   int64_t steps_done_ = 0;
 };

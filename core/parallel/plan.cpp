@@ -102,9 +102,6 @@ void ParallelPlan::check_model(const LlamaConfig& cfg, int micro_batches) const 
   for (int r = 0; r < size("tp"); ++r) llama4d::tp_layout(cfg, size("tp"), r);
   const int pp = size("pp");
   if (pp == 1) return;
-  if (cfg.tie_word_embeddings)
-    throw InputError("pipeline parallelism with tied embeddings (tie_word_embeddings: the first and last stages "
-                     "would each keep a copy) is not supported yet");
   pipeline_layout(cfg);
   if (micro_batches <= 0) return;
   simulate_pipeline_schedule(make_pipeline_schedule(schedule, pp, micro_batches, pp_chunks));

@@ -65,6 +65,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
         replicate_(groups.replicate && groups.replicate->size() > 1 ? groups.replicate : nullptr),
         tensor_(groups.tensor),
         pipeline_(groups.pipeline && groups.pipeline->size() > 1 ? groups.pipeline : nullptr),
+        tied_(groups.tied),
         cfg_(cfg),
         layout_(held_segments(model), shard_.size()),
         rank_(shard_.rank()),
@@ -116,6 +117,9 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     }
     if (keeps_params_for_step())
       for (size_t s = 0; s < layout_.segments().size(); ++s) release_params(s);
+    // Tied embeddings across pipeline stages: this rank's reduced piece of the embedding's
+    // gradient plus the other stage's (the two stages shard the segment alike).
+    sum_tied_embedding_grads(tied_, reduced_grads(0), layout_.piece(0, rank_).numel());
     const LossSum global = all_reduce_loss(pipeline_, all_reduce_loss(data_, local));
 
     // 2. Global gradient norm from what each rank holds, in the single-device order.
@@ -197,18 +201,22 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   // the gradients become final in the weight pass.
   void after_backward_input(int unit) override {
     tracer_.end();
-    if (stage() == 3 && !keeps_params_for_step()) release_params(size_t(unit));
+    if (stage() == 3 && !keeps_params_for_step())
+      for (int si : model_.segments_final_after(unit)) release_params(size_t(si));
   }
   void before_backward_weight(int unit) override { tracer_.begin("backward-weight", unit); }
   void after_backward(int unit) override {
     tracer_.end();
     // Segment u's gradient is final once unit u ran backward: with tied embeddings the head
     // (a later unit) adds into segment 0 before the embedding does.
-    if (sync_) start_reduce(size_t(unit));
+    if (sync_)
+      for (int si : model_.segments_final_after(unit)) start_reduce(size_t(si));
     // Backward runs units last to first, so a unit's own segment has no reader left (the
     // embedding, which a tied head also reads, is the very last). In a pipeline that keeps
-    // parameters, other micro-batches still need it: it stays until the step ends.
-    if (stage() == 3 && !keeps_params_for_step()) release_params(size_t(unit));
+    // parameters, other micro-batches still need it: it stays until the step ends. A last
+    // stage's copy of a tied embedding has no reader but its head.
+    if (stage() == 3 && !keeps_params_for_step())
+      for (int si : model_.segments_final_after(unit)) release_params(size_t(si));
     // Rate limit (as FSDP does): with more than kMaxReductionsInFlight units still being
     // reduced, wait for the oldest, so unreduced gradients never pile up beyond a few units.
     free_finished_reductions();
@@ -242,7 +250,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     if (replicate_ && replicate_->rank() != 0) return;
     for (size_t s = 0; s < layout_.segments().size(); ++s) {
       const Piece p = layout_.piece(s, rank_);
-      if (p.numel() == 0) continue;
+      if (p.numel() == 0 || !counts_segment(model_, int(s))) continue;  // a tied copy: the first stage writes it
       // Below stage 3 every rank holds all weights; each still writes only its own pieces.
       ckpt.params(p.begin, p.end, stage() == 3 ? param_shard_.data() + p.shard_offset : model_.params() + p.begin);
       ckpt.exp_avg(p.begin, p.end, adamw_[s]->exp_avg().data());
@@ -451,9 +459,11 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     const int n = shard_.size();
     std::vector<int64_t> counts(size_t(n), 0);
     std::vector<double> mine;
+    // A tied embedding's copy is counted by the first stage only.
+    auto partials = [&](size_t s, int r) { return counts_segment(model_, int(s)) ? num_chunk_partials(layout_.piece(s, r).numel()) : 0; };
     for (size_t s = 0; s < segs.size(); ++s) {
-      for (int r = 0; r < n; ++r) counts[size_t(r)] += num_chunk_partials(layout_.piece(s, r).numel());
-      append_chunk_partials(mine, reduced_grads(s), layout_.piece(s, rank_).numel());
+      for (int r = 0; r < n; ++r) counts[size_t(r)] += partials(s, r);
+      if (counts_segment(model_, int(s))) append_chunk_partials(mine, reduced_grads(s), layout_.piece(s, rank_).numel());
     }
     int64_t total = 0;
     for (int64_t c : counts) total += c;
@@ -468,7 +478,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     ordered.reserve(size_t(total));
     for (size_t s = 0; s < segs.size(); ++s)
       for (int r = 0; r < n; ++r) {
-        const int64_t k = num_chunk_partials(layout_.piece(s, r).numel());
+        const int64_t k = partials(s, r);
         ordered.insert(ordered.end(), all.begin() + cursor[size_t(r)], all.begin() + cursor[size_t(r)] + k);
         cursor[size_t(r)] += k;
       }
@@ -493,6 +503,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   ProcessGroup* replicate_;
   ProcessGroup* tensor_;
   ProcessGroup* pipeline_;  // null without pipeline parallelism
+  ProcessGroup* tied_;      // pp with tied embeddings, first and last stage only
   DataParallelConfig cfg_;
   ShardLayout layout_;
   int rank_;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "core/comm/text_table.h"
@@ -185,6 +186,30 @@ bool StepErrors::within(const StepErrors& b) const {
          param_element <= b.param_element && param_tensor <= b.param_tensor;
 }
 
+// Pipeline parallelism with tied embeddings: the first stage accumulates the lookup's part of the
+// embedding's gradient and the last stage the tied head's, each over its own micro-batches, and
+// the two parts are added last (first + last). The replay keeps the head's part apart the same
+// way: around the head's backward the embedding's gradient segment is swapped with it.
+template <class T>
+class TiedHeadPart final : public UnitHooks {
+ public:
+  explicit TiedHeadPart(Llama<T>& model)
+      : model_(model), part_(size_t(model.unit_range(embedding_unit()).end - model.unit_range(embedding_unit()).begin), T(0)) {}
+  void before_backward(int unit) override { swap_if_head(unit); }
+  void after_backward(int unit) override { swap_if_head(unit); }
+  const std::vector<T>& part() const { return part_; }
+  void zero() { std::fill(part_.begin(), part_.end(), T(0)); }
+
+ private:
+  void swap_if_head(int unit) {
+    if (unit != head_unit(model_.num_layers())) return;
+    T* g = model_.grads() + model_.unit_range(embedding_unit()).begin;
+    std::swap_ranges(part_.begin(), part_.end(), g);
+  }
+  Llama<T>& model_;
+  std::vector<T> part_;
+};
+
 template <class T>
 ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextDataset& data, const std::string& resume_from) {
   ReplayResult<T> out;
@@ -206,6 +231,13 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
   const T loss_scale = T(1.0 / double(opt.tokens_per_step()));
   const bool per_micro_batch = o.plan.zero >= ZeroStage::zero2;
   const int64_t n = model.num_params();
+  std::optional<TiedHeadPart<T>> tied;
+  if (o.plan.size("pp") > 1 && o.model.tie_word_embeddings) tied.emplace(model);
+  ScopedHooks<T> hooks(model, tied ? &*tied : nullptr);
+  auto zero_grad = [&] {
+    model.zero_grad();
+    if (tied) tied->zero();
+  };
 
   for (int64_t s = first_step; s < opt.steps; ++s) {
     const Batch global = sample_batch(data.train(), opt.seq_len, opt.seed, s, opt.batch_size);
@@ -216,13 +248,19 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
       rank_loss[size_t(d)] += model.forward(b.tokens.data(), b.targets.data(), b.B, b.T).loss_sum;
       model.backward(loss_scale);
     };
-    auto grads_now = [&] { return std::vector<T>(model.grads(), model.grads() + n); };
+    // The flat gradient, and with tied embeddings under pipeline parallelism the head's part of
+    // the embedding's after it (summed into the embedding's below, once every rank is added).
+    auto grads_now = [&] {
+      std::vector<T> g(model.grads(), model.grads() + n);
+      if (tied) g.insert(g.end(), tied->part().begin(), tied->part().end());
+      return g;
+    };
 
     std::vector<T> total;
     if (!per_micro_batch) {
       // DP / ZeRO-1: rank d accumulates its micro-batches; ranks are then summed in order.
       for (int d = 0; d < dp; ++d) {
-        model.zero_grad();
+        zero_grad();
         for (int64_t m = 0; m < M; ++m) run(d, m);
         add_into(total, grads_now(), d == 0);
       }
@@ -234,7 +272,7 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
         for (int rep = 0; rep < dp / shard; ++rep) {
           std::vector<T> in_group;
           for (int sh = 0; sh < shard; ++sh) {
-            model.zero_grad();
+            zero_grad();
             run(rep * shard + sh, m);
             add_into(in_group, grads_now(), sh == 0);
           }
@@ -242,6 +280,11 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
         }
         add_into(total, across_replicas, m == 0);
       }
+    }
+    if (tied) {  // first stage's part + last stage's part
+      const int64_t e0 = model.unit_range(embedding_unit()).begin;
+      for (size_t i = 0; i < tied->part().size(); ++i) total[size_t(e0) + i] += total[size_t(n) + i];
+      total.resize(size_t(n));
     }
     double loss_sum = rank_loss[0];
     for (int d = 1; d < dp; ++d) loss_sum += rank_loss[size_t(d)];
