@@ -81,6 +81,31 @@ TEST(ModelBasics, InitIsDeterministicAndHasTheDocumentedStatistics) {
   EXPECT_NEAR(stdev, 0.02, 0.02 * 0.05);
 }
 
+// Every matrix draws its own stretch of the stream: no two tensors start alike (a draw counter
+// that forgot to advance past some tensors would give repeated layers), and a pipeline rank
+// holding only some units gets exactly those units' values of the whole model.
+TEST(ModelBasics, EveryMatrixStartsDifferentAndStagesGetTheWholeModelsValues) {
+  LlamaConfig cfg = test::tiny_config(false, false);
+  cfg.num_hidden_layers = 3;
+  Llama<double> whole(cfg);
+  whole.init_weights(7);
+  const std::vector<ParamSpec>& specs = whole.param_specs();
+  for (size_t i = 0; i < specs.size(); ++i)
+    for (size_t j = i + 1; j < specs.size(); ++j) {
+      if (specs[i].shape.size() == 1 || specs[j].shape.size() == 1) continue;  // gains are all 1
+      const int64_t n = std::min(specs[i].numel, specs[j].numel);
+      EXPECT_NE(std::memcmp(whole.params() + specs[i].offset, whole.params() + specs[j].offset, size_t(n) * sizeof(double)), 0)
+          << specs[i].name << " and " << specs[j].name << " start alike";
+    }
+  Llama<double> stage(cfg, nullptr, {}, {UnitRange{2, 5}});  // layers 1 and 2 and the head
+  stage.init_weights(7);
+  EXPECT_LT(stage.num_params(), whole.num_params());
+  for (const ParamSpec& p : stage.param_specs()) {
+    const ParamSpec& w = find_param(specs, p.name);
+    EXPECT_EQ(std::memcmp(stage.params() + p.offset, whole.params() + w.offset, size_t(p.numel) * sizeof(double)), 0) << p.name;
+  }
+}
+
 TEST(ModelBasics, Fp32AgreesWithFp64FromTheSameInit) {
   for (bool tied : {false, true}) {
     const LlamaConfig cfg = test::tiny_config(tied, tied);  // the tied case also uses rope_scaling
