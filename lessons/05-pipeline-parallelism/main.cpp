@@ -422,15 +422,9 @@ int run(LessonOptions o, const PpArgs& a) {
     // Interleaving needs p v stages of at least one layer: a deeper copy when the model is too short.
     if (k == Kind::interleaved && c.num_hidden_layers < int64_t(p) * a.chunks) c.num_hidden_layers = int64_t(p) * a.chunks;
     depth[k] = int(c.num_hidden_layers);
-    try {
-      per_schedule[k] = train_one_step(c, pipeline_plan(p, k, a.chunks), one, o, data,
-                                       make_pipeline_schedule(k, p, m, k == Kind::interleaved ? a.chunks : 1).name() +
-                                           ", measured");
-    } catch (const Error& e) {
-      // ZB-H1 needs the model's backward in two passes (I, W); a build without them says so.
-      if (k != Kind::zb_h1 || std::string(e.what()).find("not merged yet") == std::string::npos) throw;
-      say.say("(zb-h1 on the real model skipped, this build cannot run it yet: " + std::string(e.what()) + ")\n");
-    }
+    per_schedule[k] = train_one_step(c, pipeline_plan(p, k, a.chunks), one, o, data,
+                                     make_pipeline_schedule(k, p, m, k == Kind::interleaved ? a.chunks : 1).name() +
+                                         ", measured");
   }
   TrainOptions single = one;
   single.batch_size = B;  // m = 1: one micro-batch's activations per stage
