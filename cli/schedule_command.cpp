@@ -48,7 +48,7 @@ StageCosts parse_costs(const std::string& text) {
     v.push_back(x);
   }
   if (v.size() != 3) throw InputError("--costs takes three times F,I,W (forward, backward-input, backward-weight), got " + text);
-  return {v[0], v[1], v[2], 0};
+  return {v[0], v[1], v[2]};
 }
 
 nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {

@@ -101,8 +101,9 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
   int in_flight = 0;
   peak_in_flight_ = 0;
 
-  // A sent input gradient is freed once its send has buffered it (a poll: it never moves the
-  // simulated clock), so a stage holds only the few still on their way, not all m.
+  // A sent input gradient is freed once its send has buffered it. This is a poll, which never
+  // moves the simulated clock, so how many are still held depends on this laptop's comm threads:
+  // usually a few, at worst all m until the step's end (measured peaks of scratch vary by it).
   auto free_sent_gradients = [&] {
     for (size_t j = 0; j < gradient_sent.size(); ++j)
       if (gradient_sent[j] && gradient_sent[j]->is_completed()) {

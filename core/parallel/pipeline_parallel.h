@@ -25,7 +25,6 @@ class PipelineRunner final : public Passes<T> {
 
   // The schedule for m micro-batches per step (built once; InputError naming the constraint).
   const PipelineSchedule& schedule(int micro_batches);
-  const PipelineLayout& layout() const { return layout_; }
   ProcessGroup& group() const { return pp_; }
   // The most (micro-batch, chunk) pairs whose forward had run and whose backward (W for
   // zero-bubble) had not, during the last step.

@@ -289,7 +289,7 @@ ScheduleSimulation simulate_pipeline_schedule(const PipelineSchedule& s, const S
           t = std::max(t, it->second);
           arrival.erase(it);
         } else if (a.op == Op::send_activation || a.op == Op::send_gradient) {
-          arrival[s.tag(r, a)] = t + costs.transfer;  // the receiver computes the same tag
+          arrival[s.tag(r, a)] = t;  // the receiver computes the same tag
           ++sim.messages[size_t(r)];
         } else {
           t += cost(a.op);
@@ -315,11 +315,6 @@ double ScheduleSimulation::bubble_fraction() const {
   double total = 0;
   for (double b : busy) total += b;
   return makespan > 0 ? 1.0 - total / (double(busy.size()) * makespan) : 0.0;
-}
-
-nlohmann::json ScheduleSimulation::to_json() const {
-  return {{"makespan", makespan}, {"busy", busy}, {"bubble_fraction", bubble_fraction()},
-          {"peak_in_flight", peak_in_flight}, {"messages", messages}};
 }
 
 double pipeline_bubble_formula(PipelineScheduleKind kind, int p, int m, int v, const StageCosts& c) {

@@ -98,8 +98,7 @@ PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int ranks, in
 
 // What one step of a schedule costs on a uniform pipeline: time units per action of one chunk.
 struct StageCosts {
-  double forward = 1, backward_input = 1, backward_weight = 1;  // B = I + W
-  double transfer = 0;  // per point-to-point message, on the critical path of its receiver
+  double forward = 1, backward_input = 1, backward_weight = 1;  // B = I + W; transfers are free
 };
 
 struct ScheduleSimulation {
@@ -109,7 +108,6 @@ struct ScheduleSimulation {
                                      //        (W for zero-bubble) had not finished
   std::vector<int64_t> messages;     // [rank] point-to-point messages sent
   double bubble_fraction() const;    // 1 - sum(busy) / (p * makespan): idle share of the step
-  nlohmann::json to_json() const;
 };
 
 // Replays the lists with buffered sends and blocking receives, each action at the earliest

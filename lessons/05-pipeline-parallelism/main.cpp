@@ -49,7 +49,7 @@ std::string fixed(double v, int digits) {
 // schedule's chunk holds 1/v of a stage, so each of its actions costs 1/v as much.
 StageCosts modelled_costs(Kind k, int v) {
   const double f = 12.0 / (k == Kind::interleaved ? v : 1);
-  return {f, f, f, 0};
+  return {f, f, f};
 }
 
 // One step of `s` on p virtual GPUs, every action its modelled cost: the picture of the clock.

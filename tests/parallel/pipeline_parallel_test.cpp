@@ -159,7 +159,7 @@ TEST(PipelineEquivalence, WithTensorParallelismAddsNothingToTp) {
 // The runtime's own timeline on the simulated clock, with uniform stages (each action a fixed
 // modelled time) and free transfers, has the bubble fraction of the formula, to rounding.
 TEST(PipelineTimeline, BubbleOfEveryScheduleEqualsTheFormula) {
-  const StageCosts costs{10, 15, 5, 0};  // microseconds: I = 1.5 F, W = F / 2
+  const StageCosts costs{10, 15, 5};  // microseconds: I = 1.5 F, W = F / 2
   for (Kind k : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zb_h1})
     for (int p : {2, 3, 4})
       for (int m : {p, 2 * p, 2 * p + 1}) {
@@ -264,10 +264,6 @@ TEST(PipelineMemory, ActivationPeaksFollowTheMicroBatchesInFlight) {
     for (int rank = 0; rank < p; ++rank) {
       const int expect = k == Kind::gpipe ? m : k == Kind::one_f_one_b ? std::min(m, p - rank) : std::min(m, p);
       EXPECT_EQ(r.peak_in_flight[size_t(rank)], expect) << pipeline_schedule_name(k) << " rank " << rank;
-      // A sent input gradient is freed once buffered: a stage's scratch does not grow with m.
-      const int64_t boundary = 16 * cfg.hidden_size * 4;  // one row of 16 tokens, fp32
-      EXPECT_LE(r.memory[size_t(rank)].scratch, one.memory[size_t(rank)].scratch + 2 * boundary)
-          << pipeline_schedule_name(k) << " rank " << rank;
       if (k == Kind::zb_h1) continue;  // a micro-batch between I and W holds less than a whole one
       EXPECT_EQ(r.memory[size_t(rank)].activations, expect * one.memory[size_t(rank)].activations)
           << pipeline_schedule_name(k) << " rank " << rank;
