@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "backends/virtual/virtual_cluster.h"
 #include "core/comm/comm_model.h"

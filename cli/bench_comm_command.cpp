@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <nlohmann/json.hpp>
 
 #include "bench/comm_bench.h"
 #include "cli/commands.h"

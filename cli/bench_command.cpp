@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "cli/launch.h"

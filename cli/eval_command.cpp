@@ -2,6 +2,7 @@
 // file, in consecutive windows of --seq-len + 1 tokens. Reported next to the byte-unigram
 // entropy of the same text, the loss a model that ignores context would reach.
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "core/data/batch_sampler.h"

@@ -1,6 +1,7 @@
 // `llama4d generate`: autoregressive decoding with a KV cache. The prompt goes through the
 // model in one pass (prefill), then one token per step reuses every earlier key and value.
 #include <chrono>
+#include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "core/data/tokenizer.h"

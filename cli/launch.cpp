@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "backends/virtual/virtual_cluster.h"
 #include "cli/common.h"

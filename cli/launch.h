@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "cli/commands.h"
 #include "core/comm/process_group.h"

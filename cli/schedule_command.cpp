@@ -9,6 +9,7 @@
 // transfers cost what the cluster model says; --trace writes that run for Perfetto.
 #include <filesystem>
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "cli/launch.h"

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "cli/launch.h"
@@ -89,7 +90,7 @@ void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
   r.args.opt = TrainOptions::from_json(options);
   check_resumable(saved.options, saved.steps_done, r.args.opt);
 
-  const nlohmann::json& loop = saved.options.loop;
+  const nlohmann::json loop = nlohmann::json::parse(saved.options.loop);
   try {
     for (const LoopSetting& s : kLoopSettings)
       if (cmd.count(s.flag) == 0 && loop.contains(s.key)) r.args.*s.value = loop.at(s.key).get<int64_t>();
@@ -118,8 +119,10 @@ Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
   if (x.save_every < 0) throw InputError("--save-every must be >= 0 (0: only at the end)");
   if (cmd.count("--stop-at") > 0 && x.stop_at < 1) throw InputError("--stop-at must be >= 1");
   if (x.data.empty()) x.data = default_corpus_path();
-  x.opt.loop["data"] = absolute_path(x.data);
-  for (const LoopSetting& s : kLoopSettings) x.opt.loop[s.key] = x.*s.value;
+  nlohmann::json loop = nlohmann::json::parse(x.opt.loop);
+  loop["data"] = absolute_path(x.data);
+  for (const LoopSetting& s : kLoopSettings) loop[s.key] = x.*s.value;
+  x.opt.loop = loop.dump();
   return r;
 }
 
@@ -136,13 +139,14 @@ std::string fingerprint(const std::vector<int32_t>& tokens) {
 // file may have moved: --data names the new place), else every batch would differ.
 TextDataset load_run_data(Run& r, bool data_given) {
   TextDataset data = load_dataset(r.args.data, r.args.opt.seq_len);
-  nlohmann::json& loop = r.args.opt.loop;
+  nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
   const std::string now = fingerprint(data.tokens);
   if (loop.contains("data_fingerprint") && loop.at("data_fingerprint") != now)
     throw InputError(std::string(data_given ? "--data " : "data ") + r.args.data + " (" + now +
                      ") is not the text the checkpoint's run trained on (" + loop.at("data_fingerprint").dump() +
                      "): " + kResumeKeepsTheMath);
   loop["data_fingerprint"] = now;
+  r.args.opt.loop = loop.dump();
   return data;
 }
 

@@ -3,6 +3,7 @@
 // every tensor's error, every rank's verdict and whether the bits match. Exits 1 when the results
 // are outside tolerance (with ordered reductions: not bitwise).
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "cli/launch.h"

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <nlohmann/json.hpp>
 
 #include "core/tensor/memory_tracker.h"
 #include "core/comm/text_table.h"

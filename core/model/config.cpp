@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 

@@ -4,8 +4,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/comm/process_group.h"
 #include "core/comm/trace.h"
 #include "core/model/head.h"
@@ -76,7 +74,6 @@ void sum_tied_embedding_grads(ProcessGroup* tied, T* g, int64_t n) {
 // A double summed over the pipeline group (a quantity each stage has for its own units); `v`
 // itself without one.
 double pipeline_sum(ProcessGroup* pipeline, double v, const char* label);
-
 
 // Records one compute span per unit and pass on the rank's trace ("forward layer 3", "backward
 // head"), so the Chrome trace shows gradient reductions overlapping the backward of earlier

@@ -42,8 +42,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace llama4d {
 
 enum class PipelineScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1 };

@@ -1,6 +1,7 @@
 #include "core/parallel/plan.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 

@@ -1,6 +1,7 @@
 #include "core/train/checkpoint_state.h"
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/ops.h"

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -21,7 +22,7 @@ void TrainOptions::validate() const {
   if (!(min_lr >= 0) || min_lr > lr) fail("--min-lr must lie in [0, --lr]");
   if (warmup_steps < 0) fail("--warmup-steps must be >= 0");
   if (!(grad_clip >= 0) || !std::isfinite(grad_clip)) fail("--grad-clip must be a finite number >= 0 (0: off)");
-  if (!loop.is_object()) fail("trainer state: \"loop\" must be an object");
+  if (!nlohmann::json::parse(loop, nullptr, false).is_object()) fail("trainer state: \"loop\" must be an object");
   adamw.validate();
 }
 
@@ -33,7 +34,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"seed", seed},
           {"adamw", {{"beta1", adamw.beta1}, {"beta2", adamw.beta2}, {"eps", adamw.eps},
                      {"weight_decay", adamw.weight_decay}}},
-          {"loop", loop}};
+          {"loop", nlohmann::json::parse(loop)}};
 }
 
 int64_t whole_number(const nlohmann::json& object, const char* key) {
@@ -65,7 +66,7 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
     o.adamw.beta2 = a.at("beta2").get<double>();
     o.adamw.eps = a.at("eps").get<double>();
     o.adamw.weight_decay = a.at("weight_decay").get<double>();
-    if (j.contains("loop")) o.loop = j.at("loop");
+    if (j.contains("loop")) o.loop = j.at("loop").dump();
     o.validate();
     return o;
   } catch (const nlohmann::json::exception& e) {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "core/optim/adamw.h"
 
@@ -27,8 +27,9 @@ struct TrainOptions {
   AdamWConfig adamw;
   // How the program driving the trainer ran the loop (the CLI's data path, evaluation and
   // checkpoint intervals). The trainers never read it; it is saved with the options so that a
-  // resume continues the same way.
-  nlohmann::json loop = nlohmann::json::object();
+  // resume continues the same way. A JSON object, kept as its text so that this header (included
+  // by every trainer) does not need the whole JSON library.
+  std::string loop = "{}";
 
   int64_t micro_batches() const { return batch_size / micro(); }
   int64_t micro() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }

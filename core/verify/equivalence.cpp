@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "core/comm/text_table.h"
 #include "core/data/batch_sampler.h"
@@ -322,7 +323,7 @@ template <class T>
 EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& data, const RankLauncher& launch) {
   EquivalenceReport rep;
   rep.strategy = o.plan.describe();
-  rep.plan = o.plan.to_json();
+  rep.plan = o.plan;
   rep.dtype = std::string(dtype_name(dtype_of<T>()));
   rep.algo = std::string(reduce_algo_name(o.plan.algo));
   rep.ranks = o.plan.world_size();
@@ -513,7 +514,7 @@ nlohmann::json EquivalenceReport::to_json() const {
           {"max_errors", steps_json({max_errors})[0]},
           {"plain_trainer", plain},
           {"strategy", strategy},
-          {"plan", plan},
+          {"plan", plan.to_json()},
           {"ranks", ranks},
           {"steps", steps},
           {"micro_batches_per_rank", micro_batches_per_rank},

@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "core/data/dataset.h"
 #include "core/comm/comm_types.h"
@@ -88,7 +88,7 @@ struct RankComparison {
 
 struct EquivalenceReport {
   std::string strategy, dtype, algo;
-  nlohmann::json plan;  // ParallelPlan::to_json() of the parallel side
+  ParallelPlan plan;  // the parallel side
   int ranks = 0, steps = 0;
   int64_t micro_batches_per_rank = 0;
   std::vector<double> losses_single, losses_parallel;          // world rank 0's view

@@ -5,6 +5,8 @@
 // the README's formulas against the measured numbers, and proves the result equals one device.
 //   lesson01_data_parallel [--ranks 4] [--micro-batches 2] [--step] [--json]
 #include "core/comm/text_table.h"
+#include <nlohmann/json.hpp>
+
 #include "core/data/dataset.h"
 #include "core/model/flops.h"
 #include "core/model/params.h"

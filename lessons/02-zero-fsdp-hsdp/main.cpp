@@ -5,6 +5,7 @@
 // category, checks the README's formulas against the measurements, and proves equivalence.
 //   lesson02_zero [--zero 3] [--keep-params] [--ranks 4] [--replicas 2] [--step] [--json]
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "core/data/dataset.h"
 #include "core/comm/text_table.h"

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "core/comm/text_table.h"
 #include "core/data/batch_sampler.h"

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <nlohmann/json.hpp>
 
 #include "core/comm/text_table.h"
 #include "core/data/dataset.h"

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <regex>
+#include <nlohmann/json.hpp>
 
 #include "core/comm/text_table.h"
 #include "core/data/dataset.h"

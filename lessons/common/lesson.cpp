@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "core/tensor/memory_tracker.h"
 #include "core/comm/text_table.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"

@@ -1,6 +1,7 @@
 // LlamaConfig: preset shapes and exact parameter counts, Hugging Face config.json parsing and
 // writing, validation messages.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/model/config.h"

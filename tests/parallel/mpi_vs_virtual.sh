@@ -3,14 +3,16 @@
 # processes under mpirun and as 4 threads, must both pass verify (bitwise equal to one device for
 # data and pipeline parallelism with ordered reductions; within the measured bounds for ring reductions and
 # tensor parallelism), and report identical losses and identical per-tensor errors.
-#   mpi_vs_virtual.sh <llama4d binary>
+#   mpi_vs_virtual.sh <llama4d binary> [case,case,...]   (default: every case)
 set -euo pipefail
 bin=$1
+only=${2:-}
 py=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 run() {  # name, then verify flags
   local name=$1; shift
+  if [ -n "$only" ] && [[ ",$only," != *",$name,"* ]]; then return; fi
   "$bin" verify --steps 2 "$@" --json > "$tmp/$name.virtual.json"
   # Shared-memory transports only: nothing touches the network.
   mpirun --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl self,vader -np 4 "$bin" verify --backend mpi --steps 2 "$@" --json > "$tmp/$name.mpi.json"

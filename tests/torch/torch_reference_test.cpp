@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include "core/io/checkpoint.h"
 #include "core/io/safetensors.h"

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/tensor/dtype.h"
@@ -105,7 +106,7 @@ TEST(Resume, OnlyStepsAndMicroBatchMayChange) {
   TrainOptions asked = saved;
   asked.steps = 20;
   asked.micro_batch_size = 0;  // automatic: saved as asked, not as the 4 it resolves to
-  asked.loop = {{"save_every", 5}};
+  asked.loop = R"({"save_every": 5})";
   EXPECT_NO_THROW(check_resumable(saved, 6, asked));
   EXPECT_EQ(asked.to_json().at("micro_batch_size"), 0);
   asked.steps = 5;
