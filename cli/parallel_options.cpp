@@ -7,7 +7,7 @@ namespace llama4d::cli {
 
 void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh) {
   mesh = default_mesh;
-  cmd.add_option("--mesh", mesh, "ranks by dim, innermost first: dp=4, tp=2,dp=2, or dp_shard=2,dp_replicate=2 (HSDP)")
+  cmd.add_option("--mesh", mesh, "ranks by dim, innermost first: dp=4, tp=2,dp=2, cp=2,dp=2, or dp_shard=2,dp_replicate=2 (HSDP)")
       ->capture_default_str();
   cmd.add_option("--zero", zero, "ZeRO stage: 0 plain DP, 1 optimizer, 2 + gradients, 3 + parameters (FSDP)")
       ->check(CLI::Range(0, 3))
@@ -24,6 +24,8 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh)
   cmd.add_option("--pp-chunks", pp_chunks, "model chunks per pipeline rank (the interleaved schedule, >= 2)")
       ->capture_default_str();
   cmd.add_option("--pp-layers", pp_layers, "layers of each pipeline stage, e.g. 1,2,2,1 (default: balanced)");
+  cmd.add_option("--cp-algo", cp_algo, "context parallelism with cp > 1: allgather (Llama 3's) or ring")
+      ->capture_default_str();
 }
 
 ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& algo) const {
@@ -36,6 +38,7 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
   p.schedule = parse_pipeline_schedule(schedule);
   p.pp_chunks = pp_chunks;
   if (!pp_layers.empty()) p.pp_layers = parse_pipeline_layers(pp_layers);
+  p.cp_algo = parse_context_algo(cp_algo);
   if (p.single_device() && (zero != 0 || keep_params))
     throw InputError("--zero and --keep-params need a data-parallel --mesh (e.g. --mesh dp=4)");
   p.validate();

@@ -1,5 +1,5 @@
 #pragma once
-// --mesh, --zero, --keep-params, --ac, --sp, --schedule, --pp-chunks and --pp-layers: how the
+// --mesh, --zero, --keep-params, --ac, --sp, --schedule, --pp-chunks, --pp-layers and --cp-algo: how the
 // parallel plan is chosen on the command line.
 // Parsed once into a ParallelPlan, which every command passes on unchanged.
 #include <string>
@@ -20,6 +20,7 @@ struct ParallelChoice {
   std::string schedule = "1f1b";  // pipeline schedule with pp > 1
   int pp_chunks = 1;              // model chunks per pipeline rank (interleaved)
   std::string pp_layers;          // "1,2,2,1": layers per virtual stage; empty: balanced
+  std::string cp_algo = "allgather";  // context parallelism with cp > 1: allgather | ring
 
   void add_options(CLI::App& cmd, const std::string& default_mesh);
   bool parallel() const { return !mesh.empty(); }

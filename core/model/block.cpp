@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "core/error.h"
 #include "core/ops.h"
 
 namespace llama4d {
@@ -135,7 +136,44 @@ BlockComm<T>& comm_or_none(BlockComm<T>* comm) {
   return comm ? *comm : none;
 }
 
+// RoPE (or its backward) on x [B,T,heads,hd] at each token's true position: pos_start + t, or
+// under context parallelism the two chunks' own positions (one call per row and chunk).
+template <class T>
+void rope_at_positions(T* x, int64_t heads, const BlockDims& d, const RopeTables<T>& rope, int64_t pos_start,
+                       bool backward) {
+  auto apply = [&](T* p, int64_t B, int64_t T_, int64_t start) {
+    if (backward)
+      ops::rope_backward(p, rope.cos.data(), rope.sin.data(), B, T_, heads, d.hd, start);
+    else
+      ops::rope_forward(p, rope.cos.data(), rope.sin.data(), B, T_, heads, d.hd, start);
+  };
+  if (d.cp == 1) return apply(x, d.B, d.T, pos_start);
+  const int64_t c = d.cp_chunk(), row = heads * d.hd;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t part = 0; part < 2; ++part) apply(x + (b * d.T + part * c) * row, 1, c, d.cp_part_start(part));
+}
+
+// att, lse = causal attention of a.q over a.k, a.v: local, or through the context-parallel point.
+template <class T>
+void attend(BlockActivations<T>& a, const BlockDims& d, int64_t pos_start, BlockComm<T>& comm) {
+  if (d.cp > 1)
+    comm.attention(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), d);
+  else
+    ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), attention_shape<T>(d, pos_start));
+}
+
 }  // namespace
+
+template <class T>
+void BlockComm<T>::attention(T*, T*, const T*, const T*, const T*, const BlockDims& d) {
+  throw Error("block: context parallelism (cp=" + std::to_string(d.cp) + ") needs a communication that implements attention");
+}
+
+template <class T>
+void BlockComm<T>::attention_backward(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,
+                                      const BlockDims& d) {
+  throw Error("block: context parallelism (cp=" + std::to_string(d.cp) + ") needs a communication that implements attention");
+}
 
 // With sequence parallelism the block's input x, h and out hold this rank's rows only; a
 // row-parallel output is computed for every row into a [B,T,C] temporary and reduce-scattered to
@@ -156,10 +194,10 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   ops::matmul_forward(a.q.data(), a.n1.data(), w.wq, BT, C, qd);
   ops::matmul_forward(a.k.data(), a.n1.data(), w.wk, BT, C, kvd);
   ops::matmul_forward(a.v.data(), a.n1.data(), w.wv, BT, C, kvd);
-  ops::rope_forward(a.q.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nh, d.hd, pos_start);
-  ops::rope_forward(a.k.data(), rope.cos.data(), rope.sin.data(), d.B, d.T, d.nkv, d.hd, pos_start);
-  comm.key_value(a.k.data(), a.v.data(), d);
+  rope_at_positions(a.q.data(), d.nh, d, rope, pos_start, false);
+  rope_at_positions(a.k.data(), d.nkv, d, rope, pos_start, false);
 
+  if (cache && d.cp > 1) throw Error("block: a KV cache runs without context parallelism");
   ops::AttentionShape s = attention_shape<T>(d, pos_start);
   const T* keys = a.k.data();
   const T* values = a.v.data();
@@ -176,8 +214,10 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
     s.kv_batch_stride = cache->max_len * kvd;
     keys = cache->k;
     values = cache->v;
+    ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), keys, values, s);
+  } else {
+    attend(a, d, pos_start, comm);
   }
-  ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), keys, values, s);
 
   // h = x + o_proj(att)
   T* y = d.sp > 1 ? partial.data() : a.h.data();
@@ -205,7 +245,7 @@ void block_recompute_selective(BlockActivations<T>& a, const BlockWeights<T>& w,
   BlockComm<T>& comm = comm_or_none(comm_ptr);
   ops::rmsnorm_forward(a.n1.data() + mine, a.rstd1.data(), x, w.ln1, rows, C, T(d.eps));
   comm.attention_input(a.n1.data(), d);
-  ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), attention_shape<T>(d, pos_start));
+  attend(a, d, pos_start, comm);
   ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
   comm.mlp_input(a.n2.data(), d);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
@@ -298,11 +338,13 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   ops::fill(b.dq, T(0), BT * qd);
   ops::fill(b.dk, T(0), BT * kvd);
   ops::fill(b.dv, T(0), BT * kvd);
-  ops::attention_backward(b.dq, b.dk, b.dv, b.datt, a.q.data(), a.k.data(), a.v.data(), a.att.data(),
-                          a.lse.data(), attention_shape<T>(d, pos_start));
-  comm.key_value_backward(b.dk, b.dv, d);
-  ops::rope_backward(b.dq, rope.cos.data(), rope.sin.data(), d.B, d.T, d.nh, d.hd, pos_start);
-  ops::rope_backward(b.dk, rope.cos.data(), rope.sin.data(), d.B, d.T, d.nkv, d.hd, pos_start);
+  if (d.cp > 1)
+    comm.attention_backward(b.dq, b.dk, b.dv, b.datt, a.q.data(), a.k.data(), a.v.data(), a.att.data(), a.lse.data(), d);
+  else
+    ops::attention_backward(b.dq, b.dk, b.dv, b.datt, a.q.data(), a.k.data(), a.v.data(), a.att.data(),
+                            a.lse.data(), attention_shape<T>(d, pos_start));
+  rope_at_positions(b.dq, d.nh, d, rope, pos_start, true);
+  rope_at_positions(b.dk, d.nkv, d, rope, pos_start, true);
   ops::fill(b.dn1, T(0), BT * C);
   ops::matmul_backward(b.dn1, g.wq, b.dq, a.n1.data(), w.wq, BT, C, qd);
   key_value_projection_backward(b.dn1, g, b.dk, b.dv, a.n1.data(), w, d, s, comm);

@@ -25,7 +25,15 @@ struct BlockDims {
   // the communication points gather the normed rows before the column-parallel matmuls and
   // reduce-scatter the row-parallel outputs back to them. sp = 1: every row everywhere.
   int64_t sp = 1, sp_rank = 0;
+  // Context parallelism (Llama 3's load-balanced split): each sequence of cp·T tokens is cut into
+  // 2·cp chunks of T/2 and this rank holds chunks cp_rank and 2·cp-1-cp_rank, so every rank does
+  // the same causal-attention work. Its T tokens per row are those two chunks, one after the
+  // other; RoPE and causality use each token's true position. cp = 1: the whole sequence.
+  int64_t cp = 1, cp_rank = 0;
   int64_t BT() const { return B * T; }
+  int64_t cp_chunk() const { return T / 2; }  // tokens per chunk (cp > 1)
+  // The first true position of this rank's part (0 or 1) of a row.
+  int64_t cp_part_start(int64_t part) const { return (part == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * cp_chunk(); }
   int64_t rows() const { return sequence_row0(BT(), sp, sp_rank + 1) - row0(); }
   int64_t row0() const { return sequence_row0(BT(), sp, sp_rank); }
   // Rank r of sp holds rows [BT·r/sp, BT·(r+1)/sp): any BT splits (a rank gets at most one row more).
@@ -143,9 +151,17 @@ class BlockComm {
   // Sequence parallelism: the RMSNorm gains' gradient g[C] from this rank's rows, per
   // micro-batch; every rank must end with the sum over the ranks' rows before it accumulates.
   virtual void norm_weight_grads(T* g, const BlockDims& d) {}
-  // Keys and values after RoPE, k, v [B,T,nkv,hd], as attention is about to read them.
-  virtual void key_value(T* k, T* v, const BlockDims& d) {}
-  virtual void key_value_backward(T* dk, T* dv, const BlockDims& d) {}
+  // Context parallelism (d.cp > 1): this rank holds only some of each sequence's tokens. The
+  // point computes its queries' causal attention over the whole sequence's keys and values,
+  // fetching the other ranks' (gathered, or passed around a ring):
+  //   q [B,T,nh,hd], k, v [B,T,nkv,hd] after RoPE -> out [B,T,nh,hd], lse (B·nh·T values, in
+  //   the point's own layout: only its backward reads them).
+  // The backward ADDS into dq, dk, dv [B,T,...] this rank's tokens' gradients, every rank's
+  // queries included. Called only when d.cp > 1 (the block attends locally otherwise); the
+  // defaults throw: context parallelism needs a communication that implements them.
+  virtual void attention(T* out, T* lse, const T* q, const T* k, const T* v, const BlockDims& d);
+  virtual void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                                  const T* out, const T* lse, const BlockDims& d);
   // Tensor parallelism with key/value heads held by several ranks (tp > nkv): gk, gv [nkv*hd, C]
   // are this micro-batch's k_proj / v_proj weight gradients on this rank; every replica of a
   // head must end with the sum over its replicas before they accumulate. Per micro-batch, so
@@ -191,7 +207,7 @@ void block_backward(T* dx, const BlockWeights<T>& g, const T* dout, const BlockA
 // (the same bits, by the same op calls minus the weight gradients) and leaves the output
 // gradients in `keep` (allocated; the caller then moves the inputs in with keep.take_inputs).
 // It makes the activation communication calls (mlp/attention _output_backward, _input_backward,
-// key_value_backward). s needs allocate_input_pass.
+// attention_backward). s needs allocate_input_pass.
 template <class T>
 void block_backward_input(T* dx, BlockWeightGradInputs<T>& keep, const T* dout, const BlockActivations<T>& a,
                           const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,

@@ -300,7 +300,15 @@ BlockDims Llama<T>::block_dims(int64_t B, int64_t T_) const {
   return {.B = B, .T = T_, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
           .nkv = s ? tp_.kv_heads : cfg_.num_key_value_heads, .hd = cfg_.head_dim,
           .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps,
-          .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0};
+          .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0,
+          .cp = cp_, .cp_rank = cp_rank_};
+}
+
+template <class T>
+void Llama<T>::set_context_split(int cp, int rank) {
+  if (cp < 1 || rank < 0 || rank >= cp)
+    throw Error("Llama::set_context_split: rank " + std::to_string(rank) + " of " + std::to_string(cp));
+  cp_ = cp, cp_rank_ = rank;
 }
 
 template <class T>
@@ -357,9 +365,11 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   const int L = num_layers(), head = head_unit(L);
   if (r.begin < 0 || r.end > num_units() || r.begin >= r.end)
     throw Error("Llama::forward: unit range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ") is empty or outside the model");
-  if (T_ > cfg_.max_position_embeddings)
-    throw InputError("sequence length " + std::to_string(T_) + " exceeds max_position_embeddings " +
+  if (T_ * cp_ > cfg_.max_position_embeddings)
+    throw InputError("sequence length " + std::to_string(T_ * cp_) + " exceeds max_position_embeddings " +
                      std::to_string(cfg_.max_position_embeddings));
+  if (cp_ > 1 && (T_ % 2 != 0 || !comm_))
+    throw Error("Llama::forward: context parallelism needs an even number of tokens per row (two chunks) and a BlockComm");
   for (int u = r.begin; u < r.end; ++u)
     if (!runs_unit(u)) throw Error("Llama::forward: this rank does not hold " + unit_name(u, L));
   const bool has_embedding = r.contains(embedding_unit()), has_head = r.contains(head);

@@ -194,6 +194,10 @@ class Llama {
   const Checkpointing& checkpointing() const { return ac_; }
   void set_block_comm(BlockComm<T>* comm) { comm_ = comm; }  // not owned; null: no communication
   void set_vocab_comm(VocabComm<T>* comm) { vocab_comm_ = comm; }  // not owned; tensor parallelism
+  // Context parallelism: forward and backward then take rank `rank`'s two chunks of each sequence
+  // of cp·T_ tokens (BlockDims::cp), T_ tokens per row; the BlockComm computes attention.
+  void set_context_split(int cp, int rank);
+  int context_parallel() const { return cp_; }
   UnitHooks* hooks() const { return hooks_; }
 
  private:
@@ -234,6 +238,7 @@ class Llama {
   RopeTables<T> rope_;
   Checkpointing ac_;
   BlockComm<T>* comm_ = nullptr;
+  int cp_ = 1, cp_rank_ = 0;
   VocabComm<T>* vocab_comm_ = nullptr;
   UnitHooks* hooks_ = nullptr;
   MicroBatchState<T> state_;  // the whole-model forward/backward

@@ -47,6 +47,7 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
     throw InputError("mesh " + plan_.describe_mesh() + " needs " + std::to_string(plan_.world_size()) +
                      " ranks, the world has " + std::to_string(world.size()));
   plan_.check_model(model.config(), int(rank_micro_batch_count(opt_, plan_.dp())));  // validates the split too
+  plan_.check_sequence(opt_.seq_len);
   schedule_ = LrSchedule{.max_lr = opt_.lr, .min_lr = opt_.min_lr,
                          .warmup_steps = std::min(opt_.warmup_steps, opt_.steps), .total_steps = opt_.steps};
   schedule_.validate();
@@ -70,14 +71,24 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   DataParallelGroups groups;
   // Pure data parallelism: the data group is the world itself (messages say "rank 3", not
   // "rank 3 of 'dp' (world rank 3)").
-  groups.data = plan_.dp() == world.size() ? &world : &mesh_->group(data_dims);
-  groups.shard = plan_.hsdp() ? &mesh_->group("dp_shard") : groups.data;
+  rows_group_ = plan_.dp() == world.size() ? &world : &mesh_->group(data_dims);
+  // Context parallelism: the cp ranks of a data rank hold the same weights and see different
+  // tokens, so gradients are summed (and ZeRO shards) over cp x dp.
+  const int cp = plan_.size("cp");
+  if (cp > 1) data_dims.insert(data_dims.begin(), "cp");
+  groups.data = cp > 1 ? (plan_.dp() * cp == world.size() ? &world : &mesh_->group(data_dims)) : rows_group_;
+  groups.shard = plan_.hsdp() ? (cp > 1 ? &mesh_->group({"cp", "dp_shard"}) : &mesh_->group("dp_shard")) : groups.data;
   groups.replicate = plan_.hsdp() ? &mesh_->group("dp_replicate") : nullptr;
   if (expected.sliced()) {
     groups.tensor = &mesh_->group("tp");
     tensor_comm_ = std::make_unique<TensorParallelComm<T>>(*groups.tensor, model.config(), expected);
     model.set_block_comm(tensor_comm_.get());
     model.set_vocab_comm(tensor_comm_.get());
+  }
+  if (cp > 1) {
+    context_comm_ = std::make_unique<ContextParallelComm<T>>(mesh_->group("cp"), plan_.cp_algo);
+    model.set_block_comm(context_comm_.get());
+    model.set_context_split(cp, plan_.coordinate("cp", world.rank()));
   }
   // Pipeline parallelism: this rank's model holds its stages' units, and the step's passes run
   // as this rank's list of the schedule.
@@ -112,22 +123,32 @@ std::string ParallelTrainer<T>::describe() const {
   const TpLayout& t = model_.tp_layout();
   std::string s;
   if (t.sliced()) s = "TP over " + std::to_string(t.tp) + " ranks" + (t.sequence_parallel ? " with SP" : "");
+  if (context_comm_)
+    s += std::string(s.empty() ? "" : ", ") + "CP over " + std::to_string(plan_.size("cp")) + " ranks (" +
+         std::string(context_algo_name(plan_.cp_algo)) + ")";
   if (pipeline_) {
     const PipelineSchedule& sch = pipeline_->schedule(int(rank_micro_batch_count(opt_, plan_.dp())));
     s += std::string(s.empty() ? "" : ", ") + "PP over " + std::to_string(sch.ranks) + " ranks (" + sch.name() + ")";
   }
   if (s.empty()) return strategy_->describe();
   // A single data-parallel rank without ZeRO does nothing worth naming.
-  if (data_group_->size() == 1 && plan_.zero == ZeroStage::none) return s;
+  if (rows_group_->size() == 1 && plan_.zero == ZeroStage::none) return s;
   return s + ", " + strategy_->describe();
+}
+
+template <class T>
+Batch ParallelTrainer<T>::local_tokens(const Batch& b) const {
+  if (!context_comm_) return b;
+  return context_slice(b, plan_.size("cp"), plan_.coordinate("cp", world_.rank()));
 }
 
 template <class T>
 StepStats ParallelTrainer<T>::step() {
   const auto t0 = std::chrono::steady_clock::now();
   // Ranks of one tensor-parallel group share a data rank: they run the same rows.
-  const std::vector<Batch> mbs =
-      data_rank_micro_batches(data_.train(), opt_, steps_done_, data_group_->rank(), data_group_->size());
+  std::vector<Batch> mbs =
+      data_rank_micro_batches(data_.train(), opt_, steps_done_, rows_group_->rank(), rows_group_->size());
+  for (Batch& b : mbs) b = local_tokens(b);
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
   StepStats st = strategy_->step(mbs, lr_at_step(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
   // Loss and norm are global (all-reduced), so every rank stops at the same step.
@@ -142,12 +163,12 @@ LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
   const TokenSpan val = data_.validation();
   int64_t windows = num_eval_windows(int64_t(val.size()), opt_.seq_len);
   if (max_windows > 0) windows = std::min(windows, max_windows);
-  const int64_t dp = data_group_->size(), d = data_group_->rank();
+  const int64_t dp = rows_group_->size(), d = rows_group_->rank();
   const int64_t w0 = windows * d / dp, w1 = windows * (d + 1) / dp;
   const int64_t rows = std::max<int64_t>(1, rank_micro_batch_rows(opt_, int(dp)));
   LossSum local;
   for (int64_t w = w0; w < w1; w += rows) {
-    const Batch b = eval_windows(val, opt_.seq_len, w, std::min(w1, w + rows));
+    const Batch b = local_tokens(eval_windows(val, opt_.seq_len, w, std::min(w1, w + rows)));
     const LossSum part = strategy_->evaluate(b);
     local.loss_sum += part.loss_sum;
     local.tokens += part.tokens;

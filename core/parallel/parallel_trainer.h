@@ -2,7 +2,8 @@
 // The training loop of one rank of a parallel plan. The global batch of a step is the same B
 // rows as on one device (TrainOptions.batch_size, whatever the mesh); data rank d owns rows
 // [d*B/dp, (d+1)*B/dp) and runs them in micro-batches of micro_batch_size rows. The ranks of a
-// tensor-parallel group share a data rank and run the same rows on their slices of the model.
+// tensor-parallel group share a data rank and run the same rows on their slices of the model;
+// the ranks of a context-parallel group share it too and run their chunks of those rows.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "core/data/dataset.h"
 #include "core/comm/device_mesh.h"
+#include "core/parallel/context_parallel.h"
 #include "core/parallel/data_parallel.h"
 #include "core/parallel/pipeline_parallel.h"
 #include "core/parallel/plan.h"
@@ -40,7 +42,7 @@ class ParallelTrainer {
 
   StepStats step();
   int64_t steps_done() const { return steps_done_; }
-  int data_rank() const { return data_group_->rank(); }
+  int data_rank() const { return rows_group_->rank(); }
   const ParallelPlan& plan() const { return plan_; }
   DataParallelStrategy<T>& strategy() { return *strategy_; }
   // "TP over 2 ranks with SP, ZeRO-3 over 2 ranks", "DP over 4 ranks".
@@ -59,6 +61,9 @@ class ParallelTrainer {
   void load_checkpoint(const std::string& dir);
 
  private:
+  // This rank's tokens of a batch of its rows: all of them, or its chunks under context parallelism.
+  Batch local_tokens(const Batch& b) const;
+
   ProcessGroup& world_;
   Llama<T>& model_;
   const TextDataset& data_;
@@ -66,8 +71,10 @@ class ParallelTrainer {
   ParallelPlan plan_;
   LrSchedule schedule_;
   std::unique_ptr<DeviceMesh> mesh_;
-  ProcessGroup* data_group_ = nullptr;                    // this rank's data-parallel ranks
+  ProcessGroup* rows_group_ = nullptr;  // the data-parallel ranks: who runs which rows
+  ProcessGroup* data_group_ = nullptr;  // who sums gradients: those and the context-parallel ranks
   std::unique_ptr<TensorParallelComm<T>> tensor_comm_;  // tensor parallelism only
+  std::unique_ptr<ContextParallelComm<T>> context_comm_;  // context parallelism only
   std::unique_ptr<PipelineRunner<T>> pipeline_;         // pipeline parallelism only
   std::shared_ptr<ProcessGroup> tied_group_;            // pp with tied embeddings: first + last stage
   std::unique_ptr<DataParallelStrategy<T>> strategy_;

@@ -42,13 +42,14 @@ int ParallelPlan::size(std::string_view dim) const {
 }
 
 void ParallelPlan::validate() const {
-  static const char* const pending[][2] = {{"cp", "context parallelism"},
-                                           {"ep", "expert parallelism (Llama 3 is dense: there are no experts)"}};
-  for (const auto& [dim, what] : pending)
-    if (size(dim) > 1)
-      throw InputError("--mesh " + describe_mesh() + ": " + what + " (" + dim + "=" + std::to_string(size(dim)) +
-                       ") is not implemented in this build yet; meshes may use tp, pp and dp, or dp_shard x dp_replicate, and " +
-                       dim + "=1");
+  if (size("ep") > 1)
+    throw InputError("--mesh " + describe_mesh() + ": expert parallelism (ep=" + std::to_string(size("ep")) +
+                     ") has nothing to split: Llama 3 is dense, there are no experts");
+  if (size("cp") > 1 && size("tp") > 1)
+    throw InputError("--mesh " + describe_mesh() + ": context parallelism together with tensor parallelism is not "
+                     "implemented in this build yet; use cp with pp and dp");
+  if (size("cp") == 1 && cp_algo != ContextAlgo::allgather)
+    throw InputError("--cp-algo needs context parallelism (cp > 1 in --mesh)");
   bool plain = false, split = false;
   for (const MeshDim& d : mesh) {
     plain = plain || d.name == "dp";
@@ -120,6 +121,19 @@ std::vector<std::string> ParallelPlan::data_dims() const {
   return dims;
 }
 
+std::vector<std::string> ParallelPlan::gradient_dims() const {
+  std::vector<std::string> dims = data_dims();
+  if (size("cp") > 1) dims.insert(dims.begin(), "cp");
+  return dims;
+}
+
+void ParallelPlan::check_sequence(int64_t seq_len) const {
+  const int cp = size("cp");
+  if (cp > 1 && seq_len % (2 * cp) != 0)
+    throw InputError("context parallelism: --seq-len " + std::to_string(seq_len) + " is not a multiple of 2*cp = " +
+                     std::to_string(2 * cp) + " (each sequence is cut into 2*cp equal chunks)");
+}
+
 std::string ParallelPlan::describe_mesh() const {
   if (mesh.empty()) return "1 device";
   std::string s;
@@ -131,6 +145,7 @@ std::string ParallelPlan::describe() const {
   std::string s = describe_mesh();
   if (!mesh.empty()) s += ", " + data_parallel().describe();
   if (size("tp") > 1) s += sequence_parallel ? ", TP + SP" : ", TP";
+  if (size("cp") > 1) s += ", CP " + std::string(context_algo_name(cp_algo));
   if (size("pp") > 1)
     s += ", PP " + std::string(pipeline_schedule_name(schedule)) + (pp_chunks > 1 ? " v=" + std::to_string(pp_chunks) : "");
   if (ac.kind != Checkpointing::Kind::none) s += ", AC " + ac.describe();
@@ -148,6 +163,7 @@ nlohmann::json ParallelPlan::to_json() const {
           {"prefetch", prefetch},
           {"ac", ac.describe()},
           {"sequence_parallel", size("tp") > 1 && sequence_parallel},
+          {"cp_algo", size("cp") > 1 ? nlohmann::json(std::string(context_algo_name(cp_algo))) : nlohmann::json(nullptr)},
           {"pipeline", size("pp") > 1 ? nlohmann::json{{"schedule", std::string(pipeline_schedule_name(schedule))},
                                                        {"chunks", pp_chunks},
                                                        {"layers", pp_layers}}

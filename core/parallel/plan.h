@@ -20,6 +20,7 @@
 #include "core/model/checkpointing.h"
 #include "core/model/config.h"
 #include "core/model/tp_layout.h"
+#include "core/parallel/context_parallel.h"
 #include "core/parallel/data_parallel.h"
 #include "core/parallel/pipeline_layout.h"
 #include "core/parallel/pipeline_schedule.h"
@@ -41,8 +42,10 @@ struct ParallelPlan {
   PipelineScheduleKind schedule = PipelineScheduleKind::one_f_one_b;
   int pp_chunks = 1;
   std::vector<int> pp_layers;
+  // Context parallelism over the cp dim: how keys and values reach the other ranks' queries.
+  ContextAlgo cp_algo = ContextAlgo::allgather;
 
-  // The dims a mesh may name. cp and ep are reserved for the strategies to come.
+  // The dims a mesh may name. ep is reserved (Llama 3 is dense).
   static const std::vector<std::string>& known_dims();
   // "dp=4", "dp_shard=2,dp_replicate=2", "tp=1,cp=1,pp=1,dp=4" (innermost first). Empty: one
   // device. InputError on malformed text, unknown or repeated dims, or sizes < 1.
@@ -78,6 +81,12 @@ struct ParallelPlan {
   // The data-parallel dims the mesh names ({"dp"} or {"dp_shard", "dp_replicate"}); empty when
   // it names none (a pure tensor-parallel mesh has one data-parallel rank).
   std::vector<std::string> data_dims() const;
+  // The dims whose ranks hold the same weights and sum their gradients: cp (when > 1), then
+  // the data-parallel dims. Context-parallel ranks see different tokens of the same rows, so
+  // their gradients add up like data-parallel ones (as torchtitan folds cp into FSDP's mesh).
+  std::vector<std::string> gradient_dims() const;
+  // InputError when sequences of seq_len tokens cannot be cut into 2·cp chunks.
+  void check_sequence(int64_t seq_len) const;
 
   std::string describe_mesh() const;  // "dp=4", "dp_shard=2,dp_replicate=2", "1 device"
   std::string describe() const;       // mesh + ZeRO + AC, one line (the algo is reported apart)

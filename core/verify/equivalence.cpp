@@ -356,6 +356,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
     // A pipeline rank compares the tensors of its stages.
     const std::vector<ParamSpec>& held = model.param_specs();
     const bool sliced = model.tp_layout().sliced();
+    const bool plain_by_tensor = sliced || o.plan.size("cp") > 1;  // the plain check: tensor errors
     std::vector<size_t> whole_index;  // [held tensor] its index in `specs`
     for (const ParamSpec& h : held) whole_index.push_back(size_t(&find_param(specs, h.name) - specs.data()));
     std::vector<T> slice_buffers[4];
@@ -389,7 +390,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
         for (const ErrorStats& e : {compare_scalar(plain.losses[s], st.loss), compare_scalar(plain.grad_norms[s], st.grad_norm),
                                     compare_tensors(held, held_part(plain.grads[s], 2), g, nullptr),
                                     compare_tensors(held, held_part(plain.params[s], 3), p, nullptr)})
-          plain_err = std::max(plain_err, sliced ? e.norm_rel : e.max_rel);
+          plain_err = std::max(plain_err, plain_by_tensor ? e.norm_rel : e.max_rel);
         if (st.tokens != plain.tokens[s]) plain_err = kInf;
       }
     }
@@ -450,11 +451,12 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
     }
   if (rep.plain_checked) {
     rep.plain_tolerance = kPlainTolerance;
-    rep.plain_per_tensor = o.plan.size("tp") > 1;
+    rep.plain_per_tensor = o.plan.size("tp") > 1 || o.plan.size("cp") > 1;
     rep.plain_ok = rep.plain_max_rel_err <= kPlainTolerance;
   }
   const bool complete = int(rep.per_rank.size()) == rep.ranks;
-  const bool sliced = o.plan.size("tp") > 1;
+  // Tensor and context parallelism split the sums inside matmuls and attention: not bitwise.
+  const bool sliced = o.plan.size("tp") > 1 || o.plan.size("cp") > 1;
   if (o.plan.algo == ReduceAlgo::ordered && !sliced) {
     rep.ok = complete && rep.bitwise && rep.plain_ok;
   } else {

@@ -323,6 +323,37 @@ TEST(Cli, TensorParallelVerifyTrainAndResumeOnAnotherTp) {
   EXPECT_TRUE(std::isfinite(j.at("final_loss").get<double>()));
 }
 
+// Context parallelism end to end: verify on cp meshes (alone and under ZeRO-3 with full
+// checkpointing), train with evaluation and a checkpoint that resumes on a data-parallel mesh,
+// and bad plans named with exit 2.
+TEST(Cli, ContextParallelVerifyTrainAndResume) {
+  for (const std::string args : {"--mesh cp=2", "--mesh cp=2,dp=2 --zero 3 --ac full --dtype f64"}) {
+    const Result v = run("verify " + args + " --steps 2 --seq-len 32 --json");
+    ASSERT_EQ(v.code, 0) << args << "\n" << v.err;
+    const auto j = nlohmann::json::parse(v.out);
+    EXPECT_TRUE(j.at("ok").get<bool>()) << args;
+    EXPECT_EQ(j.at("plan").at("cp_algo").get<std::string>(), "allgather") << args;
+    EXPECT_FALSE(j.at("bounds_per_step").empty()) << "CP is held to bounds, not bits";
+  }
+  const std::string out = tmp("cp_resume");
+  const Result first = run("train --preset tiny --seq-len 32 --batch-size 4 --steps 4 --stop-at 2 --mesh cp=2 "
+                           "--eval-every 2 --out " + out + " --json");
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_NE(nlohmann::json::parse(first.out).at("strategy").get<std::string>().find("CP over 2 ranks (allgather)"),
+            std::string::npos) << first.out;
+  const Result second = run("train --resume " + out + "/checkpoint --preset tiny --seq-len 32 --batch-size 4 --steps 4 "
+                            "--mesh dp=2 --eval-every 0 --out " + out + " --json");
+  ASSERT_EQ(second.code, 0) << second.err;
+  EXPECT_EQ(nlohmann::json::parse(second.out).at("steps_this_run").get<int>(), 2);
+  for (const auto& [args, says] : {std::pair{"--mesh cp=3 --seq-len 32", "not a multiple of 2*cp = 6"},
+                                   std::pair{"--mesh dp=2 --cp-algo ring", "--cp-algo needs context parallelism"},
+                                   std::pair{"--mesh cp=2 --cp-algo all", "expected allgather or ring"}}) {
+    const Result bad = run(std::string("verify ") + args + " --steps 1");
+    EXPECT_EQ(bad.code, 2) << args;
+    EXPECT_NE(bad.err.find(says), std::string::npos) << args << ": " << bad.err;
+  }
+}
+
 // Pipeline parallelism end to end: verify is bitwise for a zero-bubble pipeline under ZeRO-3,
 // train runs 1F1B and its checkpoint resumes on a data-parallel mesh, and `schedule` draws the
 // timeline with the formula's bubble (text, SVG and JSON) or, with --measure, a model's.

@@ -42,3 +42,6 @@ run tp4_no_sp --mesh tp=4 --sp off
 # of one layer each, so 4 stages need the six-layer small).
 run pp_zero3 --mesh pp=2,dp=2 --zero 3 --micro-batches 2
 run pp4_zb --preset small --seq-len 32 --mesh pp=4 --schedule zb-h1 --micro-batches 4 --batch-size 4
+# Context parallelism: keys and values all-gathered and their gradients reduce-scattered between
+# processes, with ZeRO-3 over cp x dp.
+run cp_zero3 --mesh cp=2,dp=2 --zero 3

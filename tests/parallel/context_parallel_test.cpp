@@ -1,0 +1,307 @@
+// Context parallelism: the load-balanced split of a sequence (worked out by hand), attention's
+// work per rank as the ops count it, all-gather attention's rows against one device's, the
+// bytes each layer moves, activation memory per rank, and training on cp virtual GPUs against
+// one device: alone, with data parallelism under ZeRO, with activation checkpointing and with
+// pipeline parallelism.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "core/error.h"
+#include "core/parallel/context_parallel.h"
+#include "parallel_test_util.h"
+
+namespace llama4d {
+namespace {
+
+TEST(ContextSlice, RankTakesAChunkAndItsMirror) {
+  // Two rows of 8 tokens, cp = 2: 4 chunks of 2. Rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+  Batch b;
+  b.B = 2, b.T = 8;
+  for (int i = 0; i < 16; ++i) b.tokens.push_back(i), b.targets.push_back(100 + i);
+  const Batch r0 = context_slice(b, 2, 0), r1 = context_slice(b, 2, 1);
+  EXPECT_EQ(r0.T, 4);
+  EXPECT_EQ(r0.tokens, (std::vector<int32_t>{0, 1, 6, 7, 8, 9, 14, 15}));
+  EXPECT_EQ(r1.tokens, (std::vector<int32_t>{2, 3, 4, 5, 10, 11, 12, 13}));
+  EXPECT_EQ(r0.targets, (std::vector<int32_t>{100, 101, 106, 107, 108, 109, 114, 115}));
+  // cp = 3 on 12 tokens: 6 chunks of 2; rank 1 holds chunks 1 and 4.
+  b.B = 1, b.T = 12;
+  b.tokens.resize(12), b.targets.resize(12);
+  EXPECT_EQ(context_slice(b, 3, 1).tokens, (std::vector<int32_t>{2, 3, 8, 9}));
+}
+
+TEST(ContextSlice, BadPlansNameTheConstraint) {
+  ParallelPlan p = ParallelPlan::parse("cp=3");
+  try {
+    p.check_sequence(16);
+    FAIL() << "seq 16 over cp=3 accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a multiple of 2*cp = 6"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(p.check_sequence(18));
+  EXPECT_THROW(parse_context_algo("rings"), InputError);
+  ParallelPlan no_cp = ParallelPlan::parse("dp=2");
+  no_cp.cp_algo = ContextAlgo::ring;
+  EXPECT_THROW(no_cp.validate(), InputError);  // --cp-algo without cp
+}
+
+// Counts the FLOPs the ops report on one thread.
+struct FlopCount final : ops::FlopSink {
+  double flops = 0;
+  void add_flops(double f) override { flops += f; }
+};
+
+// Random q, k, v of one whole sequence of S tokens (one batch row), and each cp rank's share.
+struct Sequence {
+  int64_t S, nh = 4, nkv = 2, hd = 8;
+  std::vector<double> q, k, v;
+  explicit Sequence(int64_t tokens) : S(tokens) {
+    std::mt19937_64 gen(7);
+    std::normal_distribution<double> n(0, 1);
+    for (auto* x : {&q, &k, &v}) x->resize(size_t(S * (x == &q ? nh : nkv) * hd));
+    for (auto* x : {&q, &k, &v})
+      for (double& e : *x) e = n(gen);
+  }
+  // Rank r's rows of a [S, heads*hd] tensor: chunks r and 2cp-1-r.
+  std::vector<double> share(const std::vector<double>& x, int64_t heads, int cp, int r) const {
+    const int64_t c = S / (2 * cp), row = heads * hd;
+    std::vector<double> out;
+    for (const int64_t g : {int64_t(r), int64_t(2 * cp - 1 - r)})
+      out.insert(out.end(), x.begin() + g * c * row, x.begin() + (g + 1) * c * row);
+    return out;
+  }
+  BlockDims dims(int cp, int r) const {
+    return {.B = 1, .T = S / cp, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = r};
+  }
+};
+
+// Each rank's attention output rows are one device's rows for the same positions, bit for bit,
+// when a chunk is a multiple of the op's 32-row query blocks (chunks of 64 and 32 here): the same
+// keys in the same order through the same op, cut into the same blocks. Not otherwise (next test).
+TEST(ContextAttention, AllGatherRowsAreOneDevicesBitwise) {
+  for (const auto& [cp, S] : {std::pair{2, 256}, std::pair{4, 256}}) {
+    SCOPED_TRACE("cp=" + std::to_string(cp) + " S=" + std::to_string(S));
+    const Sequence seq(S);
+    std::vector<double> out(size_t(S * seq.nh * seq.hd)), lse(size_t(S * seq.nh));
+    ops::attention_forward(out.data(), lse.data(), seq.q.data(), seq.k.data(), seq.v.data(),
+                           {.B = 1, .Tq = S, .Tk = S, .nh = seq.nh, .nkv = seq.nkv, .hd = seq.hd});
+    VirtualClusterOptions vo;
+    vo.ranks = cp;
+    VirtualCluster cluster(vo);
+    cluster.run([&](ProcessGroup& g) {
+      ContextParallelComm<double> comm(g, ContextAlgo::allgather);
+      const BlockDims d = seq.dims(cp, g.rank());
+      const std::vector<double> q = seq.share(seq.q, seq.nh, cp, g.rank()), k = seq.share(seq.k, seq.nkv, cp, g.rank()),
+                                v = seq.share(seq.v, seq.nkv, cp, g.rank());
+      std::vector<double> mine(q.size()), mine_lse(size_t(d.T * d.nh));
+      comm.attention(mine.data(), mine_lse.data(), q.data(), k.data(), v.data(), d);
+      const std::vector<double> expected = seq.share(out, seq.nh, cp, g.rank());
+      EXPECT_EQ(0, std::memcmp(mine.data(), expected.data(), mine.size() * sizeof(double))) << "rank " << g.rank();
+    });
+  }
+}
+
+// A chunk of 12 tokens starts the op's query blocks at other rows than one device's. A block
+// multiplies its probabilities by the values of the keys its LAST row sees, so the length of
+// that sum (and the grouping of its terms in the GEMM's unrolled loop) differs: the same value
+// up to rounding, not the same bits.
+TEST(ContextAttention, AllGatherRowsWithOtherBlocksAgreeToRounding) {
+  const int cp = 3;
+  const Sequence seq(72);
+  std::vector<double> out(size_t(seq.S * seq.nh * seq.hd)), lse(size_t(seq.S * seq.nh));
+  ops::attention_forward(out.data(), lse.data(), seq.q.data(), seq.k.data(), seq.v.data(),
+                         {.B = 1, .Tq = seq.S, .Tk = seq.S, .nh = seq.nh, .nkv = seq.nkv, .hd = seq.hd});
+  VirtualClusterOptions vo;
+  vo.ranks = cp;
+  VirtualCluster cluster(vo);
+  cluster.run([&](ProcessGroup& g) {
+    ContextParallelComm<double> comm(g, ContextAlgo::allgather);
+    const BlockDims d = seq.dims(cp, g.rank());
+    const std::vector<double> q = seq.share(seq.q, seq.nh, cp, g.rank()), k = seq.share(seq.k, seq.nkv, cp, g.rank()),
+                              v = seq.share(seq.v, seq.nkv, cp, g.rank());
+    std::vector<double> mine(q.size()), mine_lse(size_t(d.T * d.nh));
+    comm.attention(mine.data(), mine_lse.data(), q.data(), k.data(), v.data(), d);
+    const std::vector<double> expected = seq.share(out, seq.nh, cp, g.rank());
+    for (size_t i = 0; i < mine.size(); ++i) ASSERT_NEAR(mine[i], expected[i], 1e-14) << "rank " << g.rank() << " element " << i;
+  });
+}
+
+// Attention's FLOPs on each rank, as the ops report them: with the 2·cp split every rank scores
+// exactly (2cp-1)·c² + c(c+1) pairs per head (c = S/(2cp)), the same on all ranks. A contiguous
+// split (rank r holds tokens [r·S/cp, (r+1)·S/cp), T = S/cp) gives rank r r·T² + T(T+1)/2 pairs:
+// the last rank does 1 + 2(cp-1)·T/(T+1) times the first's work (2cp-1 for long sequences: 3x at
+// cp=2, 7x at cp=4) and (2cp-1)·T² + T(T+1)/2 over the mean S(S+1)/(2cp) (about 2 - 1/cp).
+TEST(ContextAttention, TheTwoChunkSplitBalancesWork) {
+  const int64_t S = 96;
+  for (const int cp : {2, 3, 4}) {
+    SCOPED_TRACE("cp=" + std::to_string(cp));
+    const Sequence seq(S);
+    std::vector<double> balanced(static_cast<size_t>(cp)), contiguous(static_cast<size_t>(cp));
+    VirtualClusterOptions vo;
+    vo.ranks = cp;
+    VirtualCluster cluster(vo);
+    cluster.run([&](ProcessGroup& g) {
+      const int r = g.rank();
+      ContextParallelComm<double> comm(g, ContextAlgo::allgather);
+      const BlockDims d = seq.dims(cp, r);
+      const std::vector<double> q = seq.share(seq.q, seq.nh, cp, r), k = seq.share(seq.k, seq.nkv, cp, r),
+                                v = seq.share(seq.v, seq.nkv, cp, r);
+      std::vector<double> out(q.size()), lse(size_t(d.T * d.nh));
+      FlopCount count;
+      {
+        ops::ScopedFlopSink sink(&count);
+        comm.attention(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
+      }
+      balanced[size_t(r)] = count.flops;
+      // The contiguous split: this rank's S/cp queries against every key up to its last.
+      const int64_t T = S / cp;
+      FlopCount naive;
+      {
+        ops::ScopedFlopSink sink(&naive);
+        std::vector<double> o(size_t(T * seq.nh * seq.hd)), l(size_t(T * seq.nh));
+        ops::attention_forward(o.data(), l.data(), seq.q.data() + r * T * seq.nh * seq.hd, seq.k.data(), seq.v.data(),
+                               {.B = 1, .Tq = T, .Tk = (r + 1) * T, .nh = seq.nh, .nkv = seq.nkv, .hd = seq.hd,
+                                .q_start = r * T});
+      }
+      contiguous[size_t(r)] = naive.flops;
+    });
+    const double c = double(S) / (2 * cp), per_pair = 4.0 * seq.hd * seq.nh;
+    for (int r = 0; r < cp; ++r) EXPECT_EQ(balanced[size_t(r)], per_pair * ((2 * cp - 1) * c * c + c * (c + 1))) << r;
+    const double T = double(S) / cp;
+    EXPECT_EQ(contiguous[0], per_pair * T * (T + 1) / 2);
+    EXPECT_EQ(contiguous[size_t(cp - 1)], per_pair * ((cp - 1) * T * T + T * (T + 1) / 2));
+    double total = 0;
+    for (double f : contiguous) total += f;
+    EXPECT_DOUBLE_EQ(contiguous[size_t(cp - 1)] / contiguous[0], 1 + 2 * (cp - 1) * T / (T + 1));
+    EXPECT_DOUBLE_EQ(total, per_pair * S * (S + 1) / 2);
+    EXPECT_GT(contiguous[size_t(cp - 1)] / (total / cp), 1.9 - 1.0 / cp);
+  }
+}
+
+struct CpCase {
+  const char* name;
+  const char* mesh;
+  ZeroStage stage;
+  const char* ac;
+  int64_t micro_batch_size;  // rows per micro-batch on a data rank
+};
+
+std::string cp_case_name(const testing::TestParamInfo<CpCase>& info) { return info.param.name; }
+
+class ContextParallelEquivalence : public testing::TestWithParam<CpCase> {};
+
+// fp64: every rank's gradients and parameters, loss and gradient norm after 3 AdamW steps with
+// clipping active, against one device. Not bitwise: a weight's gradient is a sum over tokens
+// that now sit on different ranks, and dK, dV sum over queries of different ranks.
+TEST_P(ContextParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
+  const CpCase& c = GetParam();
+  EquivalenceOptions o;
+  o.model = LlamaConfig::preset("tiny");
+  o.plan = ParallelPlan::parse(c.mesh);
+  o.plan.zero = c.stage;
+  o.plan.ac = Checkpointing::parse(c.ac, int(o.model.num_hidden_layers));
+  o.train = test::options(3, c.micro_batch_size);
+  o.train.seq_len = 24;  // 2·cp chunks for cp = 2, 3, 4
+  const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
+  EXPECT_TRUE(r.ok) << r.table();
+  EXPECT_TRUE(r.plain_checked);
+  EXPECT_LE(r.plain_max_rel_err, 1e-12) << r.table();
+  EXPECT_LE(r.max_errors.grad_tensor, 1e-12) << r.table();
+  EXPECT_LE(r.max_errors.param_tensor, 1e-12) << r.table();
+  ASSERT_EQ(int(r.per_rank.size()), o.plan.world_size());
+  EXPECT_NE(r.losses_single[0], r.losses_single[2]);
+}
+
+const CpCase kCpCases[] = {
+    {"cp2", "cp=2", ZeroStage::none, "none", 12},
+    {"cp3", "cp=3", ZeroStage::none, "none", 12},
+    {"cp4", "cp=4", ZeroStage::none, "none", 24},
+    {"cp2_dp2_zero3", "cp=2,dp=2", ZeroStage::zero3, "none", 6},
+    {"cp3_dp2_zero1_full_ac", "cp=3,dp=2", ZeroStage::zero1, "full", 6},
+    {"cp2_selective_ac", "cp=2", ZeroStage::none, "selective", 12},
+    {"cp2_hsdp_2x2_zero2", "cp=2,dp_shard=2,dp_replicate=2", ZeroStage::zero2, "none", 6},
+    {"cp2_pp2", "cp=2,pp=2", ZeroStage::none, "none", 6},
+};
+INSTANTIATE_TEST_SUITE_P(ContextParallel, ContextParallelEquivalence, testing::ValuesIn(kCpCases), cp_case_name);
+
+// fp32 within 1e-6 of one device after one step (the first step's errors are those of the
+// split sums alone; later steps add AdamW's amplification, held to tensor parallelism's bounds).
+TEST(ContextParallelEquivalence, Fp32WithinTheBounds) {
+  EquivalenceOptions o;
+  o.model = LlamaConfig::preset("tiny");
+  o.plan = ParallelPlan::parse("cp=2");
+  o.train = test::options(3, 12);
+  const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(2));
+  EXPECT_TRUE(r.ok) << r.table();
+  EXPECT_LE(r.errors_per_step[0].grad_tensor, 1e-6) << r.table();
+}
+
+// Every rank's records of the context-parallel group's traffic in one step, by label (rank 0).
+std::map<std::string, std::pair<int64_t, int64_t>> one_step_cp_traffic(const LlamaConfig& cfg, const TrainOptions& opt,
+                                                                       const ParallelPlan& plan) {
+  VirtualClusterOptions vo;
+  vo.ranks = plan.world_size();
+  VirtualCluster cluster(vo);
+  test::train_steps(cluster, cfg, opt, plan, 1);
+  std::map<std::string, std::pair<int64_t, int64_t>> by_label;  // calls, elements
+  for (const TrafficRecord& t : cluster.traffic())
+    if (t.world_rank == 0 && t.label.rfind("context parallelism", 0) == 0) {
+      by_label[t.label].first += 1;
+      by_label[t.label].second += t.count;
+    }
+  return by_label;
+}
+
+// Per layer and micro-batch: forward, one all-gather of K and V (n = B·(S/cp)·nkv·hd elements
+// each per rank: 2n in, a gathered buffer of cp·2n); backward, the same all-gather again and a
+// reduce-scatter of dK, dV (cp·2n in, 2n out per rank). The log counts the buffer the op is
+// named after (the gathered one, the one scattered). Full checkpointing repeats the forward's
+// all-gather in the recompute.
+TEST(ContextParallelTraffic, AllGatherAttentionMovesKeysAndValuesOnly) {
+  for (const char* ac : {"none", "full"}) {
+    SCOPED_TRACE(ac);
+    const LlamaConfig cfg = LlamaConfig::preset("tiny");  // 2 layers, 2 KV heads of 16
+    TrainOptions opt = test::options(1, 12);              // 2 micro-batches of 12 rows x 16 tokens
+    ParallelPlan plan = ParallelPlan::parse("cp=2");
+    plan.ac = Checkpointing::parse(ac, 2);
+    const auto by_label = one_step_cp_traffic(cfg, opt, plan);
+    const int64_t cp = 2, M = 2, L = 2, n = cp * 12 * (16 / 2) * 2 * 16, recompute = std::string(ac) == "full" ? 2 : 1;
+    using P = std::pair<int64_t, int64_t>;
+    auto at = [&](const char* label) { return by_label.count(label) ? by_label.at(label) : P(0, 0); };
+    EXPECT_EQ(at("context parallelism: all-gather keys and values"), P(M * L * recompute, M * L * recompute * 2 * n));
+    EXPECT_EQ(at("context parallelism: all-gather keys and values (backward)"), P(M * L, M * L * 2 * n));
+    EXPECT_EQ(at("context parallelism: reduce-scatter key/value gradients"), P(M * L, M * L * 2 * n));
+  }
+}
+
+// A cp rank's activations are exactly half of one device's (the same rows, half the tokens):
+// measured by each rank's allocator, one step of the same global batch.
+TEST(ContextParallelMemory, ActivationsAreDividedByCp) {
+  const LlamaConfig cfg = LlamaConfig::preset("tiny");
+  const TrainOptions opt = test::options(1, 0);
+  std::vector<int64_t> one, two;
+  for (const auto& [mesh, out] : {std::pair{"dp=1", &one}, std::pair{"cp=2", &two}}) {
+    const ParallelPlan plan = ParallelPlan::parse(mesh);
+    VirtualClusterOptions vo;
+    vo.ranks = plan.world_size();
+    VirtualCluster cluster(vo);
+    std::vector<int64_t> peaks(size_t(plan.world_size()));
+    cluster.run([&](ProcessGroup& world) {
+      ops::set_backend_threads(1);
+      Llama<float> model(cfg, &world.memory());
+      ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
+      trainer.step();
+      peaks[size_t(world.rank())] = trainer.strategy().peak_memory().activations;
+    });
+    *out = peaks;
+  }
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_GT(one[0], 0);
+  EXPECT_EQ(two[0] * 2, one[0]);
+  EXPECT_EQ(two[1] * 2, one[0]);
+}
+
+}  // namespace
+}  // namespace llama4d
