@@ -127,6 +127,16 @@ inline double attention_forward_flops(const AttentionShape& s) {
   return 4.0 * double(s.hd) * double(s.B * s.nh) * double(attention_visible_pairs(s));
 }
 inline double attention_backward_flops(const AttentionShape& s) { return 2.5 * attention_forward_flops(s); }
+// Combines two attention results over disjoint sets of keys into the result over their union,
+// in place: out [B,Tq,nh,hd] and lse [B,nh,Tq] hold one (over some keys), part_out/part_lse the
+// other. Per row, lse' = log(e^lse + e^part_lse) and out' = out·e^(lse - lse') +
+// part_out·e^(part_lse - lse'). A side with lse = -inf (no visible key) adds nothing, and the
+// other side is kept bit for bit. Ring attention merges each block of keys it receives. Its
+// backward needs no merge: attention_backward called with a row's FINAL out and lse gives each
+// block of keys its exact share of dq, dk, dv, since the probabilities it recomputes,
+// e^(score - lse), are the final ones and the row term rowsum(dout·out) is the final row's.
+template <class T>
+void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq, int64_t nh, int64_t hd);
 
 // ---- SwiGLU: out = silu(gate) * up ----------------------------------------------------------
 // out[N], gate[N], up[N] (N = BT * I)

@@ -13,8 +13,9 @@
 //
 // 2. All-gather attention (Llama 3's choice). Before attention each rank all-gathers the keys
 //    and values of the whole sequence, [B, S, nkv, hd] each, and computes its own queries
-//    against them. Under GQA K and V are nh/nkv times smaller than Q (4x for Llama 3 70B and
-//    405B), which is what makes gathering them cheap. The backward gathers K and V again (the
+//    against them. Under GQA K and V are nh/nkv times smaller than Q (4x for Llama 3 8B, 8x
+//    for 70B, 16x for 405B: 8 KV heads against 32, 64 and 128 query heads), which is what makes
+//    gathering them cheap. The backward gathers K and V again (the
 //    forward keeps only this rank's, so activation memory stays divided by cp), computes dK and
 //    dV for the whole sequence from this rank's queries, and reduce-scatters them: each rank
 //    ends with the sum over all ranks' queries for its own tokens' keys.
@@ -30,9 +31,30 @@
 //    the blocks are those of one device and the outputs are bitwise equal. dK and dV are sums
 //    over queries that now sit on different ranks, added in the reduce-scatter's order: close to
 //    one device's, not bitwise.
+//
+// 3. Ring attention (Liu et al. 2023). No rank ever holds the whole sequence's K and V: each
+//    holds one rank's block (its two chunks) at a time. At step s = 0 .. cp-1 rank r holds the
+//    block of rank (r - s) mod cp, attends its own queries to it, and passes it on to rank r+1
+//    while receiving the next from rank r-1. Each step gives a partial result over some keys;
+//    partial results are merged by their log-sum-exps (ops::attention_merge), so the end result
+//    is attention over all the keys. A query chunk skips key chunks that lie entirely in its
+//    future (gk > gq), computes the diagonal one causally (gk = gq), and the earlier ones in full.
+//    The backward passes the block around again with a dK, dV accumulator that travels with it:
+//    every rank adds its queries' share (attention_backward with the FINAL out and lse gives each
+//    block its exact share), and after the cp-th pass each accumulator is home, complete.
+//
+//    Bytes per layer and micro-batch, per rank (n as above):
+//      forward:  cp-1 sends of K and V, 2n each time: (cp-1)·2n
+//      backward: cp-1 sends of K, V, dK, dV (4n), then the last pass of dK, dV home (2n)
+//    Memory: two blocks of K and V (the one in use and the one arriving) instead of the whole
+//    sequence's, and one accumulator in backward. Ring attention moves more bytes than the
+//    all-gather (the gradients travel cp times instead of being reduce-scattered) but its steps
+//    can overlap compute with the next block's transfer; here they run one after the other.
 #include "core/parallel/context_parallel.h"
 
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -99,10 +121,7 @@ ops::AttentionShape part_shape(const BlockDims& d, int64_t part) {
 }  // namespace
 
 template <class T>
-ContextParallelComm<T>::ContextParallelComm(ProcessGroup& cp, ContextAlgo algo) : cp_(cp), algo_(algo) {
-  if (algo_ == ContextAlgo::ring)
-    throw InputError("--cp-algo ring is not implemented in this build yet; use --cp-algo allgather");
-}
+ContextParallelComm<T>::ContextParallelComm(ProcessGroup& cp, ContextAlgo algo) : cp_(cp), algo_(algo) {}
 
 namespace {
 
@@ -127,6 +146,7 @@ Buffer<T> gather_key_values(ProcessGroup& cp, const T* k, const T* v, const Bloc
 
 template <class T>
 void ContextParallelComm<T>::attention(T* out, T* lse, const T* q, const T* k, const T* v, const BlockDims& d) {
+  if (algo_ == ContextAlgo::ring) return ring_attention(out, lse, q, k, v, d);
   const int64_t c = d.cp_chunk(), S = d.T * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
   const int64_t whole = d.B * S * kvrow;
   const Buffer<T> kv = gather_key_values(cp_, k, v, d, "context parallelism: all-gather keys and values");
@@ -141,6 +161,7 @@ void ContextParallelComm<T>::attention(T* out, T* lse, const T* q, const T* k, c
 template <class T>
 void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                                                 const T* out, const T* lse, const BlockDims& d) {
+  if (algo_ == ContextAlgo::ring) return ring_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d);
   const int64_t c = d.cp_chunk(), S = d.T * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
   const int64_t whole = d.B * S * kvrow, n = d.BT() * kvrow;
   const Buffer<T> kv = gather_key_values(cp_, k, v, d, "context parallelism: all-gather keys and values (backward)");
@@ -165,6 +186,110 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
   cp_.reduce_scatter(mine.data(), scattered.data(), 2 * n, dtype_of<T>(), ReduceOp::sum, o)->wait();
   ops::add_forward(dk, dk, mine.data(), n);
   ops::add_forward(dv, dv, mine.data() + n, n);
+}
+
+// ---- Ring attention ---------------------------------------------------------------------------
+
+namespace {
+
+// The op call of this rank's query part qp (global chunk gq) of row b against key part kp of the
+// block of rank `src` (global chunk gk), or nothing when every key is in every query's future.
+struct ChunkPair {
+  bool skip;
+  ops::AttentionShape shape;
+};
+ChunkPair chunk_pair(const BlockDims& d, int64_t src, int64_t qp, int64_t kp) {
+  const int64_t c = d.cp_chunk(), gq = global_chunk(d.cp_rank, qp, d.cp), gk = global_chunk(src, kp, d.cp);
+  return {gk > gq, {.B = 1, .Tq = c, .Tk = c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = gq * c, .k_start = gk * c}};
+}
+
+}  // namespace
+
+// Step s: pass `block` (elements) to rank r+1 and receive the next into `next` from rank r-1.
+// Sends complete once buffered, so every rank sends first and then receives.
+template <class T>
+void ContextParallelComm<T>::pass_on(Buffer<T>& block, Buffer<T>& next, int64_t elements, int step, const char* label) {
+  const int P = cp_.size(), r = cp_.rank();
+  SendOptions so;
+  so.tag = step;
+  so.label = label;
+  RecvOptions ro;
+  ro.tag = step;
+  ro.label = label;
+  cp_.send(block.data(), elements, dtype_of<T>(), (r + 1) % P, so)->wait();
+  cp_.recv(next.data(), elements, dtype_of<T>(), (r + P - 1) % P, ro)->wait();
+  std::swap(block, next);
+}
+
+template <class T>
+void ContextParallelComm<T>::ring_attention(T* out, T* lse, const T* q, const T* k, const T* v, const BlockDims& d) {
+  const int64_t c = d.cp_chunk(), qrow = d.nh * d.hd, kvrow = d.nkv * d.hd, n = d.BT() * kvrow;
+  MemoryTracker* memory = &cp_.memory();
+  // The block in hand, [K, V][B][T][nkv][hd], starting with this rank's own.
+  Buffer<T> block(memory, MemoryCategory::scratch, 2 * n, "ring attention: keys and values in hand");
+  Buffer<T> next(memory, MemoryCategory::scratch, 2 * n, "ring attention: keys and values arriving");
+  ops::copy(block.data(), k, n);
+  ops::copy(block.data() + n, v, n);
+  Buffer<T> part_out(memory, MemoryCategory::scratch, c * qrow, "ring attention: partial output");
+  Buffer<T> part_lse(memory, MemoryCategory::scratch, c * d.nh, "ring attention: partial log-sum-exp");
+  // Nothing seen yet: out = 0 and lse = -inf, which the first merge replaces.
+  ops::fill(out, T(0), d.BT() * qrow);
+  ops::fill(lse, -std::numeric_limits<T>::infinity(), d.BT() * d.nh);
+  for (int s = 0; s < d.cp; ++s) {
+    const int64_t src = (d.cp_rank - s + d.cp) % d.cp;
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t qp = 0; qp < 2; ++qp)
+        for (int64_t kp = 0; kp < 2; ++kp) {
+          const ChunkPair pair = chunk_pair(d, src, qp, kp);
+          if (pair.skip) continue;
+          const int64_t at = (b * d.T + qp * c) * qrow, kv_at = (b * d.T + kp * c) * kvrow;
+          ops::attention_forward(part_out.data(), part_lse.data(), q + at, block.data() + kv_at, block.data() + n + kv_at,
+                                 pair.shape);
+          ops::attention_merge(out + at, lse + (b * 2 + qp) * d.nh * c, part_out.data(), part_lse.data(), 1, c, d.nh, d.hd);
+        }
+    if (s + 1 < d.cp) pass_on(block, next, 2 * n, s, "context parallelism: ring keys and values");
+  }
+}
+
+template <class T>
+void ContextParallelComm<T>::ring_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                                                     const T* v, const T* out, const T* lse, const BlockDims& d) {
+  const int64_t c = d.cp_chunk(), qrow = d.nh * d.hd, kvrow = d.nkv * d.hd, n = d.BT() * kvrow;
+  MemoryTracker* memory = &cp_.memory();
+  // [K, V, dK, dV][B][T][nkv][hd]: the block in hand and its gradient accumulator travel together.
+  Buffer<T> block(memory, MemoryCategory::scratch, 4 * n, "ring attention: keys, values and their gradients in hand");
+  Buffer<T> next(memory, MemoryCategory::scratch, 4 * n, "ring attention: keys, values and their gradients arriving");
+  ops::copy(block.data(), k, n);
+  ops::copy(block.data() + n, v, n);
+  ops::fill(block.data() + 2 * n, T(0), 2 * n);
+  for (int s = 0; s < d.cp; ++s) {
+    const int64_t src = (d.cp_rank - s + d.cp) % d.cp;
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t qp = 0; qp < 2; ++qp)
+        for (int64_t kp = 0; kp < 2; ++kp) {
+          const ChunkPair pair = chunk_pair(d, src, qp, kp);
+          if (pair.skip) continue;
+          const int64_t at = (b * d.T + qp * c) * qrow, kv_at = (b * d.T + kp * c) * kvrow;
+          T* kv = block.data();
+          ops::attention_backward(dq + at, kv + 2 * n + kv_at, kv + 3 * n + kv_at, dout + at, q + at, kv + kv_at,
+                                  kv + n + kv_at, out + at, lse + (b * 2 + qp) * d.nh * c, pair.shape);
+        }
+    if (s + 1 < d.cp) pass_on(block, next, 4 * n, s, "context parallelism: ring keys, values and gradients");
+  }
+  // The accumulator in hand belongs to rank r+1 (it started there cp-1 passes ago): one more
+  // pass of the gradients alone brings every accumulator home.
+  if (d.cp > 1) {
+    Buffer<T> in_hand(memory, MemoryCategory::scratch, 2 * n, "ring attention: key/value gradients going home");
+    Buffer<T> arriving(memory, MemoryCategory::scratch, 2 * n, "ring attention: own key/value gradients");
+    ops::copy(in_hand.data(), block.data() + 2 * n, 2 * n);
+    pass_on(in_hand, arriving, 2 * n, d.cp, "context parallelism: ring key/value gradients home");
+    // in_hand is now this rank's own accumulator.
+    ops::add_forward(dk, dk, in_hand.data(), n);
+    ops::add_forward(dv, dv, in_hand.data() + n, n);
+  } else {
+    ops::add_forward(dk, dk, block.data() + 2 * n, n);
+    ops::add_forward(dv, dv, block.data() + 3 * n, n);
+  }
 }
 
 template class ContextParallelComm<float>;

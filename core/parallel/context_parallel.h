@@ -7,6 +7,7 @@
 #include "core/comm/process_group.h"
 #include "core/data/batch_sampler.h"
 #include "core/model/block.h"
+#include "core/tensor/buffer.h"
 
 namespace llama4d {
 
@@ -36,6 +37,12 @@ class ContextParallelComm final : public BlockComm<T> {
   ProcessGroup& group() const { return cp_; }
 
  private:
+  void ring_attention(T* out, T* lse, const T* q, const T* k, const T* v, const BlockDims& d);
+  void ring_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                               const T* lse, const BlockDims& d);
+  // One step around the ring: `block` goes to rank r+1, the next arrives from r-1 (then swapped).
+  void pass_on(Buffer<T>& block, Buffer<T>& next, int64_t elements, int step, const char* label);
+
   ProcessGroup& cp_;
   ContextAlgo algo_;
 };

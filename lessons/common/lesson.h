@@ -214,7 +214,8 @@ nlohmann::json equivalence_json(const EquivalenceReport& report);
 // How every lesson ends: the exercise sheet (with the learner's predictions), then the
 // equivalence check on one device, printed.
 // Returns whether the check holds: bitwise with ordered reductions; within the harness's measured
-// bounds with ring, or with tensor parallelism (row-parallel partial sums add in another order).
+// bounds with ring, with tensor parallelism (row-parallel partial sums add in another order) or with
+// context parallelism (dK, dV add up over queries that sit on other ranks).
 bool finish_with_equivalence(Narrator& say, ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
                              EquivalenceReport& report);
 // The fields every lesson's --json summary has (a lesson adds its own, e.g. the shard map).

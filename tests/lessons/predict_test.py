@@ -12,6 +12,7 @@ script answers every prompt: a scripted number, a non-number, or Enter. It check
 
   predict_test.py --source DIR lesson01 BIN
   predict_test.py --source DIR lesson02 BIN
+  predict_test.py --source DIR lesson06 BIN
 """
 import argparse
 import os
@@ -52,6 +53,18 @@ CASES = {
             "Z11": "you predicted 2,000,000; measured (mean over ranks) ",
         },
         "verdict_ends": {"Z6": "outside the range of some rank", "Z11": "high"},
+    },
+    "lesson06": {
+        "flags": ["--steps", "1", "--step"],
+        "answers": {"A1": ["2064"], "A3": ["1500"], "M1": ["lots", "2,416,640"]},
+        "asked": ["A1", "A3", "G1", "R3", "Q1", "M1", "D1"],
+        "revealed_by": {"A1": "pairs/head/row", "G1": "Bytes SENT by each rank", "R3": "scratch peak",
+                        "Q1": "with nkv = nh", "M1": "one device, S = ", "D1": "params at rest"},
+        "verdicts": {
+            "A1": "you predicted 2,064; measured (mean over ranks) 2,064: exact",
+            "A3": "you predicted 1,500; measured (mean over ranks) 1,744: 14.0% low",
+            "M1": "you predicted 2,416,640; measured (mean over ranks) 2,416,640: exact",
+        },
     },
 }
 

@@ -128,6 +128,38 @@ TEST(ContextAttention, AllGatherRowsWithOtherBlocksAgreeToRounding) {
   });
 }
 
+// Ring attention merges partial results block by block: every row agrees with one device's to
+// rounding (the merge adds the partial sums in another order), for cp = 2, 3 and 4.
+TEST(ContextAttention, RingRowsAgreeWithOneDeviceToRounding) {
+  for (const int cp : {2, 3, 4}) {
+    SCOPED_TRACE("cp=" + std::to_string(cp));
+    const Sequence seq(48);
+    std::vector<double> out(size_t(seq.S * seq.nh * seq.hd)), lse(size_t(seq.S * seq.nh));
+    ops::attention_forward(out.data(), lse.data(), seq.q.data(), seq.k.data(), seq.v.data(),
+                           {.B = 1, .Tq = seq.S, .Tk = seq.S, .nh = seq.nh, .nkv = seq.nkv, .hd = seq.hd});
+    VirtualClusterOptions vo;
+    vo.ranks = cp;
+    VirtualCluster cluster(vo);
+    cluster.run([&](ProcessGroup& g) {
+      ContextParallelComm<double> comm(g, ContextAlgo::ring);
+      const BlockDims d = seq.dims(cp, g.rank());
+      const std::vector<double> q = seq.share(seq.q, seq.nh, cp, g.rank()), k = seq.share(seq.k, seq.nkv, cp, g.rank()),
+                                v = seq.share(seq.v, seq.nkv, cp, g.rank());
+      std::vector<double> mine(q.size()), mine_lse(size_t(d.T * d.nh));
+      FlopCount count;
+      {
+        ops::ScopedFlopSink sink(&count);
+        comm.attention(mine.data(), mine_lse.data(), q.data(), k.data(), v.data(), d);
+      }
+      const std::vector<double> expected = seq.share(out, seq.nh, cp, g.rank());
+      for (size_t i = 0; i < mine.size(); ++i) ASSERT_NEAR(mine[i], expected[i], 1e-14) << "rank " << g.rank() << " element " << i;
+      // Future blocks are skipped: the same pairs as the all-gather's balanced split.
+      const double c = double(seq.S) / (2 * cp);
+      EXPECT_EQ(count.flops, 4.0 * seq.hd * seq.nh * ((2 * cp - 1) * c * c + c * (c + 1)));
+    });
+  }
+}
+
 // Attention's FLOPs on each rank, as the ops report them: with the 2·cp split every rank scores
 // exactly (2cp-1)·c² + c(c+1) pairs per head (c = S/(2cp)), the same on all ranks. A contiguous
 // split (rank r holds tokens [r·S/cp, (r+1)·S/cp), T = S/cp) gives rank r r·T² + T(T+1)/2 pairs:
@@ -186,6 +218,7 @@ struct CpCase {
   ZeroStage stage;
   const char* ac;
   int64_t micro_batch_size;  // rows per micro-batch on a data rank
+  ContextAlgo algo = ContextAlgo::allgather;
 };
 
 std::string cp_case_name(const testing::TestParamInfo<CpCase>& info) { return info.param.name; }
@@ -202,6 +235,7 @@ TEST_P(ContextParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
   o.plan = ParallelPlan::parse(c.mesh);
   o.plan.zero = c.stage;
   o.plan.ac = Checkpointing::parse(c.ac, int(o.model.num_hidden_layers));
+  o.plan.cp_algo = c.algo;
   o.train = test::options(3, c.micro_batch_size);
   o.train.seq_len = 24;  // 2·cp chunks for cp = 2, 3, 4
   const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
@@ -223,6 +257,11 @@ const CpCase kCpCases[] = {
     {"cp2_selective_ac", "cp=2", ZeroStage::none, "selective", 12},
     {"cp2_hsdp_2x2_zero2", "cp=2,dp_shard=2,dp_replicate=2", ZeroStage::zero2, "none", 6},
     {"cp2_pp2", "cp=2,pp=2", ZeroStage::none, "none", 6},
+    {"ring_cp2", "cp=2", ZeroStage::none, "none", 12, ContextAlgo::ring},
+    {"ring_cp3", "cp=3", ZeroStage::none, "none", 12, ContextAlgo::ring},
+    {"ring_cp4_full_ac", "cp=4", ZeroStage::none, "full", 24, ContextAlgo::ring},
+    {"ring_cp2_dp2_zero3_selective", "cp=2,dp=2", ZeroStage::zero3, "selective", 6, ContextAlgo::ring},
+    {"ring_cp2_pp2", "cp=2,pp=2", ZeroStage::none, "none", 6, ContextAlgo::ring},
 };
 INSTANTIATE_TEST_SUITE_P(ContextParallel, ContextParallelEquivalence, testing::ValuesIn(kCpCases), cp_case_name);
 
@@ -273,6 +312,34 @@ TEST(ContextParallelTraffic, AllGatherAttentionMovesKeysAndValuesOnly) {
     EXPECT_EQ(at("context parallelism: all-gather keys and values"), P(M * L * recompute, M * L * recompute * 2 * n));
     EXPECT_EQ(at("context parallelism: all-gather keys and values (backward)"), P(M * L, M * L * 2 * n));
     EXPECT_EQ(at("context parallelism: reduce-scatter key/value gradients"), P(M * L, M * L * 2 * n));
+  }
+}
+
+// Ring attention, per layer and micro-batch and rank: forward cp-1 sends of K and V (2n, n =
+// B·(S/cp)·nkv·hd); backward cp-1 sends of K, V, dK, dV (4n) and one of dK, dV (2n) home.
+TEST(ContextParallelTraffic, RingPassesBlocksAroundTheRing) {
+  for (const int cp : {2, 4}) {
+    SCOPED_TRACE("cp=" + std::to_string(cp));
+    const LlamaConfig cfg = LlamaConfig::preset("tiny");
+    TrainOptions opt = test::options(1, 12);  // 2 micro-batches of 12 rows x 16 tokens
+    ParallelPlan plan = ParallelPlan::parse("cp=" + std::to_string(cp));
+    plan.cp_algo = ContextAlgo::ring;
+    VirtualClusterOptions vo;
+    vo.ranks = cp;
+    VirtualCluster cluster(vo);
+    test::train_steps(cluster, cfg, opt, plan, 1);
+    std::map<std::string, std::pair<int64_t, int64_t>> sent;  // rank 0's sends by label: calls, elements
+    for (const TrafficRecord& t : cluster.traffic())
+      if (t.world_rank == 0 && t.op == "send") {
+        sent[t.label].first += 1;
+        sent[t.label].second += t.count;
+      }
+    const int64_t M = 2, L = 2, n = 12 * (16 / cp) * 2 * 16, passes = M * L * (cp - 1);
+    using P = std::pair<int64_t, int64_t>;
+    EXPECT_EQ(sent["context parallelism: ring keys and values"], P(passes, passes * 2 * n));
+    EXPECT_EQ(sent["context parallelism: ring keys, values and gradients"], P(passes, passes * 4 * n));
+    EXPECT_EQ(sent["context parallelism: ring key/value gradients home"], P(M * L, M * L * 2 * n));
+    EXPECT_EQ(sent.size(), 3u);
   }
 }
 

@@ -45,3 +45,4 @@ run pp4_zb --preset small --seq-len 32 --mesh pp=4 --schedule zb-h1 --micro-batc
 # Context parallelism: keys and values all-gathered and their gradients reduce-scattered between
 # processes, with ZeRO-3 over cp x dp.
 run cp_zero3 --mesh cp=2,dp=2 --zero 3
+run cp_ring --mesh cp=4 --cp-algo ring

@@ -1,0 +1,661 @@
+// Lesson 06: context parallelism. The cp ranks of a group hold the same weights and the same rows
+// of the batch, each a different part of every sequence. Everything but attention is per token;
+// attention needs every earlier key. The program measures why Llama 3 cuts a sequence into 2 cp
+// chunks (attention's FLOPs per rank, balanced vs a contiguous cut), what all-gather attention
+// and ring attention send per layer and hold in scratch, why grouped-query attention makes the
+// all-gather cheap, that activation memory falls by cp, and then checks the plan (also cp x dp
+// under ZeRO-3) against one device.
+//   lesson06_context_parallel [--cp 4] [--cp-algo allgather] [--seq-len 128] [--rows 2] [--step] [--json]
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <optional>
+#include <nlohmann/json.hpp>
+
+#include "core/comm/text_table.h"
+#include "core/data/dataset.h"
+#include "core/error.h"
+#include "core/model/params.h"
+#include "core/ops.h"
+#include "core/optim/segmented_norm.h"
+#include "core/parallel/context_parallel.h"
+#include "core/tensor/memory_tracker.h"
+#include "lessons/common/clock.h"
+#include "lessons/common/lesson.h"
+
+namespace llama4d::lesson {
+namespace {
+
+struct CpArgs {
+  int cp = 4;
+  std::string algo = "allgather";
+};
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+int64_t as_int(double v) { return int64_t(std::llround(v)); }
+
+std::string joined(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? " / " : "") + grouped(v[i]);
+  return s;
+}
+
+// Bytes a rank sent in records whose label starts with `prefix`, whatever the operation (ring
+// attention's sends and receives, all-gathers, reduce-scatters).
+int64_t sent_with_prefix(const std::vector<TrafficRecord>& records, size_t from, const std::string& prefix) {
+  int64_t n = 0;
+  for (size_t i = from; i < records.size(); ++i)
+    if (records[i].label.compare(0, prefix.size(), prefix) == 0) n += records[i].bytes_sent;
+  return n;
+}
+
+// A build without ring attention yet says so when the algorithm is constructed; the lesson then
+// shows all-gather alone and says which numbers it could not measure.
+
+// ---- One attention call per rank, alone: FLOPs, bytes and scratch of one layer and micro-batch --
+
+struct FlopCount final : ops::FlopSink {
+  double flops = 0;
+  void add_flops(double f) override { flops += f; }
+};
+
+struct AttentionProbe {
+  std::vector<double> fwd_flops, bwd_flops, contiguous_flops;  // [cp rank]
+  std::vector<int64_t> fwd_sent, bwd_sent;                     // bytes, labels "context parallelism*"
+  std::vector<int64_t> fwd_scratch, bwd_scratch;               // peak scratch bytes during the call
+};
+
+// Runs ContextParallelComm's forward and backward once on every rank of a cp group, with q, k, v
+// of the model's head shapes for B rows of S tokens, and measures what each call cost that rank.
+// Also the contiguous cut's forward: rank r's S/cp queries [r T, (r+1) T) against every key up to
+// its last, the attention op called directly (the library only implements the balanced split).
+// The values are constants: FLOPs, bytes and buffers do not depend on them.
+AttentionProbe probe_attention(int64_t nh, int64_t nkv, int64_t hd, int cp, ContextAlgo algo, int64_t B, int64_t S) {
+  const int64_t T = S / cp;
+  AttentionProbe p;
+  for (auto* v : {&p.fwd_flops, &p.bwd_flops, &p.contiguous_flops}) v->assign(size_t(cp), 0);
+  for (auto* v : {&p.fwd_sent, &p.bwd_sent, &p.fwd_scratch, &p.bwd_scratch}) v->assign(size_t(cp), 0);
+  VirtualClusterOptions vo;
+  vo.ranks = cp;
+  VirtualCluster cluster(vo);
+  std::mutex mu;
+  cluster.run([&](ProcessGroup& g) {
+    ops::set_backend_threads(1);
+    const size_t r = size_t(g.rank());
+    ContextParallelComm<float> comm(g, algo);
+    const BlockDims d{.B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = int64_t(r)};
+    const int64_t nq = B * T * nh * hd, nk = B * T * nkv * hd;
+    auto buffer = [](int64_t count) { return std::vector<float>(static_cast<size_t>(count)); };
+    std::vector<float> q = buffer(nq), k = buffer(nk), v = buffer(nk), out = buffer(nq), lse = buffer(B * nh * T);
+    std::vector<float> dout = buffer(nq), dq = buffer(nq), dk = buffer(nk), dv = buffer(nk);
+    ops::fill(q.data(), 0.02f, nq), ops::fill(k.data(), 0.03f, nk), ops::fill(v.data(), 0.05f, nk);
+    ops::fill(dout.data(), 0.01f, nq), ops::fill(dq.data(), 0.0f, nq), ops::fill(dk.data(), 0.0f, nk);
+    ops::fill(dv.data(), 0.0f, nk);
+    MemoryTracker& mem = g.memory();
+    FlopCount f_fwd, f_bwd, f_naive;
+    size_t mark = g.traffic().records().size();
+    mem.reset_peaks();
+    int64_t base = mem.live(MemoryCategory::scratch);
+    {
+      ops::ScopedFlopSink sink(&f_fwd);
+      comm.attention(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
+    }
+    const int64_t fwd_scratch = mem.peak(MemoryCategory::scratch) - base;
+    const int64_t fwd_sent = sent_with_prefix(g.traffic().records(), mark, "context parallelism");
+    mark = g.traffic().records().size();
+    mem.reset_peaks();
+    base = mem.live(MemoryCategory::scratch);
+    {
+      ops::ScopedFlopSink sink(&f_bwd);
+      comm.attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                              lse.data(), d);
+    }
+    const int64_t bwd_scratch = mem.peak(MemoryCategory::scratch) - base;
+    const int64_t bwd_sent = sent_with_prefix(g.traffic().records(), mark, "context parallelism");
+    {
+      // The contiguous cut, for comparison: the whole row's keys, this rank's queries.
+      std::vector<float> kw = buffer(B * S * nkv * hd), vw = buffer(B * S * nkv * hd);
+      ops::fill(kw.data(), 0.03f, int64_t(kw.size())), ops::fill(vw.data(), 0.05f, int64_t(vw.size()));
+      ops::ScopedFlopSink sink(&f_naive);
+      ops::attention_forward(out.data(), lse.data(), q.data(), kw.data(), vw.data(),
+                             {.B = B, .Tq = T, .Tk = (int64_t(r) + 1) * T, .nh = nh, .nkv = nkv, .hd = hd,
+                              .q_start = int64_t(r) * T, .k_start = 0, .kv_batch_stride = S * nkv * hd});
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    p.fwd_flops[r] = f_fwd.flops, p.bwd_flops[r] = f_bwd.flops, p.contiguous_flops[r] = f_naive.flops;
+    p.fwd_sent[r] = fwd_sent, p.bwd_sent[r] = bwd_sent;
+    p.fwd_scratch[r] = fwd_scratch, p.bwd_scratch[r] = bwd_scratch;
+  });
+  return p;
+}
+
+AttentionProbe probe_model(const LlamaConfig& cfg, int cp, ContextAlgo algo, int64_t B, int64_t S) {
+  return probe_attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cp, algo, B, S);
+}
+
+// ---- One training step of the model on virtual GPUs ---------------------------------------------
+
+struct StepRun {
+  std::vector<RankMemory> rest, peak;               // at rest after construction; peaks in the step
+  std::vector<std::vector<TrafficRecord>> traffic;  // [world rank] what the step sent
+  std::vector<TimelineTotals> time;                 // [world rank] the step on the simulated clock
+};
+
+// Builds the plan's model on every rank and trains one step (any plan, one device included).
+StepRun train_one_step(const LlamaConfig& cfg, const ParallelPlan& plan, const TrainOptions& train,
+                       const LessonOptions& o, const TextDataset& data) {
+  plan.validate();
+  plan.check_sequence(train.seq_len);
+  const int W = plan.world_size();
+  VirtualClusterOptions vo;
+  vo.ranks = W;
+  vo.cluster = ClusterSpec::for_ranks(W, o.gpus_per_node);
+  vo.algo = o.reduce_algo();
+  ParallelPlan p = plan;
+  p.algo = vo.algo;
+  TrainOptions t = train;
+  t.steps = 1;
+  StepRun run;
+  run.rest.resize(size_t(W));
+  run.peak.resize(size_t(W));
+  run.traffic.resize(size_t(W));
+  run.time.resize(size_t(W));
+  VirtualCluster cluster(vo);
+  std::mutex mu;
+  cluster.run([&](ProcessGroup& world) {
+    ops::set_backend_threads(1);
+    Llama<float> model(cfg, &world.memory(), p.tp_layout(cfg, world.rank()), p.held_units(cfg, world.rank()));
+    ParallelTrainer<float> trainer(world, model, data, t, p);
+    const RankMemory rest = memory_live(world.memory());
+    BarrierOptions b;
+    b.label = "set-up done";
+    world.barrier(b)->wait();
+    world.trace().clear();
+    const size_t mark = world.traffic().records().size();
+    trainer.step();
+    const std::vector<TrafficRecord> all = world.traffic().records();
+    std::lock_guard<std::mutex> lock(mu);
+    const size_t r = size_t(world.rank());
+    run.rest[r] = rest;
+    run.peak[r] = trainer.strategy().peak_memory();
+    run.traffic[r].assign(all.begin() + std::ptrdiff_t(mark), all.end());
+    run.time[r] = world.trace().totals();
+  });
+  return run;
+}
+
+// ---- The formulas (README), per rank, one layer and one micro-batch -------------------------------
+//   c = S/(2cp) tokens per chunk, T = S/cp tokens per rank, n = B T nkv hd elements of K (or V)
+//   pairs per head, balanced      (2cp-1) c^2 + c(c+1)          (the same on every rank)
+//   pairs per head, contiguous    r T^2 + T(T+1)/2               (rank r)
+//   all-gather, forward           (cp-1) 2n sent                 (K and V to every other rank)
+//   all-gather, backward          (cp-1) 2n + (cp-1) 2n sent     (the all-gather again, dK dV reduce-scattered)
+//   ring, forward                 (cp-1) 2n sent                 (K, V one hop per step, cp-1 steps)
+//   ring, backward                (cp-1) 4n + 2n sent            (K, V and dK, dV around, dK dV one hop home)
+//   all-gather scratch, backward  2n (3cp + 1) elements          (whole-sequence K V, dK dV, dK dV by rank, own dK dV)
+int64_t balanced_pairs(int64_t c, int cp) { return (2 * cp - 1) * c * c + c * (c + 1); }
+int64_t contiguous_pairs(int64_t T, int r) { return r * T * T + T * (T + 1) / 2; }
+
+int run(LessonOptions o, const CpArgs& a) {
+  Narrator say(o);
+  const int cp = a.cp;
+  const ContextAlgo algo = parse_context_algo(a.algo);
+  o.ranks = cp;
+  RunSetup s;
+  s.model = LlamaConfig::preset(o.preset);
+  s.model.validate();
+  const LlamaConfig& cfg = s.model;
+  s.train = o.train_options();
+  s.train.batch_size = o.micro_batches * o.rows;  // one data rank: the cp ranks share every row
+  s.plan = ParallelPlan::parse("cp=" + std::to_string(cp));
+  s.plan.cp_algo = algo;
+  s.plan.validate();
+  // Bad input is one line and exit code 2, before anything runs.
+  s.plan.check_sequence(o.seq_len);
+  if (o.seq_len > cfg.max_position_embeddings)
+    throw InputError("--seq-len " + std::to_string(o.seq_len) + " exceeds preset '" + o.preset +
+                     "''s max_position_embeddings " + std::to_string(cfg.max_position_embeddings));
+  s.cluster = o.cluster_options();
+  const int L = int(cfg.num_hidden_layers);
+  const int64_t S = o.seq_len, B = o.rows, m = o.micro_batches, c = S / (2 * cp), T = S / cp;
+  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, hd = cfg.head_dim;
+  const int64_t n = B * T * nkv * hd, N = cfg.num_parameters();
+  const double per_pair = 4.0 * double(hd) * double(nh) * double(B);  // forward FLOPs per (query, key) pair, all heads and rows
+  const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
+  ExerciseSheet sheet;
+  nlohmann::json extra;
+
+  // ---- 1. The split --------------------------------------------------------------------------------
+  say.phase("the split: 2 cp chunks, rank r holds chunks r and 2cp-1-r",
+            "core/parallel/context_parallel.cpp (context_slice), core/model/block.h (BlockDims::cp_part_start)");
+  say.say("Model '" + o.preset + "': " + std::to_string(L) + " layers, C = " + std::to_string(cfg.hidden_size) +
+          ", nh = " + std::to_string(nh) + " query heads, nkv = " + std::to_string(nkv) + " key/value heads of hd = " +
+          std::to_string(hd) + ", N = " + grouped(N) + " parameters.\nMesh " + s.plan.describe_mesh() + " (" +
+          std::string(context_algo_name(algo)) + "), " + std::to_string(m) + " micro-batch(es) of B = " +
+          std::to_string(B) + " rows x S = " + std::to_string(S) + " tokens per step. Every rank holds the whole model "
+          "and the same rows;\neach row is cut into 2 cp = " + std::to_string(2 * cp) + " chunks of c = S/(2cp) = " +
+          std::to_string(c) + " tokens, so a rank runs T = S/cp = " + std::to_string(T) + " tokens per row.\n\n");
+  {
+    std::string picture;
+    for (int g = 0; g < 2 * cp; ++g) picture += std::to_string(g < cp ? g : 2 * cp - 1 - g) + " ";
+    say.say("Owner of each chunk along the sequence (position 0 on the left): " + picture + "\n\n");
+    std::vector<std::vector<std::string>> rows = {{"rank", "chunks", "positions (balanced)", "positions (contiguous cut)"}};
+    for (int r = 0; r < cp; ++r) {
+      const int64_t g2 = 2 * cp - 1 - r;
+      rows.push_back({std::to_string(r), std::to_string(r) + ", " + std::to_string(g2),
+                      "[" + std::to_string(r * c) + ", " + std::to_string((r + 1) * c) + ") + [" + std::to_string(g2 * c) +
+                          ", " + std::to_string((g2 + 1) * c) + ")",
+                      "[" + std::to_string(r * T) + ", " + std::to_string((r + 1) * T) + ")"});
+    }
+    say.say(format_table(rows));
+    say.say("\nRoPE and the causal mask use each token's true position (BlockDims::cp_part_start), so a rank's two "
+            "chunks are\ntwo separate runs of positions, not one.\n");
+  }
+  say.pause();
+
+  // ---- 2. Attention's work per rank ------------------------------------------------------------------
+  say.phase("attention's work per rank: the 2 cp split vs a contiguous cut",
+            "core/parallel/context_parallel.cpp (part_shape), core/ops.h (attention_visible_pairs, attention_forward_flops)");
+  say.say("A causal query at position i scores i + 1 keys. One attention forward per rank, B = " + std::to_string(B) +
+          " rows of S = " + std::to_string(S) + " tokens, FLOPs as the ops report them\n(4 hd FLOPs per (query, key) "
+          "pair and head: q.k and p.v). Pairs per head and row = FLOPs / (4 hd nh B).\n\n");
+  say.ask("A1", "With the 2 cp split, how many (query, key) pairs per head and row does each rank score?");
+  say.ask("A3", "With a contiguous cut, the last rank's work over the mean, in per mille (1000 = the mean)?");
+  const AttentionProbe ag = probe_model(cfg, cp, ContextAlgo::allgather, B, S);
+  std::vector<int64_t> e_bal, m_bal, e_con, m_con;
+  {
+    std::vector<std::vector<std::string>> rows = {
+        {"rank", "balanced: FLOPs", "pairs/head/row", "contiguous: FLOPs", "pairs/head/row", "contiguous / mean"}};
+    double total_con = 0;
+    for (double f : ag.contiguous_flops) total_con += f;
+    for (int r = 0; r < cp; ++r) {
+      e_bal.push_back(balanced_pairs(c, cp)), m_bal.push_back(as_int(ag.fwd_flops[size_t(r)] / per_pair));
+      e_con.push_back(contiguous_pairs(T, r)), m_con.push_back(as_int(ag.contiguous_flops[size_t(r)] / per_pair));
+      rows.push_back({std::to_string(r), grouped(as_int(ag.fwd_flops[size_t(r)])), grouped(m_bal.back()),
+                      grouped(as_int(ag.contiguous_flops[size_t(r)])), grouped(m_con.back()),
+                      fixed(ag.contiguous_flops[size_t(r)] / (total_con / cp), 3)});
+    }
+    rows.push_back({"one device", "", grouped(S * (S + 1) / 2), "", grouped(S * (S + 1) / 2), ""});
+    say.say(format_table(rows));
+    const double last_first = ag.contiguous_flops.back() / ag.contiguous_flops.front();
+    say.say("\nContiguous: the last rank works " + fixed(last_first, 2) + "x as long as the first, " +
+            fixed(ag.contiguous_flops.back() / (total_con / cp), 3) +
+            "x the mean; the step waits for the slowest rank.\nBalanced: every rank scores S(S+1)/(2cp) = " +
+            grouped(S * (S + 1) / (2 * cp)) + " pairs per head and row, exactly a cp-th of one device's.\n");
+    sheet.exact("A1", "2 cp split: (query, key) pairs per head and row on each rank (FLOPs / 4 hd nh B)?",
+                "(2cp-1) c^2 + c(c+1) with c = S/(2cp): chunks r and 2cp-1-r together see 2cp-1 full chunks of keys "
+                "and two triangles; the same on every rank, S(S+1)/(2cp)",
+                double(balanced_pairs(c, cp)), e_bal, m_bal);
+    sheet.exact("A2", "Contiguous cut: pairs per head and row on rank r?",
+                "r T^2 + T(T+1)/2 with T = S/cp: r full blocks of earlier keys and one triangle; the last rank "
+                "1 + 2(cp-1) T/(T+1) times the first",
+                -1, e_con, m_con);
+    sheet.exact("A3", "Contiguous cut: the slowest rank's attention FLOPs over the mean, per mille?",
+                "((cp-1) T^2 + T(T+1)/2) / (S(S+1)/(2cp)), about 2 - 1/cp for long sequences",
+                -1, {as_int(1000.0 * double(contiguous_pairs(T, cp - 1)) / (double(S) * double(S + 1) / (2.0 * cp)))},
+                {as_int(1000.0 * ag.contiguous_flops.back() / (total_con / cp))});
+    extra["attention_flops"] = {{"balanced", ag.fwd_flops}, {"contiguous", ag.contiguous_flops},
+                                {"pairs_balanced_formula", balanced_pairs(c, cp)},
+                                {"flops_per_pair", per_pair}};
+  }
+  say.pause();
+
+  // ---- 3. Training steps ------------------------------------------------------------------------------
+  StepReporter steps(say, o.step,
+                     algo == ContextAlgo::allgather
+                         ? "'context parallelism': per layer and micro-batch, K and V all-gathered in forward, again in "
+                           "backward, and dK, dV reduce-scattered.\n'grad bucket': the cp ranks hold the same weights and "
+                           "saw different tokens, so they all-reduce their gradients like data-parallel replicas."
+                         : "'context parallelism: ring': K and V (and in backward dK, dV) passed one hop around the ring "
+                           "per step.\n'grad bucket': the cp ranks all-reduce their gradients like data-parallel replicas.",
+                     " (activations: T = S/cp tokens of each row; scratch includes attention's whole-sequence K, V)",
+                     "core/parallel/context_parallel.cpp (ContextParallelComm::attention, attention_backward)");
+  const std::vector<PhaseView> phases = run_phases(s, data, [&](const PhaseView& pv) {
+    if (pv.step == 0) {
+      say.say("\nBytes live on each virtual GPU after construction: every cp rank holds the whole model (16 N = " +
+              grouped(16 * N) + " bytes of model state).\n\n" + memory_table(live_of(pv)));
+      say.pause();
+      return;
+    }
+    steps.show(pv, [&] {
+      if (pv.step == 1)
+        say.ask(algo == ContextAlgo::allgather ? "G1" : "G5",
+                algo == ContextAlgo::allgather
+                    ? "How many bytes does each rank send per step in the forward all-gathers of K and V (all layers)?"
+                    : "How many bytes does each rank send per step passing K, V (and dK, dV) around the ring?");
+    });
+  });
+  const PhaseView& last = phases.back();
+  const ReduceAlgo ralgo = s.cluster.algo;
+  {
+    const std::vector<int64_t> kv_counts(size_t(cp), 2 * n);
+    std::vector<int64_t> e_fwd, m_fwd, e_bwd, m_bwd, e_rs, m_rs, e_grad, m_grad, e_ring, m_ring;
+    const std::vector<Segment> buckets = param_segments(llama_param_specs(cfg));
+    for (int r = 0; r < cp; ++r) {
+      const auto& t = last.ranks[size_t(r)].traffic;
+      e_fwd.push_back(L * m * all_gather_sent(kv_counts, r, 4, ralgo));
+      m_fwd.push_back(sent_bytes(t, "all_gather", "context parallelism: all-gather keys and values") -
+                      sent_bytes(t, "all_gather", "context parallelism: all-gather keys and values (backward)"));
+      e_bwd.push_back(L * m * all_gather_sent(kv_counts, r, 4, ralgo));
+      m_bwd.push_back(sent_bytes(t, "all_gather", "context parallelism: all-gather keys and values (backward)"));
+      e_rs.push_back(L * m * reduce_scatter_sent(kv_counts, r, 4));
+      m_rs.push_back(sent_bytes(t, "reduce_scatter", "context parallelism: reduce-scatter key/value gradients"));
+      e_ring.push_back(L * m * ((cp - 1) * 6 * n + 2 * n) * 4);
+      m_ring.push_back(sent_with_prefix(t, 0, "context parallelism: ring"));
+      int64_t g = 0;
+      for (const Segment& seg : buckets) g += all_reduce_sent(seg.numel(), cp, r, 4, ralgo);
+      e_grad.push_back(g);
+      m_grad.push_back(sent_bytes(t, "all_reduce", "grad bucket"));
+    }
+    const std::string per = "; x L = " + std::to_string(L) + " layers x m = " + std::to_string(m) + " micro-batches x 4 bytes";
+    if (algo == ContextAlgo::allgather) {
+      sheet.exact("G1", "All-gather attention, forward: bytes each rank sends per step?",
+                  "(cp-1) 2n per layer and micro-batch (its K and V, n = B T nkv hd each, to the cp-1 others)" + per,
+                  double(L * m * (cp - 1) * 2 * n * 4), e_fwd, m_fwd);
+      sheet.exact("G2", "Backward: the all-gather of K and V again (the forward kept only its own)?",
+                  "(cp-1) 2n per layer and micro-batch" + per, double(L * m * (cp - 1) * 2 * n * 4), e_bwd, m_bwd);
+      sheet.exact("G3", "Backward: the reduce-scatter of dK and dV (every rank's queries touched every key)?",
+                  "(cp-1) 2n per layer and micro-batch: all of the whole sequence's 2 cp n but its own 2n" + per,
+                  double(L * m * (cp - 1) * 2 * n * 4), e_rs, m_rs);
+    } else {
+      sheet.exact("G5", "Ring attention: bytes each rank sends per step (labels 'context parallelism: ring')?",
+                  "(cp-1) 2n forward + (cp-1) 4n + 2n backward per layer and micro-batch" + per,
+                  double(L * m * ((cp - 1) * 6 * n + 2 * n) * 4), e_ring, m_ring);
+    }
+    sheet.exact("G4", "The gradients: bytes each rank sends per step to sum them over the cp group?",
+                "one all-reduce per unit (embedding, each layer, head), 2 (cp-1)/cp x 4 bytes per parameter: the cp "
+                "ranks are replicas of the weights, like data parallelism",
+                -1, e_grad, m_grad);
+    extra["kv_traffic"] = {{"algo", std::string(context_algo_name(algo))},
+                           {"n", n},
+                           {"forward_measured", m_fwd}, {"forward_formula", e_fwd},
+                           {"backward_allgather_measured", m_bwd}, {"backward_allgather_formula", e_bwd},
+                           {"reduce_scatter_measured", m_rs}, {"reduce_scatter_formula", e_rs},
+                           {"ring_measured", m_ring}, {"ring_formula", e_ring},
+                           {"grad_measured", m_grad}, {"grad_formula", e_grad}};
+  }
+
+  // ---- 4. All-gather vs ring -----------------------------------------------------------------------
+  say.phase("all-gather (Llama 3) vs ring attention: bytes, scratch memory, overlap",
+            "core/parallel/context_parallel.cpp (gather_key_values, ContextParallelComm::attention_backward)");
+  say.say("All-gather moves each rank's K and V to every other rank at once; ring attention (Liu et al. 2023) passes "
+          "them one hop per step\nwhile the ranks compute on the block they hold. Both run here through the same plan "
+          "(plan.cp_algo).\n\n");
+  say.ask("R3", "All-gather attention's backward: how many bytes of scratch does a rank hold at its peak?");
+  // Both algorithms through the plan (plan.cp_algo), one training step each, and through one call.
+  TrainOptions one_step = s.train;
+  one_step.steps = 1;
+  auto plan_with = [&](ContextAlgo x) {
+    ParallelPlan p = s.plan;
+    p.cp_algo = x;
+    return p;
+  };
+  const StepRun ag_step = train_one_step(cfg, plan_with(ContextAlgo::allgather), one_step, o, data);
+  const AttentionProbe ring = probe_model(cfg, cp, ContextAlgo::ring, B, S);
+  const StepRun ring_step = train_one_step(cfg, plan_with(ContextAlgo::ring), one_step, o, data);
+  {
+    std::vector<std::vector<std::string>> rows = {
+        {"algorithm", "rank", "K/V bytes sent (step)", "activations (peak)", "scratch (peak)", "total (peak)"}};
+    for (const auto& [name, st] : {std::pair<std::string, const StepRun*>{"allgather", &ag_step},
+                                   std::pair<std::string, const StepRun*>{"ring", &ring_step}}) {
+      for (int r = 0; r < cp; ++r)
+        rows.push_back({name, std::to_string(r), grouped(sent_with_prefix(st->traffic[size_t(r)], 0, "context parallelism")),
+                        grouped(st->peak[size_t(r)].activations), grouped(st->peak[size_t(r)].scratch),
+                        grouped(st->peak[size_t(r)].total)});
+    }
+    say.say("One training step with plan.cp_algo = allgather, then ring:\n\n" + format_table(rows) + "\n");
+    std::vector<int64_t> e, got;
+    for (int r = 0; r < cp; ++r) {
+      e.push_back(L * m * ((cp - 1) * 6 * n + 2 * n) * 4);
+      got.push_back(sent_with_prefix(ring_step.traffic[size_t(r)], 0, "context parallelism: ring"));
+    }
+    sheet.exact("R7", "Ring, one training step: K/V bytes each rank sends (labels 'context parallelism: ring')?",
+                "L m ((cp-1) 6n + 2n) x 4: 2n more per layer and micro-batch than all-gather's (cp-1) 6n",
+                double(e[0]), e, got);
+  }
+  {
+    say.say("One layer, one micro-batch: each rank's attention forward and backward called alone (n = B T nkv hd = " +
+            grouped(n) + " elements of K, and as many of V).\nScratch: the highest the rank's allocator held during the "
+            "call.\n\n");
+    std::vector<std::vector<std::string>> rows = {{"algorithm", "rank", "forward: sent", "scratch peak", "backward: sent",
+                                                   "scratch peak", "forward FLOPs", "backward FLOPs"}};
+    for (const auto& [name, pr] : {std::pair<std::string, const AttentionProbe*>{"allgather", &ag},
+                                   std::pair<std::string, const AttentionProbe*>{"ring", &ring}}) {
+      for (int r = 0; r < cp; ++r)
+        rows.push_back({name, std::to_string(r), grouped(pr->fwd_sent[size_t(r)]), grouped(pr->fwd_scratch[size_t(r)]),
+                        grouped(pr->bwd_sent[size_t(r)]), grouped(pr->bwd_scratch[size_t(r)]),
+                        grouped(as_int(pr->fwd_flops[size_t(r)])), grouped(as_int(pr->bwd_flops[size_t(r)]))});
+    }
+    say.say(format_table(rows));
+    say.say("\nOne device's K and V of the whole sequence: 2 B S nkv hd x 4 = " + grouped(2 * cp * n * 4) +
+            " bytes. All-gather holds them, their gradients and a copy in the ranks' order at once: O(S) per rank.\n"
+            "Ring holds a block or two of S/cp tokens at a time: O(S/cp).\n");
+    std::vector<int64_t> e1(size_t(cp), (cp - 1) * 2 * n * 4), e2(size_t(cp), (cp - 1) * 4 * n * 4),
+        e3(size_t(cp), 2 * n * (3 * cp + 1) * 4);
+    sheet.exact("R1", "All-gather, one layer and micro-batch: forward bytes sent per rank?", "(cp-1) 2n x 4 bytes",
+                double(e1[0]), e1, ag.fwd_sent);
+    sheet.exact("R2", "And the backward (all-gather again + reduce-scatter of dK, dV)?", "(cp-1) 4n x 4 bytes",
+                double(e2[0]), e2, ag.bwd_sent);
+    sheet.exact("R3", "All-gather's backward: peak scratch per rank?",
+                "2n (3cp + 1) x 4 bytes: the whole sequence's K and V (2 cp n), their gradients (2 cp n), the same "
+                "gradients in the ranks' order for the reduce-scatter (2 cp n) and this rank's summed share (2n)",
+                double(e3[0]), e3, ag.bwd_scratch);
+    std::vector<int64_t> r1(size_t(cp), (cp - 1) * 2 * n * 4), r2(size_t(cp), ((cp - 1) * 4 * n + 2 * n) * 4);
+    sheet.exact("R4", "Ring, one layer and micro-batch: forward bytes sent per rank?",
+                "(cp-1) 2n x 4 bytes: the same as the all-gather, one hop at a time", double(r1[0]), r1, ring.fwd_sent);
+    sheet.exact("R5", "Ring backward?",
+                "((cp-1) 4n + 2n) x 4 bytes: K, V around again, dK, dV travelling with them, and one last hop home",
+                double(r2[0]), r2, ring.bwd_sent);
+    std::vector<int64_t> zero(size_t(cp), 0), upper;
+    for (int64_t x : ag.bwd_scratch) upper.push_back(x - 1);
+    sheet.range("R6", "Is ring's backward scratch peak below all-gather's?",
+                "yes: a block of S/cp tokens at a time instead of the whole sequence", zero, upper, ring.bwd_scratch);
+    const nlohmann::json rj = {{"forward_sent", ring.fwd_sent}, {"backward_sent", ring.bwd_sent},
+                               {"forward_scratch", ring.fwd_scratch}, {"backward_scratch", ring.bwd_scratch}};
+    say.say("\nOverlap: a real implementation posts the next transfer before computing on the block it has (ring) or "
+            "gathers layer k+1's K and V\nduring layer k (all-gather). Here every call runs its steps one after another; "
+            "the step table's 'exposed' column is the price.\n");
+    extra["ring"] = rj;
+    extra["allgather_call"] = {{"forward_sent", ag.fwd_sent}, {"backward_sent", ag.bwd_sent},
+                               {"forward_scratch", ag.fwd_scratch}, {"backward_scratch", ag.bwd_scratch}};
+  }
+  say.pause();
+
+  // ---- 5. GQA ----------------------------------------------------------------------------------------
+  say.phase("grouped-query attention: why gathering K and V is cheap",
+            "core/model/block.h (BlockDims nh, nkv), core/ops.h (query head h reads key/value head h / (nh / nkv))");
+  say.say("A rank gathers keys and values, never queries. Under GQA a key/value head serves nh/nkv query heads, so K "
+          "and V are\nnh/nkv times smaller than Q. Here nh/nkv = " + std::to_string(nh / nkv) + ".\n\n");
+  say.ask("Q1", "Without GQA (nkv = nh), how many bytes would a rank's forward all-gather send per layer and micro-batch?");
+  {
+    const AttentionProbe mha = probe_attention(nh, nh, hd, cp, ContextAlgo::allgather, B, S);
+    std::vector<std::vector<std::string>> rows = {{"", "nh", "nkv", "a rank's Q (bytes)", "a rank's K + V (bytes)",
+                                                   "forward all-gather sent per rank (bytes)", "source"}};
+    rows.push_back({o.preset, std::to_string(nh), std::to_string(nkv), grouped(B * T * nh * hd * 4),
+                    grouped(2 * B * T * nkv * hd * 4), grouped(ag.fwd_sent[0]), "measured"});
+    rows.push_back({o.preset + " with nkv = nh", std::to_string(nh), std::to_string(nh), grouped(B * T * nh * hd * 4),
+                    grouped(2 * B * T * nh * hd * 4), grouped(mha.fwd_sent[0]),
+                    "measured (the same call with K and V as wide as Q)"});
+    say.say(format_table(rows));
+    std::vector<int64_t> e(size_t(cp), (cp - 1) * 2 * B * T * nh * hd * 4);
+    sheet.exact("Q1", "Without GQA (nkv = nh): forward all-gather bytes per rank, one layer and micro-batch?",
+                "(cp-1) 2 B T nh hd x 4 bytes: nh/nkv times the GQA model's", double(e[0]), e, mha.fwd_sent);
+    say.say("\nComputed, not measured: Llama 3 at its long-context stage (S = 131,072 tokens, cp = 16, B = 1 row, bf16), "
+            "per rank, one layer's forward:\n\n");
+    std::vector<std::vector<std::string>> big = {
+        {"model", "nh / nkv", "K+V all-gather sent", "without GQA", "attention forward FLOPs"}};
+    nlohmann::json llama = nlohmann::json::array();
+    for (const char* name : {"llama3-8b", "llama3-70b", "llama3-405b"}) {
+      const LlamaConfig b = LlamaConfig::preset(name);
+      const int64_t bs = 131072, bcp = 16, bt = bs / bcp;
+      const double sent = double(bcp - 1) * 2.0 * double(bt * b.num_key_value_heads * b.head_dim) * 2.0;
+      const double mha_sent = sent * double(b.num_attention_heads / b.num_key_value_heads);
+      const double flops = 4.0 * double(b.head_dim * b.num_attention_heads) * double(bs) * double(bs + 1) / (2.0 * bcp);
+      big.push_back({name, std::to_string(b.num_attention_heads) + " / " + std::to_string(b.num_key_value_heads),
+                     fixed(sent / 1e6, 1) + " MB", fixed(mha_sent / 1e9, 2) + " GB", fixed(flops / 1e12, 1) + " TFLOP"});
+      llama.push_back({{"model", name}, {"sent_bytes", sent}, {"without_gqa_bytes", mha_sent}, {"attention_flops", flops}});
+    }
+    say.say(format_table(big));
+    say.say("\nThe three models share nkv hd = 8 x 128 = 1,024, so they gather the same bytes; without GQA the 405B "
+            "would gather 16x as much.\nAttention's work grows as S^2, the gathered bytes as S: at long sequences the "
+            "all-gather is small next to the compute.\n");
+    extra["gqa"] = {{"nh", nh}, {"nkv", nkv}, {"sent_gqa", ag.fwd_sent}, {"sent_without_gqa", mha.fwd_sent},
+                    {"llama3_computed", llama}};
+  }
+  say.pause();
+
+  // ---- 6. Memory and work per rank vs one device ------------------------------------------------------
+  say.phase("activations and FLOPs per rank vs one device",
+            "core/model/llama.cpp (set_context_split: T = S/cp tokens per row), core/parallel/parallel_trainer.cpp (local_tokens)");
+  say.ask("M1", "A cp rank kept the activations shown in the step table. One device training the same rows: how many?");
+  {
+    TrainOptions one = s.train;
+    one.steps = 1;
+    const ParallelPlan single = ParallelPlan::parse("dp=1");
+    const StepRun dev = train_one_step(cfg, single, one, o, data);
+    TrainOptions shorter = one;
+    shorter.seq_len = T;
+    const TextDataset data_short = load_dataset(default_corpus_path(), T);
+    const StepRun dev_short = train_one_step(cfg, single, shorter, o, data_short);
+    const PhaseView& first = phases[1];
+    std::vector<std::vector<std::string>> rows = {{"", "activations (peak)", "scratch (peak)", "step FLOPs"}};
+    rows.push_back({"one device, S = " + std::to_string(S), grouped(dev.peak[0].activations), grouped(dev.peak[0].scratch),
+                    grouped(as_int(dev.time[0].flops))});
+    for (int r = 0; r < cp; ++r)
+      rows.push_back({"cp rank " + std::to_string(r) + " (T = " + std::to_string(T) + " of S)",
+                      grouped(first.ranks[size_t(r)].peak.activations), grouped(first.ranks[size_t(r)].peak.scratch),
+                      grouped(as_int(first.ranks[size_t(r)].time.flops))});
+    rows.push_back({"one device, S = " + std::to_string(T), grouped(dev_short.peak[0].activations),
+                    grouped(dev_short.peak[0].scratch), grouped(as_int(dev_short.time[0].flops))});
+    say.say(format_table(rows));
+    say.say("\nThe cp ranks' scratch is larger than one device's at S/cp: attention's call holds the whole sequence's K "
+            "and V (phase 4).\n");
+    std::vector<int64_t> e_act, m_act, e_short, e_fl, m_fl;
+    for (int r = 0; r < cp; ++r) {
+      e_act.push_back(first.ranks[size_t(r)].peak.activations * cp);
+      m_act.push_back(dev.peak[0].activations);
+      e_short.push_back(dev_short.peak[0].activations);
+      e_fl.push_back(as_int(dev.time[0].flops / cp));
+      m_fl.push_back(as_int(first.ranks[size_t(r)].time.flops));
+    }
+    sheet.exact("M1", "One device's peak activations (same rows, all S tokens), against cp x each rank's?",
+                "cp x a rank's: every activation is kept per token (attention keeps its output and log-sum-exp, not the S x S "
+                "scores), and a rank holds S/cp tokens of each row",
+                -1, e_act, m_act);
+    std::vector<int64_t> m_rank;
+    for (int r = 0; r < cp; ++r) m_rank.push_back(first.ranks[size_t(r)].peak.activations);
+    sheet.exact("M2", "One device trained on sequences of S/cp tokens: its peak activations against one cp rank's?",
+                "equal: activations are linear in the tokens; a quadratic attention memory would make the short "
+                "sequence cp times cheaper still",
+                -1, e_short, m_rank);
+    sheet.exact("F1", "FLOPs of one training step on each rank (the simulated clock's count), against one device's / cp?",
+                "equal on every rank: the matmuls are per token and the attention pairs balanced, so the ranks split "
+                "one device's work exactly",
+                -1, e_fl, m_fl);
+    extra["memory"] = {{"one_device_activations", dev.peak[0].activations},
+                       {"one_device_short_activations", dev_short.peak[0].activations},
+                       {"rank_activations", m_rank},
+                       {"one_device_step_flops", dev.time[0].flops},
+                       {"rank_step_flops", m_fl}};
+  }
+  say.pause();
+
+  // ---- 7. cp x dp under ZeRO-3 -----------------------------------------------------------------------
+  say.phase("cp x dp with ZeRO-3: the shards span cp x dp",
+            "core/parallel/parallel_trainer.cpp (gradient dims: cp, then dp), core/parallel/zero.cpp");
+  const int cpz = 2;
+  RunSetup z = s;
+  z.plan = ParallelPlan::parse("cp=" + std::to_string(cpz) + ",dp=2");
+  z.plan.zero = ZeroStage::zero3;
+  z.plan.cp_algo = algo;
+  z.plan.validate();
+  z.plan.check_sequence(S);
+  z.train.batch_size = 2 * m * B;  // m micro-batches of B rows on each data rank
+  z.train.steps = std::min<int64_t>(o.steps, 2);
+  z.cluster.ranks = z.plan.world_size();
+  z.cluster.cluster = ClusterSpec::for_ranks(z.plan.world_size(), o.gpus_per_node);
+  say.say("Mesh " + z.plan.describe_mesh() + ", ZeRO-3: ranks 0, 1 share rows (cp), ranks 0, 2 share a cp position "
+          "(dp). All four hold the same weights\nand saw different tokens, so ZeRO shards the parameters, gradients and "
+          "AdamW moments over all four (as Llama 3's FSDP spans cp x dp).\n\n");
+  say.ask("D1", "Summed over the 4 ranks, how many bytes of parameters are held at rest?");
+  EquivalenceReport zreport;
+  {
+    TrainOptions zt = z.train;
+    zt.steps = 1;
+    const StepRun zr = train_one_step(cfg, z.plan, zt, o, data);
+    std::vector<std::vector<std::string>> rows = {{"rank", "params at rest", "grads rs group size", "grads rs bytes sent"}};
+    std::vector<int64_t> m_group, e_group;
+    int64_t sum = 0;
+    std::vector<int64_t> rest;
+    for (int w = 0; w < z.plan.world_size(); ++w) {
+      int group = 0;
+      for (const TrafficRecord& t : zr.traffic[size_t(w)])
+        if (t.op == "reduce_scatter" && t.label.rfind("grads ", 0) == 0) group = t.group_size;
+      m_group.push_back(group), e_group.push_back(z.plan.world_size());
+      rest.push_back(zr.rest[size_t(w)].params);
+      sum += zr.rest[size_t(w)].params;
+      rows.push_back({std::to_string(w), grouped(zr.rest[size_t(w)].params), std::to_string(group),
+                      grouped(sent_bytes(zr.traffic[size_t(w)], "reduce_scatter", "grads "))});
+    }
+    say.say(format_table(rows));
+    sheet.exact("D1", "cp x dp, ZeRO-3: parameter bytes at rest summed over the 4 ranks?",
+                "4N: each rank keeps about a quarter (every unit cut over cp x dp, pieces padded to 512 elements)",
+                double(4 * N), {4 * N}, {sum}, "Per rank: " + joined(rest) + ".");
+    sheet.exact("D2", "Over how many ranks is each unit's gradient reduce-scattered?",
+                "cp x dp = 4: the cp ranks of a row and the data ranks all hold the same weights", 4.0, e_group, m_group);
+    say.say("\nThe same steps on one device:\n\n");
+    zreport = run_equivalence(z, data);
+    say.say(zreport.table());
+  }
+  say.pause();
+
+  // ---- Exercises, then the equivalence check ------------------------------------------------------------
+  say.phase("exercises: formula vs measured", "lessons/common/lesson.cpp (ExerciseSheet: expected vs measured per rank)");
+  EquivalenceReport report;
+  bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
+  say.say("\nThe same steps in fp64, against the plain single-device trainer (its own order of additions):\n\n");
+  const EquivalenceReport report64 = run_equivalence_fp64(s, data);
+  say.say(report64.table());
+  equivalent = equivalent && zreport.ok && report64.ok && report64.plain_checked && report64.plain_max_rel_err <= 1e-12;
+  if (o.json) {
+    nlohmann::json j = summary_json("06-context-parallelism", o.preset, s, phases, sheet, report,
+                                    sheet.failed() == 0 && equivalent);
+    for (auto& [k, val] : extra.items()) j[k] = val;
+    j["split"] = {{"cp", cp}, {"cp_algo", std::string(context_algo_name(algo))}, {"seq_len", S}, {"chunk", c},
+                  {"tokens_per_rank", T}, {"rows", B}, {"layers", L}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}};
+    j["equivalence_fp64"] = equivalence_json(report64);
+    j["equivalence_fp64"]["plain_max_rel_err"] = report64.plain_max_rel_err;
+    j["equivalence_cp_dp_zero3"] = equivalence_json(zreport);
+    j["equivalence_cp_dp_zero3"]["mesh"] = z.plan.describe_mesh();
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return sheet.failed() == 0 && equivalent ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace llama4d::lesson
+
+int main(int argc, char** argv) {
+  llama4d::lesson::LessonOptions options;
+  llama4d::lesson::CpArgs cp;
+  options.seq_len = 128;  // tiny's longest: 2 cp chunks of 16 tokens at cp = 4
+  options.rows = 2;
+  options.micro_batches = 1;
+  options.ranks = cp.cp;  // --ranks is --cp here
+  CLI::App app{"Lesson 06: context parallelism on virtual GPUs", "lesson06_context_parallel"};
+  options.add_options(app);
+  app.add_option("--cp", cp.cp, "context-parallel ranks (the sequence is cut into 2 cp chunks)")
+      ->check(CLI::Range(2, 16))
+      ->capture_default_str();
+  app.add_option("--cp-algo", cp.algo, "allgather (Llama 3's) or ring")->capture_default_str();
+  return llama4d::lesson::lesson_main(app, argc, argv, [&] {
+    if (app.get_option("--ranks")->count() > 0 && options.ranks != cp.cp)
+      throw llama4d::InputError("--ranks is --cp here (" + std::to_string(cp.cp) + "); use --cp");
+    return llama4d::lesson::run(options, cp);
+  });
+}
