@@ -92,12 +92,21 @@ void rope_backward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int
 // That one rule covers training (q_start = k_start = 0), KV-cache decoding (Tq = 1, q_start =
 // past) and context-parallel chunks. Keys/values may live in a larger cache: kv_batch_stride is
 // the distance between batch items in elements (0 means Tk * nkv * hd).
+//
+// Document masking (Llama 3 trains on several documents packed into one sequence, and a token
+// attends only within its own document): q_doc[B, Tq] and k_doc[B, Tk] give each query and key
+// row a document id (contiguous, batch-major, no stride). Key j is then visible to query i iff it
+// is causally visible AND q_doc[b, i] == k_doc[b, j]. Both null: no document mask; exactly one
+// null is an InputError. Ids need not be sorted, but contiguous runs (packed documents) let a
+// block of queries skip the keys of earlier documents, which is where the saving is.
 struct AttentionShape {
   int64_t B = 0, Tq = 0, Tk = 0, nh = 0, nkv = 0, hd = 0;
   int64_t q_start = 0, k_start = 0;
   int64_t kv_batch_stride = 0;
+  const int32_t* q_doc = nullptr;  // [B, Tq] document id of each query row, or null
+  const int32_t* k_doc = nullptr;  // [B, Tk] document id of each key row, or null
 };
-// out[B, Tq, nh, hd] = softmax(q k^T / sqrt(hd), causal) v
+// out[B, Tq, nh, hd] = softmax(q k^T / sqrt(hd), causal [and document] mask) v
 // lse[B, nh, Tq] = log-sum-exp of each softmax row (saved instead of the [Tq, Tk] probabilities,
 // as flash attention does; also what context parallelism needs to merge partial results).
 // A query row with no visible key gets out = 0 and lse = -inf.
@@ -105,38 +114,68 @@ struct AttentionShape {
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s);
 // dq[B, Tq, nh, hd] +=, dk[B, Tk, nkv, hd] +=, dv[B, Tk, nkv, hd] += (kv_batch_stride applies to
-// dk/dv too). Probabilities are recomputed from q, k and lse.
+// dk/dv too). Probabilities are recomputed from q, k and lse; a row with no visible key
+// contributes nothing.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s);
-// (query, key) pairs one call scores, per batch item and query head: query i sees keys
-// [0, min(Tk, q_start + i - k_start + 1)). Causal training with Tq = Tk = T gives T(T+1)/2, about
-// half of the T² square the MFU convention counts (core/model/flops.h).
-inline int64_t attention_visible_pairs(const AttentionShape& s) {
+// Combines attention over two disjoint sets of keys into attention over their union, in place:
+// out[B, Tq, nh, hd] and lse[B, nh, Tq] hold the result over one set, part_out / part_lse (same
+// shapes) the result over the other. Per row (b, i, h):
+//   lse' = log(exp(lse) + exp(part_lse)) = max + log1p(exp(min - max))
+//   out' = out * exp(lse - lse') + part_out * exp(part_lse - lse')
+// A side with lse = -inf (it saw no key) contributes nothing: the other side's row is kept or
+// copied bit for bit, and both -inf leaves out = 0, lse = -inf. Each row is computed alone, so
+// the result does not depend on the thread count.
+// Ring attention (context parallelism) calls it once per ring step, to fold in the block of keys
+// that step brought. Its backward needs no merge: attention_backward called on one key block with
+// the FINAL out and lse of each row returns exactly that block's share of dq, dk and dv. Per key,
+// dS = P * (dP - D) needs only the key's own score and value plus two per-row numbers, and both
+// are then the final ones: p = exp(s - lse_final) is the key's probability in the full softmax,
+// and D = rowsum(dout * out_final) is the same for every key of the row. So dk, dv of the block's
+// keys come out whole, and the blocks' dq add up to the full dq.
+template <class T>
+void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq,
+                     int64_t nh, int64_t hd);
+// Keys causally visible to query row i: [0, min(Tk, q_start + i - k_start + 1)).
+inline int64_t attention_causal_keys(const AttentionShape& s, int64_t i) {
+  const int64_t seen = s.q_start + i - s.k_start + 1;
+  return seen <= 0 ? 0 : (seen < s.Tk ? seen : s.Tk);
+}
+// Causal (query, key) pairs of ONE batch item and query head, documents ignored. Causal training
+// with Tq = Tk = T gives T(T+1)/2, about half of the T² square the MFU convention counts
+// (core/model/flops.h).
+inline int64_t attention_causal_pairs(const AttentionShape& s) {
   int64_t pairs = 0;
-  for (int64_t i = 0; i < s.Tq; ++i) {
-    const int64_t seen = s.q_start + i - s.k_start + 1;
-    pairs += seen <= 0 ? 0 : (seen < s.Tk ? seen : s.Tk);
-  }
+  for (int64_t i = 0; i < s.Tq; ++i) pairs += attention_causal_keys(s, i);
+  return pairs;
+}
+// (query, key) pairs one call scores per query head, summed over the batch: the causal pairs,
+// and with document ids only those whose ids agree (B · attention_causal_pairs without them).
+// Document ids cost a pass over the causal pairs: integer compares, far below the hd·nh
+// multiply-adds each pair costs the op itself.
+inline int64_t attention_visible_pairs(const AttentionShape& s) {
+  if (s.q_doc == nullptr || s.k_doc == nullptr) return s.B * attention_causal_pairs(s);
+  int64_t pairs = 0;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = 0; i < s.Tq; ++i) {
+      const int32_t doc = s.q_doc[b * s.Tq + i];
+      const int32_t* k_doc = s.k_doc + b * s.Tk;
+      for (int64_t j = 0, n = attention_causal_keys(s, i); j < n; ++j) pairs += k_doc[j] == doc;
+    }
   return pairs;
 }
 // Forward: scores q·k and the weighted sum p·v, 2 products of hd multiply-adds per pair: 4·hd.
 // Backward: the scores again (only the log-sum-exp was saved), dv += pᵀ·do, dp = do·vᵀ,
 // dq += ds·k and dk += dsᵀ·q: 5 products, 10·hd per pair (2.5x the forward, as in FlashAttention-2).
+// Without documents the product is formed as core/model/flops.cpp forms it (B·nh times the pairs
+// of one item), so the traced FLOPs and the model's count agree to the bit.
 inline double attention_forward_flops(const AttentionShape& s) {
-  return 4.0 * double(s.hd) * double(s.B * s.nh) * double(attention_visible_pairs(s));
+  if (s.q_doc == nullptr || s.k_doc == nullptr)
+    return 4.0 * double(s.hd) * double(s.B * s.nh) * double(attention_causal_pairs(s));
+  return 4.0 * double(s.hd) * double(s.nh) * double(attention_visible_pairs(s));
 }
 inline double attention_backward_flops(const AttentionShape& s) { return 2.5 * attention_forward_flops(s); }
-// Combines two attention results over disjoint sets of keys into the result over their union,
-// in place: out [B,Tq,nh,hd] and lse [B,nh,Tq] hold one (over some keys), part_out/part_lse the
-// other. Per row, lse' = log(e^lse + e^part_lse) and out' = out·e^(lse - lse') +
-// part_out·e^(part_lse - lse'). A side with lse = -inf (no visible key) adds nothing, and the
-// other side is kept bit for bit. Ring attention merges each block of keys it receives. Its
-// backward needs no merge: attention_backward called with a row's FINAL out and lse gives each
-// block of keys its exact share of dq, dk, dv, since the probabilities it recomputes,
-// e^(score - lse), are the final ones and the row term rowsum(dout·out) is the final row's.
-template <class T>
-void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq, int64_t nh, int64_t hd);
 
 // ---- SwiGLU: out = silu(gate) * up ----------------------------------------------------------
 // out[N], gate[N], up[N] (N = BT * I)

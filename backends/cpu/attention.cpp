@@ -6,12 +6,17 @@
 // stacked into one matrix of rows (query position, head), so each GEMM against that KV head's
 // keys/values is `group` times taller (fewer, larger Eigen products; K and V packed once).
 // Query positions are cut into blocks of kBlockRows; a block multiplies only against the keys
-// its last position can see, which skips the fully masked part of the causal square.
+// its last position can see, which skips the fully masked part of the causal square. With
+// document ids the block's key range also drops the keys before the first (and after the last)
+// key of any document its rows belong to: with packed documents, the earlier documents.
+// Inside the range, a key of another document gets score -inf, which exp_det turns into a
+// probability of exactly 0.
 //
 // Every product is an Eigen GEMM, run single-threaded inside our own OpenMP loop. A loop item
 // owns its outputs (forward: one block of one KV group; backward: one KV group, whose dk/dv all
 // its query heads accumulate into in a fixed order), so there are no races, and every result
 // is the same bit for bit whatever the thread count.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -42,7 +47,15 @@ void check_shape(const AttentionShape& s) {
   if (s.kv_batch_stride != 0 && s.kv_batch_stride < s.Tk * s.nkv * s.hd)
     throw InputError("attention: kv_batch_stride " + std::to_string(s.kv_batch_stride) +
                      " is smaller than Tk * nkv * hd");
+  if ((s.q_doc == nullptr) != (s.k_doc == nullptr))
+    throw InputError("attention: document ids need both q_doc and k_doc, or neither");
 }
+
+// Keys [lo, hi) of one KV view that a block of query rows scores.
+struct KeyRange {
+  int64_t lo = 0, hi = 0;
+  int64_t size() const { return hi - lo; }
+};
 
 // Shared geometry of one call.
 struct Layout {
@@ -57,9 +70,53 @@ struct Layout {
 
   bool worth_threads() const { return s.B * s.Tq * s.Tk * s.nh * s.hd >= kParallelWork; }
 
+  bool has_docs() const { return s.q_doc != nullptr; }
+
   // Keys visible to query row i: those with k_start + j <= q_start + i.
   int64_t visible_keys(int64_t i) const {
     return std::clamp<int64_t>(s.q_start + i - s.k_start + 1, 0, s.Tk);
+  }
+  // Keys of `range` row i can see causally, counted from range.lo.
+  int64_t row_keys(int64_t i, const KeyRange& range) const {
+    return std::clamp<int64_t>(visible_keys(i) - range.lo, 0, range.size());
+  }
+
+  // Keys the query rows i0 .. i0+rows-1 of batch b must score. Causally: [0, what the last row
+  // sees). With documents, trimmed at both ends to keys whose id is one of the rows' ids; any
+  // visible pair has such a key, so nothing visible is lost, and with packed documents (runs of
+  // one id) the cut-off prefix is every earlier document. Ids need not be sorted for this.
+  KeyRange block_keys(int64_t b, int64_t i0, int64_t rows) const {
+    KeyRange range{0, visible_keys(i0 + rows - 1)};
+    if (!has_docs()) return range;
+    int32_t ids[kBlockRows];  // the block's distinct ids: one or two for packed documents
+    int64_t n_ids = 0;
+    const int32_t* q_doc = s.q_doc + b * s.Tq + i0;
+    for (int64_t r = 0; r < rows; ++r)
+      if (std::find(ids, ids + n_ids, q_doc[r]) == ids + n_ids) ids[n_ids++] = q_doc[r];
+    const int32_t* k_doc = s.k_doc + b * s.Tk;
+    auto wanted = [&](int64_t j) { return std::find(ids, ids + n_ids, k_doc[j]) != ids + n_ids; };
+    while (range.lo < range.hi && !wanted(range.lo)) ++range.lo;
+    while (range.hi > range.lo && !wanted(range.hi - 1)) --range.hi;
+    return range;
+  }
+
+  // Sets the scores of keys range.lo .. range.lo+n-1 that are not in query row i's document to
+  // -inf and returns how many keys keep their score (n without documents).
+  template <class T>
+  int64_t mask_other_documents(T* scores, int64_t b, int64_t i, const KeyRange& range,
+                               int64_t n) const {
+    if (!has_docs()) return n;
+    const int32_t doc = s.q_doc[b * s.Tq + i];
+    const int32_t* k_doc = s.k_doc + b * s.Tk + range.lo;
+    int64_t kept = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (k_doc[j] == doc) {
+        ++kept;
+      } else {
+        scores[j] = -std::numeric_limits<T>::infinity();
+      }
+    }
+    return kept;
   }
   // First element of query heads g*group .. (g+1)*group-1 at row i of batch b; the group's
   // head vectors are contiguous there ([B, Tq, nh, hd] layout).
@@ -104,7 +161,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     const int64_t i0 = blk * kBlockRows;
     const int64_t rows = std::min(kBlockRows, s.Tq - i0);
     const int64_t stacked = rows * L.group;
-    const int64_t keys = L.visible_keys(i0 + rows - 1);  // the block's last row sees the most
+    const KeyRange range = L.block_keys(b, i0, rows);
+    const int64_t keys = range.size();
     if (keys == 0) {
       for (int64_t r = 0; r < rows; ++r) {
         std::fill_n(out + L.query_offset(b, i0 + r, g), L.group * s.hd, T(0));
@@ -119,15 +177,16 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     gather_rows(q_buf, q, L, b, g, i0, rows);
     cpu::ConstMatrixMap<T> Q(q_buf, stacked, s.hd);  // [rows*group, hd]
     cpu::MatrixMap<T> P(p_buf, stacked, keys);       // scores, then unnormalised probabilities
-    auto K = L.kv_view(k, b, g).topRows(keys);       // [keys, hd]
-    auto V = L.kv_view(v, b, g).topRows(keys);       // [keys, hd]
+    auto K = L.kv_view(k, b, g).middleRows(range.lo, keys);  // [keys, hd]
+    auto V = L.kv_view(v, b, g).middleRows(range.lo, keys);  // [keys, hd]
     P.noalias() = Q * K.transpose();
     for (int64_t row = 0; row < stacked; ++row) {
       const int64_t r = row / L.group, h = g * L.group + row % L.group;
       T* p = p_buf + row * keys;
       T& row_lse = lse[(b * s.nh + h) * s.Tq + i0 + r];
-      const int64_t n = std::min(keys, L.visible_keys(i0 + r));
-      if (n == 0) {  // no visible key: zero output row, lse = -inf
+      const int64_t n = L.row_keys(i0 + r, range);
+      // No visible key (causally or in the row's document): zero output row, lse = -inf.
+      if (L.mask_other_documents(p, b, i0 + r, range, n) == 0) {
         std::memset(p, 0, sizeof(T) * keys);
         inv_sum[row] = T(0);
         row_lse = neg_inf;
@@ -181,7 +240,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
       const int64_t i0 = blk * kBlockRows;
       const int64_t rows = std::min(kBlockRows, s.Tq - i0);
       const int64_t stacked = rows * L.group;
-      const int64_t keys = L.visible_keys(i0 + rows - 1);
+      const KeyRange range = L.block_keys(b, i0, rows);
+      const int64_t keys = range.size();
       if (keys == 0) continue;  // no visible key: no gradient flows
       gather_rows(q_buf, q, L, b, g, i0, rows);
       gather_rows(do_buf, dout, L, b, g, i0, rows);
@@ -196,24 +256,25 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
       cpu::ConstMatrixMap<T> dO(do_buf, stacked, s.hd);  // [rows*group, hd]
       cpu::MatrixMap<T> P(p_buf, stacked, keys);
       cpu::MatrixMap<T> dS(ds_buf, stacked, keys);
-      auto K = K_all.topRows(keys);
-      auto V = V_all.topRows(keys);
+      auto K = K_all.middleRows(range.lo, keys);
+      auto V = V_all.middleRows(range.lo, keys);
       P.noalias() = Q * K.transpose();
       dS.noalias() = dO * V.transpose();  // dP for now
       for (int64_t row = 0; row < stacked; ++row) {
         const int64_t r = row / L.group, h = g * L.group + row % L.group;
         T* p = p_buf + row * keys;
         T* d = ds_buf + row * keys;
-        const int64_t n = std::min(keys, L.visible_keys(i0 + r));
+        int64_t n = L.row_keys(i0 + r, range);
+        if (L.mask_other_documents(p, b, i0 + r, range, n) == 0) n = 0;  // lse is -inf: no share
         const T l = lse[(b * s.nh + h) * s.Tq + i0 + r];
         const T Dr = D[row];
-        cpu::exp_affine(p, p, n, scale, l);
+        cpu::exp_affine(p, p, n, scale, l);  // a masked key's -inf score gives p = 0, ds = 0
         for (int64_t j = 0; j < n; ++j) d[j] = p[j] * (d[j] - Dr) * scale;
         std::memset(p + n, 0, sizeof(T) * (keys - n));
         std::memset(d + n, 0, sizeof(T) * (keys - n));
       }
-      dV_all.topRows(keys).noalias() += P.transpose() * dO;
-      dK_all.topRows(keys).noalias() += dS.transpose() * Q;
+      dV_all.middleRows(range.lo, keys).noalias() += P.transpose() * dO;
+      dK_all.middleRows(range.lo, keys).noalias() += dS.transpose() * Q;
       cpu::MatrixMap<T> dQ(dq_buf, stacked, s.hd);
       dQ.noalias() = dS * K;
       const int64_t width = L.group * s.hd;
@@ -222,6 +283,48 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         const T* src = dq_buf + r * width;
         for (int64_t e = 0; e < width; ++e) dst[e] += src[e];
       }
+    }
+  });
+}
+
+namespace {
+
+// Folds the partial result (part[hd], part_lse) of one (batch, position, head) row into
+// (o[hd], o_lse); the formulas and the -inf cases are those of attention_merge in core/ops.h.
+template <class T>
+void merge_row(T* o, T& o_lse, const T* part, T part_lse, int64_t hd) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  if (part_lse == neg_inf) return;  // the part saw no key: the row stays as it is
+  if (o_lse == neg_inf) {           // only the part saw keys: its row, bit for bit
+    std::memcpy(o, part, sizeof(T) * hd);
+    o_lse = part_lse;
+    return;
+  }
+  const T hi = std::max(o_lse, part_lse), lo = std::min(o_lse, part_lse);
+  const T merged = hi + std::log1p(std::exp(lo - hi));  // exp never overflows: lo - hi <= 0
+  const T a = std::exp(o_lse - merged), c = std::exp(part_lse - merged);
+  for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * a + part[d] * c;
+  o_lse = merged;
+}
+
+}  // namespace
+
+template <class T>
+void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq,
+                     int64_t nh, int64_t hd) {
+  if (B < 0 || Tq < 0 || nh < 1 || hd < 1)
+    throw InputError("attention_merge: sizes must be non-negative and heads/head_dim positive");
+  // Row (b, i, h) = index (b * Tq + i) * nh + h: its hd outputs are contiguous in out, its lse
+  // sits at (b * nh + h) * Tq + i. Each row is merged by one thread, alone.
+  const int64_t rows = B * Tq * nh;
+  const int64_t per_chunk = std::max<int64_t>(1, cpu::kElementChunk / hd);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+  cpu::parallel_for(chunks, chunks > 1, [&](int64_t c) {
+    const int64_t end = std::min(rows, (c + 1) * per_chunk);
+    for (int64_t row = c * per_chunk; row < end; ++row) {
+      const int64_t h = row % nh, i = (row / nh) % Tq, b = row / (nh * Tq);
+      const int64_t l = (b * nh + h) * Tq + i;
+      merge_row(out + row * hd, lse[l], part_out + row * hd, part_lse[l], hd);
     }
   });
 }
@@ -236,5 +339,9 @@ template void attention_backward<float>(float*, float*, float*, const float*, co
 template void attention_backward<double>(double*, double*, double*, const double*, const double*,
                                          const double*, const double*, const double*, const double*,
                                          const AttentionShape&);
+template void attention_merge<float>(float*, float*, const float*, const float*, int64_t, int64_t,
+                                     int64_t, int64_t);
+template void attention_merge<double>(double*, double*, const double*, const double*, int64_t,
+                                      int64_t, int64_t, int64_t);
 
 }  // namespace llama4d::ops

@@ -284,7 +284,7 @@ TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=2 --micro-batch-size -2"), "--micro-batch-size");
   expect_bad_input(run("verify --mesh dp=2 --zero 1 --keep-params"), "--keep-params");
   // Dimensions this build cannot train yet are refused by name, never dropped silently.
-  expect_bad_input(run("train --preset tiny --mesh cp=2,dp=2 --out " + tmp("cp")), "context parallelism");
+  expect_bad_input(run("train --preset tiny --mesh cp=2,tp=2 --out " + tmp("cp")), "context parallelism together with tensor parallelism");
   expect_bad_input(run("verify --mesh pp=3"), "every stage needs at least one layer");  // tiny has 2 layers
   expect_bad_input(run("verify --mesh pp=2 --pp-layers 1,2"), "adds up to 3 layers");
   expect_bad_input(run("train --preset tiny --mesh pp=2 --schedule pipedream --out " + tmp("pp_bad")), "pipedream");

@@ -115,7 +115,7 @@ TEST(Config, PresetShapes) {
   EXPECT_EQ(small.num_key_value_heads, 2);
   EXPECT_EQ(small.intermediate_size, 768);
   EXPECT_EQ(small.vocab_size, 264);
-  EXPECT_EQ(small.max_position_embeddings, 1024);
+  EXPECT_EQ(small.max_position_embeddings, 4096);
   EXPECT_FALSE(small.tie_word_embeddings);
   EXPECT_EQ(small.bos_token_id, 256);
   EXPECT_EQ(small.eos_token_id, 257);
