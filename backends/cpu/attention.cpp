@@ -148,7 +148,7 @@ template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                        const AttentionShape& s) {
   check_shape(s);
-  report_flops(attention_forward_flops(s));
+  if (thread_flop_sink()) report_flops(attention_forward_flops(s));  // with documents, counting costs O(B Tq Tk)
   const Layout L(s);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -217,7 +217,7 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s) {
   check_shape(s);
-  report_flops(attention_backward_flops(s));
+  if (thread_flop_sink()) report_flops(attention_backward_flops(s));
   const Layout L(s);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
   // One item = (batch, KV head): it alone writes that head's dk/dv and its query heads' dq,

@@ -184,6 +184,7 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, kvd = d.nkv * d.hd, I = d.I, rows = d.rows();
   const int64_t mine = d.row0() * C;  // this rank's rows in a [B,T,C] buffer
   BlockComm<T>& comm = comm_or_none(comm_ptr);
+  if (cache && d.cp > 1) throw Error("block: a KV cache runs without context parallelism");
   // [B,T,C] for the row-parallel outputs when the residual stream holds fewer rows.
   Buffer<T> partial;
   if (d.sp > 1) partial = Buffer<T>(a.h.memory(), MemoryCategory::scratch, BT * C, "row-parallel output (all rows)");
@@ -196,8 +197,6 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   ops::matmul_forward(a.v.data(), a.n1.data(), w.wv, BT, C, kvd);
   rope_at_positions(a.q.data(), d.nh, d, rope, pos_start, false);
   rope_at_positions(a.k.data(), d.nkv, d, rope, pos_start, false);
-
-  if (cache && d.cp > 1) throw Error("block: a KV cache runs without context parallelism");
   ops::AttentionShape s = attention_shape<T>(d, pos_start);
   const T* keys = a.k.data();
   const T* values = a.v.data();

@@ -197,7 +197,6 @@ class Llama {
   // Context parallelism: forward and backward then take rank `rank`'s two chunks of each sequence
   // of cp·T_ tokens (BlockDims::cp), T_ tokens per row; the BlockComm computes attention.
   void set_context_split(int cp, int rank);
-  int context_parallel() const { return cp_; }
   UnitHooks* hooks() const { return hooks_; }
 
  private:

@@ -24,6 +24,8 @@
 //      forward:  all-gather of 2n per rank (K and V together): (cp-1)·2n received per rank
 //      backward: the same all-gather again, and a reduce-scatter of 2n per rank
 //    Activation checkpointing's recompute repeats the forward all-gather.
+//    Scratch at the peak: the whole sequence's K and V twice (as gathered, then in sequence
+//    order), and in backward K, V and dK, dV: 4·cp·n elements, O(S) per rank whatever cp is.
 //
 //    Each query row is computed as on one device: the same keys, at the same positions, in the
 //    same order, by the same op (core/ops.h attention_forward). The rows of one call are cut into
@@ -47,7 +49,7 @@
 //      forward:  cp-1 sends of K and V, 2n each time: (cp-1)·2n
 //      backward: cp-1 sends of K, V, dK, dV (4n), then the last pass of dK, dV home (2n)
 //    Memory: two blocks of K and V (the one in use and the one arriving) instead of the whole
-//    sequence's, and one accumulator in backward. Ring attention moves more bytes than the
+//    sequence's, each with its dK, dV accumulator in backward: 8n elements at the peak, O(S/cp). Ring attention moves more bytes than the
 //    all-gather (the gradients travel cp times instead of being reduce-scattered) but its steps
 //    can overlap compute with the next block's transfer; here they run one after the other.
 #include "core/parallel/context_parallel.h"
@@ -130,13 +132,14 @@ template <class T>
 Buffer<T> gather_key_values(ProcessGroup& cp, const T* k, const T* v, const BlockDims& d, const char* label) {
   const int64_t row = d.nkv * d.hd, n = d.BT() * row, whole = n * d.cp;
   MemoryTracker* memory = &cp.memory();
-  Buffer<T> mine(memory, MemoryCategory::scratch, 2 * n, "context parallelism: own keys and values");
-  ops::copy(mine.data(), k, n);
-  ops::copy(mine.data() + n, v, n);
+  // In place: this rank's K and V go straight into their slot of the gathered buffer.
   Buffer<T> gathered(memory, MemoryCategory::scratch, 2 * whole, "context parallelism: gathered keys and values");
+  T* mine = gathered.data() + cp.rank() * 2 * n;
+  ops::copy(mine, k, n);
+  ops::copy(mine + n, v, n);
   AllGatherOptions o;
   o.label = label;
-  cp.all_gather(gathered.data(), mine.data(), 2 * n, dtype_of<T>(), o)->wait();
+  cp.all_gather(gathered.data(), mine, 2 * n, dtype_of<T>(), o)->wait();
   Buffer<T> kv(memory, MemoryCategory::scratch, 2 * whole, "context parallelism: whole-sequence keys and values");
   relayout(kv.data(), gathered.data(), d, true);
   return kv;
@@ -164,7 +167,7 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
   if (algo_ == ContextAlgo::ring) return ring_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d);
   const int64_t c = d.cp_chunk(), S = d.T * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
   const int64_t whole = d.B * S * kvrow, n = d.BT() * kvrow;
-  const Buffer<T> kv = gather_key_values(cp_, k, v, d, "context parallelism: all-gather keys and values (backward)");
+  Buffer<T> kv = gather_key_values(cp_, k, v, d, "context parallelism: all-gather keys and values (backward)");
   MemoryTracker* memory = &cp_.memory();
   // dK, dV of the whole sequence from this rank's queries: [2][B][S][nkv][hd].
   Buffer<T> dkv(memory, MemoryCategory::scratch, 2 * whole, "context parallelism: whole-sequence key/value gradients");
@@ -176,16 +179,16 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
                               q + at, kv.data() + b * S * kvrow, kv.data() + whole + b * S * kvrow, out + at,
                               lse + (b * 2 + part) * d.nh * c, part_shape(d, part));
     }
-  // Back to the ranks' layout, [cp][K or V][B][T][row], and summed over the ranks: each rank
-  // keeps its own tokens' [K or V][B][T][row].
-  Buffer<T> scattered(memory, MemoryCategory::scratch, 2 * whole, "context parallelism: key/value gradients by rank");
-  relayout(dkv.data(), scattered.data(), d, false);
-  Buffer<T> mine(memory, MemoryCategory::scratch, 2 * n, "context parallelism: own key/value gradients");
+  // Back to the ranks' layout, [cp][K or V][B][T][row], in K and V's buffer (read no more), and
+  // summed over the ranks in place: each rank keeps its own tokens' [K or V][B][T][row].
+  T* scattered = kv.data();
+  relayout(dkv.data(), scattered, d, false);
+  T* mine = scattered + cp_.rank() * 2 * n;
   ReduceScatterOptions o;
   o.label = "context parallelism: reduce-scatter key/value gradients";
-  cp_.reduce_scatter(mine.data(), scattered.data(), 2 * n, dtype_of<T>(), ReduceOp::sum, o)->wait();
-  ops::add_forward(dk, dk, mine.data(), n);
-  ops::add_forward(dv, dv, mine.data() + n, n);
+  cp_.reduce_scatter(mine, scattered, 2 * n, dtype_of<T>(), ReduceOp::sum, o)->wait();
+  ops::add_forward(dk, dk, mine, n);
+  ops::add_forward(dv, dv, mine + n, n);
 }
 
 // ---- Ring attention ---------------------------------------------------------------------------
@@ -203,12 +206,28 @@ ChunkPair chunk_pair(const BlockDims& d, int64_t src, int64_t qp, int64_t kp) {
   return {gk > gq, {.B = 1, .Tq = c, .Tk = c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = gq * c, .k_start = gk * c}};
 }
 
+// Calls fn(q_at, kv_at, lse_at, shape) for every (row, query part, key part) of this rank's
+// queries against the block of rank `src` that is not wholly in the future: the offsets of the
+// queries (and outputs) in [B,T,nh,hd], of the keys (and values) in [B,T,nkv,hd], and of the
+// rows' log-sum-exps in this file's [B][2][nh][c] layout.
+template <class Fn>
+void for_each_visible_pair(const BlockDims& d, int64_t src, Fn&& fn) {
+  const int64_t c = d.cp_chunk(), qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t qp = 0; qp < 2; ++qp)
+      for (int64_t kp = 0; kp < 2; ++kp) {
+        const ChunkPair pair = chunk_pair(d, src, qp, kp);
+        if (!pair.skip)
+          fn((b * d.T + qp * c) * qrow, (b * d.T + kp * c) * kvrow, (b * 2 + qp) * d.nh * c, pair.shape);
+      }
+}
+
 }  // namespace
 
-// Step s: pass `block` (elements) to rank r+1 and receive the next into `next` from rank r-1.
+// One hop: `block` (elements) goes to rank r+1 and the next arrives into `next` from rank r-1.
 // Sends complete once buffered, so every rank sends first and then receives.
 template <class T>
-void ContextParallelComm<T>::pass_on(Buffer<T>& block, Buffer<T>& next, int64_t elements, int step, const char* label) {
+void ContextParallelComm<T>::pass_on(const T* block, T* next, int64_t elements, int step, const char* label) {
   const int P = cp_.size(), r = cp_.rank();
   SendOptions so;
   so.tag = step;
@@ -216,9 +235,8 @@ void ContextParallelComm<T>::pass_on(Buffer<T>& block, Buffer<T>& next, int64_t 
   RecvOptions ro;
   ro.tag = step;
   ro.label = label;
-  cp_.send(block.data(), elements, dtype_of<T>(), (r + 1) % P, so)->wait();
-  cp_.recv(next.data(), elements, dtype_of<T>(), (r + P - 1) % P, ro)->wait();
-  std::swap(block, next);
+  cp_.send(block, elements, dtype_of<T>(), (r + 1) % P, so)->wait();
+  cp_.recv(next, elements, dtype_of<T>(), (r + P - 1) % P, ro)->wait();
 }
 
 template <class T>
@@ -236,25 +254,22 @@ void ContextParallelComm<T>::ring_attention(T* out, T* lse, const T* q, const T*
   ops::fill(out, T(0), d.BT() * qrow);
   ops::fill(lse, -std::numeric_limits<T>::infinity(), d.BT() * d.nh);
   for (int s = 0; s < d.cp; ++s) {
-    const int64_t src = (d.cp_rank - s + d.cp) % d.cp;
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t qp = 0; qp < 2; ++qp)
-        for (int64_t kp = 0; kp < 2; ++kp) {
-          const ChunkPair pair = chunk_pair(d, src, qp, kp);
-          if (pair.skip) continue;
-          const int64_t at = (b * d.T + qp * c) * qrow, kv_at = (b * d.T + kp * c) * kvrow;
-          ops::attention_forward(part_out.data(), part_lse.data(), q + at, block.data() + kv_at, block.data() + n + kv_at,
-                                 pair.shape);
-          ops::attention_merge(out + at, lse + (b * 2 + qp) * d.nh * c, part_out.data(), part_lse.data(), 1, c, d.nh, d.hd);
-        }
-    if (s + 1 < d.cp) pass_on(block, next, 2 * n, s, "context parallelism: ring keys and values");
+    const T* kv = block.data();
+    for_each_visible_pair(d, (d.cp_rank - s + d.cp) % d.cp,
+                          [&](int64_t at, int64_t kv_at, int64_t lse_at, const ops::AttentionShape& shape) {
+                            ops::attention_forward(part_out.data(), part_lse.data(), q + at, kv + kv_at, kv + n + kv_at, shape);
+                            ops::attention_merge(out + at, lse + lse_at, part_out.data(), part_lse.data(), 1, c, d.nh, d.hd);
+                          });
+    if (s + 1 == d.cp) break;
+    pass_on(block.data(), next.data(), 2 * n, s, "context parallelism: ring keys and values");
+    std::swap(block, next);
   }
 }
 
 template <class T>
 void ContextParallelComm<T>::ring_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                                      const T* v, const T* out, const T* lse, const BlockDims& d) {
-  const int64_t c = d.cp_chunk(), qrow = d.nh * d.hd, kvrow = d.nkv * d.hd, n = d.BT() * kvrow;
+  const int64_t n = d.BT() * d.nkv * d.hd;
   MemoryTracker* memory = &cp_.memory();
   // [K, V, dK, dV][B][T][nkv][hd]: the block in hand and its gradient accumulator travel together.
   Buffer<T> block(memory, MemoryCategory::scratch, 4 * n, "ring attention: keys, values and their gradients in hand");
@@ -263,33 +278,21 @@ void ContextParallelComm<T>::ring_attention_backward(T* dq, T* dk, T* dv, const 
   ops::copy(block.data() + n, v, n);
   ops::fill(block.data() + 2 * n, T(0), 2 * n);
   for (int s = 0; s < d.cp; ++s) {
-    const int64_t src = (d.cp_rank - s + d.cp) % d.cp;
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t qp = 0; qp < 2; ++qp)
-        for (int64_t kp = 0; kp < 2; ++kp) {
-          const ChunkPair pair = chunk_pair(d, src, qp, kp);
-          if (pair.skip) continue;
-          const int64_t at = (b * d.T + qp * c) * qrow, kv_at = (b * d.T + kp * c) * kvrow;
-          T* kv = block.data();
-          ops::attention_backward(dq + at, kv + 2 * n + kv_at, kv + 3 * n + kv_at, dout + at, q + at, kv + kv_at,
-                                  kv + n + kv_at, out + at, lse + (b * 2 + qp) * d.nh * c, pair.shape);
-        }
-    if (s + 1 < d.cp) pass_on(block, next, 4 * n, s, "context parallelism: ring keys, values and gradients");
+    T* kv = block.data();
+    for_each_visible_pair(d, (d.cp_rank - s + d.cp) % d.cp,
+                          [&](int64_t at, int64_t kv_at, int64_t lse_at, const ops::AttentionShape& shape) {
+                            ops::attention_backward(dq + at, kv + 2 * n + kv_at, kv + 3 * n + kv_at, dout + at, q + at,
+                                                    kv + kv_at, kv + n + kv_at, out + at, lse + lse_at, shape);
+                          });
+    if (s + 1 == d.cp) break;
+    pass_on(block.data(), next.data(), 4 * n, s, "context parallelism: ring keys, values and gradients");
+    std::swap(block, next);
   }
-  // The accumulator in hand belongs to rank r+1 (it started there cp-1 passes ago): one more
-  // pass of the gradients alone brings every accumulator home.
-  if (d.cp > 1) {
-    Buffer<T> in_hand(memory, MemoryCategory::scratch, 2 * n, "ring attention: key/value gradients going home");
-    Buffer<T> arriving(memory, MemoryCategory::scratch, 2 * n, "ring attention: own key/value gradients");
-    ops::copy(in_hand.data(), block.data() + 2 * n, 2 * n);
-    pass_on(in_hand, arriving, 2 * n, d.cp, "context parallelism: ring key/value gradients home");
-    // in_hand is now this rank's own accumulator.
-    ops::add_forward(dk, dk, in_hand.data(), n);
-    ops::add_forward(dv, dv, in_hand.data() + n, n);
-  } else {
-    ops::add_forward(dk, dk, block.data() + 2 * n, n);
-    ops::add_forward(dv, dv, block.data() + 3 * n, n);
-  }
+  // The accumulator in hand belongs to rank r+1 (it started there cp-1 hops ago): one more hop
+  // of the gradients alone brings every accumulator home (cp > 1 always here).
+  pass_on(block.data() + 2 * n, next.data() + 2 * n, 2 * n, d.cp, "context parallelism: ring key/value gradients home");
+  ops::add_forward(dk, dk, next.data() + 2 * n, n);
+  ops::add_forward(dv, dv, next.data() + 3 * n, n);
 }
 
 template class ContextParallelComm<float>;

@@ -73,7 +73,8 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   // "rank 3 of 'dp' (world rank 3)").
   rows_group_ = plan_.dp() == world.size() ? &world : &mesh_->group(data_dims);
   // Context parallelism: the cp ranks of a data rank hold the same weights and see different
-  // tokens, so gradients are summed (and ZeRO shards) over cp x dp.
+  // tokens of the same rows, so gradients are summed (and ZeRO shards) over cp x dp, as
+  // torchtitan folds cp into FSDP's mesh.
   const int cp = plan_.size("cp");
   if (cp > 1) data_dims.insert(data_dims.begin(), "cp");
   groups.data = cp > 1 ? (plan_.dp() * cp == world.size() ? &world : &mesh_->group(data_dims)) : rows_group_;

@@ -121,12 +121,6 @@ std::vector<std::string> ParallelPlan::data_dims() const {
   return dims;
 }
 
-std::vector<std::string> ParallelPlan::gradient_dims() const {
-  std::vector<std::string> dims = data_dims();
-  if (size("cp") > 1) dims.insert(dims.begin(), "cp");
-  return dims;
-}
-
 void ParallelPlan::check_sequence(int64_t seq_len) const {
   const int cp = size("cp");
   if (cp > 1 && seq_len % (2 * cp) != 0)

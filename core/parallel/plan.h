@@ -20,7 +20,7 @@
 #include "core/model/checkpointing.h"
 #include "core/model/config.h"
 #include "core/model/tp_layout.h"
-#include "core/parallel/context_parallel.h"
+#include "core/parallel/context_algo.h"
 #include "core/parallel/data_parallel.h"
 #include "core/parallel/pipeline_layout.h"
 #include "core/parallel/pipeline_schedule.h"
@@ -81,10 +81,6 @@ struct ParallelPlan {
   // The data-parallel dims the mesh names ({"dp"} or {"dp_shard", "dp_replicate"}); empty when
   // it names none (a pure tensor-parallel mesh has one data-parallel rank).
   std::vector<std::string> data_dims() const;
-  // The dims whose ranks hold the same weights and sum their gradients: cp (when > 1), then
-  // the data-parallel dims. Context-parallel ranks see different tokens of the same rows, so
-  // their gradients add up like data-parallel ones (as torchtitan folds cp into FSDP's mesh).
-  std::vector<std::string> gradient_dims() const;
   // InputError when sequences of seq_len tokens cannot be cut into 2·cp chunks.
   void check_sequence(int64_t seq_len) const;
 

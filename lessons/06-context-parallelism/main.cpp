@@ -54,9 +54,6 @@ int64_t sent_with_prefix(const std::vector<TrafficRecord>& records, size_t from,
   return n;
 }
 
-// A build without ring attention yet says so when the algorithm is constructed; the lesson then
-// shows all-gather alone and says which numbers it could not measure.
-
 // ---- One attention call per rank, alone: FLOPs, bytes and scratch of one layer and micro-batch --
 
 struct FlopCount final : ops::FlopSink {
@@ -197,7 +194,8 @@ StepRun train_one_step(const LlamaConfig& cfg, const ParallelPlan& plan, const T
 //   all-gather, backward          (cp-1) 2n + (cp-1) 2n sent     (the all-gather again, dK dV reduce-scattered)
 //   ring, forward                 (cp-1) 2n sent                 (K, V one hop per step, cp-1 steps)
 //   ring, backward                (cp-1) 4n + 2n sent            (K, V and dK, dV around, dK dV one hop home)
-//   all-gather scratch, backward  2n (3cp + 1) elements          (whole-sequence K V, dK dV, dK dV by rank, own dK dV)
+//   all-gather scratch, backward  4 cp n elements               (whole-sequence K V and dK dV; reduce-scattered in place)
+//   ring scratch, backward        8n elements                    (two blocks of K V with their dK dV)
 int64_t balanced_pairs(int64_t c, int cp) { return (2 * cp - 1) * c * c + c * (c + 1); }
 int64_t contiguous_pairs(int64_t T, int r) { return r * T * T + T * (T + 1) / 2; }
 
@@ -436,14 +434,14 @@ int run(LessonOptions o, const CpArgs& a) {
             " bytes. All-gather holds them, their gradients and a copy in the ranks' order at once: O(S) per rank.\n"
             "Ring holds a block or two of S/cp tokens at a time: O(S/cp).\n");
     std::vector<int64_t> e1(size_t(cp), (cp - 1) * 2 * n * 4), e2(size_t(cp), (cp - 1) * 4 * n * 4),
-        e3(size_t(cp), 2 * n * (3 * cp + 1) * 4);
+        e3(size_t(cp), 4 * cp * n * 4);
     sheet.exact("R1", "All-gather, one layer and micro-batch: forward bytes sent per rank?", "(cp-1) 2n x 4 bytes",
                 double(e1[0]), e1, ag.fwd_sent);
     sheet.exact("R2", "And the backward (all-gather again + reduce-scatter of dK, dV)?", "(cp-1) 4n x 4 bytes",
                 double(e2[0]), e2, ag.bwd_sent);
     sheet.exact("R3", "All-gather's backward: peak scratch per rank?",
-                "2n (3cp + 1) x 4 bytes: the whole sequence's K and V (2 cp n), their gradients (2 cp n), the same "
-                "gradients in the ranks' order for the reduce-scatter (2 cp n) and this rank's summed share (2n)",
+                "4 cp n x 4 bytes: the whole sequence's K and V (2 cp n) and their gradients (2 cp n); the gradients "
+                "go into K and V's buffer in the ranks' order and are reduce-scattered in place",
                 double(e3[0]), e3, ag.bwd_scratch);
     std::vector<int64_t> r1(size_t(cp), (cp - 1) * 2 * n * 4), r2(size_t(cp), ((cp - 1) * 4 * n + 2 * n) * 4);
     sheet.exact("R4", "Ring, one layer and micro-batch: forward bytes sent per rank?",
@@ -451,10 +449,11 @@ int run(LessonOptions o, const CpArgs& a) {
     sheet.exact("R5", "Ring backward?",
                 "((cp-1) 4n + 2n) x 4 bytes: K, V around again, dK, dV travelling with them, and one last hop home",
                 double(r2[0]), r2, ring.bwd_sent);
-    std::vector<int64_t> zero(size_t(cp), 0), upper;
-    for (int64_t x : ag.bwd_scratch) upper.push_back(x - 1);
-    sheet.range("R6", "Is ring's backward scratch peak below all-gather's?",
-                "yes: a block of S/cp tokens at a time instead of the whole sequence", zero, upper, ring.bwd_scratch);
+    std::vector<int64_t> r6(size_t(cp), 8 * n * 4);
+    sheet.exact("R6", "Ring's backward: peak scratch per rank?",
+                "8n x 4 bytes: two blocks of K and V (in hand, arriving), each with its dK, dV accumulator; against "
+                "all-gather's 4 cp n the same at cp = 2, cp/2 times less beyond",
+                double(r6[0]), r6, ring.bwd_scratch);
     const nlohmann::json rj = {{"forward_sent", ring.fwd_sent}, {"backward_sent", ring.bwd_sent},
                                {"forward_scratch", ring.fwd_scratch}, {"backward_scratch", ring.bwd_scratch}};
     say.say("\nOverlap: a real implementation posts the next transfer before computing on the block it has (ring) or "

@@ -67,8 +67,10 @@ def main():
     call = j["allgather_call"]
     if call["forward_sent"] != [(cp - 1) * 2 * n * 4] * cp or call["backward_sent"] != [(cp - 1) * 4 * n * 4] * cp:
         bad.append("one all-gather call's bytes differ from (cp-1) 2n and (cp-1) 4n")
-    if call["backward_scratch"] != [2 * n * (3 * cp + 1) * 4] * cp:
-        bad.append(f"all-gather backward scratch {call['backward_scratch']} != 2n (3cp+1) x 4")
+    if call["backward_scratch"] != [4 * cp * n * 4] * cp:
+        bad.append(f"all-gather backward scratch {call['backward_scratch']} != 4 cp n x 4")
+    if j["ring"]["backward_scratch"] != [8 * n * 4] * cp:
+        bad.append(f"ring backward scratch {j['ring']['backward_scratch']} != 8n x 4")
     if j["gqa"]["sent_without_gqa"] != [x * nh // nkv for x in call["forward_sent"]]:
         bad.append("without GQA the all-gather should send nh/nkv times the bytes")
 
