@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The MPI backend gives the same bits as the virtual backend: the same plan, run as 4 OS
 # processes under mpirun and as 4 threads, must both pass verify (bitwise equal to one device for
-# data and pipeline parallelism with ordered reductions; within the measured bounds for ring reductions and
-# tensor parallelism), and report identical losses and identical per-tensor errors.
+# data and pipeline parallelism with ordered reductions; within the measured bounds for ring reductions,
+# tensor and context parallelism), and report identical losses and identical per-tensor errors.
 #   mpi_vs_virtual.sh <llama4d binary> [case,case,...]   (default: every case)
 set -euo pipefail
 bin=$1
