@@ -23,7 +23,7 @@ struct EvalArgs {
   int64_t seq_len = 256, batch_size = 8, max_windows = 0;
   uint64_t seed = 1337;
   int threads = 0;
-  bool json = false, force = false;
+  bool doc_mask = false, json = false, force = false;
 };
 
 template <class T>
@@ -32,8 +32,7 @@ nlohmann::json run_eval(const EvalArgs& a) {
   check_fits_in_memory(cfg, sizeof(T), a.force, "evaluating");
   if (a.seq_len < 1) throw InputError("--seq-len must be >= 1");
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
-  const std::string text = load_text(path);
-  const std::vector<int32_t> tokens = ByteTokenizer{}.encode(text);
+  const std::vector<int32_t> tokens = pack_documents(load_documents(path));
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
 
   Llama<T> model(cfg);
@@ -42,7 +41,7 @@ nlohmann::json run_eval(const EvalArgs& a) {
   else
     model.init_weights(a.seed);
 
-  const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows);
+  const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows, a.doc_mask);
   const UnigramEntropy unigram = unigram_entropy(TokenSpan(tokens));
   progress("eval: %s: %lld tokens predicted, loss %.4f nats (%.4f bits/byte), perplexity %.3f; unigram entropy %.4f nats\n",
            path.c_str(), (long long)loss.tokens, loss.mean(), loss.mean() / std::log(2.0), std::exp(loss.mean()),
@@ -53,7 +52,8 @@ nlohmann::json run_eval(const EvalArgs& a) {
           {"perplexity", std::exp(loss.mean())},
           {"unigram_entropy_nats", unigram.nats},
           {"data", path},
-          {"seq_len", a.seq_len}};
+          {"seq_len", a.seq_len},
+          {"doc_mask", a.doc_mask}};
 }
 
 }  // namespace
@@ -62,9 +62,10 @@ void add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "mean next-token cross-entropy over a text file");
   a->model.add_options(*cmd, "small", true);
-  cmd->add_option("--data", a->data, "UTF-8 text file (default: shipped corpus)");
+  cmd->add_option("--data", a->data, "UTF-8 text file or directory of .txt documents (default: shipped corpus)");
   cmd->add_option("--seq-len", a->seq_len, "window length")->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
+  cmd->add_flag("--doc-mask", a->doc_mask, "mask attention between the documents in a window (as the model was trained)");
   cmd->add_option("--max-windows", a->max_windows, "evaluate at most N windows (0: all)")->capture_default_str();
   cmd->add_option("--seed", a->seed, "initial weights when no --checkpoint is given")->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");

@@ -353,6 +353,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--micro-batch-size", a->opt.micro_batch_size, "sequences per forward/backward (0: all of a rank's)")
       ->capture_default_str();
   cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
+  cmd->add_flag("--doc-mask", a->opt.doc_mask, "mask attention between the documents packed into a sequence (cut at <|end_of_text|>), as Llama 3 trains");
   cmd->add_option("--lr", a->opt.lr, "peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", a->opt.min_lr, "final learning rate of the cosine decay")->capture_default_str();
   cmd->add_option("--warmup-steps", a->opt.warmup_steps, "linear warm-up steps")->capture_default_str();

@@ -8,6 +8,7 @@
 #include "cli/common.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
+#include "core/data/batch_sampler.h"
 #include "core/data/dataset.h"
 #include "core/error.h"
 #include "core/verify/equivalence.h"
@@ -27,8 +28,25 @@ struct VerifyArgs {
   int micro_batches = 0;
 };
 
+// Document boundaries the mask cut in the batches a run trained on: <|end_of_text|> tokens with a
+// later token in their row. Zero means the mask never changed attention.
+int64_t document_boundaries(const TextDataset& data, const TrainOptions& opt) {
+  int64_t n = 0;
+  for (int64_t s = 0; s < opt.steps; ++s) {
+    const Batch b = sample_batch(data.train(), opt.seq_len, opt.seed, s, opt.batch_size);
+    for (int64_t r = 0; r < b.B; ++r)
+      n += std::count(b.tokens.begin() + r * b.T, b.tokens.begin() + (r + 1) * b.T - 1, kEndOfTextToken);
+  }
+  return n;
+}
+
+struct Verified {
+  EquivalenceReport report;
+  int64_t boundaries = -1;  // document boundaries in the batches, with --doc-mask
+};
+
 template <class T>
-EquivalenceReport run_verify(const VerifyArgs& a, RankLaunch& launcher) {
+Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   EquivalenceOptions o;
   o.model = a.model.resolve();
   o.plan = a.parallel.plan(o.model, a.launch.algo);
@@ -46,9 +64,12 @@ EquivalenceReport run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   apply_micro_batches(a.micro_batches, o.train, o.plan, o.model);
   check_fits_in_memory(o.model, 4.0 * sizeof(T) * 2, false, "verifying");
   const TextDataset data = load_dataset(a.data.empty() ? default_corpus_path() : a.data, o.train.seq_len);
-  return verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
+  Verified v;
+  v.report = verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
     launcher.run(o.plan.world_size(), fn);
   });
+  if (o.train.doc_mask) v.boundaries = document_boundaries(data, o.train);
+  return v;
 }
 
 }  // namespace
@@ -70,6 +91,7 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("--micro-batch-size", a->opt.micro_batch_size, "sequences per forward on each rank (0: all; -1: half a rank's rows)")
       ->capture_default_str();
   cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
+  cmd->add_flag("--doc-mask", a->opt.doc_mask, "mask attention between the documents packed into a sequence (cut at <|end_of_text|>), as Llama 3 trains");
   cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
   cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--data", a->data, "text to draw batches from (default: shipped corpus)");
@@ -78,14 +100,19 @@ void add_verify_command(CLI::App& app) {
   cmd->callback([a] {
     set_threads(a->threads);
     RankLaunch launcher(a->launch);
-    const EquivalenceReport r = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
+    const Verified v = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
+    const EquivalenceReport& r = v.report;
     if (!launcher.reporting()) return;
     if (a->json) {
       nlohmann::json j = r.to_json();
       j["traffic"] = launcher.traffic_totals();
+      j["doc_mask"] = a->opt.doc_mask;
+      if (v.boundaries >= 0) j["document_boundaries"] = v.boundaries;
       print_json(j);
     } else {
       std::fputs(r.table().c_str(), stdout);
+      if (v.boundaries >= 0)
+        std::printf("document mask: %lld document boundaries inside the rows of the batches\n", (long long)v.boundaries);
     }
     if (!r.ok) throw VerificationFailed(r.strategy + ": worst relative error " + std::to_string(r.max_rel_err) + " in " + r.worst_tensor);
   });

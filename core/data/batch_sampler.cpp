@@ -29,6 +29,18 @@ int64_t Batch::counted_targets() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
 
+void mark_documents(Batch& b) {
+  b.docs.resize(b.tokens.size());
+  for (int64_t r = 0; r < b.B; ++r) {
+    int32_t doc = 0;
+    for (int64_t t = 0; t < b.T; ++t) {
+      const size_t i = size_t(r * b.T + t);
+      b.docs[i] = doc;
+      doc += b.tokens[i] == kEndOfTextToken;
+    }
+  }
+}
+
 uint64_t splitmix64(uint64_t x) {
   uint64_t z = x + 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

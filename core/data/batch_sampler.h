@@ -23,9 +23,21 @@ struct Batch {
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens;   // [B, T]
   std::vector<int32_t> targets;  // [B, T]
+  // Document masking (mark_documents): [B, row] the document of every position of each WHOLE
+  // row, row = T, or cp·T once context_slice has kept a rank's part of the tokens (every rank
+  // needs the documents of all the keys it attends to; like the sequence lengths of
+  // variable-length attention, they are metadata each rank has, not exchanged). Empty: no mask.
+  std::vector<int32_t> docs;
 
   int64_t counted_targets() const;  // targets >= 0
+  const int32_t* documents() const { return docs.empty() ? nullptr : docs.data(); }
 };
+
+// Fills b.docs from b.tokens: docs[b, t] = the number of <|end_of_text|> tokens in
+// tokens[b, 0 .. t-1], so each <|end_of_text|> belongs to the document it ends and the token
+// after it starts the next. Counted from each row's start, over the whole row (before any
+// context-parallel slicing), so ids never decrease along a row.
+void mark_documents(Batch& b);
 
 // SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA
 // 2014) as a pure function: the output the generator gives for state x, i.e. the 64-bit

@@ -60,7 +60,7 @@ std::vector<fs::path> text_files_in(const fs::path& dir) {
 
 }  // namespace
 
-std::string load_text(const std::string& path) {
+std::vector<std::string> load_documents(const std::string& path) {
   const fs::path p(path);
   std::error_code ec;
   const fs::file_status st = fs::status(p, ec);
@@ -72,35 +72,44 @@ std::string load_text(const std::string& path) {
   if (fs::is_directory(st)) {
     const std::vector<fs::path> files = text_files_in(p);
     if (files.empty()) throw InputError("data directory " + path + " contains no .txt files");
-    std::string text;
-    size_t content_bytes = 0;
-    for (size_t i = 0; i < files.size(); ++i) {
-      const std::string part = read_file_bytes(files[i]);
-      check_utf8(part, files[i]);  // per file, so the offset points into the file to fix
-      if (i > 0) text.push_back('\n');
-      text += part;
-      content_bytes += part.size();
+    std::vector<std::string> documents;
+    for (const fs::path& file : files) {
+      std::string text = read_file_bytes(file);
+      // An empty document would pack as two <|end_of_text|> in a row: refuse it, naming the file.
+      if (text.empty()) throw InputError("data file is empty: " + file.string());
+      check_utf8(text, file);  // per file, so the offset points into the file to fix
+      documents.push_back(std::move(text));
     }
-    if (content_bytes == 0) throw InputError("data directory " + path + " holds only empty .txt files");
-    return text;
+    return documents;
   }
 
   std::string text = read_file_bytes(p);
   if (text.empty()) throw InputError("data file is empty: " + path);
   check_utf8(text, p);
-  return text;
+  return {std::move(text)};
 }
 
-TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_fraction, std::string source) {
+std::vector<int32_t> pack_documents(const std::vector<std::string>& documents) {
+  std::vector<int32_t> tokens;
+  const ByteTokenizer tokenizer;
+  for (size_t i = 0; i < documents.size(); ++i) {
+    if (i > 0) tokens.push_back(kEndOfTextToken);
+    const std::vector<int32_t> ids = tokenizer.encode(documents[i]);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+  }
+  return tokens;
+}
+
+TextDataset make_dataset(const std::vector<std::string>& documents, int64_t seq_len, double val_fraction,
+                         std::string source) {
   if (seq_len < 1) throw InputError("seq_len must be at least 1, got " + std::to_string(seq_len));
   if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
     throw InputError("validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
   }
-  if (text.empty()) throw InputError("data " + source + " is empty");
-
   TextDataset ds;
+  ds.tokens = pack_documents(documents);
+  if (ds.tokens.empty()) throw InputError("data " + source + " is empty");
   ds.source = std::move(source);
-  ds.tokens = ByteTokenizer().encode(text);
   const int64_t n = int64_t(ds.tokens.size());
   const auto n_val = int64_t(std::floor(double(n) * val_fraction));
   ds.train_size = n - n_val;
@@ -117,8 +126,12 @@ TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_frac
   return ds;
 }
 
+TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_fraction, std::string source) {
+  return make_dataset(std::vector<std::string>{std::string(text)}, seq_len, val_fraction, std::move(source));
+}
+
 TextDataset load_dataset(const std::string& path, int64_t seq_len, double val_fraction) {
-  return make_dataset(load_text(path), seq_len, val_fraction, path);
+  return make_dataset(load_documents(path), seq_len, val_fraction, path);
 }
 
 std::string default_corpus_path() { return std::string(LLAMA4D_DATA_DIR) + "/corpus"; }

@@ -17,15 +17,21 @@
 
 namespace llama4d {
 
-// Reads a corpus as bytes. `path` is either
-//   - a file: its bytes, or
-//   - a directory: every regular file in it whose name ends in ".txt" (not hidden, not
-//     recursive), in byte order of the file names, joined with one '\n' between files.
+// Reads a corpus as documents (the units a document mask keeps apart). `path` is either
+//   - a file: one document, its bytes, or
+//   - a directory: one document per regular file in it whose name ends in ".txt" (not hidden,
+//     not recursive), in byte order of the file names.
 // Throws InputError naming the path for a missing path, one that is neither a regular file nor
 // a directory (a device, a FIFO), an unreadable or empty file, a
 // directory with no .txt file, or bytes that are not valid UTF-8 (with the file, byte offset
 // and line of the first invalid sequence).
-std::string load_text(const std::string& path);
+std::vector<std::string> load_documents(const std::string& path);
+
+// The token stream of documents packed one after another, as Llama 3 packs its training
+// sequences: each document's bytes, and <|end_of_text|> between consecutive documents. So one
+// document is its bytes alone, and a training window that spans a boundary holds the
+// <|end_of_text|> that a document mask (mark_documents, batch_sampler.h) cuts at.
+std::vector<int32_t> pack_documents(const std::vector<std::string>& documents);
 
 struct TextDataset {
   std::string source;           // where the text came from (a path, or "<memory>")
@@ -36,17 +42,20 @@ struct TextDataset {
   TokenSpan validation() const { return TokenSpan(tokens).subspan(size_t(train_size)); }
 };
 
-// Tokenizes `text` and splits it (rule above). seq_len is the model's training context: each
+// Packs `documents` (pack_documents) and splits the stream (rule above). seq_len is the model's training context: each
 // side must hold at least one window of seq_len + 1 tokens (inputs plus the shifted target),
 // else InputError. val_fraction must lie in (0, 1).
+TextDataset make_dataset(const std::vector<std::string>& documents, int64_t seq_len, double val_fraction = 0.1,
+                         std::string source = "<memory>");
+// One document.
 TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_fraction = 0.1,
                          std::string source = "<memory>");
 
-// load_text(path) then make_dataset.
+// load_documents(path) then make_dataset.
 TextDataset load_dataset(const std::string& path, int64_t seq_len, double val_fraction = 0.1);
 
 // The corpus shipped with the source tree: LLAMA4D_DATA_DIR "/corpus", a directory of .txt
-// parts (see data/README.md). Works offline; the path is baked in at build time.
+// documents (see data/README.md). Works offline; the path is baked in at build time.
 std::string default_corpus_path();
 
 }  // namespace llama4d

@@ -21,10 +21,11 @@ struct UnigramEntropy {
 UnigramEntropy unigram_entropy(TokenSpan tokens);
 
 // Cross-entropy of `eval` under a unigram model fitted on `fit` with add-alpha smoothing over
-// the first vocab_size ids: q_v = (count_fit_v + alpha) / (n_fit + alpha * vocab_size), loss =
+// the first vocab_size ids (default: the bytes and the special tokens, since packed documents hold
+// <|end_of_text|>): q_v = (count_fit_v + alpha) / (n_fit + alpha * vocab_size), loss =
 // -(1/n_eval) sum_i ln q_{eval_i}. This is the honest baseline for a validation loss: it uses
 // only training statistics. tokens/distinct describe `eval`. alpha > 0 keeps unseen ids finite.
-UnigramEntropy unigram_cross_entropy(TokenSpan fit, TokenSpan eval, int64_t vocab_size = kNumByteTokens,
+UnigramEntropy unigram_cross_entropy(TokenSpan fit, TokenSpan eval, int64_t vocab_size = kByteVocabSize,
                                      double alpha = 1.0);
 
 }  // namespace llama4d

@@ -126,8 +126,9 @@ namespace {
 
 template <class T>
 ops::AttentionShape attention_shape(const BlockDims& d, int64_t pos_start) {
+  // Without context parallelism this rank's rows are the whole rows, so d.doc serves queries and keys.
   return {.B = d.B, .Tq = d.T, .Tk = d.T, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = pos_start,
-          .k_start = pos_start};
+          .k_start = pos_start, .q_doc = d.doc, .k_doc = d.doc};
 }
 
 template <class T>
@@ -201,6 +202,7 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   const T* keys = a.k.data();
   const T* values = a.v.data();
   if (cache) {
+    if (d.doc) throw Error("block_forward: decoding with a KV cache takes no document mask");
     // Append this call's keys/values at [len, len + T) of each batch row, attend over all.
     for (int64_t b = 0; b < d.B; ++b) {
       const int64_t src = b * d.T * kvd, dst = (b * cache->max_len + cache->len) * kvd;

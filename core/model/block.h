@@ -11,8 +11,8 @@
 
 namespace llama4d {
 
-// Sizes one block works with. Tensor/context parallelism later shrink nh, nkv, I (or T) to
-// the local shard and keep everything else.
+// Sizes one block works with, and where its tokens sit in their sequences. Tensor/context
+// parallelism shrink nh, nkv, I (or T) to the local shard and keep everything else.
 struct BlockDims {
   int64_t B = 0, T = 0;        // batch rows, tokens per row
   int64_t C = 0;               // hidden size
@@ -30,6 +30,10 @@ struct BlockDims {
   // the same causal-attention work. Its T tokens per row are those two chunks, one after the
   // other; RoPE and causality use each token's true position. cp = 1: the whole sequence.
   int64_t cp = 1, cp_rank = 0;
+  // Document masking: [B, cp·T] the document of every position of each WHOLE row (this rank's
+  // tokens and, under context parallelism, every other rank's), ids never decreasing along a
+  // row; a token attends only to earlier tokens of its own document. Null: no document mask.
+  const int32_t* doc = nullptr;
   int64_t BT() const { return B * T; }
   int64_t cp_chunk() const { return T / 2; }  // tokens per chunk (cp > 1)
   // The first true position of this rank's part (0 or 1) of a row.

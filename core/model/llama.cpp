@@ -41,7 +41,7 @@ double normal_draw(uint64_t seed, int64_t j) {
 
 template <class T>
 int64_t MicroBatchState<T>::activation_bytes() const {
-  int64_t n = tokens.bytes() + targets.bytes() + head.bytes() + input_grad.bytes() + head_weight_inputs.bytes() +
+  int64_t n = tokens.bytes() + targets.bytes() + docs.bytes() + head.bytes() + input_grad.bytes() + head_weight_inputs.bytes() +
               embedding_weight_input.bytes();
   for (const Buffer<T>& b : x) n += b.bytes();
   for (const BlockActivations<T>& a : blocks) n += a.bytes();
@@ -51,7 +51,7 @@ int64_t MicroBatchState<T>::activation_bytes() const {
 
 template <class T>
 void MicroBatchState<T>::reset() {
-  tokens.reset(), targets.reset(), head.reset(), input_grad.reset();
+  tokens.reset(), targets.reset(), docs.reset(), head.reset(), input_grad.reset();
   head_weight_inputs.reset(), embedding_weight_input.reset();
   for (Buffer<T>& b : x) b.reset();
   for (BlockActivations<T>& a : blocks) a.reset();
@@ -294,14 +294,19 @@ void Llama<T>::zero_grad() {
 }
 
 template <class T>
-BlockDims Llama<T>::block_dims(int64_t B, int64_t T_) const {
+BlockDims Llama<T>::block_dims(int64_t B, int64_t T_, const int32_t* docs) const {
   // Under tensor parallelism the block works on this rank's heads and SwiGLU columns only.
   const bool s = tp_.sliced();
   return {.B = B, .T = T_, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
           .nkv = s ? tp_.kv_heads : cfg_.num_key_value_heads, .hd = cfg_.head_dim,
           .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps,
           .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0,
-          .cp = cp_, .cp_rank = cp_rank_};
+          .cp = cp_, .cp_rank = cp_rank_, .doc = docs};
+}
+
+template <class T>
+BlockDims Llama<T>::block_dims(const MicroBatchState<T>& st) const {
+  return block_dims(st.B, st.seq, st.docs.empty() ? nullptr : st.docs.data());
 }
 
 template <class T>
@@ -345,6 +350,17 @@ void Llama<T>::check_ids(const int32_t* tokens, const int32_t* targets, int64_t 
 }
 
 template <class T>
+void Llama<T>::check_documents(const int32_t* docs, int64_t B, int64_t row) {
+  // Attention (and ring attention's skipping of whole blocks) reads a row's documents as runs.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 1; t < row; ++t)
+      if (docs[b * row + t] < docs[b * row + t - 1])
+        throw InputError("document ids must not decrease along a row: row " + std::to_string(b) + " goes from " +
+                         std::to_string(docs[b * row + t - 1]) + " to " + std::to_string(docs[b * row + t]) +
+                         " at position " + std::to_string(t));
+}
+
+template <class T>
 VocabComm<T>* Llama<T>::vocab_comm() const {
   if (!tp_.sliced()) return nullptr;
   if (!vocab_comm_) throw Error("Llama: a tensor-parallel slice (" + tp_.describe() + ") runs only with a VocabComm");
@@ -353,7 +369,7 @@ VocabComm<T>* Llama<T>::vocab_comm() const {
 
 template <class T>
 void Llama<T>::forward_block(MicroBatchState<T>& st, int layer, T* out) {
-  const BlockDims d = block_dims(st.B, st.seq);
+  const BlockDims d = block_dims(st);
   BlockActivations<T>& a = st.blocks[size_t(layer)];
   a.allocate(memory_, d);
   block_forward(out, a, block_params(layer), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
@@ -361,7 +377,7 @@ void Llama<T>::forward_block(MicroBatchState<T>& st, int layer, T* out) {
 
 template <class T>
 LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* tokens, const int32_t* targets,
-                          const T* hidden_in, int64_t B, int64_t T_) {
+                          const T* hidden_in, int64_t B, int64_t T_, const int32_t* docs) {
   const int L = num_layers(), head = head_unit(L);
   if (r.begin < 0 || r.end > num_units() || r.begin >= r.end)
     throw Error("Llama::forward: unit range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ") is empty or outside the model");
@@ -377,6 +393,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   if (!has_embedding && !hidden_in) throw Error("Llama::forward: a range without the embedding needs its input hidden state");
   // Validate before touching any state, so a rejected call leaves the model as it was.
   check_ids(has_embedding ? tokens : nullptr, has_head ? targets : nullptr, B * T_);
+  if (docs) check_documents(docs, B, T_ * cp_);
 
   st.reset();
   st.B = B, st.seq = T_, st.units = r;
@@ -386,7 +403,11 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   const int64_t BT = B * T_, C = cfg_.hidden_size, V = vocab_rows();
   VocabComm<T>* vocab = vocab_comm();
   if (tp_.sliced() && !comm_) throw Error("Llama: a tensor-parallel slice runs only with a BlockComm");
-  const BlockDims d = block_dims(B, T_);
+  if (docs) {
+    st.docs = Buffer<int32_t>(memory_, MemoryCategory::activations, B * T_ * cp_, "document ids");
+    ops::device_memcpy(st.docs.data(), docs, B * T_ * cp_ * int64_t(sizeof(int32_t)));
+  }
+  const BlockDims d = block_dims(st);
   const int64_t rows = d.rows();  // residual-stream rows this rank holds
   UnitHooks none;
   UnitHooks& h = hooks_ ? *hooks_ : none;
@@ -453,7 +474,7 @@ template <class T>
 void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitHooks& h) {
   BlockActivations<T>& a = st.blocks[size_t(layer)];
   if (a.complete()) return;
-  const BlockDims d = block_dims(st.B, st.seq);
+  const BlockDims d = block_dims(st);
   if (a.holds_anything()) {  // selective: rebuild the cheap tensors from the kept ones
     a.allocate_recomputable(memory_, d);
     block_recompute_selective(a, block_params(layer), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
@@ -498,7 +519,7 @@ void Llama<T>::backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, Backwa
 template <class T>
 void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch<T>& scratch, BackwardPass pass,
                               UnitHooks& h) {
-  const BlockDims d = block_dims(st.B, st.seq);
+  const BlockDims d = block_dims(st);
   ensure_block_activations(st, l, h);
   BlockActivations<T>& a = st.blocks[size_t(l)];
   const T* x = st.x[size_t(l)].data();
@@ -515,7 +536,7 @@ void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch
 
 template <class T>
 void Llama<T>::embedding_weight_grads(MicroBatchState<T>& st, const T* dx) {
-  const BlockDims d = block_dims(st.B, st.seq);
+  const BlockDims d = block_dims(st);
   const int64_t BT = d.BT(), C = d.C, V = vocab_rows();
   VocabComm<T>* vocab = vocab_comm();
   T* g = ensure_unit_grads(embedding_unit());
@@ -540,7 +561,7 @@ void Llama<T>::backward_embedding(MicroBatchState<T>& st, const T* dx, BackwardP
     return;
   }
   // The embedding has no input gradient: its whole backward is weight work. Keep dx x_0 [rows,C].
-  const int64_t n = block_dims(st.B, st.seq).rows() * cfg_.hidden_size;
+  const int64_t n = block_dims(st).rows() * cfg_.hidden_size;
   st.embedding_weight_input =
       Buffer<T>(memory_, MemoryCategory::activations, n, "weight-gradient inputs of the embedding: dx_0");
   ops::copy(st.embedding_weight_input.data(), dx, n);
@@ -562,7 +583,7 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out,
   const bool has_head = r.contains(head);
   if (!has_head && !grad_out) throw Error("Llama::backward: a range without the head needs the gradient of its output");
   if (has_head && st.targets.empty()) throw Error("Llama::backward: the forward had no targets (inference), so there is no loss");
-  const BlockDims d = block_dims(st.B, st.seq);
+  const BlockDims d = block_dims(st);
 
   // dx [B,T,C]: the gradient flowing down the residual stream, unit by unit.
   Buffer<T> dx(memory_, MemoryCategory::scratch, d.rows() * d.C, "residual gradient");
@@ -586,6 +607,7 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out,
     else h.after_backward_input(u);
   }
   if (!r.contains(embedding_unit())) st.input_grad = std::move(dx);
+  st.docs.reset();  // the weight pass has no attention
   st.forward_done = false;
   st.weight_pass_pending = pass == BackwardPass::input;
 }
@@ -598,7 +620,7 @@ void Llama<T>::backward_weight(MicroBatchState<T>& st, UnitHooks& h) {
     throw Error("Llama::backward: a weight pass needs this micro-batch's input pass (BackwardPass::input) first");
   const int L = num_layers(), head = head_unit(L);
   const UnitRange r = st.units;
-  const BlockDims d = block_dims(st.B, st.seq);
+  const BlockDims d = block_dims(st);
   BlockScratch<T> scratch;  // only the lazily allocated weight-gradient temporaries
   scratch.memory = memory_;
   for (int u = r.end - 1; u >= r.begin; --u) {
@@ -621,8 +643,8 @@ void Llama<T>::backward_weight(MicroBatchState<T>& st, UnitHooks& h) {
 }
 
 template <class T>
-LossSum Llama<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_) {
-  return forward(state_, all_units(), tokens, targets, nullptr, B, T_);
+LossSum Llama<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_, const int32_t* docs) {
+  return forward(state_, all_units(), tokens, targets, nullptr, B, T_, docs);
 }
 
 template <class T>

@@ -56,6 +56,8 @@ struct MicroBatchState {
   int64_t B = 0, seq = 0;                   // batch rows, tokens per row
   UnitRange units;                          // the units the forward ran
   Buffer<int32_t> tokens, targets;          // [B,T] when the embedding / head are in the range
+  Buffer<int32_t> docs;                     // [B, cp·T] document ids of the whole rows (BlockDims::doc), until
+                                            // the backward's last attention; empty: no document mask
   std::vector<Buffer<T>> x;                 // [L+1] x[l] = input of block l, x[L] = the head's input
   std::vector<BlockActivations<T>> blocks;  // [L] per the checkpointing policy
   HeadActivations<T> head;
@@ -157,10 +159,13 @@ class Llama {
 
   // ---- Training over a range of units --------------------------------------------------------
   // tokens[B,T_] when the range starts at the embedding, else hidden_in[B,T_,C] (copied);
-  // targets[B,T_] when it ends with the head (null: inference, no loss). Returns the range's
-  // loss (zero unless the head ran). The range's output x is st.x[last block + 1].
+  // targets[B,T_] when it ends with the head (null: inference, no loss). docs[B, cp·T_]: the
+  // document of every position of each whole row (Batch::docs; ids never decrease along a row,
+  // InputError otherwise), which masks attention to each token's own document; null: causal
+  // attention over the whole row. Returns the range's loss (zero unless the head ran). The
+  // range's output x is st.x[last block + 1].
   LossSum forward(MicroBatchState<T>& st, UnitRange range, const int32_t* tokens, const int32_t* targets,
-                  const T* hidden_in, int64_t B, int64_t T_);
+                  const T* hidden_in, int64_t B, int64_t T_, const int32_t* docs = nullptr);
   // Backward of st's range, last unit first. grad_out[B,T_,C] = gradient of the range's output
   // (null when the range ends with the head, which starts from the loss). Gradients ACCUMULATE
   // into the unit gradients. Leaves the input's gradient in st.input_grad when the range starts
@@ -178,7 +183,7 @@ class Llama {
                 BackwardPass pass = BackwardPass::full);
 
   // The whole model through one internal state (one device, data parallelism).
-  LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_);
+  LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_, const int32_t* docs = nullptr);
   void backward(T loss_scale);
   // logits[B, T_, V] of the last whole-model forward, until its backward.
   const T* logits() const { return state_.head.logits.data(); }
@@ -203,7 +208,8 @@ class Llama {
   template <class>
   friend class ScopedHooks;
 
-  BlockDims block_dims(int64_t B, int64_t T_) const;
+  BlockDims block_dims(int64_t B, int64_t T_, const int32_t* docs = nullptr) const;
+  BlockDims block_dims(const MicroBatchState<T>& st) const;  // with st's document ids
   BlockWeights<T> block_params(int layer);
   BlockWeights<T> block_grads(int layer);
   T* lm_head_params();
@@ -218,6 +224,7 @@ class Llama {
   void backward_weight(MicroBatchState<T>& st, UnitHooks& h);
   void forward_block(MicroBatchState<T>& st, int layer, T* out);
   void check_ids(const int32_t* tokens, const int32_t* targets, int64_t n) const;
+  static void check_documents(const int32_t* docs, int64_t B, int64_t row);
   VocabComm<T>* vocab_comm() const;  // null unless sliced; Error when sliced without one
   int64_t vocab_rows() const { return tp_.sliced() ? tp_.vocab_rows : cfg_.vocab_size; }
 

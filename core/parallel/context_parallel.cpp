@@ -52,6 +52,14 @@
 //    sequence's, each with its dK, dV accumulator in backward: 8n elements at the peak, O(S/cp). Ring attention moves more bytes than the
 //    all-gather (the gradients travel cp times instead of being reduce-scattered) but its steps
 //    can overlap compute with the next block's transfer; here they run one after the other.
+//
+// 4. Document masks (Llama 3 masks attention between the documents packed into one sequence).
+//    A token's document is a property of its position in the whole row, so the ids travel as
+//    metadata every rank holds for whole rows (Batch::docs, BlockDims::doc), not with the keys:
+//    each op call reads the ids at its queries' and keys' true positions. Nothing else changes,
+//    and the bytes moved stay those above. Ring attention also skips a block pair whose keys all
+//    belong to documents that ended before its queries' began; the all-gather variant leaves
+//    that to the op, which trims each block of queries' key range to its documents.
 #include "core/parallel/context_parallel.h"
 
 #include <limits>
@@ -80,6 +88,7 @@ Batch context_slice(const Batch& b, int cp, int rank) {
   Batch out;
   out.B = b.B;
   out.T = 2 * c;
+  out.docs = b.docs;  // whole rows: the keys of every rank's chunks
   for (int64_t r = 0; r < b.B; ++r)
     for (const int64_t start : {first, second}) {
       const auto at = r * b.T + start;
@@ -114,10 +123,13 @@ void relayout(T* whole, T* by_rank, const BlockDims& d, bool to_whole) {
 
 // One call of the attention op: this rank's part `part` of row b (its c queries, at their true
 // positions) against the whole row's keys up to the chunk's end; keys later than that are in
-// every query's future and are not even looked at.
-ops::AttentionShape part_shape(const BlockDims& d, int64_t part) {
+// every query's future and are not even looked at. Document ids (d.doc, whole rows) are read at
+// the same true positions.
+ops::AttentionShape part_shape(const BlockDims& d, int64_t b, int64_t part) {
   const int64_t c = d.cp_chunk(), start = d.cp_part_start(part);
-  return {.B = 1, .Tq = c, .Tk = start + c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = start, .k_start = 0};
+  const int32_t* row_doc = d.doc ? d.doc + b * d.T * d.cp : nullptr;
+  return {.B = 1, .Tq = c, .Tk = start + c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = start, .k_start = 0,
+          .q_doc = row_doc ? row_doc + start : nullptr, .k_doc = row_doc};
 }
 
 }  // namespace
@@ -157,7 +169,7 @@ void ContextParallelComm<T>::attention(T* out, T* lse, const T* q, const T* k, c
     for (int64_t part = 0; part < 2; ++part) {
       const int64_t at = (b * d.T + part * c) * qrow;  // this part's queries and outputs
       ops::attention_forward(out + at, lse + (b * 2 + part) * d.nh * c, q + at, kv.data() + b * S * kvrow,
-                             kv.data() + whole + b * S * kvrow, part_shape(d, part));
+                             kv.data() + whole + b * S * kvrow, part_shape(d, b, part));
     }
 }
 
@@ -177,7 +189,7 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
       const int64_t at = (b * d.T + part * c) * qrow;
       ops::attention_backward(dq + at, dkv.data() + b * S * kvrow, dkv.data() + whole + b * S * kvrow, dout + at,
                               q + at, kv.data() + b * S * kvrow, kv.data() + whole + b * S * kvrow, out + at,
-                              lse + (b * 2 + part) * d.nh * c, part_shape(d, part));
+                              lse + (b * 2 + part) * d.nh * c, part_shape(d, b, part));
     }
   // Back to the ranks' layout, [cp][K or V][B][T][row], in K and V's buffer (read no more), and
   // summed over the ranks in place: each rank keeps its own tokens' [K or V][B][T][row].
@@ -196,14 +208,26 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
 namespace {
 
 // The op call of this rank's query part qp (global chunk gq) of row b against key part kp of the
-// block of rank `src` (global chunk gk), or nothing when every key is in every query's future.
+// block of rank `src` (global chunk gk), or nothing when no query can see any key: every key is
+// in every query's future, or (document mask) every key belongs to an earlier document than
+// every query. Ids never decrease along a row, so comparing the key chunk's last id with the
+// query chunk's first decides it. (The ids are read here on the host, as the ops' pair counts
+// read them: the CPU backend's memory is host memory; a device backend keeps a host copy.)
 struct ChunkPair {
   bool skip;
   ops::AttentionShape shape;
 };
-ChunkPair chunk_pair(const BlockDims& d, int64_t src, int64_t qp, int64_t kp) {
+ChunkPair chunk_pair(const BlockDims& d, int64_t b, int64_t src, int64_t qp, int64_t kp) {
   const int64_t c = d.cp_chunk(), gq = global_chunk(d.cp_rank, qp, d.cp), gk = global_chunk(src, kp, d.cp);
-  return {gk > gq, {.B = 1, .Tq = c, .Tk = c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = gq * c, .k_start = gk * c}};
+  ChunkPair pair{gk > gq, {.B = 1, .Tq = c, .Tk = c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = gq * c,
+                           .k_start = gk * c}};
+  if (d.doc) {
+    const int32_t* row_doc = d.doc + b * d.T * d.cp;
+    pair.shape.q_doc = row_doc + gq * c;
+    pair.shape.k_doc = row_doc + gk * c;
+    pair.skip = pair.skip || pair.shape.k_doc[c - 1] < pair.shape.q_doc[0];
+  }
+  return pair;
 }
 
 // Calls fn(q_at, kv_at, lse_at, shape) for every (row, query part, key part) of this rank's
@@ -216,7 +240,7 @@ void for_each_visible_pair(const BlockDims& d, int64_t src, Fn&& fn) {
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t qp = 0; qp < 2; ++qp)
       for (int64_t kp = 0; kp < 2; ++kp) {
-        const ChunkPair pair = chunk_pair(d, src, qp, kp);
+        const ChunkPair pair = chunk_pair(d, b, src, qp, kp);
         if (!pair.skip)
           fn((b * d.T + qp * c) * qrow, (b * d.T + kp * c) * kvrow, (b * 2 + qp) * d.nh * c, pair.shape);
       }

@@ -12,7 +12,8 @@ namespace llama4d {
 
 // Rank `rank` of `cp`'s tokens of every row of b: the sequence of T tokens is cut into 2·cp
 // chunks of T/(2·cp) and the rank takes chunks rank and 2·cp-1-rank, in that order
-// (BlockDims::cp). T must be a multiple of 2·cp (ParallelPlan::check_sequence).
+// (BlockDims::cp). Document ids, if any, stay those of the whole rows (Batch::docs). T must be
+// a multiple of 2·cp (ParallelPlan::check_sequence).
 Batch context_slice(const Batch& b, int cp, int rank);
 
 // Fills in the block's attention point for a rank of the context-parallel group `cp`. Every call

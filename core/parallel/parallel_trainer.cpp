@@ -33,7 +33,10 @@ std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& 
                                            int dp) {
   const int64_t mb = rank_micro_batch_rows(opt, dp), rows = opt.batch_size / dp, first = data_rank * rows;
   std::vector<Batch> out;
-  for (int64_t r = first; r < first + rows; r += mb) out.push_back(sample_rows(train, opt.seq_len, opt.seed, step, r, r + mb));
+  for (int64_t r = first; r < first + rows; r += mb) {
+    out.push_back(sample_rows(train, opt.seq_len, opt.seed, step, r, r + mb));
+    if (opt.doc_mask) mark_documents(out.back());
+  }
   return out;
 }
 
@@ -169,7 +172,9 @@ LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
   const int64_t rows = std::max<int64_t>(1, rank_micro_batch_rows(opt_, int(dp)));
   LossSum local;
   for (int64_t w = w0; w < w1; w += rows) {
-    const Batch b = local_tokens(eval_windows(val, opt_.seq_len, w, std::min(w1, w + rows)));
+    Batch whole = eval_windows(val, opt_.seq_len, w, std::min(w1, w + rows));
+    if (opt_.doc_mask) mark_documents(whole);  // over whole rows, before the context split
+    const Batch b = local_tokens(whole);
     const LossSum part = strategy_->evaluate(b);
     local.loss_sum += part.loss_sum;
     local.tokens += part.tokens;

@@ -147,7 +147,7 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
         ComputeScope span(trace, span_name(a));
         const bool first = units.contains(embedding_unit()), last = units.contains(head);
         const LossSum part = model.forward(st, units, first ? b.tokens.data() : nullptr, last ? b.targets.data() : nullptr,
-                                           first ? nullptr : inbox[k].data(), b.B, b.T);
+                                           first ? nullptr : inbox[k].data(), b.B, b.T, b.documents());
         inbox[k].reset();
         loss.loss_sum += part.loss_sum;
         loss.tokens += part.tokens;
@@ -206,7 +206,7 @@ LossSum PipelineRunner<T>::evaluate(Llama<T>& model, const Batch& b) {
     MicroBatchState<T> st;  // dropped after the send: no backward follows
     const bool first = stage == 0, last = stage == S - 1;
     const LossSum part = model.forward(st, units, first ? b.tokens.data() : nullptr, last ? b.targets.data() : nullptr,
-                                       first ? nullptr : in.data(), b.B, b.T);
+                                       first ? nullptr : in.data(), b.B, b.T, b.documents());
     loss.loss_sum += part.loss_sum;
     loss.tokens += part.tokens;
     if (!last) {

@@ -10,8 +10,9 @@
 namespace llama4d {
 
 // rows_per_forward windows go through the model at a time; max_windows = 0 means all windows.
+// doc_mask: attention keeps to each window's documents (TrainOptions::doc_mask).
 template <class T>
 LossSum evaluate_loss(Llama<T>& model, TokenSpan split, int64_t seq_len, int64_t rows_per_forward,
-                      int64_t max_windows = 0);
+                      int64_t max_windows = 0, bool doc_mask = false);
 
 }  // namespace llama4d

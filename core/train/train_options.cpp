@@ -31,7 +31,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"micro_batch_size", micro_batch_size}, {"seq_len", seq_len},
           {"lr", lr},               {"min_lr", min_lr},
           {"warmup_steps", warmup_steps}, {"grad_clip", grad_clip},
-          {"seed", seed},
+          {"seed", seed},           {"doc_mask", doc_mask},
           {"adamw", {{"beta1", adamw.beta1}, {"beta2", adamw.beta2}, {"eps", adamw.eps},
                      {"weight_decay", adamw.weight_decay}}},
           {"loop", nlohmann::json::parse(loop)}};
@@ -61,6 +61,11 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
     if (!j.at("seed").is_number_unsigned())
       throw InputError("\"seed\" must be a whole number >= 0, got " + j.at("seed").dump());
     o.seed = j.at("seed").get<uint64_t>();
+    // Absent from files written before document masking existed: those runs had none.
+    if (j.contains("doc_mask")) {
+      if (!j.at("doc_mask").is_boolean()) throw InputError("\"doc_mask\" must be true or false, got " + j.at("doc_mask").dump());
+      o.doc_mask = j.at("doc_mask").get<bool>();
+    }
     const auto& a = j.at("adamw");
     o.adamw.beta1 = a.at("beta1").get<double>();
     o.adamw.beta2 = a.at("beta2").get<double>();
@@ -85,6 +90,7 @@ const std::vector<TrainOptionField>& train_option_fields() {
       {"--warmup-steps", "/warmup_steps", false},
       {"--grad-clip", "/grad_clip", false},
       {"--seed", "/seed", false},
+      {"--doc-mask", "/doc_mask", false},
       {"adamw.beta1", "/adamw/beta1", false},
       {"adamw.beta2", "/adamw/beta2", false},
       {"adamw.eps", "/adamw/eps", false},

@@ -24,6 +24,10 @@ struct TrainOptions {
   int64_t warmup_steps = 30;
   double grad_clip = 1.0;          // global L2 norm; <= 0 disables clipping
   uint64_t seed = 1337;            // initial weights and batches
+  // Llama 3's document mask: a token attends only to earlier tokens of its own document, the
+  // documents of a row being cut at <|end_of_text|> (mark_documents, core/data/batch_sampler.h).
+  // Training and evaluation batches alike. Off: causal attention across the whole row.
+  bool doc_mask = false;
   AdamWConfig adamw;
   // How the program driving the trainer ran the loop (the CLI's data path, evaluation and
   // checkpoint intervals). The trainers never read it; it is saved with the options so that a

@@ -54,8 +54,9 @@ StepStats Trainer<T>::step() {
   LossSum loss;
   for (int64_t m = 0; m < micro_batches; ++m) {
     model_.zero_grad();
-    const Batch b = sample_rows(data_.train(), opt_.seq_len, opt_.seed, s, m * mb, (m + 1) * mb);
-    const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+    Batch b = sample_rows(data_.train(), opt_.seq_len, opt_.seed, s, m * mb, (m + 1) * mb);
+    if (opt_.doc_mask) mark_documents(b);
+    const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T, b.documents());
     loss.loss_sum += part.loss_sum;  // in fp64, in micro-batch order: what all_reduce_loss adds
     loss.tokens += part.tokens;
     model_.backward(loss_scale);
@@ -90,7 +91,7 @@ StepStats Trainer<T>::step() {
 
 template <class T>
 LossSum Trainer<T>::validate(int64_t max_windows) const {
-  return evaluate_loss(model_, data_.validation(), opt_.seq_len, opt_.micro(), max_windows);
+  return evaluate_loss(model_, data_.validation(), opt_.seq_len, opt_.micro(), max_windows, opt_.doc_mask);
 }
 
 template <class T>

@@ -245,8 +245,9 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
     std::vector<double> rank_loss(size_t(dp), 0.0);
     auto run = [&](int d, int64_t m) {
       const int64_t r0 = d * rows + m * mb;
-      const Batch b = slice_rows(global, r0, r0 + mb);
-      rank_loss[size_t(d)] += model.forward(b.tokens.data(), b.targets.data(), b.B, b.T).loss_sum;
+      Batch b = slice_rows(global, r0, r0 + mb);
+      if (opt.doc_mask) mark_documents(b);  // ids count from each row's start: slicing rows keeps them
+      rank_loss[size_t(d)] += model.forward(b.tokens.data(), b.targets.data(), b.B, b.T, b.documents()).loss_sum;
       model.backward(loss_scale);
     };
     // The flat gradient, and with tied embeddings under pipeline parallelism the head's part of

@@ -3,8 +3,8 @@
 // attention needs every earlier key. The program measures why Llama 3 cuts a sequence into 2 cp
 // chunks (attention's FLOPs per rank, balanced vs a contiguous cut), what all-gather attention
 // and ring attention send per layer and hold in scratch, why grouped-query attention makes the
-// all-gather cheap, that activation memory falls by cp, and then checks the plan (also cp x dp
-// under ZeRO-3) against one device.
+// all-gather cheap, that activation memory falls by cp, what a document mask changes, and then
+// checks the plan (also cp x dp under ZeRO-3) against one device.
 //   lesson06_context_parallel [--cp 4] [--cp-algo allgather] [--seq-len 128] [--rows 2] [--step] [--json]
 #include <algorithm>
 #include <cmath>
@@ -72,7 +72,9 @@ struct AttentionProbe {
 // Also the contiguous cut's forward: rank r's S/cp queries [r T, (r+1) T) against every key up to
 // its last, the attention op called directly (the library only implements the balanced split).
 // The values are constants: FLOPs, bytes and buffers do not depend on them.
-AttentionProbe probe_attention(int64_t nh, int64_t nkv, int64_t hd, int cp, ContextAlgo algo, int64_t B, int64_t S) {
+// docs: [B, S] document ids of the rows (a document mask), or null.
+AttentionProbe probe_attention(int64_t nh, int64_t nkv, int64_t hd, int cp, ContextAlgo algo, int64_t B, int64_t S,
+                               const int32_t* docs = nullptr) {
   const int64_t T = S / cp;
   AttentionProbe p;
   for (auto* v : {&p.fwd_flops, &p.bwd_flops, &p.contiguous_flops}) v->assign(size_t(cp), 0);
@@ -85,7 +87,7 @@ AttentionProbe probe_attention(int64_t nh, int64_t nkv, int64_t hd, int cp, Cont
     ops::set_backend_threads(1);
     const size_t r = size_t(g.rank());
     ContextParallelComm<float> comm(g, algo);
-    const BlockDims d{.B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = int64_t(r)};
+    const BlockDims d{.B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = int64_t(r), .doc = docs};
     const int64_t nq = B * T * nh * hd, nk = B * T * nkv * hd;
     auto buffer = [](int64_t count) { return std::vector<float>(static_cast<size_t>(count)); };
     std::vector<float> q = buffer(nq), k = buffer(nk), v = buffer(nk), out = buffer(nq), lse = buffer(B * nh * T);
@@ -131,8 +133,9 @@ AttentionProbe probe_attention(int64_t nh, int64_t nkv, int64_t hd, int cp, Cont
   return p;
 }
 
-AttentionProbe probe_model(const LlamaConfig& cfg, int cp, ContextAlgo algo, int64_t B, int64_t S) {
-  return probe_attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cp, algo, B, S);
+AttentionProbe probe_model(const LlamaConfig& cfg, int cp, ContextAlgo algo, int64_t B, int64_t S,
+                           const int32_t* docs = nullptr) {
+  return probe_attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cp, algo, B, S, docs);
 }
 
 // ---- One training step of the model on virtual GPUs ---------------------------------------------
@@ -564,7 +567,75 @@ int run(LessonOptions o, const CpArgs& a) {
   }
   say.pause();
 
-  // ---- 7. cp x dp under ZeRO-3 -----------------------------------------------------------------------
+  // ---- 7. Document masks -------------------------------------------------------------------------------
+  say.phase("document masks: attention within each document of a packed row",
+            "core/data/batch_sampler.cpp (mark_documents), core/parallel/context_parallel.cpp (part_shape, chunk_pair)");
+  {
+    // The corpus's documents are sections of about 1,500 tokens, so few random windows of S tokens
+    // cross a boundary. For the demonstration, row b is the window of S tokens that has the
+    // (b+1)-th <|end_of_text|> of the training split at position S (b+1)/(B+1).
+    const TokenSpan train = data.train();
+    Batch rows;
+    rows.B = B, rows.T = S;
+    int64_t at = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      at = std::find(train.begin() + at + 1, train.end(), kEndOfTextToken) - train.begin();
+      const int64_t start = std::max<int64_t>(0, at - S * (b + 1) / (B + 1));
+      if (start + S + 1 > int64_t(train.size())) throw Error("lesson 06: the corpus has too few documents for the demonstration");
+      rows.tokens.insert(rows.tokens.end(), train.begin() + start, train.begin() + start + S);
+    }
+    rows.targets.assign(rows.tokens.size(), 0);
+    mark_documents(rows);
+    std::vector<std::vector<int64_t>> lengths(static_cast<size_t>(B));  // [row] tokens of each document in the row
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < S; ++t) {
+        if (t == 0 || rows.docs[size_t(b * S + t)] != rows.docs[size_t(b * S + t - 1)]) lengths[size_t(b)].push_back(0);
+        ++lengths[size_t(b)].back();
+      }
+    std::string pieces;
+    int64_t masked_pairs = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      pieces += "row " + std::to_string(b) + ":";
+      for (const int64_t len : lengths[size_t(b)]) pieces += " " + std::to_string(len), masked_pairs += len * (len + 1) / 2;
+      pieces += "\n";
+    }
+    say.say("The corpus is packed one document after another with <|end_of_text|> between them; Llama 3 masks "
+            "attention so that a token\nsees only earlier tokens of its own document (--doc-mask). Rows placed across "
+            "the first document boundaries of the\ntraining split hold documents (runs of tokens) of lengths\n" +
+            pieces + "\n");
+    say.ask("K1", "Summed over the cp ranks and the B rows, how many (query, key) pairs per head does the masked "
+                  "attention score?");
+    const AttentionProbe masked = probe_model(cfg, cp, algo, B, S, rows.documents());
+    std::vector<std::vector<std::string>> table = {{"rank", "pairs/head (causal)", "pairs/head (document mask)",
+                                                    "forward bytes sent (causal)", "(document mask)"}};
+    const AttentionProbe& causal = algo == ContextAlgo::allgather ? ag : probe_model(cfg, cp, algo, B, S);
+    double total = 0, most = 0;
+    std::vector<int64_t> sent_causal, sent_masked;
+    for (int r = 0; r < cp; ++r) {
+      const double pairs = masked.fwd_flops[size_t(r)] / (4.0 * double(hd * nh));
+      total += pairs, most = std::max(most, pairs);
+      sent_causal.push_back(causal.fwd_sent[size_t(r)]), sent_masked.push_back(masked.fwd_sent[size_t(r)]);
+      table.push_back({std::to_string(r), grouped(as_int(causal.fwd_flops[size_t(r)] / (4.0 * double(hd * nh)))),
+                       grouped(as_int(pairs)), grouped(sent_causal.back()), grouped(sent_masked.back())});
+    }
+    say.say(format_table(table));
+    say.say("\nThe mask removes every pair that crosses a boundary: " + grouped(as_int(total)) +
+            " pairs instead of B S(S+1)/2 = " + grouped(B * S * (S + 1) / 2) + ". The keys and values sent do not "
+            "change: they are the\nsame tensors, and each rank reads the documents of all positions from the batch "
+            "(metadata, like the sequence lengths of\nvariable-length attention). The 2 cp split balances the causal "
+            "triangle, not the documents: the busiest rank now does\n" + fixed(most / (total / cp), 3) + "x the mean.\n");
+    sheet.exact("K1", "Document mask: (query, key) pairs per head over all cp ranks and the B rows?",
+                "the sum over each row's documents of len (len + 1) / 2: causal pairs within a document only",
+                -1, {masked_pairs}, {as_int(total)});
+    sheet.exact("K2", "Document mask: bytes each rank sends in one layer's forward attention?",
+                "unchanged: the mask changes which pairs are scored, not which keys and values a rank needs", -1,
+                sent_causal, sent_masked);
+    extra["document_mask"] = {{"lengths", lengths}, {"pairs_formula", masked_pairs}, {"rank_flops", masked.fwd_flops},
+                              {"sent_causal", sent_causal}, {"sent_masked", sent_masked}};
+  }
+  say.pause();
+
+  // ---- 8. cp x dp under ZeRO-3 -----------------------------------------------------------------------
   say.phase("cp x dp with ZeRO-3: the shards span cp x dp",
             "core/parallel/parallel_trainer.cpp (gradient dims: cp, then dp), core/parallel/zero.cpp");
   const int cpz = 2;

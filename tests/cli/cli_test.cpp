@@ -327,17 +327,28 @@ TEST(Cli, TensorParallelVerifyTrainAndResumeOnAnotherTp) {
 // checkpointing), train with evaluation and a checkpoint that resumes on a data-parallel mesh,
 // and bad plans named with exit 2.
 TEST(Cli, ContextParallelVerifyTrainAndResume) {
-  for (const std::string args : {"--mesh cp=2", "--mesh cp=2,dp=2 --zero 3 --ac full --dtype f64"}) {
-    const Result v = run("verify " + args + " --steps 2 --seq-len 32 --json");
+  // A corpus of short documents, so that the rows hold several and the mask has work to do.
+  const std::string docs = tmp("cp_documents");
+  std::filesystem::create_directories(docs);
+  for (int i = 0; i < 200; ++i)
+    std::ofstream(docs + "/doc-" + std::to_string(1000 + i) + ".txt") << "Shard " << i << std::string(size_t(i % 9), '.');
+  for (const auto& [args, algo] : {std::pair{"--mesh cp=2", "allgather"},
+                                   std::pair{"--mesh cp=2,dp=2 --zero 3 --ac full --dtype f64", "allgather"},
+                                   std::pair{"--mesh cp=2 --cp-algo ring --doc-mask --dtype f64 --data ", "ring"}}) {
+    const bool masked = std::string(args).find("--doc-mask") != std::string::npos;
+    const Result v = run(std::string("verify ") + args + (masked ? docs : "") + " --steps 2 --seq-len 32 --json");
     ASSERT_EQ(v.code, 0) << args << "\n" << v.err;
     const auto j = nlohmann::json::parse(v.out);
     EXPECT_TRUE(j.at("ok").get<bool>()) << args;
-    EXPECT_EQ(j.at("plan").at("cp_algo").get<std::string>(), "allgather") << args;
+    EXPECT_EQ(j.at("plan").at("cp_algo").get<std::string>(), algo) << args;
     EXPECT_FALSE(j.at("bounds_per_step").empty()) << "CP is held to bounds, not bits";
+    EXPECT_EQ(j.at("doc_mask").get<bool>(), masked);
+    if (masked) EXPECT_GT(j.at("document_boundaries").get<int>(), 8) << "rows of 32 over documents of 7 to 18 bytes";
   }
+  // Trained with document masks; the resume keeps them without being told.
   const std::string out = tmp("cp_resume");
   const Result first = run("train --preset tiny --seq-len 32 --batch-size 4 --steps 4 --stop-at 2 --mesh cp=2 "
-                           "--eval-every 2 --out " + out + " --json");
+                           "--doc-mask --eval-every 2 --out " + out + " --json");
   ASSERT_EQ(first.code, 0) << first.err;
   EXPECT_NE(nlohmann::json::parse(first.out).at("strategy").get<std::string>().find("CP over 2 ranks (allgather)"),
             std::string::npos) << first.out;
@@ -345,6 +356,8 @@ TEST(Cli, ContextParallelVerifyTrainAndResume) {
                             "--mesh dp=2 --eval-every 0 --out " + out + " --json");
   ASSERT_EQ(second.code, 0) << second.err;
   EXPECT_EQ(nlohmann::json::parse(second.out).at("steps_this_run").get<int>(), 2);
+  std::ifstream state(out + "/checkpoint/trainer_state.json");
+  EXPECT_TRUE(nlohmann::json::parse(state).at("options").at("doc_mask").get<bool>());
   for (const auto& [args, says] : {std::pair{"--mesh cp=3 --seq-len 32", "not a multiple of 2*cp = 6"},
                                    std::pair{"--mesh dp=2 --cp-algo ring", "--cp-algo needs context parallelism"},
                                    std::pair{"--mesh cp=2 --cp-algo all", "expected allgather or ring"}}) {

@@ -126,6 +126,21 @@ TEST(BatchSampler, HandMadeSplitGivesLiteralWindows) {
   EXPECT_EQ(r2.targets, (std::vector<int32_t>{14, 15, 16, 17}));
 }
 
+// Document ids count the <|end_of_text|> tokens (257) before each position, from each row's
+// start: the separator belongs to the document it ends, the next token starts a new one.
+TEST(BatchSampler, DocumentsAreCountedFromEachRowsStart) {
+  Batch b;
+  b.B = 2, b.T = 6;
+  b.tokens = {'a', 257, 'b', 'c', 257, 257,  //
+              257, 'd', 'e', 'f', 'g', 'h'};
+  b.targets.assign(12, 0);
+  EXPECT_EQ(b.documents(), nullptr);
+  mark_documents(b);
+  EXPECT_EQ(b.docs, (std::vector<int32_t>{0, 0, 1, 1, 1, 2,  //
+                                          0, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(b.documents(), b.docs.data());
+}
+
 TEST(BatchSampler, IsAPureFunctionAndRowsSliceLikeDataParallelRanks) {
   const TextDataset ds = make_dataset(sample_text(), 16, 0.1);
   const Batch full = sample_rows(ds.train(), 16, 7, 3, 0, 4);

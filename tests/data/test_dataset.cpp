@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/data/dataset.h"
 #include "core/data/entropy.h"
@@ -59,19 +60,19 @@ bool contains(const std::string& haystack, const std::string& needle) {
 
 TEST_F(DatasetFiles, LoadsAFileByteForByte) {
   const std::string text = "Hello, w\xC3\xB6rld.\n\nSecond paragraph.\n";
-  EXPECT_EQ(load_text(write("a.txt", text)), text);
+  EXPECT_EQ(load_documents(write("a.txt", text)), std::vector<std::string>{text});
 }
 
 TEST_F(DatasetFiles, MissingFileNamesThePath) {
   const std::string path = (dir_ / "nope.txt").string();
-  const std::string msg = input_error_of([&] { load_text(path); });
+  const std::string msg = input_error_of([&] { load_documents(path); });
   EXPECT_TRUE(contains(msg, path)) << msg;
   EXPECT_TRUE(contains(msg, "not found")) << msg;
 }
 
 TEST_F(DatasetFiles, EmptyFileNamesThePath) {
   const std::string path = write("empty.txt", "");
-  const std::string msg = input_error_of([&] { load_text(path); });
+  const std::string msg = input_error_of([&] { load_documents(path); });
   EXPECT_TRUE(contains(msg, path)) << msg;
   EXPECT_TRUE(contains(msg, "empty")) << msg;
 }
@@ -79,7 +80,7 @@ TEST_F(DatasetFiles, EmptyFileNamesThePath) {
 TEST_F(DatasetFiles, InvalidUtf8NamesPathOffsetAndLine) {
   // Latin-1 "é" (0xE9) at byte 14, on line 2.
   const std::string path = write("latin1.txt", "first line\ncaf\xE9 au lait\n");
-  const std::string msg = input_error_of([&] { load_text(path); });
+  const std::string msg = input_error_of([&] { load_documents(path); });
   EXPECT_TRUE(contains(msg, path)) << msg;
   EXPECT_TRUE(contains(msg, "UTF-8")) << msg;
   EXPECT_TRUE(contains(msg, "byte 14")) << msg;
@@ -90,32 +91,39 @@ TEST_F(DatasetFiles, UnreadableFileIsAnInputError) {
   if (::geteuid() == 0) GTEST_SKIP() << "root reads files regardless of permissions";
   const std::string path = write("locked.txt", "secret");
   fs::permissions(path, fs::perms::none);
-  const std::string msg = input_error_of([&] { load_text(path); });
+  const std::string msg = input_error_of([&] { load_documents(path); });
   EXPECT_TRUE(contains(msg, path)) << msg;
 }
 
-TEST_F(DatasetFiles, DirectoryJoinsTxtFilesInNameOrder) {
+TEST_F(DatasetFiles, DirectoryIsOneDocumentPerTxtFileInNameOrder) {
   write("corpus/part-02.txt", "World.\n");
   write("corpus/part-01.txt", "Hello.\n");
   write("corpus/notes.md", "not text for training");
   write("corpus/.hidden.txt", "hidden");
   write("corpus/sub/part-00.txt", "not recursive");
-  EXPECT_EQ(load_text((dir_ / "corpus").string()), "Hello.\n\nWorld.\n");
+  const std::string dir = (dir_ / "corpus").string();
+  EXPECT_EQ(load_documents(dir), (std::vector<std::string>{"Hello.\n", "World.\n"}));
+  // Packed: the bytes, <|end_of_text|> (257) between the documents, none after the last.
+  const std::vector<int32_t> expected = {'H', 'e', 'l', 'l', 'o', '.', '\n', 257, 'W', 'o', 'r', 'l', 'd', '.', '\n'};
+  EXPECT_EQ(pack_documents(load_documents(dir)), expected);
+  EXPECT_EQ(pack_documents({"one"}), (std::vector<int32_t>{'o', 'n', 'e'}));
 }
 
 TEST_F(DatasetFiles, DirectoryErrorsNameTheCulprit) {
   write("nothing/readme.md", "no txt here");
   const std::string none = (dir_ / "nothing").string();
-  EXPECT_TRUE(contains(input_error_of([&] { load_text(none); }), none));
+  EXPECT_TRUE(contains(input_error_of([&] { load_documents(none); }), none));
 
   write("bad/a.txt", "fine\n");
   const std::string bad_part = write("bad/b.txt", "ok\xFF");
-  const std::string msg = input_error_of([&] { load_text((dir_ / "bad").string()); });
+  const std::string msg = input_error_of([&] { load_documents((dir_ / "bad").string()); });
   EXPECT_TRUE(contains(msg, bad_part)) << msg;
   EXPECT_TRUE(contains(msg, "byte 2")) << msg;  // offset within b.txt, not within the join
 
-  write("blank/a.txt", "");
-  EXPECT_TRUE(contains(input_error_of([&] { load_text((dir_ / "blank").string()); }), "empty"));
+  write("blank/a.txt", "text\n");
+  const std::string empty_part = write("blank/b.txt", "");  // would pack as two <|end_of_text|> in a row
+  const std::string empty_msg = input_error_of([&] { load_documents((dir_ / "blank").string()); });
+  EXPECT_TRUE(contains(empty_msg, "empty") && contains(empty_msg, empty_part)) << empty_msg;
 }
 
 TEST(Dataset, SplitIsTheLastFractionOfTheBytes) {
@@ -157,7 +165,10 @@ TEST_F(DatasetFiles, LoadDatasetRemembersItsSource) {
 // The shipped corpus: loads offline, is large, and looks like English by its byte statistics.
 TEST(DefaultCorpus, LoadsAndHasEnglishByteEntropy) {
   const std::string path = default_corpus_path();
-  const std::string text = load_text(path);
+  const std::vector<std::string> documents = load_documents(path);
+  EXPECT_GE(documents.size(), 80u) << path;  // sections, short enough that a window often spans two
+  std::string text;
+  for (const std::string& d : documents) text += d;
   EXPECT_GE(text.size(), 120u * 1024u) << path;
 
   // Byte-unigram entropy from the raw bytes, computed here independently of entropy.cpp.
@@ -167,14 +178,20 @@ TEST(DefaultCorpus, LoadsAndHasEnglishByteEntropy) {
   for (double c : counts) {
     if (c > 0) bits -= (c / double(text.size())) * std::log2(c / double(text.size()));
   }
-  std::printf("default corpus %s: %zu bytes, byte-unigram entropy %.4f bits (%.4f nats)\n", path.c_str(),
-              text.size(), bits, bits * std::log(2.0));
+  std::printf("default corpus %s: %zu documents, %zu bytes, byte-unigram entropy %.4f bits (%.4f nats)\n",
+              path.c_str(), documents.size(), text.size(), bits, bits * std::log(2.0));
   EXPECT_GT(bits, 3.5);
   EXPECT_LT(bits, 5.5);
 
+  // The packed stream adds one <|end_of_text|> per boundary: the same counts plus that symbol.
+  const double n = double(text.size()), eot = double(documents.size() - 1), total = n + eot;
+  double packed_bits = -(eot / total) * std::log2(eot / total);
+  for (double c : counts)
+    if (c > 0) packed_bits -= (c / total) * std::log2(c / total);
   const TextDataset ds = load_dataset(path, 256);
   const UnigramEntropy h = unigram_entropy(ds.tokens);
-  EXPECT_NEAR(h.bits, bits, 1e-9);
+  ASSERT_EQ(ds.tokens.size(), text.size() + documents.size() - 1);
+  EXPECT_NEAR(h.bits, packed_bits, 1e-9);
   const UnigramEntropy val = unigram_entropy(ds.validation());
   const UnigramEntropy base = unigram_cross_entropy(ds.train(), ds.validation());
   std::printf("validation split: %zu tokens, own unigram entropy %.4f nats, train-unigram cross-entropy %.4f nats\n",

@@ -36,8 +36,8 @@ TEST(UnigramEntropy, ClosedForms) {
 TEST(UnigramEntropy, CrossEntropyWithAddOneSmoothing) {
   const std::vector<int32_t> fit = {'a', 'a', 'b'};
   const std::vector<int32_t> eval = {'a', 'b', 'c'};
-  // q_a = (2+1)/(3+256), q_b = 2/259, q_c = 1/259 (never seen in fit).
-  const double expected = -(std::log(3.0 / 259) + std::log(2.0 / 259) + std::log(1.0 / 259)) / 3;
+  // Over the 264 ids of the byte vocabulary: q_a = (2+1)/(3+264), q_b = 2/267, q_c = 1/267 (never seen in fit).
+  const double expected = -(std::log(3.0 / 267) + std::log(2.0 / 267) + std::log(1.0 / 267)) / 3;
   const UnigramEntropy h = unigram_cross_entropy(fit, eval);
   EXPECT_NEAR(h.nats, expected, 1e-12);
   EXPECT_NEAR(h.bits, expected / std::log(2.0), 1e-12);

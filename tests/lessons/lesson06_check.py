@@ -7,6 +7,8 @@ again from the model's shape, independently of the program:
   - bytes per rank and step: all-gather (cp-1) 2n forward, (cp-1) 2n + (cp-1) 2n backward, or ring
     (cp-1) 6n + 2n, per layer and micro-batch, n = B T nkv hd;
   - activations of a cp rank times cp equal one device's;
+  - under the document mask the ranks together score the sum over each row's documents of
+    len (len + 1) / 2 pairs per head, and send the same bytes as without it;
   - the equivalence checks (fp32 within bounds, fp64 against the plain trainer, cp x dp ZeRO-3) hold.
 
   lesson06_context_parallel --json | lesson06_check.py
@@ -19,7 +21,7 @@ def main():
     j = json.load(sys.stdin)
     bad = []
     for key in ("split", "attention_flops", "kv_traffic", "ring", "gqa", "memory", "exercises", "equivalence",
-                "equivalence_fp64", "equivalence_cp_dp_zero3", "passed"):
+                "equivalence_fp64", "equivalence_cp_dp_zero3", "document_mask", "passed"):
         if key not in j:
             bad.append(f"key '{key}' missing")
     if bad:
@@ -33,7 +35,7 @@ def main():
     ring = sp["cp_algo"] == "ring"
 
     ids = {e["id"] for e in j["exercises"]}
-    want = {"A1", "A2", "A3", "G4", "R1", "R2", "R3", "Q1", "M1", "M2", "F1", "D1", "D2"}
+    want = {"A1", "A2", "A3", "G4", "R1", "R2", "R3", "Q1", "M1", "M2", "F1", "K1", "K2", "D1", "D2"}
     want |= {"G5"} if ring else {"G1", "G2", "G3"}
     want |= {"R4", "R5", "R6", "R7"}
     if not want <= ids:
@@ -73,6 +75,17 @@ def main():
         bad.append(f"ring backward scratch {j['ring']['backward_scratch']} != 8n x 4")
     if j["gqa"]["sent_without_gqa"] != [x * nh // nkv for x in call["forward_sent"]]:
         bad.append("without GQA the all-gather should send nh/nkv times the bytes")
+
+    dm = j["document_mask"]
+    if len(dm["lengths"]) != B or any(sum(row) != S for row in dm["lengths"]):
+        bad.append(f"document lengths {dm['lengths']} do not cut {B} rows of {S} tokens")
+    if not any(len(row) > 1 for row in dm["lengths"]):
+        bad.append("no demonstration row crosses a document boundary")
+    masked = sum(n * (n + 1) // 2 for row in dm["lengths"] for n in row)
+    if sum(dm["rank_flops"]) != 4 * hd * nh * masked:
+        bad.append(f"masked attention FLOPs {sum(dm['rank_flops'])} != 4 hd nh x {masked} pairs")
+    if dm["sent_masked"] != dm["sent_causal"]:
+        bad.append("the document mask changed the bytes sent")
 
     mem = j["memory"]
     if any(a * cp != mem["one_device_activations"] for a in mem["rank_activations"]):

@@ -57,7 +57,7 @@ CASES = {
     "lesson06": {
         "flags": ["--steps", "1", "--step"],
         "answers": {"A1": ["2064"], "A3": ["1500"], "M1": ["lots", "2,416,640"]},
-        "asked": ["A1", "A3", "G1", "R3", "Q1", "M1", "D1"],
+        "asked": ["A1", "A3", "G1", "R3", "Q1", "M1", "K1", "D1"],
         "revealed_by": {"A1": "pairs/head/row", "G1": "Bytes SENT by each rank", "R3": "scratch peak",
                         "Q1": "with nkv = nh", "M1": "one device, S = ", "D1": "params at rest"},
         "verdicts": {

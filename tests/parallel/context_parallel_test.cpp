@@ -57,6 +57,7 @@ struct FlopCount final : ops::FlopSink {
 struct Sequence {
   int64_t S, nh = 4, nkv = 2, hd = 8;
   std::vector<double> q, k, v;
+  std::vector<int32_t> doc;  // [S] document ids (document mask), or empty
   explicit Sequence(int64_t tokens) : S(tokens) {
     std::mt19937_64 gen(7);
     std::normal_distribution<double> n(0, 1);
@@ -73,7 +74,13 @@ struct Sequence {
     return out;
   }
   BlockDims dims(int cp, int r) const {
-    return {.B = 1, .T = S / cp, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = r};
+    return {.B = 1, .T = S / cp, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = r, .doc = documents()};
+  }
+  const int32_t* documents() const { return doc.empty() ? nullptr : doc.data(); }
+  // Packs documents of these lengths (summing to S) into the sequence.
+  void pack(const std::vector<int64_t>& lengths) {
+    doc.clear();
+    for (size_t i = 0; i < lengths.size(); ++i) doc.insert(doc.end(), size_t(lengths[i]), int32_t(i));
   }
 };
 
@@ -81,7 +88,8 @@ struct Sequence {
 std::vector<double> one_device(const Sequence& seq) {
   std::vector<double> out(size_t(seq.S * seq.nh * seq.hd)), lse(size_t(seq.S * seq.nh));
   ops::attention_forward(out.data(), lse.data(), seq.q.data(), seq.k.data(), seq.v.data(),
-                         {.B = 1, .Tq = seq.S, .Tk = seq.S, .nh = seq.nh, .nkv = seq.nkv, .hd = seq.hd});
+                         {.B = 1, .Tq = seq.S, .Tk = seq.S, .nh = seq.nh, .nkv = seq.nkv, .hd = seq.hd,
+                          .q_doc = seq.documents(), .k_doc = seq.documents()});
   return out;
 }
 
@@ -150,6 +158,35 @@ TEST(ContextAttention, RingRowsAgreeWithOneDeviceToRounding) {
   }
 }
 
+// Document masks: each rank's rows are one device's masked rows (all-gather: bitwise, chunks of
+// 64 and 32; ring: to rounding), and the (query, key) pairs all ranks score together are exactly
+// the masked pairs, counted here from the documents' lengths: sum of len·(len+1)/2. With these
+// lengths ring attention also meets whole blocks it skips for their documents (cp=4: the queries
+// of chunk 5, all in the fourth document, and the keys of chunks 0-3, all in the first two).
+TEST(ContextAttention, DocumentMaskedRowsMatchOneDevice) {
+  Sequence seq(256);
+  const std::vector<int64_t> lengths = {40, 90, 3, 100, 23};
+  seq.pack(lengths);
+  double pairs = 0;
+  for (const int64_t n : lengths) pairs += double(n * (n + 1) / 2);
+  const double per_pair = 4.0 * seq.hd * seq.nh;
+  for (const ContextAlgo algo : {ContextAlgo::allgather, ContextAlgo::ring})
+    for (const int cp : {2, 4}) {
+      SCOPED_TRACE(std::string(context_algo_name(algo)) + " cp=" + std::to_string(cp));
+      std::vector<double> flops(static_cast<size_t>(cp), 0.0);
+      on_each_rank(seq, cp, algo, [&](int r, const std::vector<double>& mine, const std::vector<double>& expected, double f) {
+        flops[size_t(r)] = f;
+        if (algo == ContextAlgo::allgather)
+          EXPECT_EQ(0, std::memcmp(mine.data(), expected.data(), mine.size() * sizeof(double))) << "rank " << r;
+        else
+          for (size_t i = 0; i < mine.size(); ++i) ASSERT_NEAR(mine[i], expected[i], 1e-14) << "rank " << r << " element " << i;
+      });
+      double total = 0;
+      for (const double f : flops) total += f;
+      EXPECT_EQ(total, per_pair * pairs);
+    }
+}
+
 // Attention's FLOPs on each rank, as the ops report them: with the 2·cp split every rank scores
 // exactly (2cp-1)·c² + c(c+1) pairs per head (c = S/(2cp)), the same on all ranks. A contiguous
 // split (rank r holds tokens [r·S/cp, (r+1)·S/cp), T = S/cp) gives rank r r·T² + T(T+1)/2 pairs:
@@ -195,6 +232,7 @@ struct CpCase {
   const char* ac;
   int64_t micro_batch_size;  // rows per micro-batch on a data rank
   ContextAlgo algo = ContextAlgo::allgather;
+  bool doc_mask = false;  // on test::document_corpus(), whose rows pack two to four documents
 };
 
 std::string cp_case_name(const testing::TestParamInfo<CpCase>& info) { return info.param.name; }
@@ -214,7 +252,9 @@ TEST_P(ContextParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
   o.plan.cp_algo = c.algo;
   o.train = test::options(3, c.micro_batch_size);
   o.train.seq_len = 24;  // 2·cp chunks for cp = 2, 3, 4
-  const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
+  o.train.doc_mask = c.doc_mask;
+  const TextDataset& data = c.doc_mask ? test::document_corpus() : test::corpus();
+  const EquivalenceReport r = verify_plan<double>(o, data, test::virtual_launcher(o.plan.world_size()));
   EXPECT_TRUE(r.ok) << r.table();
   EXPECT_TRUE(r.plain_checked);
   EXPECT_LE(r.plain_max_rel_err, 1e-12) << r.table();
@@ -224,8 +264,8 @@ TEST_P(ContextParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
   EXPECT_NE(r.losses_single[0], r.losses_single[2]);
 }
 
-// The sanitizer presets run cp2, cp2_dp2_zero3 and the ring cases with dp, ZeRO-3, AC and pp
-// (CMakePresets.json excludes the rest there); the release build runs all.
+// The sanitizer presets run cp2, cp2_dp2_zero3, the ring cases with dp, ZeRO-3, AC and pp and two
+// document-masked cases (CMakePresets.json excludes the rest there); the release build runs all.
 const CpCase kCpCases[] = {
     {"cp2", "cp=2", ZeroStage::none, "none", 12},
     {"cp3", "cp=3", ZeroStage::none, "none", 12},
@@ -240,6 +280,16 @@ const CpCase kCpCases[] = {
     {"ring_cp4_full_ac", "cp=4", ZeroStage::none, "full", 24, ContextAlgo::ring},
     {"ring_cp2_dp2_zero3_selective", "cp=2,dp=2", ZeroStage::zero3, "selective", 6, ContextAlgo::ring},
     {"ring_cp2_pp2", "cp=2,pp=2", ZeroStage::none, "none", 6, ContextAlgo::ring},
+    {"doc_cp2", "cp=2", ZeroStage::none, "none", 12, ContextAlgo::allgather, true},
+    {"doc_cp3", "cp=3", ZeroStage::none, "none", 12, ContextAlgo::allgather, true},
+    {"doc_cp4", "cp=4", ZeroStage::none, "none", 24, ContextAlgo::allgather, true},
+    {"doc_cp2_dp2_zero3", "cp=2,dp=2", ZeroStage::zero3, "none", 6, ContextAlgo::allgather, true},
+    {"doc_cp3_full_ac", "cp=3", ZeroStage::none, "full", 12, ContextAlgo::allgather, true},
+    {"doc_ring_cp2", "cp=2", ZeroStage::none, "none", 12, ContextAlgo::ring, true},
+    {"doc_ring_cp3", "cp=3", ZeroStage::none, "none", 12, ContextAlgo::ring, true},
+    {"doc_ring_cp4_selective", "cp=4", ZeroStage::none, "selective", 24, ContextAlgo::ring, true},
+    {"doc_ring_cp2_dp2_zero3", "cp=2,dp=2", ZeroStage::zero3, "none", 6, ContextAlgo::ring, true},
+    {"doc_ring_cp2_pp2", "cp=2,pp=2", ZeroStage::none, "none", 6, ContextAlgo::ring, true},
 };
 INSTANTIATE_TEST_SUITE_P(ContextParallel, ContextParallelEquivalence, testing::ValuesIn(kCpCases), cp_case_name);
 

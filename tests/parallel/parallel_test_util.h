@@ -2,6 +2,7 @@
 // Shared set-up for the data-parallel tests: the tiny model, a corpus, options whose global
 // batch splits over 2, 3, 4 and 8 ranks, and a launcher on the virtual backend.
 #include <string>
+#include <vector>
 
 #include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"
@@ -16,6 +17,17 @@ inline const TextDataset& corpus() {
     std::string text;
     for (int i = 0; i < 300; ++i) text += "Rank " + std::to_string(i % 7) + " sends its shard of layer " + std::to_string(i) + ". ";
     return make_dataset(text, 16);
+  }();
+  return data;
+}
+
+// Short documents (7 to 19 bytes) packed with <|end_of_text|> between them, so a row of 24
+// tokens holds two to four: for document masks.
+inline const TextDataset& document_corpus() {
+  static const TextDataset data = [] {
+    std::vector<std::string> documents;
+    for (int i = 0; i < 400; ++i) documents.push_back("Shard " + std::to_string(i) + std::string(size_t(i % 7), '.'));
+    return make_dataset(documents, 16);
   }();
   return data;
 }

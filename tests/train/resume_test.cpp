@@ -116,7 +116,9 @@ TEST(Resume, OnlyStepsAndMicroBatchMayChange) {
     nlohmann::json j = saved.to_json();
     const nlohmann::json::json_pointer at(f.pointer);
     nlohmann::json& v = j[at];
-    if (v.is_number_unsigned())
+    if (v.is_boolean())
+      v = !v.get<bool>();
+    else if (v.is_number_unsigned())
       v = v.get<uint64_t>() * 2;
     else if (v.is_number_integer())
       v = v.get<int64_t>() * 2;
