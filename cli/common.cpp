@@ -16,7 +16,9 @@ namespace llama4d::cli {
 
 void ModelChoice::add_options(CLI::App& cmd, const std::string& default_preset, bool with_checkpoint) {
   preset = default_preset;
-  cmd.add_option("--preset", preset, "model shape: tiny, small, llama3-8b, llama3-70b, llama3-405b")
+  std::string names;  // from the list itself, so the help never misses a preset
+  for (const std::string& n : LlamaConfig::preset_names()) names += (names.empty() ? "" : ", ") + n;
+  cmd.add_option("--preset", preset, "model shape: " + names)
       ->capture_default_str();
   cmd.add_option("--config", config, "Hugging Face config.json (overrides --preset)");
   if (with_checkpoint)

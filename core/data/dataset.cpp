@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -134,6 +135,31 @@ TextDataset load_dataset(const std::string& path, int64_t seq_len, double val_fr
   return make_dataset(load_documents(path), seq_len, val_fraction, path);
 }
 
-std::string default_corpus_path() { return std::string(LLAMA4D_DATA_DIR) + "/corpus"; }
+namespace {
+
+// The directory holding the running executable, or empty where /proc cannot say (not Linux).
+// /proc/self/exe is the resolved file, so a symlink to the binary still finds its own share/.
+fs::path executable_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : exe.parent_path();
+}
+
+}  // namespace
+
+std::string default_corpus_path() {
+  // Installed or copied (bin/ beside share/), then the source tree this binary was built from.
+  std::vector<fs::path> candidates;
+  if (const fs::path dir = executable_dir(); !dir.empty())
+    candidates.push_back((dir / ".." / "share" / "llama4d" / "corpus").lexically_normal());
+  candidates.push_back(fs::path(LLAMA4D_DATA_DIR) / "corpus");
+  std::string tried;
+  for (const fs::path& c : candidates) {
+    std::error_code ec;
+    if (fs::is_directory(c, ec)) return c.string();
+    tried += (tried.empty() ? "" : ", ") + c.string();
+  }
+  throw InputError("no default corpus: looked in " + tried + "; pass --data FILE_OR_DIR");
+}
 
 }  // namespace llama4d

@@ -54,8 +54,13 @@ TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_frac
 // load_documents(path) then make_dataset.
 TextDataset load_dataset(const std::string& path, int64_t seq_len, double val_fraction = 0.1);
 
-// The corpus shipped with the source tree: LLAMA4D_DATA_DIR "/corpus", a directory of .txt
-// documents (see data/README.md). Works offline; the path is baked in at build time.
+// The corpus shipped with the project (a directory of .txt documents, see data/README.md), so a
+// binary works offline with no flags. The first of, in order:
+//   1. <directory of the running executable>/../share/llama4d/corpus: where `cmake --install`
+//      puts it, and where the build tree mirrors it (build/release/bin -> build/release/share),
+//      so a copied or installed binary needs no source tree;
+//   2. LLAMA4D_DATA_DIR "/corpus": the source tree, compiled in.
+// None there: InputError naming every place looked in and suggesting --data.
 std::string default_corpus_path();
 
 }  // namespace llama4d

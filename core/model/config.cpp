@@ -364,7 +364,7 @@ LlamaConfig LlamaConfig::from_file(const std::string& path) {
 // ---- Presets --------------------------------------------------------------------------------
 
 std::vector<std::string> LlamaConfig::preset_names() {
-  return {"tiny", "small", "llama3-8b", "llama3-70b", "llama3-405b"};
+  return {"tiny", "small", "medium", "llama3-8b", "llama3-70b", "llama3-405b"};
 }
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
@@ -372,6 +372,11 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
   // long enough (4,096 positions) to train at long context with context parallelism.
   if (name == "tiny") return byte_shape(64, 176, 2, 4, 2, 128);
   if (name == "small") return byte_shape(288, 768, 6, 6, 2, 4096);
+  // medium (~91 M): enough work per GEMM for a 16-core workstation, in Llama 3's proportions:
+  // heads of 64, 4 query heads per KV head (8B: 32/8), SwiGLU width 8/3 C rounded up to a
+  // multiple of 256 (Meta's multiple_of), 8 layers so pp = 2, 4, 8 cut evenly, and Llama 3's
+  // pre-training context of 8,192 positions for long-context lessons.
+  if (name == "medium") return byte_shape(1024, 2816, 8, 16, 4, 8192);
   // Llama 3.1 shapes (Llama 3 herd paper, Table 3; HF meta-llama/Llama-3.1-*/config.json).
   if (name == "llama3-8b") return llama3_shape(4096, 14336, 32, 32);
   if (name == "llama3-70b") return llama3_shape(8192, 28672, 80, 64);

@@ -54,7 +54,7 @@ struct LlamaConfig {
   static LlamaConfig from_json(const nlohmann::json& j);
   static LlamaConfig from_file(const std::string& path);
 
-  // Presets: "tiny", "small", "llama3-8b", "llama3-70b", "llama3-405b".
+  // Presets: "tiny", "small", "medium", "llama3-8b", "llama3-70b", "llama3-405b".
   // Throws InputError listing the valid names for an unknown one.
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();

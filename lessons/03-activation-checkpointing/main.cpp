@@ -300,7 +300,7 @@ int run(const LessonOptions& o, const AcArgs& a) {
   Narrator say(o);
   const LlamaConfig cfg = LlamaConfig::preset(o.preset);
   if (cfg.num_parameters() > 100'000'000)
-    throw InputError("--preset " + o.preset + ": the lesson runs the model on this machine; use tiny or small "
+    throw InputError("--preset " + o.preset + ": the lesson runs the model on this machine; use tiny, small or medium "
                      "(the README works the formulas out for Llama 3 405B)");
   if (o.seq_len > cfg.max_position_embeddings)
     throw InputError("--seq-len " + std::to_string(o.seq_len) + " exceeds the preset's max_position_embeddings " +

@@ -24,7 +24,7 @@ namespace llama4d::lesson {
 // ---- Flags and narration ---------------------------------------------------------------------
 
 void LessonOptions::add_options(CLI::App& app) {
-  app.add_option("--preset", preset, "model shape (tiny: 2 layers, small: 6 layers)")->capture_default_str();
+  app.add_option("--preset", preset, "model shape (tiny: 2 layers, small: 6 layers, medium: 8 layers of 1024)")->capture_default_str();
   app.add_option("--ranks", ranks, "virtual GPUs")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--steps", steps, "AdamW steps")->check(CLI::Range(1, 100))->capture_default_str();
   app.add_option("--micro-batches", micro_batches, "micro-batches per rank and step (gradient accumulation)")

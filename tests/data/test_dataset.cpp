@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -198,6 +199,12 @@ TEST(DefaultCorpus, LoadsAndHasEnglishByteEntropy) {
               ds.validation().size(), val.nats, base.nats);
   // Gibbs' inequality: a distribution fitted elsewhere can only do worse than the true one.
   EXPECT_GE(base.nats, val.nats);
+}
+
+// A test binary (not next to a share/llama4d/) gets the source tree's corpus; the installed and
+// copied binaries are tests/cli/installed_binary.cmake's.
+TEST(DefaultCorpus, ATestBinaryFallsBackToTheSourceTree) {
+  EXPECT_EQ(default_corpus_path(), std::string(LLAMA4D_DATA_DIR) + "/corpus");
 }
 
 }  // namespace

@@ -123,6 +123,26 @@ TEST(Config, PresetShapes) {
   // k,v 2*288*96 = 55'296, mlp 3*288*768 = 663'552, norms 576 -> 885'312; 6 layers 5'311'872;
   // + embed and head 2*264*288 = 152'064 + final norm 288 = 5'464'224.
   EXPECT_EQ(small.num_parameters(), 5'464'224);
+
+  LlamaConfig medium = LlamaConfig::preset("medium");
+  EXPECT_EQ(medium.hidden_size, 1024);
+  EXPECT_EQ(medium.num_hidden_layers, 8);
+  EXPECT_EQ(medium.num_attention_heads, 16);
+  EXPECT_EQ(medium.num_key_value_heads, 4);
+  EXPECT_EQ(medium.head_dim, 64);
+  EXPECT_EQ(medium.intermediate_size, 2816);  // 8/3 * 1024 = 2730.7, up to a multiple of 256
+  EXPECT_EQ(medium.vocab_size, 264);
+  EXPECT_EQ(medium.max_position_embeddings, 8192);
+  EXPECT_FALSE(medium.tie_word_embeddings);
+  EXPECT_EQ(medium.bos_token_id, 256);
+  EXPECT_EQ(medium.eos_token_id, 257);
+  // V 264, C 1024, I 2816, L 8, 16 heads of 64, 4 kv heads: per layer q,o 2*1024*1024 = 2'097'152,
+  // k,v 2*1024*256 = 524'288, mlp 3*1024*2816 = 8'650'752, norms 2'048 -> 11'274'240; 8 layers
+  // 90'193'920; + embed and head 2*264*1024 = 540'672 + final norm 1'024 = 90'735'616.
+  EXPECT_EQ(medium.num_parameters(), 90'735'616);
+  // Between small and the real shapes, as the preset list promises.
+  EXPECT_GT(medium.num_parameters(), 30'000'000);
+  EXPECT_LT(medium.num_parameters(), 125'000'000);
 }
 
 TEST(Config, CountMatchesHandFormulaForEveryPresetAndTying) {
@@ -144,7 +164,7 @@ TEST(Config, CountMatchesHandFormulaForEveryPresetAndTying) {
 
 TEST(Config, UnknownPresetListsValidNames) {
   expect_error<InputError>([] { LlamaConfig::preset("llama3-7b"); },
-                           {"llama3-7b", "tiny", "small", "llama3-8b", "llama3-70b", "llama3-405b"});
+                           {"llama3-7b", "tiny", "small", "medium", "llama3-8b", "llama3-70b", "llama3-405b"});
 }
 
 TEST(Config, ParsesHuggingFaceLlama31Config) {

@@ -53,7 +53,7 @@ TEST(Params, TinyLayoutInHuggingFaceOrder) {
 }
 
 TEST(Params, TiedHasNoLmHeadAndCountsMatch) {
-  for (const char* name : {"tiny", "small"}) {
+  for (const char* name : {"tiny", "small", "medium"}) {
     for (bool tied : {false, true}) {
       LlamaConfig cfg = LlamaConfig::preset(name);
       cfg.tie_word_embeddings = tied;
