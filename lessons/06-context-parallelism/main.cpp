@@ -581,7 +581,8 @@ int run(LessonOptions o, const CpArgs& a) {
     for (int64_t b = 0; b < B; ++b) {
       at = std::find(train.begin() + at + 1, train.end(), kEndOfTextToken) - train.begin();
       const int64_t start = std::max<int64_t>(0, at - S * (b + 1) / (B + 1));
-      if (start + S + 1 > int64_t(train.size())) throw Error("lesson 06: the corpus has too few documents for the demonstration");
+      if (at == int64_t(train.size()) || start + S + 1 > int64_t(train.size()))
+        throw Error("lesson 06: the corpus has too few documents for the demonstration");
       rows.tokens.insert(rows.tokens.end(), train.begin() + start, train.begin() + start + S);
     }
     rows.targets.assign(rows.tokens.size(), 0);
