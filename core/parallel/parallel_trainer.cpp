@@ -91,8 +91,13 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   }
   if (cp > 1) {
     context_comm_ = std::make_unique<ContextParallelComm<T>>(mesh_->group("cp"), plan_.cp_algo);
-    model.set_block_comm(context_comm_.get());
     model.set_context_split(cp, plan_.coordinate("cp", world.rank()));
+    if (tensor_comm_) {
+      tensor_context_comm_ = std::make_unique<TensorContextComm<T>>(*tensor_comm_, *context_comm_);
+      model.set_block_comm(tensor_context_comm_.get());
+    } else {
+      model.set_block_comm(context_comm_.get());
+    }
   }
   // Pipeline parallelism: this rank's model holds its stages' units, and the step's passes run
   // as this rank's list of the schedule.
@@ -170,12 +175,17 @@ LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
   const int64_t dp = rows_group_->size(), d = rows_group_->rank();
   const int64_t w0 = windows * d / dp, w1 = windows * (d + 1) / dp;
   const int64_t rows = std::max<int64_t>(1, rank_micro_batch_rows(opt_, int(dp)));
+  // Every data rank makes the same number of evaluate calls, because under ZeRO-3 each one gathers
+  // parameters over the data group. When dp does not divide the windows, a rank with one window
+  // fewer evaluates a spare window (its last, or window 0) and drops that loss.
+  const int64_t most = (windows + dp - 1) / dp, spare = std::max<int64_t>(0, w1 - 1);
   LossSum local;
-  for (int64_t w = w0; w < w1; w += rows) {
-    Batch whole = eval_windows(val, opt_.seq_len, w, std::min(w1, w + rows));
+  for (int64_t i = 0; i < most; i += rows) {
+    const int64_t a = w0 + i, b = std::min(w1, a + rows);
+    Batch whole = a < b ? eval_windows(val, opt_.seq_len, a, b) : eval_windows(val, opt_.seq_len, spare, spare + 1);
     if (opt_.doc_mask) mark_documents(whole);  // over whole rows, before the context split
-    const Batch b = local_tokens(whole);
-    const LossSum part = strategy_->evaluate(b);
+    const LossSum part = strategy_->evaluate(local_tokens(whole));
+    if (a >= b) continue;
     local.loss_sum += part.loss_sum;
     local.tokens += part.tokens;
   }

@@ -16,6 +16,7 @@
 #include "core/parallel/data_parallel.h"
 #include "core/parallel/pipeline_parallel.h"
 #include "core/parallel/plan.h"
+#include "core/parallel/tensor_context_comm.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/train/train_options.h"
 #include "core/train/trainer.h"
@@ -75,6 +76,7 @@ class ParallelTrainer {
   ProcessGroup* data_group_ = nullptr;  // who sums gradients: those and the context-parallel ranks
   std::unique_ptr<TensorParallelComm<T>> tensor_comm_;  // tensor parallelism only
   std::unique_ptr<ContextParallelComm<T>> context_comm_;  // context parallelism only
+  std::unique_ptr<TensorContextComm<T>> tensor_context_comm_;  // both: the model's block points
   std::unique_ptr<PipelineRunner<T>> pipeline_;         // pipeline parallelism only
   std::shared_ptr<ProcessGroup> tied_group_;            // pp with tied embeddings: first + last stage
   std::unique_ptr<DataParallelStrategy<T>> strategy_;

@@ -45,9 +45,6 @@ void ParallelPlan::validate() const {
   if (size("ep") > 1)
     throw InputError("--mesh " + describe_mesh() + ": expert parallelism (ep=" + std::to_string(size("ep")) +
                      ") has nothing to split: Llama 3 is dense, there are no experts");
-  if (size("cp") > 1 && size("tp") > 1)
-    throw InputError("--mesh " + describe_mesh() + ": context parallelism together with tensor parallelism is not "
-                     "implemented in this build yet; use cp with pp and dp");
   if (size("cp") == 1 && cp_algo != ContextAlgo::allgather)
     throw InputError("--cp-algo needs context parallelism (cp > 1 in --mesh)");
   bool plain = false, split = false;
