@@ -134,7 +134,8 @@ std::string ParallelPlan::describe_mesh() const {
 
 std::string ParallelPlan::describe() const {
   std::string s = describe_mesh();
-  if (!mesh.empty()) s += ", " + data_parallel().describe();
+  // Plain DP over no second rank (tp=2,cp=1,pp=2 and the like) does nothing worth naming.
+  if (!mesh.empty() && (zero != ZeroStage::none || dp() * size("cp") > 1)) s += ", " + data_parallel().describe();
   if (size("tp") > 1) s += sequence_parallel ? ", TP + SP" : ", TP";
   if (size("cp") > 1) s += ", CP " + std::string(context_algo_name(cp_algo));
   if (size("pp") > 1)

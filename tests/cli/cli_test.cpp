@@ -471,6 +471,33 @@ TEST(Cli, BenchReportsTheStepOnTheSimulatedClock) {
   expect_bad_input(run("bench --preset tiny --seq-len 32 --gpu-tflops 50"), "--gpu-tflops");
 }
 
+// `plan` runs nothing: one JSON object for a 4D plan (memory by category, traffic per mesh
+// dimension, bubble, MFU), the Llama 3 table, and bad input refused by name.
+TEST(Cli, PlanPredictsA4DPlanAndTheLlama3Table) {
+  const Result p = run("plan --preset small --mesh tp=2,cp=2,pp=2,dp=2 --zero 3 --ac selective --micro-batches 2 "
+                       "--tokens 1e9 --json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  const nlohmann::json j = nlohmann::json::parse(p.out);
+  EXPECT_EQ(j.at("plan").at("world_size").get<int>(), 16);
+  EXPECT_EQ(j.at("micro_batches").get<int>(), 2);
+  EXPECT_GT(j.at("memory_per_gpu").at("params").get<int64_t>(), 0);
+  EXPECT_TRUE(j.at("fits").get<bool>());
+  EXPECT_NEAR(j.at("bubble_fraction").get<double>(), 1.0 / 3.0, 1e-12);  // (p-1)/(m+p-1), p = m = 2
+  EXPECT_GT(j.at("mfu").get<double>(), 0.0);
+  EXPECT_GT(j.at("days_for_budget").get<double>(), 0.0);
+  const Result t = run("plan --llama3 --json");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const nlohmann::json table = nlohmann::json::parse(t.out);
+  ASSERT_EQ(table.at("plans").size(), 3u);
+  for (const nlohmann::json& row : table.at("plans")) EXPECT_TRUE(row.at("fits").get<bool>()) << row.dump();
+  const Result big = run("plan --preset llama3-405b --mesh dp=8 --zero 1 --precision bf16 --seq-len 8192");
+  ASSERT_EQ(big.code, 0) << big.err;
+  EXPECT_NE(big.out.find("DOES NOT FIT"), std::string::npos) << big.out;
+  expect_bad_input(run("plan --preset small --mesh tp=4"), "num_attention_heads");
+  expect_bad_input(run("plan --preset small --mesh dp=2 --precision fp8"), "--precision");
+  expect_bad_input(run("plan --preset small --mesh dp=2 --efficiency 2"), "--efficiency");
+}
+
 TEST(Cli, ThreadCountIsBounded) {
   expect_bad_input(run("train --preset tiny --threads 100000 --out " + tmp("threads")), "thread");
 }

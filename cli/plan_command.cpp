@@ -1,0 +1,182 @@
+// `llama4d plan`: the analytical planner (core/plan/planner.h) from the command line.
+//
+//   llama4d plan --preset small --mesh tp=2,cp=2,pp=2,dp=2 --zero 3 --micro-batches 2
+//   llama4d plan --preset llama3-405b --mesh tp=8,cp=1,pp=16,dp=64 --precision bf16 --seq-len 8192 ...
+//   llama4d plan --llama3      the Llama 3 405B plans of the paper beside its reported MFU
+//
+// Memory per GPU by category (with a verdict against --hbm-gb naming the largest category when
+// the plan does not fit), bytes per step per mesh dimension and the link each group crosses, the
+// pipeline bubble, step time, MFU, tokens/s and the days a --tokens budget takes. Every
+// assumption of the time model is a flag; nothing runs, so any size of cluster can be planned.
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "cli/parallel_options.h"
+#include "core/error.h"
+#include "core/plan/planner.h"
+
+namespace llama4d::cli {
+
+namespace {
+
+struct PlanArgs {
+  std::string preset = "small", config, precision = "fp32";
+  ParallelChoice parallel;
+  int64_t seq_len = 256, batch_size = 8, micro_batch_size = 0;
+  int micro_batches = 0;
+  int gpus_per_node = 8;
+  double gpu_tflops = 989, hbm_gb = 80, nvlink_gbps = 450, nvlink_us = 1, ib_gbps = 50, ib_us = 5;
+  double efficiency = 0.6, dp_overlap = 0.9, tokens = 0;
+  bool llama3 = false, json = false;
+};
+
+ClusterModel cluster_model(const PlanArgs& a) {
+  if (a.gpus_per_node < 1 || a.hbm_gb < 0 || a.nvlink_gbps <= 0 || a.ib_gbps <= 0 || a.nvlink_us < 0 || a.ib_us < 0)
+    throw InputError("plan: --gpus-per-node must be >= 1, bandwidths positive, latencies and --hbm-gb >= 0");
+  ClusterModel m;
+  m.cluster.gpus_per_node = a.gpus_per_node;
+  m.cluster.gpu_tflops = a.gpu_tflops;
+  m.cluster.hbm_bytes = int64_t(a.hbm_gb * 1e9);
+  m.cluster.nvlink = {a.nvlink_us, a.nvlink_gbps};
+  m.cluster.infiniband = {a.ib_us, a.ib_gbps};
+  m.compute_efficiency = a.efficiency;
+  m.dp_overlap = a.dp_overlap;
+  return m;
+}
+
+StepShape shape_of(const LlamaConfig& model, const ParallelPlan& plan, const PlanArgs& a) {
+  StepShape s;
+  s.model = model;
+  s.plan = plan;
+  s.seq_len = a.seq_len;
+  s.batch_size = a.batch_size;
+  s.micro_batch_size = a.micro_batch_size;
+  if (a.micro_batches < 0) throw InputError("--micro-batches must be >= 1, got " + std::to_string(a.micro_batches));
+  if (a.micro_batches > 0) s.micro_batch_size = s.rows_per_data_rank() / a.micro_batches;
+  s.precision = Precision::parse(a.precision);
+  if (s.seq_len < 1 || s.batch_size < 1 || s.micro_batch_size < 0)
+    throw InputError("plan: --seq-len and --batch-size must be >= 1 and --micro-batch-size >= 0");
+  return s;
+}
+
+// Llama 3 405B as trained (Dubey et al. 2024, Table 4): GPUs, the 4D layout, sequence length,
+// sequences per data-parallel group, and the BF16 MFU the paper reports. The assumptions that
+// are ours, not the paper's: selective activation checkpointing, 4 chunks per pipeline rank,
+// and the time model's flags (--efficiency, --dp-overlap). Every row is 16M
+// tokens per step. Layers: 126 over 16 ranks x 4 chunks, one layer on the first and the last
+// virtual stage and two on the others (the paper's balancing: one layer fewer at both ends).
+struct Llama3Row {
+  const char* mesh;
+  int64_t seq_len, batch_per_dp;
+  double reported_mfu;
+};
+constexpr Llama3Row kLlama3Rows[] = {
+    {"tp=8,cp=1,pp=16,dp=64", 8192, 32, 0.43},
+    {"tp=8,cp=1,pp=16,dp=128", 8192, 16, 0.41},
+    {"tp=8,cp=16,pp=16,dp=8", 131072, 16, 0.38},
+};
+
+nlohmann::json llama3_table(const PlanArgs& a) {
+  const LlamaConfig model = LlamaConfig::preset("llama3-405b");
+  std::string layers = "1";
+  for (int s = 1; s < 63; ++s) layers += ",2";
+  layers += ",1";
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Llama3Row& row : kLlama3Rows) {
+    ParallelChoice c = a.parallel;
+    c.mesh = row.mesh;
+    c.zero = 3;
+    c.keep_params = true;  // Llama 3 kept parameters gathered from forward to backward
+    c.ac = "selective";    // an assumption (the paper does not say): without it activations overflow 80 GB
+    c.schedule = "interleaved";
+    c.pp_chunks = 4;
+    c.pp_layers = layers;
+    PlanArgs args = a;
+    args.precision = "bf16";
+    args.seq_len = row.seq_len;
+    args.micro_batch_size = 1;
+    args.micro_batches = 0;
+    const ParallelPlan plan = c.plan(model, "ring");
+    args.batch_size = row.batch_per_dp * plan.dp();
+    const PlanReport r = plan_step(shape_of(model, plan, args), cluster_model(args), 15.6e12);
+    nlohmann::json j = r.to_json();
+    j["reported_mfu"] = row.reported_mfu;
+    rows.push_back(j);
+  }
+  return {{"model", "llama3-405b"}, {"source", "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4"}, {"plans", rows}};
+}
+
+void print_llama3(const nlohmann::json& t) {
+  std::printf("Llama 3 405B, the paper's plans (bf16, ZeRO-3 with parameters kept, interleaved 1F1B v=4,\n"
+              "selective checkpointing assumed; 15.6T tokens):\n");
+  std::printf("%-24s %7s %6s %10s %10s %10s %8s %8s %9s %7s\n", "mesh", "seq", "GPUs", "weights", "activ.", "dp bytes",
+              "bubble", "step s", "MFU", "paper");
+  for (const nlohmann::json& r : t.at("plans")) {
+    const nlohmann::json& m = r.at("memory_per_gpu");
+    int64_t dp_bytes = 0;
+    for (const nlohmann::json& d : r.at("traffic"))
+      if (d.at("dim") == "dp") dp_bytes += d.at("bytes_per_rank").get<int64_t>();
+    std::printf("%-24s %7lld %6d %10s %10s %10s %7.1f%% %8.2f %8.1f%% %6.0f%%%s\n",
+                r.at("plan").at("mesh_spec").get<std::string>().c_str(), static_cast<long long>(r.at("seq_len").get<int64_t>()),
+                r.at("plan").at("world_size").get<int>(),
+                format_bytes(m.at("params").get<int64_t>() + m.at("grads").get<int64_t>() + m.at("optimizer").get<int64_t>() +
+                             m.at("comm_buffers").get<int64_t>())
+                    .c_str(),
+                format_bytes(m.at("activations").get<int64_t>()).c_str(), format_bytes(dp_bytes).c_str(),
+                r.at("bubble_fraction").get<double>() * 100, r.at("step_seconds").get<double>(),
+                r.at("mfu").get<double>() * 100, r.at("reported_mfu").get<double>() * 100,
+                r.at("fits").get<bool>() ? "" : "  (does not fit)");
+  }
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand("plan", "predict memory, traffic, bubble, step time and MFU of a plan (no run)");
+  cmd->add_option("--preset", a->preset, "model shape (tiny, small, medium, llama3-8b, llama3-70b, llama3-405b)")
+      ->capture_default_str();
+  cmd->add_option("--config", a->config, "Hugging Face config.json (overrides --preset)");
+  a->parallel.add_options(*cmd, "tp=2,cp=2,pp=2,dp=2");
+  add_micro_batches_option(*cmd, a->micro_batches);
+  cmd->add_option("--seq-len", a->seq_len, "tokens per sequence")->capture_default_str();
+  cmd->add_option("--batch-size", a->batch_size, "global batch in sequences")->capture_default_str();
+  cmd->add_option("--micro-batch-size", a->micro_batch_size, "sequences per micro-batch on a data rank (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--precision", a->precision, "fp32 (this engine), fp64, or bf16 (Llama 3's mixed precision)")
+      ->capture_default_str();
+  cmd->add_option("--gpus-per-node", a->gpus_per_node, "GPUs per node (NVLink inside, InfiniBand across)")
+      ->capture_default_str();
+  cmd->add_option("--gpu-tflops", a->gpu_tflops, "peak per GPU, TFLOP/s (H100 SXM dense BF16: 989)")->capture_default_str();
+  cmd->add_option("--hbm-gb", a->hbm_gb, "memory per GPU in GB (0: unlimited)")->capture_default_str();
+  cmd->add_option("--nvlink-gbps", a->nvlink_gbps, "NVLink GB/s per GPU and direction")->capture_default_str();
+  cmd->add_option("--nvlink-us", a->nvlink_us, "NVLink latency per message, us")->capture_default_str();
+  cmd->add_option("--ib-gbps", a->ib_gbps, "InfiniBand GB/s per GPU and direction")->capture_default_str();
+  cmd->add_option("--ib-us", a->ib_us, "InfiniBand latency per message, us")->capture_default_str();
+  cmd->add_option("--efficiency", a->efficiency, "fraction of peak the kernels reach")->capture_default_str();
+  cmd->add_option("--dp-overlap", a->dp_overlap, "fraction of data-parallel traffic hidden behind compute")
+      ->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "token budget to time (e.g. 15.6e12)");
+  cmd->add_flag("--llama3", a->llama3, "Llama 3 405B's plans from the paper, beside its reported MFU");
+  cmd->add_flag("--json", a->json, "print one JSON object");
+  cmd->callback([a] {
+    if (a->llama3) {
+      const nlohmann::json t = llama3_table(*a);
+      if (a->json)
+        std::printf("%s\n", t.dump().c_str());
+      else
+        print_llama3(t);
+      return;
+    }
+    const LlamaConfig model = a->config.empty() ? LlamaConfig::preset(a->preset) : LlamaConfig::from_file(a->config);
+    if (a->parallel.mesh.empty()) throw InputError("plan: --mesh is required (e.g. --mesh dp=1 for one GPU)");
+    const ParallelPlan plan = a->parallel.plan(model, "ordered");
+    const PlanReport r = plan_step(shape_of(model, plan, *a), cluster_model(*a), a->tokens);
+    if (a->json)
+      std::printf("%s\n", r.to_json().dump().c_str());
+    else
+      std::printf("%s", r.table().c_str());
+  });
+}
+
+}  // namespace llama4d::cli
