@@ -13,7 +13,7 @@
 #include "cli/common.h"
 #include "cli/parallel_options.h"
 #include "core/error.h"
-#include "core/plan/planner.h"
+#include "core/plan/llama3.h"
 
 namespace llama4d::cli {
 
@@ -59,48 +59,12 @@ StepShape shape_of(const LlamaConfig& model, const ParallelPlan& plan, const Pla
   return s;
 }
 
-// Llama 3 405B as trained (Dubey et al. 2024, Table 4): GPUs, the 4D layout, sequence length,
-// sequences per data-parallel group, and the BF16 MFU the paper reports. The assumptions that
-// are ours, not the paper's: selective activation checkpointing, 4 chunks per pipeline rank,
-// and the time model's flags (--efficiency, --dp-overlap). Every row is 16M
-// tokens per step. Layers: 126 over 16 ranks x 4 chunks, one layer on the first and the last
-// virtual stage and two on the others (the paper's balancing: one layer fewer at both ends).
-struct Llama3Row {
-  const char* mesh;
-  int64_t seq_len, batch_per_dp;
-  double reported_mfu;
-};
-constexpr Llama3Row kLlama3Rows[] = {
-    {"tp=8,cp=1,pp=16,dp=64", 8192, 32, 0.43},
-    {"tp=8,cp=1,pp=16,dp=128", 8192, 16, 0.41},
-    {"tp=8,cp=16,pp=16,dp=8", 131072, 16, 0.38},
-};
-
 nlohmann::json llama3_table(const PlanArgs& a) {
-  const LlamaConfig model = LlamaConfig::preset("llama3-405b");
-  std::string layers = "1";
-  for (int s = 1; s < 63; ++s) layers += ",2";
-  layers += ",1";
   nlohmann::json rows = nlohmann::json::array();
-  for (const Llama3Row& row : kLlama3Rows) {
-    ParallelChoice c = a.parallel;
-    c.mesh = row.mesh;
-    c.zero = 3;
-    c.keep_params = true;  // Llama 3 kept parameters gathered from forward to backward
-    c.ac = "selective";    // an assumption (the paper does not say): without it activations overflow 80 GB
-    c.schedule = "interleaved";
-    c.pp_chunks = 4;
-    c.pp_layers = layers;
-    PlanArgs args = a;
-    args.precision = "bf16";
-    args.seq_len = row.seq_len;
-    args.micro_batch_size = 1;
-    args.micro_batches = 0;
-    const ParallelPlan plan = c.plan(model, "ring");
-    args.batch_size = row.batch_per_dp * plan.dp();
-    const PlanReport r = plan_step(shape_of(model, plan, args), cluster_model(args), 15.6e12);
+  for (const Llama3Layout& layout : llama3_405b_layouts()) {
+    const PlanReport r = plan_step(llama3_405b_shape(layout), cluster_model(a), 15.6e12);
     nlohmann::json j = r.to_json();
-    j["reported_mfu"] = row.reported_mfu;
+    j["reported_mfu"] = layout.reported_mfu;
     rows.push_back(j);
   }
   return {{"model", "llama3-405b"}, {"source", "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4"}, {"plans", rows}};

@@ -12,7 +12,7 @@
 #include "core/comm/text_table.h"
 #include "core/error.h"
 #include "core/parallel/pipeline_schedule.h"
-#include "core/plan/planner.h"
+#include "core/plan/llama3.h"
 #include "core/plan/traffic.h"
 #include "lessons/common/lesson.h"
 
@@ -29,34 +29,6 @@ std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
-}
-
-// Llama 3 405B as its paper's Table 4 lays it out (16M tokens per step), with the assumptions
-// that are ours named: bf16 mixed precision, ZeRO-3 keeping parameters from forward to backward,
-// an interleaved 1F1B pipeline of 4 chunks per rank with one layer on the first and last virtual
-// stage, selective activation checkpointing.
-StepShape llama3_405b(const std::string& mesh, int64_t seq_len, int64_t batch_per_dp) {
-  StepShape s;
-  s.model = LlamaConfig::preset("llama3-405b");
-  s.plan = ParallelPlan::parse(mesh);
-  s.plan.zero = ZeroStage::zero3;
-  s.plan.reshard_after_forward = false;
-  s.plan.schedule = PipelineScheduleKind::interleaved;
-  s.plan.pp_chunks = 4;
-  s.plan.pp_layers.assign(64, 2);
-  s.plan.pp_layers.front() = s.plan.pp_layers.back() = 1;
-  s.plan.ac = Checkpointing::parse("selective", 126);
-  s.seq_len = seq_len;
-  s.batch_size = batch_per_dp * s.plan.dp();
-  s.micro_batch_size = 1;
-  s.precision = Precision::parse("bf16");
-  return s;
-}
-
-ClusterModel h100_cluster() {
-  ClusterModel m;
-  m.cluster.hbm_bytes = kH100HbmBytes;
-  return m;
 }
 
 std::string traffic_rows(const PlanReport& r) {
@@ -81,19 +53,12 @@ int run(LessonOptions o, const FourDArgs& a) {
   // ---- 1. Llama 3 405B on 16,384 GPUs --------------------------------------------------------------
   say.phase("Llama 3 405B on 16,384 H100s: the paper's three layouts, as the planner sees them",
             "core/plan/planner.cpp (plan_step), core/plan/memory.cpp, core/plan/traffic.cpp");
-  const struct {
-    const char* mesh;
-    int64_t seq, batch_per_dp;
-    double reported_mfu;
-  } paper[] = {{"tp=8,cp=1,pp=16,dp=64", 8192, 32, 0.43},
-               {"tp=8,cp=1,pp=16,dp=128", 8192, 16, 0.41},
-               {"tp=8,cp=16,pp=16,dp=8", 131072, 16, 0.38}};
   std::vector<std::vector<std::string>> rows = {
       {"mesh (innermost first)", "seq", "GPUs", "weights/GPU", "activations/GPU", "bubble", "step s", "MFU", "paper"}};
   nlohmann::json llama3 = nlohmann::json::array();
-  for (const auto& row : paper) {
-    const PlanReport r = plan_step(llama3_405b(row.mesh, row.seq, row.batch_per_dp), h100_cluster());
-    rows.push_back({row.mesh, grouped(row.seq), grouped(r.shape.plan.world_size()), format_bytes(r.worst.weight_states()),
+  for (const Llama3Layout& row : llama3_405b_layouts()) {
+    const PlanReport r = plan_step(llama3_405b_shape(row), h100_cluster());
+    rows.push_back({row.mesh, grouped(row.seq_len), grouped(r.shape.plan.world_size()), format_bytes(r.worst.weight_states()),
                     format_bytes(r.worst.activations), fixed(r.bubble_fraction * 100, 1) + "%", fixed(r.step_seconds, 2),
                     fixed(r.mfu * 100, 1) + "%", fixed(row.reported_mfu * 100, 0) + "%"});
     nlohmann::json j = r.to_json();
@@ -112,8 +77,10 @@ int run(LessonOptions o, const FourDArgs& a) {
   // ---- 2. Why this order ---------------------------------------------------------------------------
   say.phase("why [tp, cp, pp, dp]: the innermost dimensions share a node", "core/comm/device_mesh.h, core/plan/planner.cpp");
   say.ask("O1", "The 8,192-GPU layout with the order reversed (dp innermost): how many times longer is its step?");
-  const PlanReport llama_order = plan_step(llama3_405b("tp=8,cp=1,pp=16,dp=64", 8192, 32), h100_cluster());
-  const PlanReport reversed = plan_step(llama3_405b("dp=64,pp=16,cp=1,tp=8", 8192, 32), h100_cluster());
+  const Llama3Layout l8k = llama3_405b_layouts().front();  // tp=8,cp=1,pp=16,dp=64
+  const PlanReport llama_order = plan_step(llama3_405b_shape(l8k), h100_cluster());
+  const PlanReport reversed =
+      plan_step(llama3_405b_shape({"dp=64,pp=16,cp=1,tp=8", l8k.seq_len, l8k.batch_per_dp, 0}), h100_cluster());
   say.say("Llama 3's order, tp=8 on each node's NVLink:\n\n" + traffic_rows(llama_order) +
           "\nReversed, dp=64 innermost: the tensor group now spans 8 nodes.\n\n" + traffic_rows(reversed) +
           "\nstep: " + fixed(llama_order.step_seconds, 2) + " s against " + fixed(reversed.step_seconds, 2) + " s (" +

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"
 #include "core/ops.h"
@@ -66,6 +68,20 @@ inline void train_steps(VirtualCluster& cluster, const LlamaConfig& cfg, const T
     ParallelTrainer<float> trainer(world, model, corpus(), opt, plan);
     for (int i = 0; i < steps; ++i) trainer.step();
   });
+}
+
+// fp64 against one device, as the context-parallel and 4D tests hold it: the plan's verdict,
+// every tensor within 1e-12 of the plain single-device trainer (and of the replay), every rank
+// reported, and a loss that moved over the steps (so the comparison was not of frozen weights).
+inline void expect_fp64_within_one_in_a_trillion(const EquivalenceReport& r, int world_size) {
+  EXPECT_TRUE(r.ok) << r.table();
+  EXPECT_TRUE(r.plain_checked);
+  EXPECT_LE(r.plain_max_rel_err, 1e-12) << r.table();
+  EXPECT_LE(r.max_errors.grad_tensor, 1e-12) << r.table();
+  EXPECT_LE(r.max_errors.param_tensor, 1e-12) << r.table();
+  ASSERT_EQ(int(r.per_rank.size()), world_size);
+  ASSERT_GE(r.losses_single.size(), 3u);
+  EXPECT_NE(r.losses_single[0], r.losses_single[2]);
 }
 
 inline RankLauncher virtual_launcher(int ranks, ReduceAlgo algo = ReduceAlgo::ordered) {

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel/pipeline_schedule.h"
-#include "core/plan/planner.h"
+#include "core/plan/llama3.h"
 
 namespace llama4d {
 namespace {
@@ -25,42 +25,14 @@ TEST(Planner, Llama3ParameterCountsAreThePublishedOnes) {
   EXPECT_EQ(total_elements(LlamaConfig::preset("llama3-405b")), 405'853'388'800);
 }
 
-// Llama 3 405B as in the paper's Table 4 (16M tokens per step), with our stated assumptions:
-// bf16 mixed precision, ZeRO-3 keeping parameters, interleaved 1F1B with 4 chunks, one layer on
-// the first and last virtual stage, selective activation checkpointing.
-StepShape llama3_405b(const std::string& mesh, int64_t seq_len, int64_t batch_per_dp, const std::string& ac) {
-  StepShape s;
-  s.model = LlamaConfig::preset("llama3-405b");
-  s.plan = ParallelPlan::parse(mesh);
-  s.plan.zero = ZeroStage::zero3;
-  s.plan.reshard_after_forward = false;
-  s.plan.schedule = PipelineScheduleKind::interleaved;
-  s.plan.pp_chunks = 4;
-  s.plan.pp_layers.assign(64, 2);
-  s.plan.pp_layers.front() = s.plan.pp_layers.back() = 1;
-  s.plan.ac = Checkpointing::parse(ac, 126);
-  s.seq_len = seq_len;
-  s.batch_size = batch_per_dp * s.plan.dp();
-  s.micro_batch_size = 1;
-  s.precision = Precision::parse("bf16");
-  return s;
-}
-
-ClusterModel h100() {
-  ClusterModel m;
-  m.cluster.hbm_bytes = 80'000'000'000;
-  return m;
-}
-
+// The paper's layouts with our stated assumptions (core/plan/llama3.h): each fits an H100.
 TEST(Planner, Llama3PaperPlansFitIn80GB) {
-  const struct {
-    const char* mesh;
-    int64_t seq, batch_per_dp;
-  } rows[] = {{"tp=8,cp=1,pp=16,dp=64", 8192, 32}, {"tp=8,cp=1,pp=16,dp=128", 8192, 16}, {"tp=8,cp=16,pp=16,dp=8", 131072, 16}};
-  for (const auto& row : rows) {
-    SCOPED_TRACE(row.mesh);
-    const PlanReport r = plan_step(llama3_405b(row.mesh, row.seq, row.batch_per_dp, "selective"), h100());
+  ASSERT_EQ(llama3_405b_layouts().size(), 3u);
+  for (const Llama3Layout& layout : llama3_405b_layouts()) {
+    SCOPED_TRACE(layout.mesh);
+    const PlanReport r = plan_step(llama3_405b_shape(layout), h100_cluster());
     EXPECT_EQ(r.shape.batch_size * r.shape.seq_len, 16 * 1024 * 1024);  // 16M tokens per step
+    EXPECT_EQ(r.shape.plan.world_size(), layout.mesh == "tp=8,cp=1,pp=16,dp=64" ? 8192 : 16384);
     EXPECT_TRUE(r.fits) << r.table();
     EXPECT_GT(r.mfu, 0.2);
     EXPECT_LT(r.mfu, r.model.compute_efficiency);  // bubble and communication only take away
@@ -71,7 +43,7 @@ TEST(Planner, Llama3PaperPlansFitIn80GB) {
 // overflow an H100, and the verdict names them; one GPU's share of 405B without model
 // parallelism overflows on the weights' optimizer state.
 TEST(Planner, PlansThatCannotFitNameTheCategory) {
-  const PlanReport a = plan_step(llama3_405b("tp=8,cp=1,pp=16,dp=64", 8192, 32, "none"), h100());
+  const PlanReport a = plan_step(llama3_405b_shape(llama3_405b_layouts().front(), "none"), h100_cluster());
   EXPECT_FALSE(a.fits);
   EXPECT_EQ(a.overflow, "activations");
   StepShape s;
@@ -81,7 +53,7 @@ TEST(Planner, PlansThatCannotFitNameTheCategory) {
   s.seq_len = 8192;
   s.batch_size = 8;
   s.precision = Precision::parse("bf16");
-  const PlanReport b = plan_step(s, h100());
+  const PlanReport b = plan_step(s, h100_cluster());
   EXPECT_FALSE(b.fits);
   EXPECT_EQ(b.overflow, "grads");  // 4 bytes x 405.9B unsharded under ZeRO-1
   EXPECT_NE(b.table().find("DOES NOT FIT"), std::string::npos);

@@ -1,0 +1,31 @@
+#pragma once
+// Llama 3 405B as it was trained, for the planner: the three layouts of the paper's Table 4
+// (Dubey et al. 2024, "The Llama 3 Herd of Models"), each 16M tokens per step, with the MFU the
+// paper reports. Used by `llama4d plan --llama3`, lesson 07 and the planner's tests.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/plan/planner.h"
+
+namespace llama4d {
+
+struct Llama3Layout {
+  std::string mesh;       // innermost first
+  int64_t seq_len = 0;
+  int64_t batch_per_dp = 0;  // sequences per data-parallel group and step
+  double reported_mfu = 0;   // BF16 MFU, Table 4
+};
+const std::vector<Llama3Layout>& llama3_405b_layouts();
+
+// The step of one layout, with the assumptions that are ours named: bf16 mixed precision, ZeRO-3
+// keeping parameters gathered from forward to backward (as Llama 3 did), an interleaved 1F1B
+// pipeline of 4 chunks per rank with one layer on the first and last virtual stage (126 = 1 +
+// 62 x 2 + 1: the paper's "one layer fewer at both ends"), micro-batches of one sequence, and
+// the activation checkpointing policy `ac` (the paper does not say; "selective" by default).
+StepShape llama3_405b_shape(const Llama3Layout& layout, const std::string& ac = "selective");
+
+// The planner's cluster model with an H100's 80 GB of HBM and the defaults of ClusterModel.
+ClusterModel h100_cluster();
+
+}  // namespace llama4d
