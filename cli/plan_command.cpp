@@ -52,7 +52,15 @@ StepShape shape_of(const LlamaConfig& model, const ParallelPlan& plan, const Pla
   s.batch_size = a.batch_size;
   s.micro_batch_size = a.micro_batch_size;
   if (a.micro_batches < 0) throw InputError("--micro-batches must be >= 1, got " + std::to_string(a.micro_batches));
-  if (a.micro_batches > 0) s.micro_batch_size = s.rows_per_data_rank() / a.micro_batches;
+  if (a.micro_batches > 0 && a.micro_batch_size > 0)
+    throw InputError("plan: give --micro-batches or --micro-batch-size, not both");
+  if (a.micro_batches > 0) {
+    if (s.batch_size % plan.dp() != 0 || s.rows_per_data_rank() % a.micro_batches != 0)
+      throw InputError("--micro-batches " + std::to_string(a.micro_batches) + ": each data-parallel rank gets " +
+                       std::to_string(s.batch_size / plan.dp()) + " rows of --batch-size " +
+                       std::to_string(s.batch_size) + ", not divisible into that many micro-batches");
+    s.micro_batch_size = s.rows_per_data_rank() / a.micro_batches;
+  }
   s.precision = Precision::parse(a.precision);
   if (s.seq_len < 1 || s.batch_size < 1 || s.micro_batch_size < 0)
     throw InputError("plan: --seq-len and --batch-size must be >= 1 and --micro-batch-size >= 0");
@@ -62,7 +70,8 @@ StepShape shape_of(const LlamaConfig& model, const ParallelPlan& plan, const Pla
 nlohmann::json llama3_table(const PlanArgs& a) {
   nlohmann::json rows = nlohmann::json::array();
   for (const Llama3Layout& layout : llama3_405b_layouts()) {
-    const PlanReport r = plan_step(llama3_405b_shape(layout), cluster_model(a), 15.6e12);
+    // The token budget: 15.6T tokens (the paper's pre-training) unless --tokens says otherwise.
+    const PlanReport r = plan_step(llama3_405b_shape(layout), cluster_model(a), a.tokens > 0 ? a.tokens : 15.6e12);
     nlohmann::json j = r.to_json();
     j["reported_mfu"] = layout.reported_mfu;
     rows.push_back(j);
@@ -123,8 +132,15 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--tokens", a->tokens, "token budget to time (e.g. 15.6e12)");
   cmd->add_flag("--llama3", a->llama3, "Llama 3 405B's plans from the paper, beside its reported MFU");
   cmd->add_flag("--json", a->json, "print one JSON object");
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
     if (a->llama3) {
+      // The layouts, model, batch and precision are the paper's: refuse flags that would be ignored.
+      for (const char* flag : {"--preset", "--config", "--mesh", "--zero", "--keep-params", "--ac", "--sp", "--schedule",
+                               "--pp-chunks", "--pp-layers", "--cp-algo", "--micro-batches", "--seq-len",
+                               "--batch-size", "--micro-batch-size", "--precision"})
+        if (cmd->count(flag) > 0)
+          throw InputError(std::string("plan --llama3 sets ") + flag +
+                           " itself (the paper's layouts); only the cluster flags apply");
       const nlohmann::json t = llama3_table(*a);
       if (a->json)
         std::printf("%s\n", t.dump().c_str());

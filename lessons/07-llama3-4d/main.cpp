@@ -130,9 +130,14 @@ int run(LessonOptions o, const FourDArgs& a) {
       mesh.push_back({std::to_string(w), std::to_string(s.cluster.cluster.node_of(w))});
       for (const MeshDim& d : s.plan.mesh) mesh.back().push_back(std::to_string(s.plan.coordinate(d.name, w)));
     }
-    say.say("rank = tp + 2 (cp + 2 (pp + 2 dp)) with the default order: a tensor group is two neighbouring ranks, "
-            "a data group\nranks 8 apart, on the other node.\n\n" +
-            format_table(mesh) + "\nThe planner's prediction, before anything runs:\n\n" + predicted.table() + "\n");
+    std::string formula = "rank = ", close;  // mixed radix: c0 + size0 (c1 + size1 (c2 + ...))
+    for (size_t i = 0; i < s.plan.mesh.size(); ++i) {
+      if (i > 0) formula += " + " + std::to_string(s.plan.mesh[i - 1].size) + " (", close += ")";
+      formula += s.plan.mesh[i].name;
+    }
+    say.say(formula + close + " (innermost first): the first dimension's group is neighbouring ranks, the last's the "
+            "farthest apart.\n\n" + format_table(mesh) + "\nThe planner's prediction, before anything runs:\n\n" +
+            predicted.table() + "\n");
   }
   say.pause();
 

@@ -496,6 +496,11 @@ TEST(Cli, PlanPredictsA4DPlanAndTheLlama3Table) {
   expect_bad_input(run("plan --preset small --mesh tp=4"), "num_attention_heads");
   expect_bad_input(run("plan --preset small --mesh dp=2 --precision fp8"), "--precision");
   expect_bad_input(run("plan --preset small --mesh dp=2 --efficiency 2"), "--efficiency");
+  // Nothing is silently replaced: a micro-batch count the rows do not divide, both micro-batch
+  // flags at once, and plan flags that --llama3 would ignore are refused by name.
+  expect_bad_input(run("plan --preset small --mesh dp=2 --batch-size 8 --micro-batches 3"), "--micro-batches 3");
+  expect_bad_input(run("plan --preset small --mesh dp=2 --micro-batches 2 --micro-batch-size 2"), "not both");
+  expect_bad_input(run("plan --llama3 --mesh dp=2"), "--mesh");
 }
 
 TEST(Cli, ThreadCountIsBounded) {

@@ -118,7 +118,6 @@ TEST_P(StepTraffic, PredictionEqualsTheLogPerGroup) {
   shape.seq_len = c.seq;
   shape.batch_size = c.batch;
   shape.micro_batch_size = c.micro;
-  shape.doc_mask = c.doc_mask;
   const Traffic predicted = predict_step_traffic(shape);
 
   VirtualClusterOptions vo;
