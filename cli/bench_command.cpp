@@ -1,11 +1,15 @@
 // `llama4d bench`: times full training steps (forward, backward, AdamW) and reports tokens/s
-// and achieved model FLOP/s as a fraction of this machine's peak GEMM FLOP/s, measured here
-// with the same GEMM path the model uses. `llama4d bench comm` lives in bench_comm_command.cpp.
+// and achieved model FLOP/s as a fraction of this machine's peak GEMM FLOP/s: the better of the
+// engine's own GEMM path and a reference BLAS sgemm (bench/reference_blas.h) on the same shape
+// and thread count, both measured here. `--threads-sweep` repeats the step and both GEMMs for
+// 1, 2, 4, ... threads. `llama4d bench comm` lives in bench_comm_command.cpp.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "bench/reference_blas.h"
 #include "cli/common.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
@@ -31,7 +35,8 @@ struct BenchArgs {
   int64_t warmup = 2, iters = 5, gemm_n = 1024;
   double gemm_seconds = 1.0;
   int threads = 0, micro_batches = 0;
-  bool json = false, force = false;
+  std::string reference_blas;
+  bool json = false, force = false, threads_sweep = false;
 };
 
 double median(std::vector<double> v) {
@@ -113,6 +118,82 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
           {"backend", a.launch.backend}};
 }
 
+// The engine's GEMM and the reference BLAS (when one loaded) on the same n^3 product and the
+// same thread count; the peak is the better of the two.
+nlohmann::json measure_gemm(const BenchArgs& a, const bench::ReferenceBlas* reference, int threads) {
+  ops::set_backend_threads(threads);
+  const double ours = ops::measure_peak_gemm_flops(a.gemm_n, a.gemm_seconds);
+  const double theirs = reference ? reference->measure_sgemm_flops(a.gemm_n, threads, a.gemm_seconds) : 0.0;
+  return {{"n", a.gemm_n},
+          {"threads", threads},
+          {"llama4d_flops_per_s", ours},
+          {"reference_flops_per_s", reference ? nlohmann::json(theirs) : nlohmann::json(nullptr)},
+          {"llama4d_over_reference", reference ? nlohmann::json(ours / theirs) : nlohmann::json(nullptr)},
+          {"peak_flops_per_s", std::max(ours, theirs)}};
+}
+
+nlohmann::json reference_json(const bench::ReferenceBlas* reference) {
+  if (reference == nullptr) return nullptr;
+  return {{"path", reference->path()}, {"config", reference->config()}};
+}
+
+void report_reference(const bench::ReferenceBlas* reference) {
+  if (reference == nullptr) {
+    progress("bench: no reference BLAS found (apt install libopenblas0-pthread, or --reference-blas PATH): the "
+             "peak is the engine's own GEMM, which hides how far that GEMM is from a tuned BLAS\n");
+  } else {
+    progress("bench: reference BLAS %s%s%s\n", reference->path().c_str(), reference->config().empty() ? "" : ": ",
+             reference->config().c_str());
+  }
+}
+
+// Median step time of `iters` steps after `warmup` untimed ones.
+template <class T>
+std::vector<double> time_steps(Trainer<T>& trainer, int64_t warmup, int64_t iters) {
+  for (int64_t i = 0; i < warmup; ++i) trainer.step();
+  std::vector<double> times;
+  for (int64_t i = 0; i < iters; ++i) times.push_back(trainer.step().seconds);
+  return times;
+}
+
+// Thread counts 1, 2, 4, ... below `most`, then `most`.
+std::vector<int> sweep_counts(int most) {
+  std::vector<int> counts;
+  for (int t = 1; t < most; t *= 2) counts.push_back(t);
+  counts.push_back(most);
+  return counts;
+}
+
+// --threads-sweep: the single-rank step and both GEMMs at each thread count, as a table.
+template <class T>
+nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const TrainOptions& opt,
+                                 const bench::ReferenceBlas* reference, int most) {
+  nlohmann::json rows = nlohmann::json::array();
+  double two_threads = 0;
+  progress("%8s %12s %10s %16s %18s %8s\n", "threads", "tokens/s", "vs 2 thr", "llama4d GFLOP/s",
+           "reference GFLOP/s", "ratio");
+  for (int threads : sweep_counts(most)) {
+    ops::set_backend_threads(threads);
+    const double tokens_per_s = double(opt.tokens_per_step()) / median(time_steps(trainer, a.warmup, a.iters));
+    if (threads == 2) two_threads = tokens_per_s;
+    nlohmann::json row = measure_gemm(a, reference, threads);
+    row["tokens_per_s"] = tokens_per_s;
+    row["tokens_per_s_over_two_threads"] = two_threads > 0 ? nlohmann::json(tokens_per_s / two_threads) : nullptr;
+    // "-" where a column has no value (no reference BLAS; the 2-thread row not reached yet).
+    auto cell = [](const nlohmann::json& v, const char* fmt, double scale) {
+      char buf[32] = "-";
+      if (!v.is_null()) std::snprintf(buf, sizeof buf, fmt, v.get<double>() * scale);
+      return std::string(buf);
+    };
+    progress("%8d %12.0f %10s %16.1f %18s %8s\n", threads, tokens_per_s,
+             cell(row.at("tokens_per_s_over_two_threads"), "%.2fx", 1).c_str(),
+             row.at("llama4d_flops_per_s").get<double>() / 1e9, cell(row.at("reference_flops_per_s"), "%.1f", 1e-9).c_str(),
+             cell(row.at("llama4d_over_reference"), "%.2f", 1).c_str());
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 template <class T>
 nlohmann::json run_bench(const BenchArgs& a) {
   const LlamaConfig cfg = a.model.resolve();
@@ -128,12 +209,22 @@ nlohmann::json run_bench(const BenchArgs& a) {
   model.init_weights(opt.seed);
   Trainer<T> trainer(model, data, opt);
 
+  std::unique_ptr<bench::ReferenceBlas> reference = bench::ReferenceBlas::open(a.reference_blas);
+  const int threads = ops::backend_threads();
   progress("bench: %lld parameters, batch %lld x %lld, %d threads; %lld warm-up + %lld timed steps\n",
-           (long long)model.num_params(), (long long)opt.batch_size, (long long)opt.seq_len, ops::backend_threads(),
+           (long long)model.num_params(), (long long)opt.batch_size, (long long)opt.seq_len, threads,
            (long long)a.warmup, (long long)a.iters);
-  for (int64_t i = 0; i < a.warmup; ++i) trainer.step();
-  std::vector<double> times;
-  for (int64_t i = 0; i < a.iters; ++i) times.push_back(trainer.step().seconds);
+  report_reference(reference.get());
+  if (a.threads_sweep) {
+    return {{"threads_sweep", run_threads_sweep(a, trainer, opt, reference.get(), threads)},
+            {"reference_blas", reference_json(reference.get())},
+            {"parameters", model.num_params()},
+            {"dtype", a.model.dtype},
+            {"batch_size", opt.batch_size},
+            {"seq_len", opt.seq_len},
+            {"tokens_per_step", opt.tokens_per_step()}};
+  }
+  const std::vector<double> times = time_steps(trainer, a.warmup, a.iters);
   const double median = llama4d::cli::median(times), best = *std::min_element(times.begin(), times.end());
   const double tokens = double(opt.tokens_per_step());
   const double flops_per_token = training_flops_per_token(cfg, opt.seq_len);
@@ -141,12 +232,18 @@ nlohmann::json run_bench(const BenchArgs& a) {
   const double recompute_per_token = recompute_flops_per_token(cfg, opt.seq_len, plan.ac);
   const double hardware_flops = tokens * (flops_per_token + recompute_per_token) / median;
 
-  progress("bench: measuring peak fp32 GEMM (%lld^3) for %.1f s\n", (long long)a.gemm_n, a.gemm_seconds);
-  const double peak = ops::measure_peak_gemm_flops(a.gemm_n, a.gemm_seconds);
+  progress("bench: measuring fp32 GEMM (%lld^3) for %.1f s%s\n", (long long)a.gemm_n, a.gemm_seconds,
+           reference ? ", and the reference BLAS for as long" : "");
+  const nlohmann::json gemm = measure_gemm(a, reference.get(), threads);
+  const double peak = gemm.at("peak_flops_per_s").get<double>();
   const double fraction = model_flops / peak, hfu = hardware_flops / peak;
+  if (reference)
+    progress("bench: GEMM on %d threads: llama4d %.1f GFLOP/s, reference %.1f GFLOP/s (llama4d = %.2fx)\n", threads,
+             gemm.at("llama4d_flops_per_s").get<double>() / 1e9, gemm.at("reference_flops_per_s").get<double>() / 1e9,
+             gemm.at("llama4d_over_reference").get<double>());
   progress("bench: step %.1f ms (median of %lld, best %.1f ms), %.0f tokens/s\n", median * 1e3, (long long)a.iters,
            best * 1e3, tokens / median);
-  progress("bench: model %.2f GFLOP/s (%.3g FLOP/token) = %.1f%% of measured peak GEMM %.2f GFLOP/s (MFU)\n",
+  progress("bench: model %.2f GFLOP/s (%.3g FLOP/token) = %.1f%% of the better measured GEMM, %.2f GFLOP/s (MFU)\n",
            model_flops / 1e9, flops_per_token, 100 * fraction, peak / 1e9);
   progress("bench: activation checkpointing %s: +%.3g FLOP/token recomputed, hardware %.2f GFLOP/s = %.1f%% (HFU)\n",
            plan.ac.describe().c_str(), recompute_per_token, hardware_flops / 1e9, 100 * hfu);
@@ -161,6 +258,8 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"flops_per_token", flops_per_token},
           {"model_flops_per_s", model_flops},
           {"peak_gemm_flops_per_s", peak},
+          {"gemm", gemm},
+          {"reference_blas", reference_json(reference.get())},
           {"fraction_of_peak", fraction},
           {"mfu", fraction},
           {"hfu", hfu},
@@ -169,7 +268,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"recompute_flops_per_token", recompute_per_token},
           {"peak_memory", memory_json({memory_peaks(model.memory())})[0]},
           {"parameters", model.num_params()},
-          {"threads", ops::backend_threads()},
+          {"threads", threads},
           {"dtype", a.model.dtype},
           {"batch_size", opt.batch_size},
           {"seq_len", opt.seq_len},
@@ -216,12 +315,18 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--gemm-n", a->gemm_n, "size of the square GEMM for the peak measurement")->capture_default_str();
   cmd->add_option("--gemm-seconds", a->gemm_seconds, "time spent measuring peak GEMM")->capture_default_str();
   cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");
+  cmd->add_flag("--threads-sweep", a->threads_sweep,
+                "time the step and both GEMMs on 1, 2, 4, ... threads up to --threads (default: all cores)");
+  cmd->add_option("--reference-blas", a->reference_blas,
+                  "library with cblas_sgemm to measure the peak against (default: Debian's libopenblas.so.0 if installed)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {
     if (cmd->get_subcommands().size() > 0) return;  // `bench comm` ran instead
     set_threads(a->threads);
     a->launch.validate(a->parallel.parallel());
+    if (a->threads_sweep && a->parallel.parallel())
+      throw InputError("--threads-sweep times the single-rank step; it does not take --mesh");
     const nlohmann::json result = a->model.fp64() ? run_bench<double>(*a) : run_bench<float>(*a);
     if (a->json && !result.is_null()) print_json(result);
   });

@@ -329,8 +329,9 @@ void device_release_cached();
 // the ranges must not overlap.
 void device_memcpy(void* dst, const void* src, int64_t bytes);
 
-// Measures this backend's peak fp32 GEMM rate: times square n x n x n products for about
-// `seconds` and returns the best FLOP/s seen (2*n^3 per product). Used by `llama4d bench` to
+// Measures this backend's peak fp32 GEMM rate: times the three products of a linear layer
+// (forward, input gradient, weight gradient) at n x n x n for about `seconds` in all and returns
+// the best FLOP/s seen (2*n^3 per product). Used by `llama4d bench` to
 // report model FLOP utilisation against what this machine can actually do.
 double measure_peak_gemm_flops(int64_t n, double seconds);
 

@@ -10,7 +10,7 @@
 // - exp is written in plain arithmetic (exp_det) so a SIMD lane and a scalar tail perform the
 //   same IEEE operations;
 // - work is split so each output element is produced by one thread in a fixed order.
-// Eigen never starts threads of its own: kernels split work themselves (see matmul.cpp). Also
+// Eigen never starts threads of its own: kernels split work themselves (see gemm_tiling.h). Also
 // set for the target in CMakeLists.txt; repeated here so every includer agrees.
 #ifndef EIGEN_DONT_PARALLELIZE
 #define EIGEN_DONT_PARALLELIZE
@@ -78,15 +78,18 @@ T* scratch(int slot, int64_t count) {
   return buf.data();
 }
 
-// Elementwise loops are cut into chunks this large: big enough that a thread's share
-// amortises the fork, small enough to balance two to a few dozen threads.
-inline constexpr int64_t kElementChunk = 1 << 15;
+// Elementwise loops are cut into chunks this large (32 KiB of floats, an L1's worth): [2,048 x
+// 288] is 72 chunks, enough for 16 threads. Loops shorter than kParallelElements stay on the
+// calling thread, where a fork would cost more than the work. Elementwise results do not
+// depend on either constant.
+inline constexpr int64_t kElementChunk = 1 << 13;
+inline constexpr int64_t kParallelElements = 1 << 15;
 
 // Applies f(begin, end) over [0, n) in kElementChunk pieces, in parallel when n is large.
 template <class F>
 void parallel_chunks(int64_t n, F&& f) {
   const int64_t chunks = (n + kElementChunk - 1) / kElementChunk;
-  parallel_for(chunks, chunks > 1, [&](int64_t c) {
+  parallel_for(chunks, n >= kParallelElements, [&](int64_t c) {
     const int64_t begin = c * kElementChunk;
     f(begin, std::min(n, begin + kElementChunk));
   });

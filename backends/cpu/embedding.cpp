@@ -1,6 +1,7 @@
 // Token embedding lookup and its scatter-add backward, for the whole table and for the slice of
 // rows one rank holds under vocabulary parallelism.
 #include <cstring>
+#include <limits>
 
 #include "backends/cpu/cpu_common.h"
 #include "core/ops.h"
@@ -15,19 +16,11 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, 
 }
 
 // Rows sharing a token must be added in row order for reproducible bits, so threads split the
-// C columns instead of the rows: each thread owns a column slice of every dwte row.
+// C columns instead of the rows: each thread owns a column slice of every dwte row (16 columns,
+// one 64-byte line of floats: C = 288 gives 18 slices).
 template <class T>
 void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C) {
-  constexpr int64_t kCols = 64;
-  const int64_t blocks = (C + kCols - 1) / kCols;
-  cpu::parallel_for(blocks, BT * C >= (1 << 15), [&](int64_t blk) {
-    const int64_t c0 = blk * kCols, c1 = std::min(C, c0 + kCols);
-    for (int64_t r = 0; r < BT; ++r) {
-      T* dst = dwte + static_cast<int64_t>(tokens[r]) * C;
-      const T* src = dout + r * C;
-      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
-    }
-  });
+  embedding_backward_rows(dwte, dout, tokens, BT, C, 0, std::numeric_limits<int64_t>::max());
 }
 
 // Out-of-range rows are written as zeros, not skipped: the forward overwrites its output, and
@@ -48,7 +41,7 @@ void embedding_forward_rows(T* out, const int32_t* tokens, const T* wte_rows, in
 template <class T>
 void embedding_backward_rows(T* dwte_rows, const T* dout, const int32_t* tokens, int64_t BT,
                              int64_t C, int64_t row_begin, int64_t rows) {
-  constexpr int64_t kCols = 64;
+  constexpr int64_t kCols = 16;
   const int64_t blocks = (C + kCols - 1) / kCols;
   cpu::parallel_for(blocks, BT * C >= (1 << 15), [&](int64_t blk) {
     const int64_t c0 = blk * kCols, c1 = std::min(C, c0 + kCols);

@@ -52,6 +52,14 @@ TEST(CliArgs, ParallelFlagsWithoutAMeshAreRefused) {
   expect_bad_input(run(kTrain + "--backend mpi --out " + tmp("nomesh_mpi")), "mpirun");
 }
 
+// bench's reference BLAS is named when it cannot be used, never silently dropped; the thread
+// sweep times the single-rank step only.
+TEST(CliArgs, BenchRefusesAReferenceBlasItCannotUseAndASweepOnAMesh) {
+  expect_bad_input(run("bench --preset tiny --seq-len 32 --reference-blas /nonexistent/libblas.so"), "cannot load");
+  expect_bad_input(run("bench --preset tiny --seq-len 32 --reference-blas libc.so.6"), "cblas_sgemm");
+  expect_bad_input(run("bench --preset tiny --seq-len 32 --threads-sweep --mesh dp=2"), "--threads-sweep");
+}
+
 // A device or a FIFO as --data used to block forever (or read /dev/zero until memory ran out).
 TEST(CliArgs, DataMustBeAFileOrDirectory) {
   const std::string dir = tmp("fifo");

@@ -440,6 +440,32 @@ TEST(Cli, ActivationCheckpointingFlag) {
   EXPECT_GT(jb.at("recompute_flops_per_token").get<double>(), 0.0);
 }
 
+// --threads-sweep: the step and both GEMMs (ours, and the reference BLAS that scripts/setup.sh
+// installs) on 1, 2, 4, ... threads up to --threads.
+TEST(Cli, BenchSweepsThreadCountsBesideTheReferenceBlas) {
+  const Result r = run("bench --preset tiny --seq-len 64 --threads 3 --threads-sweep --iters 1 --warmup 0 --gemm-n 64 "
+                       "--gemm-seconds 0.03 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_FALSE(j.at("reference_blas").is_null()) << "no OpenBLAS: scripts/setup.sh installs libopenblas0-pthread";
+  EXPECT_NE(j.at("reference_blas").at("path").get<std::string>().find("blas"), std::string::npos);
+  const auto& rows = j.at("threads_sweep");
+#if LLAMA4D_CLI_THREADS
+  const std::vector<int> expected = {1, 2, 3};
+#else
+  const std::vector<int> expected = {1};  // a build without OpenMP (ThreadSanitizer's) computes on one thread
+#endif
+  ASSERT_EQ(rows.size(), expected.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].at("threads").get<int>(), expected[i]);
+    EXPECT_GT(rows[i].at("tokens_per_s").get<double>(), 0.0);
+    EXPECT_GT(rows[i].at("llama4d_flops_per_s").get<double>(), 0.0);
+    EXPECT_GT(rows[i].at("reference_flops_per_s").get<double>(), 0.0);
+  }
+  EXPECT_TRUE(rows[0].at("tokens_per_s_over_two_threads").is_null());
+  if (rows.size() > 1) EXPECT_DOUBLE_EQ(rows[1].at("tokens_per_s_over_two_threads").get<double>(), 1.0);
+}
+
 // bench on a mesh also times the step on the simulated cluster: per rank, compute is exactly the
 // FLOPs the ops reported at --gpu-tflops, and the step is compute + exposed communication.
 TEST(Cli, BenchReportsTheStepOnTheSimulatedClock) {

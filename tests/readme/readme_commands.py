@@ -149,6 +149,12 @@ def check_claims(cmd, argv, comment, out, err, root, readme_text=""):
             json.loads(out)
         except ValueError:
             bad.append("--json: stdout is not exactly one JSON object")
+    if "--threads-sweep" in argv:
+        j = json.loads(out)
+        counts = [row["threads"] for row in j["threads_sweep"]]
+        need(counts[0] == 1 and counts == sorted(set(counts)), "the sweep does not start at 1 thread and go up")
+        need(j["reference_blas"] is not None, "no reference BLAS (scripts/setup.sh installs OpenBLAS)")
+        need(all(row["reference_flops_per_s"] > 0 for row in j["threads_sweep"]), "a reference GEMM rate is missing")
     if "MFU" in comment and "--json" in argv:
         need("mfu" in json.loads(out), "no mfu in the JSON")
     if "HFU" in comment and "--json" in argv:

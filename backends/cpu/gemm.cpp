@@ -1,0 +1,197 @@
+// A GEMM in the BLIS style (Van Zee & van de Geijn, "BLIS: A Framework for Rapidly
+// Instantiating BLAS Functionality", 2015): the operands are cut into panels the micro-kernel
+// reads with a fixed stride per k (read in place where the layout allows, else copied once),
+// then every task of gemm_tiling.h runs the micro-kernel over its tile, K block by K block.
+// The summation order per element is documented in gemm.h.
+#include "backends/cpu/gemm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/cpu_common.h"
+#include "backends/cpu/gemm_tiling.h"
+
+namespace llama4d::cpu {
+namespace {
+
+template <class T>
+struct Kernel {
+  typedef T Vec __attribute__((vector_size(kGemmVectorBytes)));
+  static constexpr int kLanes = kGemmVectorBytes / int(sizeof(T));
+  static constexpr int kRows = kGemmKernelRows, kCols = 2 * kLanes;
+};
+
+// Copies rows [i0, i0 + W) x depth [0, K) of `v` into panel[K][W], k-major, so the kernel reads
+// W consecutive values per k. Rows past n are zeros (they compute rows that are never stored).
+template <class T, int W>
+void pack_panel(T* panel, const GemmOperand<T>& v, int64_t i0, int64_t n, int64_t K) {
+  const int64_t rows = std::min<int64_t>(W, n - i0);
+  for (int64_t k = 0; k < K; ++k) {
+    const T* src = v.data + k * v.depth_stride + i0 * v.row_stride;
+    T* dst = panel + k * W;
+    for (int64_t r = 0; r < rows; ++r) dst[r] = src[r * v.row_stride];
+    for (int64_t r = rows; r < W; ++r) dst[r] = T(0);
+  }
+}
+
+// Where the kernel reads one panel of an operand: W values of one k adjacent, consecutive k
+// `depth_stride` apart. A full panel of an operand whose rows are adjacent (row_stride 1) is
+// read in place; the others are packed (depth_stride W) into `pack_into` (null when in place).
+template <class T>
+struct Panel {
+  const T* data;
+  int64_t depth_stride;
+  T* pack_into;
+  int64_t first_row;
+};
+
+// Appends the ceil(n / W) panels of operand v (n rows, depth K); packed ones take consecutive
+// W x K pieces from `buffer` on (null: only their size is counted, in `packed`).
+template <class T, int W>
+void plan_panels(std::vector<Panel<T>>& panels, const GemmOperand<T>& v, int64_t n, int64_t K, T*& buffer,
+                 int64_t& packed) {
+  for (int64_t i0 = 0; i0 < n; i0 += W) {
+    if (v.row_stride == 1 && i0 + W <= n) {
+      panels.push_back({v.data + i0, v.depth_stride, nullptr, i0});
+    } else {
+      panels.push_back({buffer, W, buffer, i0});
+      packed += W * K;
+      if (buffer != nullptr) buffer += W * K;
+    }
+  }
+}
+
+// out[rows, cols] (rows <= kRows, cols <= kCols) = or += the kRows x kCols block of
+// a_panel * b_panel over kc steps (consecutive k a_stride and b_stride apart). The
+// accumulators stay in vector registers for the whole loop.
+template <class T>
+[[gnu::always_inline]] inline void micro_kernel(int64_t kc, const T* __restrict a_panel, int64_t a_stride,
+                                                const T* __restrict b_panel, int64_t b_stride, T* out, int64_t ldo,
+                                                int64_t rows, int64_t cols, bool overwrite) {
+  using K = Kernel<T>;
+  using Vec = typename K::Vec;
+  Vec acc[K::kRows][2];
+  for (int i = 0; i < K::kRows; ++i) acc[i][0] = Vec{}, acc[i][1] = Vec{};
+  for (int64_t k = 0; k < kc; ++k) {
+    Vec b0, b1;
+    std::memcpy(&b0, b_panel + k * b_stride, sizeof(Vec));
+    std::memcpy(&b1, b_panel + k * b_stride + K::kLanes, sizeof(Vec));
+#pragma GCC unroll 16
+    for (int i = 0; i < K::kRows; ++i) {
+      const T a = a_panel[k * a_stride + i];
+      acc[i][0] += a * b0;
+      acc[i][1] += a * b1;
+    }
+  }
+  if (rows == K::kRows && cols == K::kCols) {
+#pragma GCC unroll 16
+    for (int i = 0; i < K::kRows; ++i) {
+      T* o = out + i * ldo;
+      Vec o0 = acc[i][0], o1 = acc[i][1];
+      if (!overwrite) {
+        Vec c0, c1;
+        std::memcpy(&c0, o, sizeof(Vec));
+        std::memcpy(&c1, o + K::kLanes, sizeof(Vec));
+        o0 = c0 + o0, o1 = c1 + o1;
+      }
+      std::memcpy(o, &o0, sizeof(Vec));
+      std::memcpy(o + K::kLanes, &o1, sizeof(Vec));
+    }
+  } else {  // an edge block: the same sums, stored element by element
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const T v = acc[i][j / K::kLanes][j % K::kLanes];
+        out[i * ldo + j] = overwrite ? v : out[i * ldo + j] + v;
+      }
+  }
+}
+
+// One tile of out over depth [k_begin, k_end): kc blocks outermost, then a column panel (kept
+// in L1), then the row panels of the tile (kept in L2).
+template <class T>
+void run_tile(T* out, int64_t ldo, const Panel<T>* a_panels, const Panel<T>* b_panels, int64_t M, int64_t N,
+              int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t k_begin, int64_t k_end, bool overwrite) {
+  using Ker = Kernel<T>;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kGemmDepthBlock) {
+    const int64_t kc = std::min(kGemmDepthBlock, k_end - k0);
+    const bool store = overwrite && k0 == k_begin;
+    for (int64_t j = c0; j < c0 + nc; j += Ker::kCols) {
+      const Panel<T>& b = b_panels[j / Ker::kCols];
+      for (int64_t i = r0; i < r0 + nr; i += Ker::kRows) {
+        const Panel<T>& a = a_panels[i / Ker::kRows];
+        micro_kernel<T>(kc, a.data + k0 * a.depth_stride, a.depth_stride, b.data + k0 * b.depth_stride,
+                        b.depth_stride, out + i * ldo + j, ldo, std::min<int64_t>(Ker::kRows, M - i),
+                        std::min<int64_t>(Ker::kCols, N - j), store);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void gemm(T* out, int64_t ldo, GemmOperand<T> a, GemmOperand<T> b_t, int64_t M, int64_t N, int64_t K,
+          bool accumulate, bool split_depth, bool parallel) {
+  using Ker = Kernel<T>;
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill(out + i * ldo, out + i * ldo + N, T(0));
+    return;
+  }
+  // Panels of kRows rows of a, then of kCols columns of b (rows of b_t).
+  std::vector<Panel<T>> panels;
+  T* buffer = nullptr;
+  int64_t packed = 0;
+  for (int pass = 0; pass < 2; ++pass) {  // count the packed space, then place the panels in it
+    if (pass == 1) buffer = packed > 0 ? scratch<T>(6, packed) : nullptr;
+    panels.clear(), packed = 0;
+    plan_panels<T, Ker::kRows>(panels, a, M, K, buffer, packed);
+    plan_panels<T, Ker::kCols>(panels, b_t, N, K, buffer, packed);
+  }
+  const int64_t a_count = (M + Ker::kRows - 1) / Ker::kRows;
+  const Panel<T>* a_panels = panels.data();
+  const Panel<T>* b_panels = panels.data() + a_count;
+  parallel_for(int64_t(panels.size()), parallel, [&](int64_t p) {
+    const Panel<T>& panel = panels[size_t(p)];
+    if (panel.pack_into == nullptr) return;
+    if (p < a_count) {
+      pack_panel<T, Ker::kRows>(panel.pack_into, a, panel.first_row, M, K);
+    } else {
+      pack_panel<T, Ker::kCols>(panel.pack_into, b_t, panel.first_row, N, K);
+    }
+  });
+  // Tasks = (depth chunk, tile). Chunk 0 goes straight into out; chunks 1.. into partial
+  // buffers [M, N] that are then added in chunk order.
+  const GemmTiling tiling = gemm_tiling<T>(M, N, K, accumulate && split_depth);
+  const Split &rows = tiling.rows, &cols = tiling.cols, &depth = tiling.depth;
+  T* partial = depth.count > 1 ? scratch<T>(7, (depth.count - 1) * M * N) : nullptr;
+  parallel_for_dynamic(tiling.tasks(), parallel, [&](int64_t t) {
+    const int64_t chunk = t / tiling.tiles(), tile = t % tiling.tiles();
+    const int64_t r = tile / cols.count, c = tile % cols.count;
+    const int64_t k0 = depth.begin(chunk), k1 = k0 + depth.length(chunk);
+    if (chunk == 0) {
+      run_tile<T>(out, ldo, a_panels, b_panels, M, N, rows.begin(r), rows.length(r), cols.begin(c), cols.length(c),
+                  k0, k1, !accumulate);
+    } else {
+      run_tile<T>(partial + (chunk - 1) * M * N, N, a_panels, b_panels, M, N, rows.begin(r), rows.length(r),
+                  cols.begin(c), cols.length(c), k0, k1, true);
+    }
+  });
+  if (depth.count > 1) {
+    parallel_for(M, parallel, [&](int64_t i) {
+      for (int64_t chunk = 1; chunk < depth.count; ++chunk) {
+        const T* p = partial + (chunk - 1) * M * N + i * N;
+        for (int64_t j = 0; j < N; ++j) out[i * ldo + j] += p[j];
+      }
+    });
+  }
+}
+
+template void gemm<float>(float*, int64_t, GemmOperand<float>, GemmOperand<float>, int64_t, int64_t, int64_t, bool,
+                          bool, bool);
+template void gemm<double>(double*, int64_t, GemmOperand<double>, GemmOperand<double>, int64_t, int64_t, int64_t,
+                           bool, bool, bool);
+
+}  // namespace llama4d::cpu
