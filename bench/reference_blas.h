@@ -1,8 +1,8 @@
 #pragma once
 // A reference BLAS for `llama4d bench`'s honest peak: a library exporting cblas_sgemm (Debian's
 // OpenBLAS by default, MKL if pointed at), opened at run time with dlopen. Training never links
-// or calls it; it only times the same product the model's linear layers run, on the same
-// shape and thread count, so bench can say how far the engine's own GEMM is from it.
+// or calls it; it only times the products the model's linear layers run, on the same shape
+// and thread count, so bench can say how far the engine's own GEMM is from it.
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -118,7 +118,7 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
           {"backend", a.launch.backend}};
 }
 
-// The engine's GEMM and the reference BLAS (when one loaded) on the same n^3 product and the
+// The engine's GEMM and the reference BLAS (when one loaded) on the same n^3 products and the
 // same thread count; the peak is the better of the two.
 nlohmann::json measure_gemm(const BenchArgs& a, const bench::ReferenceBlas* reference, int threads) {
   ops::set_backend_threads(threads);
