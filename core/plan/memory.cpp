@@ -13,30 +13,28 @@
 //   ZeRO-2      p N_r               g sh_r + 1..3 units' full grads    o sh_r     g sh_r
 //   ZeRO-3      p sh_r + gathered   g sh_r + 1..3 units' full grads    o sh_r     g sh_r
 // ZeRO-2/3's comm buffer is the reduce-scatter's output, alive all step (ZeRO-1 reduces into the
-// full gradient buffer in place); a pipeline rank adds the [BT, C] boundary tensors it has
-// received and not yet consumed (one per micro-batch in flight, estimated). ZeRO-3 keeps the embedding
+// full gradient buffer in place); a pipeline rank adds the boundary tensors it has received and
+// not yet consumed (below). ZeRO-3 keeps the embedding
 // gathered from its forward to its backward, and otherwise the unit computing plus the one
 // prefetched behind it (consecutive units of a chunk), or every unit of the stage when
 // parameters stay gathered from forward to backward (--keep-params).
 //
-// Activations and scratch (one micro-batch of B rows x T tokens, BT = B T):
-//   per block  n1, n2 [BT, C], rstd1, rstd2 [BT], q, att [BT, nh hd], k, v [BT, nkv hd],
-//              lse [BT, nh], h [BT, C], gate, up, act [BT, I]
-//   the model  tokens and targets (int32), the residual stream x_0..x_L [BT, C], and the head's
-//              normed input [BT, C], rstd [BT], logits [BT, V] and per-token losses [BT]
-//   scratch    the backward's residual gradient [BT, C], one block's temporaries (dn dh dq dk
-//              dv datt dgate dup dact) and the head's dlogits [BT, V] and dn [BT, C]
-//   checkpointing  selective keeps q k v h gate up of each block and rebuilds the rest of one
-//              block in its backward; full keeps only the residual stream and rebuilds a whole
-//              block (core/model/checkpointing.h); every:k (k > 1) is estimated
-// Under tp, cp and pp the same formulas run on the rank's share (BT / cp tokens, its heads and
-// columns, the residual rows / tp under sequence parallelism, its stages' units times the
-// micro-batches a schedule keeps in flight): an estimate, not held to the allocator's bytes.
+// Activations, scratch and a pipeline's receive buffers (exact): one micro-batch's levels on
+// each chunk, pass by pass (core/plan/activations.cpp), played along the rank's schedule: the
+// pipeline schedule's action list (core/parallel/pipeline_schedule.h), or F B per micro-batch
+// without pipeline parallelism. A micro-batch chunk holds its activations from its F to the end
+// of its B (or W); a received activation or gradient is held from its receive to the end of the
+// action that reads it. One thing depends on thread timing: an input gradient sent to the
+// previous stage is freed once the send has buffered it, at the earliest before the rank's next
+// compute action, at the latest at the step's end: scratch_min and scratch bound it.
 #include "core/plan/memory.h"
 
 #include <algorithm>
+#include <map>
 
 #include "core/error.h"
+#include "core/parallel/pipeline_schedule.h"
+#include "core/plan/activations.h"
 
 namespace llama4d {
 namespace {
@@ -72,6 +70,80 @@ std::vector<std::vector<int>> chunk_units(const ParallelPlan& plan, int L, int p
   return chunks;
 }
 
+// The most bytes of activations, scratch and received buffers one rank holds over a step.
+// Comm buffers: what it received and has not consumed, and (virtual GPUs' eager sends) what it
+// sent and its peer has not received yet: at the least none, at the most an activation until its
+// gradient comes back (the peer received it before sending that) and a gradient until the end.
+struct SchedulePlay {
+  int64_t activations = 0, scratch = 0, scratch_min = 0, received = 0, received_min = 0;
+  int64_t ring_sends = 0;  // ring attention's, at the most (ChunkMemory::ring_sends)
+};
+
+SchedulePlay play_schedule(const StepShape& s, int t, int pp_rank, const std::vector<std::vector<int>>& chunks) {
+  using Op = PipelineAction::Op;
+  const ParallelPlan& plan = s.plan;
+  const int pp = plan.size("pp"), v = int(chunks.size()), M = int(s.micro_batches());
+  std::vector<ChunkMemory> chunk;
+  for (const std::vector<int>& units : chunks) chunk.push_back(chunk_memory(s, t, units.front(), units.back() + 1));
+  std::vector<PipelineAction> actions;
+  if (pp > 1) {
+    actions = make_pipeline_schedule(plan.schedule, pp, M, plan.pp_chunks).actions[size_t(pp_rank)];
+  } else {
+    for (int m = 0; m < M; ++m) {
+      actions.push_back({Op::forward, m, 0, -1});
+      actions.push_back({Op::backward, m, 0, -1});
+    }
+  }
+  SchedulePlay out;
+  for (const ChunkMemory& c : chunk) out.ring_sends = std::max(out.ring_sends, c.ring_sends);
+  int64_t activations = 0, received = 0;
+  int64_t held_min = 0, held_max = 0;  // sent input gradients not yet freed: earliest, latest
+  int64_t sent_gradients = 0;          // send buffers of input gradients, at the latest
+  std::vector<int64_t> inbox(size_t(M * v), 0), sent_activation(size_t(M * v), 0);
+  auto sent_activations = [&] {
+    int64_t n = 0;
+    for (int64_t b : sent_activation) n += b;
+    return n;
+  };
+  for (const PipelineAction& a : actions) {
+    const size_t k = size_t(a.micro_batch * v + a.chunk);
+    const ChunkMemory& c = chunk[size_t(a.chunk)];
+    switch (a.op) {
+      case Op::recv_activation:
+      case Op::recv_gradient:
+        // Allocated before the wait; a gradient's arrival proves the peer took our activation.
+        inbox[k] = c.boundary;
+        received += c.boundary;
+        out.received_min = std::max(out.received_min, received);
+        out.received = std::max(out.received, received + sent_activations() + sent_gradients);
+        if (a.op == Op::recv_gradient) sent_activation[k] = 0;
+        continue;
+      case Op::send_activation: sent_activation[k] = c.boundary; break;
+      case Op::send_gradient: sent_gradients += c.boundary; break;
+      default: break;
+    }
+    out.received = std::max(out.received, received + sent_activations() + sent_gradients);
+    if (!a.is_compute()) continue;
+    held_min = 0;  // the earliest: every earlier send has buffered its gradient
+    const PassLevel& level = a.op == Op::forward           ? c.forward
+                             : a.op == Op::backward        ? c.backward
+                             : a.op == Op::backward_input  ? c.input
+                                                           : c.weight;
+    const int64_t scratch = a.op == Op::forward           ? c.scratch_forward
+                            : a.op == Op::backward        ? c.scratch_backward
+                            : a.op == Op::backward_input  ? c.scratch_input
+                                                          : c.scratch_weight;
+    out.activations = std::max(out.activations, activations - level.start + level.peak);
+    activations += level.end - level.start;
+    out.scratch = std::max(out.scratch, held_max + scratch);
+    out.scratch_min = std::max(out.scratch_min, held_min + scratch);
+    if (a.op == Op::backward || a.op == Op::backward_input) held_min += c.input_grad, held_max += c.input_grad;
+    received -= inbox[k];
+    inbox[k] = 0;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<int64_t> unit_elements(const LlamaConfig& cfg, int tp, int t) {
@@ -98,14 +170,13 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
   const LlamaConfig& cfg = s.model;
   if (cfg.tie_word_embeddings && plan.size("pp") > 1)
     throw InputError("planner: tied embeddings across pipeline stages are not modelled");
-  const int L = int(cfg.num_hidden_layers), tp = plan.size("tp"), cp = plan.size("cp");
+  const int L = int(cfg.num_hidden_layers), tp = plan.size("tp");
   const Precision& pr = s.precision;
-  const int64_t e = pr.activation, C = cfg.hidden_size, hd = cfg.head_dim;
-  const bool sp = tp > 1 && plan.sequence_parallel;
   std::vector<std::string> shard_dims = {"cp", plan.hsdp() ? "dp_shard" : "dp"};
   const int stage = int(plan.zero);
 
   std::vector<MemoryPrediction> out;
+  std::map<std::pair<int, int>, SchedulePlay> plays;  // by (tp rank, pp rank): the rest changes nothing here
   for (int w = 0; w < plan.world_size(); ++w) {
     MemoryPrediction m;
     m.world_rank = w;
@@ -143,46 +214,14 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
     m.optimizer = pr.optimizer * (stage >= 1 ? sh : N);
     m.comm_buffers = stage >= 2 ? pr.grad * sh : 0;
 
-    // Activations of one micro-batch on this rank's share, times the micro-batches in flight.
-    const int64_t BT = s.micro_rows() * s.seq_len / cp, rows = sp ? (BT * (t + 1) / tp - BT * t / tp) : BT;
-    const int64_t q = cfg.num_attention_heads / tp * hd, kv = std::max<int64_t>(cfg.num_key_value_heads / tp, 1) * hd;
-    const int64_t nh = cfg.num_attention_heads / tp, I = cfg.intermediate_size / tp;
-    const int64_t vocab = units[0] / C;
-    int64_t blocks = 0;
-    bool first = false, last = false;
-    for (const std::vector<int>& chunk : chunks)
-      for (int u : chunk) {
-        blocks += u >= 1 && u <= L;
-        first = first || u == 0;
-        last = last || u == L + 1;
-      }
-    // One block: what its backward reads, split into what selective checkpointing keeps (q k v,
-    // h, gate, up) and what it recomputes (n1 rstd1 att lse n2 rstd2 act).
-    const int64_t kept = e * (BT * q + 2 * BT * kv + rows * C + 2 * BT * I);
-    const int64_t recomputed = e * (BT * C + rows + BT * q + BT * nh + BT * C + rows + BT * I);
-    const int64_t block = kept + recomputed;
-    const Checkpointing& ac = plan.ac;
-    const bool full = ac.kind == Checkpointing::Kind::every;
-    const int64_t tokens = first ? BT * 4 : 0, inputs = first ? 2 * BT * 4 : 0;  // int32 tokens, targets
-    const int64_t residual = e * (blocks + (last ? 1 : 0)) * rows * C;          // x_0 .. x_L
-    const int64_t head = last ? e * BT * (C + 1 + vocab + 1) : 0;                // n rstd logits losses
-    const int pp = plan.size("pp"), m_batches = int(s.micro_batches());
-    const int in_flight = pp == 1 ? 1
-                          : plan.schedule == PipelineScheduleKind::gpipe
-                              ? m_batches
-                              : std::min(m_batches, pp - plan.coordinate("pp", w));
-    // Without checkpointing the peak is the end of the forward. With it, either that (every
-    // block's kept part and the head) or a block's backward (the kept parts, the block rebuilt,
-    // the targets already consumed by the loss), whichever is larger.
-    int64_t per_micro_batch = inputs + residual + blocks * block + head;
-    if (ac.kind == Checkpointing::Kind::selective)
-      per_micro_batch = std::max(inputs + residual + blocks * kept + head, tokens + residual + blocks * kept + recomputed);
-    if (full)  // every:k keeps only the inputs of blocks 0, k, 2k, ... and rebuilds k blocks at once
-      per_micro_batch = std::max(inputs + residual + head, tokens + residual + ac.every * block);
-    m.activations = in_flight * per_micro_batch;
-    if (pp > 1) m.comm_buffers += int64_t(in_flight) * e * BT * C;
-    m.scratch = e * BT * (C + (2 * C + 2 * q + 2 * kv + 3 * I) + (last ? vocab + C : 0));
-    m.estimated = tp > 1 || pp > 1 || (full && ac.every > 1);
+    const std::pair<int, int> key{t, plan.coordinate("pp", w)};
+    auto played = plays.find(key);
+    if (played == plays.end()) played = plays.emplace(key, play_schedule(s, t, key.second, chunks)).first;
+    m.activations = played->second.activations;
+    m.scratch = played->second.scratch;
+    m.scratch_min = played->second.scratch_min;
+    m.comm_buffers_min = m.comm_buffers + played->second.received_min;
+    m.comm_buffers += played->second.received + played->second.ring_sends;
     out.push_back(m);
   }
   return out;

@@ -8,19 +8,17 @@
 
 namespace llama4d {
 
-// Peak bytes per category over a training step on one rank. Gradients under ZeRO-2/3 depend on
-// how many reductions are still in flight when the next unit's gradient is allocated (thread
-// timing on a real machine as on virtual GPUs): grads is the most (three units' full gradients
-// beside the shard), grads_min the least (the largest unit's). Everywhere else min == max.
+// Peak bytes per category over a training step on one rank, exact for every plan (document
+// masks' ids aside). Two depend on thread timing, on a real machine as on virtual GPUs, and come
+// as the least and the most: gradients under ZeRO-2/3, by how many reductions are still in
+// flight when the next unit's gradient is allocated (grads_min: the largest unit's full gradient
+// beside the shard; grads: three units'), and a pipeline stage's scratch, by when its sent input
+// gradients are freed (scratch_min .. scratch), and its comm buffers, by when its peers receive
+// what it sent (comm_buffers_min .. comm_buffers). Everywhere else min == max.
 struct MemoryPrediction {
   int world_rank = 0;
-  int64_t params = 0, grads = 0, grads_min = 0, optimizer = 0, comm_buffers = 0;
-  int64_t activations = 0, scratch = 0;
-  // Exact: params, optimizer and grads (within [grads_min, grads]) on every plan, and comm
-  // buffers without pipeline parallelism. Activations and scratch are exact without tensor and
-  // pipeline parallelism for every checkpointing-free run; otherwise they, and a pipeline's
-  // receive buffers, are the same formulas applied to the rank's share: estimates.
-  bool estimated = true;
+  int64_t params = 0, grads = 0, grads_min = 0, optimizer = 0, comm_buffers = 0, comm_buffers_min = 0;
+  int64_t activations = 0, scratch = 0, scratch_min = 0;
   int64_t weight_states() const { return params + grads + optimizer + comm_buffers; }
   // Upper bound of the rank's peak: every category at its own peak at once.
   int64_t total() const { return weight_states() + activations + scratch; }

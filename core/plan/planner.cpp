@@ -179,8 +179,8 @@ nlohmann::json PlanReport::to_json() const {
                        {"compute_efficiency", model.compute_efficiency}, {"dp_overlap", model.dp_overlap}}},
           {"memory_per_gpu", {{"world_rank", m.world_rank}, {"params", m.params}, {"grads", m.grads},
                               {"grads_min", m.grads_min}, {"optimizer", m.optimizer}, {"comm_buffers", m.comm_buffers},
-                              {"activations", m.activations}, {"scratch", m.scratch}, {"total", m.total()},
-                              {"estimated", m.estimated}}},
+                              {"activations", m.activations}, {"scratch", m.scratch},
+                              {"scratch_min", m.scratch_min}, {"total", m.total()}}},
           {"fits", fits},
           {"overflow", fits ? nlohmann::json(nullptr) : nlohmann::json(overflow)},
           {"traffic", traffic_json},
@@ -206,8 +206,7 @@ std::string PlanReport::table() const {
     << shape.micro_batches() << " micro-batches of " << shape.micro_rows() << " per data rank, " << shape.precision.name
     << "\ncluster: " << model.cluster.describe() << "; kernels at " << model.compute_efficiency * 100
     << "% of peak, data-parallel traffic " << model.dp_overlap * 100 << "% hidden\n\n";
-  o << "memory per GPU (rank " << m.world_rank << ", the fullest)" << (m.estimated ? "; activations estimated" : "")
-    << ":\n";
+  o << "memory per GPU (rank " << m.world_rank << ", the fullest):\n";
   const std::pair<const char*, int64_t> rows[] = {{"params", m.params},           {"grads", m.grads},
                                                   {"optimizer", m.optimizer},     {"comm buffers", m.comm_buffers},
                                                   {"activations", m.activations}, {"scratch", m.scratch},
