@@ -36,6 +36,8 @@
 //   block bwd       2 AR X (f's input grads)     2 AG X + 2 RS X + 2 AR C (the norms' gains)
 //                   + AR 2·nkv·hd·C when a key/value head is replicated (tp > nkv)
 //   embedding bwd   -                            AG X (every row reaches every vocab slice)
+// Activations and their gradients travel at the activation width; the norm gains' and the KV
+// replicas' sums are weight gradients, at the gradient width (they differ under bf16).
 // Activation checkpointing reruns forward communication in backward, per block:
 //   selective  recomputes n1, n2 and the attention core: SP's 2 AG X (none without SP)
 //   full       reruns the block's forward up to, not including, down_proj: AR X (o_proj), or
@@ -237,6 +239,9 @@ struct Step {
 struct TpCost {
   int64_t bytes = 0, calls = 0;
   void all_reduce(const Step& p, int64_t count) { bytes += all_reduce_bytes(p.tp, count, p.e), calls += 1; }
+  // A weight gradient summed over the group (SP's norm gains, replicated KV heads): gradient width
+  // (fp32 under Llama 3's mixed precision, where activations are bf16).
+  void grad_sum(const Step& p, int64_t count) { bytes += all_reduce_bytes(p.tp, count, p.e_grad), calls += 1; }
   void scatter_gather(const Step& p, int64_t total) { bytes += scatter_gather_bytes(p.tp, total, p.e), calls += 1; }
   // A row-parallel output (o_proj, down_proj), a column-parallel input gradient, the embedding.
   void partial_sum(const Step& p) { p.sp ? scatter_gather(p, p.BT() * p.C) : all_reduce(p, p.BT() * p.C); }
@@ -293,14 +298,14 @@ void tensor_parallel(const Step& p, Tally& out) {
   mb.gather_rows(p);  // head input
   for (int i = 0; i < 3; ++i) mb.all_reduce(p, p.BT());  // loss: max, sum of exp, target logit
   mb.partial_sum(p);  // head input gradient
-  if (p.sp) mb.all_reduce(p, p.C);  // final norm gain
+  if (p.sp) mb.grad_sum(p, p.C);  // final norm gain
   for (int64_t l = 0; l < p.L; ++l) {
     mb.gather_rows(p);  // down_proj output gradient
     mb.partial_sum(p);  // MLP input gradient
     mb.gather_rows(p);  // o_proj output gradient
     mb.partial_sum(p);  // attention input gradient
-    if (p.sp) mb.all_reduce(p, p.C), mb.all_reduce(p, p.C);  // both norms' gains
-    if (p.tp > p.nkv) mb.all_reduce(p, 2 * p.nkv * p.hd * p.C);  // replicated key/value heads
+    if (p.sp) mb.grad_sum(p, p.C), mb.grad_sum(p, p.C);  // both norms' gains
+    if (p.tp > p.nkv) mb.grad_sum(p, 2 * p.nkv * p.hd * p.C);  // replicated key/value heads
   }
   mb.gather_rows(p);  // embedding output gradient
   const TpCost again = recomputation(p).tp;
