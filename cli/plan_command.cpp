@@ -2,12 +2,16 @@
 //
 //   llama4d plan --preset small --mesh tp=2,cp=2,pp=2,dp=2 --zero 3 --micro-batches 2
 //   llama4d plan --preset llama3-405b --mesh tp=8,cp=1,pp=16,dp=64 --precision bf16 --seq-len 8192 ...
-//   llama4d plan --llama3      the Llama 3 405B plans of the paper beside its reported MFU
+//   llama4d plan --llama3      the Llama 3 405B plans of the paper beside its reported MFU, and
+//                              plans of ours for 8B and 70B (the paper gives none)
 //
 // Memory per GPU by category (with a verdict against --hbm-gb naming the largest category when
 // the plan does not fit), bytes per step per mesh dimension and the link each group crosses, the
 // pipeline bubble, step time, MFU, tokens/s and the days a --tokens budget takes. Every
 // assumption of the time model is a flag; nothing runs, so any size of cluster can be planned.
+#include <cmath>
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
@@ -68,38 +72,54 @@ StepShape shape_of(const LlamaConfig& model, const ParallelPlan& plan, const Pla
 }
 
 nlohmann::json llama3_table(const PlanArgs& a) {
-  nlohmann::json rows = nlohmann::json::array();
+  // The token budget: 15.6T tokens (the paper's pre-training) unless --tokens says otherwise.
+  const double tokens = a.tokens > 0 ? a.tokens : 15.6e12;
+  nlohmann::json rows = nlohmann::json::array(), own = nlohmann::json::array();
   for (const Llama3Layout& layout : llama3_405b_layouts()) {
-    // The token budget: 15.6T tokens (the paper's pre-training) unless --tokens says otherwise.
-    const PlanReport r = plan_step(llama3_405b_shape(layout), cluster_model(a), a.tokens > 0 ? a.tokens : 15.6e12);
-    nlohmann::json j = r.to_json();
+    nlohmann::json j = plan_step(llama3_405b_shape(layout), cluster_model(a), tokens).to_json();
     j["reported_mfu"] = layout.reported_mfu;
     rows.push_back(j);
   }
-  return {{"model", "llama3-405b"}, {"source", "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4"}, {"plans", rows}};
+  for (const Llama3OwnPlan& p : llama3_own_plans()) {
+    nlohmann::json j = plan_step(p.shape, cluster_model(a), tokens).to_json();
+    j["model"] = p.model;
+    own.push_back(j);
+  }
+  return {{"model", "llama3-405b"},
+          {"source", "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4"},
+          {"plans", rows},
+          {"own_plans", own},
+          {"own_plans_note", "8B and 70B: the paper gives no layout; these plans are llama4d's (core/plan/llama3.h)"}};
+}
+
+// One row of the table: mesh, sequence, GPUs, weight states and activations per GPU, dp bytes,
+// bubble, step, MFU, and the paper's MFU where it reports one.
+void print_llama3_row(const nlohmann::json& r, const std::string& label, const std::string& paper) {
+  const nlohmann::json& m = r.at("memory_per_gpu");
+  int64_t dp_bytes = 0;
+  for (const nlohmann::json& d : r.at("traffic"))
+    if (d.at("dim") == "dp") dp_bytes += d.at("bytes_per_rank").get<int64_t>();
+  std::printf("%-35s %7lld %6d %10s %10s %10s %7.1f%% %8.2f %8.1f%% %6s%s\n", label.c_str(),
+              static_cast<long long>(r.at("seq_len").get<int64_t>()), r.at("plan").at("world_size").get<int>(),
+              format_bytes(m.at("params").get<int64_t>() + m.at("grads").get<int64_t>() +
+                           m.at("optimizer").get<int64_t>() + m.at("comm_buffers").get<int64_t>())
+                  .c_str(),
+              format_bytes(m.at("activations").get<int64_t>()).c_str(), format_bytes(dp_bytes).c_str(),
+              r.at("bubble_fraction").get<double>() * 100, r.at("step_seconds").get<double>(),
+              r.at("mfu").get<double>() * 100, paper.c_str(), r.at("fits").get<bool>() ? "" : "  (does not fit)");
 }
 
 void print_llama3(const nlohmann::json& t) {
   std::printf("Llama 3 405B, the paper's plans (bf16, ZeRO-3 with parameters kept, interleaved 1F1B v=4,\n"
               "selective checkpointing assumed; 15.6T tokens):\n");
-  std::printf("%-24s %7s %6s %10s %10s %10s %8s %8s %9s %7s\n", "mesh", "seq", "GPUs", "weights", "activ.", "dp bytes",
-              "bubble", "step s", "MFU", "paper");
-  for (const nlohmann::json& r : t.at("plans")) {
-    const nlohmann::json& m = r.at("memory_per_gpu");
-    int64_t dp_bytes = 0;
-    for (const nlohmann::json& d : r.at("traffic"))
-      if (d.at("dim") == "dp") dp_bytes += d.at("bytes_per_rank").get<int64_t>();
-    std::printf("%-24s %7lld %6d %10s %10s %10s %7.1f%% %8.2f %8.1f%% %6.0f%%%s\n",
-                r.at("plan").at("mesh_spec").get<std::string>().c_str(), static_cast<long long>(r.at("seq_len").get<int64_t>()),
-                r.at("plan").at("world_size").get<int>(),
-                format_bytes(m.at("params").get<int64_t>() + m.at("grads").get<int64_t>() + m.at("optimizer").get<int64_t>() +
-                             m.at("comm_buffers").get<int64_t>())
-                    .c_str(),
-                format_bytes(m.at("activations").get<int64_t>()).c_str(), format_bytes(dp_bytes).c_str(),
-                r.at("bubble_fraction").get<double>() * 100, r.at("step_seconds").get<double>(),
-                r.at("mfu").get<double>() * 100, r.at("reported_mfu").get<double>() * 100,
-                r.at("fits").get<bool>() ? "" : "  (does not fit)");
-  }
+  std::printf("%-35s %7s %6s %10s %10s %10s %8s %8s %9s %7s\n", "mesh", "seq", "GPUs", "weights", "activ.",
+              "dp bytes", "bubble", "step s", "MFU", "paper");
+  for (const nlohmann::json& r : t.at("plans"))
+    print_llama3_row(r, r.at("plan").at("mesh_spec").get<std::string>(),
+                     std::to_string(int(std::lround(r.at("reported_mfu").get<double>() * 100))) + "%");
+  std::printf("\n8B and 70B: the paper gives no layout for them; two of ours, same 16M-token steps:\n");
+  for (const nlohmann::json& r : t.at("own_plans"))
+    print_llama3_row(r, r.at("model").get<std::string>() + " " + r.at("plan").at("mesh_spec").get<std::string>(), "-");
 }
 
 }  // namespace

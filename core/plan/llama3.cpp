@@ -29,6 +29,26 @@ StepShape llama3_405b_shape(const Llama3Layout& layout, const std::string& ac) {
   return s;
 }
 
+std::vector<Llama3OwnPlan> llama3_own_plans() {
+  auto shape = [](const std::string& preset, const std::string& mesh) {
+    StepShape s;
+    s.model = LlamaConfig::preset(preset);
+    s.plan = ParallelPlan::parse(mesh);
+    s.plan.zero = ZeroStage::zero3;
+    s.plan.reshard_after_forward = false;
+    s.plan.ac = Checkpointing::parse("selective", int(s.model.num_hidden_layers));
+    s.seq_len = 8192;
+    s.batch_size = 2048;
+    s.micro_batch_size = 1;
+    s.precision = Precision::parse("bf16");
+    return s;
+  };
+  StepShape b70 = shape("llama3-70b", "tp=8,cp=1,pp=4,dp=256");
+  b70.plan.schedule = PipelineScheduleKind::interleaved;
+  b70.plan.pp_chunks = 5;
+  return {{"llama3-8b", shape("llama3-8b", "tp=1,cp=1,pp=1,dp=2048")}, {"llama3-70b", b70}};
+}
+
 ClusterModel h100_cluster() {
   ClusterModel m;
   m.cluster.hbm_bytes = kH100HbmBytes;

@@ -25,6 +25,18 @@ const std::vector<Llama3Layout>& llama3_405b_layouts();
 // the activation checkpointing policy `ac` (the paper does not say; "selective" by default).
 StepShape llama3_405b_shape(const Llama3Layout& layout, const std::string& ac = "selective");
 
+// 8B and 70B: the paper gives no training layout for them (Table 4's three rows are all 405B's;
+// reading them as 8B, 70B and 405B is a mistake). These plans are ours, at 405B's 16M tokens per
+// step of 8K sequences, bf16, ZeRO-3 keeping parameters and selective checkpointing:
+//   8B   FSDP alone on 2,048 GPUs, one sequence each: the model fits a GPU, so no model split.
+//   70B  tp=8 inside a node, pp=4 interleaved with 5 chunks (80 layers = 20 virtual stages of 4)
+//        and dp=256: 8,192 GPUs, 8 micro-batches of one sequence per data rank.
+struct Llama3OwnPlan {
+  std::string model;  // the preset
+  StepShape shape;
+};
+std::vector<Llama3OwnPlan> llama3_own_plans();
+
 // The planner's cluster model with an H100's 80 GB of HBM and the defaults of ClusterModel.
 ClusterModel h100_cluster();
 

@@ -39,6 +39,20 @@ TEST(Planner, Llama3PaperPlansFitIn80GB) {
   }
 }
 
+// 8B and 70B on plans of ours (the paper gives none): 16M tokens per step, fit an H100.
+TEST(Planner, Llama3SmallerModelsOwnPlansFitIn80GB) {
+  const std::vector<Llama3OwnPlan> plans = llama3_own_plans();
+  ASSERT_EQ(plans.size(), 2u);
+  for (const Llama3OwnPlan& p : plans) {
+    SCOPED_TRACE(p.model);
+    const PlanReport r = plan_step(p.shape, h100_cluster());
+    EXPECT_EQ(r.shape.batch_size * r.shape.seq_len, 16 * 1024 * 1024);
+    EXPECT_TRUE(r.fits) << r.table();
+    EXPECT_GT(r.mfu, 0.2);
+    EXPECT_LT(r.mfu, r.model.compute_efficiency);
+  }
+}
+
 // Without checkpointing the activations of 8K-token micro-batches in flight on a pipeline rank
 // overflow an H100, and the verdict names them; one GPU's share of 405B without model
 // parallelism overflows on the weights' optimizer state.
