@@ -31,7 +31,7 @@ struct PlanArgs {
   int gpus_per_node = 8;
   double gpu_tflops = 989, hbm_gb = 80, nvlink_gbps = 450, nvlink_us = 1, ib_gbps = 50, ib_us = 5;
   double efficiency = 0.6, dp_overlap = 0.9, tokens = 0;
-  bool llama3 = false, json = false;
+  bool llama3 = false, json = false, doc_mask = false;
 };
 
 ClusterModel cluster_model(const PlanArgs& a) {
@@ -66,6 +66,7 @@ StepShape shape_of(const LlamaConfig& model, const ParallelPlan& plan, const Pla
     s.micro_batch_size = s.rows_per_data_rank() / a.micro_batches;
   }
   s.precision = Precision::parse(a.precision);
+  s.doc_mask = a.doc_mask;
   if (s.seq_len < 1 || s.batch_size < 1 || s.micro_batch_size < 0)
     throw InputError("plan: --seq-len and --batch-size must be >= 1 and --micro-batch-size >= 0");
   return s;
@@ -150,6 +151,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--dp-overlap", a->dp_overlap, "fraction of data-parallel traffic hidden behind compute")
       ->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "token budget to time (e.g. 15.6e12)");
+  cmd->add_flag("--doc-mask", a->doc_mask, "document masking: count each micro-batch's document ids");
   cmd->add_flag("--llama3", a->llama3, "Llama 3 405B's plans from the paper, beside its reported MFU");
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->callback([a, cmd] {
@@ -157,7 +159,7 @@ void add_plan_command(CLI::App& app) {
       // The layouts, model, batch and precision are the paper's: refuse flags that would be ignored.
       for (const char* flag : {"--preset", "--config", "--mesh", "--zero", "--keep-params", "--ac", "--sp", "--schedule",
                                "--pp-chunks", "--pp-layers", "--cp-algo", "--micro-batches", "--seq-len",
-                               "--batch-size", "--micro-batch-size", "--precision"})
+                               "--batch-size", "--micro-batch-size", "--precision", "--doc-mask"})
         if (cmd->count(flag) > 0)
           throw InputError(std::string("plan --llama3 sets ") + flag +
                            " itself (the paper's layouts); only the cluster flags apply");

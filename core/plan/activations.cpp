@@ -30,7 +30,8 @@
 //                  [BT, C], dgate dup [BT, I], dq [BT, nh hd], dk dv [BT, nkv hd] beside act n2
 //                  att n1 h rstd1 rstd2 and its input; the head's dlogits, dn and n rstd and
 //                  its input; the embedding's input gradient [rows, C]; the tokens.
-// Document ids (--doc-mask) are not counted.
+//   document ids   (--doc-mask) [B, seq_len] int32 on every chunk, from the forward to the end of
+//                  the backward (the input pass: the weight pass has no attention).
 #include "core/plan/activations.h"
 
 #include <algorithm>
@@ -48,7 +49,7 @@ struct Ledger {
 };
 
 struct Sizes {
-  int64_t x, tokens, block_kept, block_recomputable, head, targets;
+  int64_t x, tokens, docs, block_kept, block_recomputable, head, targets;
   int64_t block_scratch, input_pass_scratch, head_scratch, gain, kv_grads;
   int64_t block_keep_for_weight, block_inputs_moved, head_keep_for_weight, head_inputs_moved;
   int64_t sp_partial, vocab_stats;
@@ -68,6 +69,7 @@ Sizes sizes(const StepShape& s, int t) {
   Sizes z{};
   z.x = e * rows * C;
   z.tokens = z.targets = 4 * BT;
+  z.docs = s.doc_mask ? 4 * s.micro_rows() * s.seq_len : 0;
   z.block_kept = e * (BT * q + 2 * BT * kv + rows * C + 2 * BT * I);
   z.block_recomputable = e * (2 * BT * C + 2 * rows + BT * q + BT * nh + BT * I);
   z.head = e * (BT * C + rows + BT * vocab + BT + (vocab_parallel ? BT : 0));
@@ -118,6 +120,7 @@ ChunkMemory chunk_memory(const StepShape& s, int t, int begin, int end) {
   Ledger act, scratch;
   std::vector<bool> x_alive(size_t(L + 1), false);
   std::vector<Held> block(size_t(L), Held::none);
+  act.add(z.docs);
   if (has_embedding) {
     act.add(z.tokens);
     act.add(z.x);
@@ -215,6 +218,7 @@ ChunkMemory chunk_memory(const StepShape& s, int t, int begin, int end) {
       const int below = std::max(u - 1, 0);
       if (xs[size_t(below)]) a.sub(z.x), xs[size_t(below)] = false;
     }
+    a.sub(z.docs);
     (input_only ? out.input : out.backward) = {resident, a.peak, a.now};
     (input_only ? out.scratch_input : out.scratch_backward) = sc.peak;
   }

@@ -28,6 +28,7 @@ struct StepShape {
   int64_t batch_size = 8;          // global batch in sequences
   int64_t micro_batch_size = 0;    // sequences per micro-batch on a data rank (0: all of its rows)
   Precision precision;             // bytes per element of each kind of state (fp32 by default)
+  bool doc_mask = false;           // document masking: each micro-batch keeps its rows' document ids
 
   int64_t rows_per_data_rank() const { return batch_size / plan.dp(); }
   int64_t micro_rows() const { return micro_batch_size > 0 ? micro_batch_size : rows_per_data_rank(); }

@@ -61,11 +61,11 @@ inline ParallelPlan dp_plan(int shard, int replicate, ZeroStage stage, bool resh
 // `steps` training steps of `plan` on `cluster` (one compute thread per virtual GPU), each rank
 // holding its tensor-parallel slice; the cluster keeps every rank's traffic and trace.
 inline void train_steps(VirtualCluster& cluster, const LlamaConfig& cfg, const TrainOptions& opt,
-                        const ParallelPlan& plan, int steps) {
+                        const ParallelPlan& plan, int steps, const TextDataset& data = corpus()) {
   cluster.run([&](ProcessGroup& world) {
     ops::set_backend_threads(1);
     Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
-    ParallelTrainer<float> trainer(world, model, corpus(), opt, plan);
+    ParallelTrainer<float> trainer(world, model, data, opt, plan);
     for (int i = 0; i < steps; ++i) trainer.step();
   });
 }

@@ -21,6 +21,7 @@ struct MemoryCase {
   int64_t micro_batch_size = 0;
   int chunks = 1;
   const char* cp_algo = "allgather";
+  bool doc_mask = false;
 };
 
 std::string memory_case_name(const testing::TestParamInfo<MemoryCase>& info) { return info.param.name; }
@@ -44,12 +45,13 @@ TEST_P(PlannerMemory, EqualsTheAllocatorOnEveryRank) {
   s.plan.cp_algo = parse_context_algo(c.cp_algo);
   TrainOptions opt = test::options(1, c.micro_batch_size);
   opt.seq_len = s.seq_len = 16;
+  opt.doc_mask = s.doc_mask = c.doc_mask;
   s.batch_size = opt.batch_size;
   s.micro_batch_size = opt.micro_batch_size;
   VirtualClusterOptions vo;
   vo.ranks = s.plan.world_size();
   VirtualCluster cluster(vo);
-  test::train_steps(cluster, s.model, opt, s.plan, 1);
+  test::train_steps(cluster, s.model, opt, s.plan, 1, c.doc_mask ? test::document_corpus() : test::corpus());
 
   const std::vector<MemoryPrediction> predicted = predict_memory(s);
   ASSERT_EQ(int(predicted.size()), s.plan.world_size());
@@ -113,6 +115,8 @@ const MemoryCase kMemoryCases[] = {
     {"cp2_pp2_allgather", "cp=2,pp=2", ZeroStage::none, "selective", false, 4, true, "1f1b", 6},
     {"cp2_pp2_ring", "cp=2,pp=2", ZeroStage::none, "none", false, 4, true, "1f1b", 6, 1, "ring"},
     {"cp4_pp2_ring_zb", "cp=4,pp=2", ZeroStage::none, "selective", false, 4, true, "zb-h1", 6, 1, "ring"},
+    {"doc_tp2_cp2_pp2_zb", "tp=2,cp=2,pp=2", ZeroStage::none, "selective", false, 4, true, "zb-h1", 6, 1, "ring", true},
+    {"doc_dp2", "dp=2", ZeroStage::none, "none", false, 4, true, "1f1b", 0, 1, "allgather", true},
     {"tp2_cp2_pp2_full", "tp=2,cp=2,pp=2", ZeroStage::none, "full", false, 4, true, "interleaved", 6, 2, "ring"},
 };
 INSTANTIATE_TEST_SUITE_P(Plans, PlannerMemory, testing::ValuesIn(kMemoryCases), memory_case_name);
