@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Times a full training step of `small` (batch 8 x 256 tokens, 2 threads) in llama4d and in
-# PyTorch on the same config and prints both and their ratio (target: llama4d >= 1.5x PyTorch).
+# Times a full training step of a preset (`small` by default: batch 8 x 256 tokens, 2 threads)
+# in llama4d and in PyTorch on the same config and prints both and their ratio (target: llama4d
+# >= 1.5x PyTorch).
 #   bench/compare_torch.sh [path/to/llama4d]
 # Environment: THREADS (default 2) for both; PRESET (default small); PYTHON (default Debian's
 # /usr/bin/python3; point it at another interpreter to compare with a current PyTorch).
@@ -12,7 +13,7 @@ preset=${PRESET:-small}
 python=${PYTHON:-/usr/bin/python3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# A config.json for `small`, written the way every checkpoint is.
+# The preset's config.json, written the way every checkpoint is.
 "$bin" train --preset "$preset" --steps 1 --batch-size 1 --eval-every 0 --out "$tmp/run" > /dev/null 2>&1
 ours=$("$bin" bench --preset "$preset" --threads "$threads" --json)
 theirs=$("$python" bench/torch_train_step.py "$tmp/run/checkpoint/config.json" --threads "$threads" --json)

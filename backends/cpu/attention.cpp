@@ -319,7 +319,7 @@ void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64
   const int64_t rows = B * Tq * nh;
   const int64_t per_chunk = std::max<int64_t>(1, cpu::kElementChunk / hd);
   const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
-  cpu::parallel_for(chunks, chunks > 1, [&](int64_t c) {
+  cpu::parallel_for(chunks, rows * hd >= cpu::kParallelElements, [&](int64_t c) {
     const int64_t end = std::min(rows, (c + 1) * per_chunk);
     for (int64_t row = c * per_chunk; row < end; ++row) {
       const int64_t h = row % nh, i = (row / nh) % Tq, b = row / (nh * Tq);

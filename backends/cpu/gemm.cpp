@@ -46,18 +46,23 @@ struct Panel {
   int64_t first_row;
 };
 
+// A panel of operand v is read in place when its W rows are adjacent (row_stride 1) and whole;
+// the others are packed: all ceil(n / W) of them, or only a partial last one.
+template <int W, class T>
+int64_t packed_panels(const GemmOperand<T>& v, int64_t n) {
+  return v.row_stride == 1 ? int64_t(n % W != 0) : (n + W - 1) / W;
+}
+
 // Appends the ceil(n / W) panels of operand v (n rows, depth K); packed ones take consecutive
-// W x K pieces from `buffer` on (null: only their size is counted, in `packed`).
+// W x K pieces from `buffer` on.
 template <class T, int W>
-void plan_panels(std::vector<Panel<T>>& panels, const GemmOperand<T>& v, int64_t n, int64_t K, T*& buffer,
-                 int64_t& packed) {
+void plan_panels(std::vector<Panel<T>>& panels, const GemmOperand<T>& v, int64_t n, int64_t K, T*& buffer) {
   for (int64_t i0 = 0; i0 < n; i0 += W) {
     if (v.row_stride == 1 && i0 + W <= n) {
       panels.push_back({v.data + i0, v.depth_stride, nullptr, i0});
     } else {
       panels.push_back({buffer, W, buffer, i0});
-      packed += W * K;
-      if (buffer != nullptr) buffer += W * K;
+      buffer += W * K;
     }
   }
 }
@@ -141,15 +146,12 @@ void gemm(T* out, int64_t ldo, GemmOperand<T> a, GemmOperand<T> b_t, int64_t M, 
     return;
   }
   // Panels of kRows rows of a, then of kCols columns of b (rows of b_t).
+  const int64_t packed =
+      (packed_panels<Ker::kRows>(a, M) * Ker::kRows + packed_panels<Ker::kCols>(b_t, N) * Ker::kCols) * K;
+  T* buffer = packed > 0 ? scratch<T>(6, packed) : nullptr;
   std::vector<Panel<T>> panels;
-  T* buffer = nullptr;
-  int64_t packed = 0;
-  for (int pass = 0; pass < 2; ++pass) {  // count the packed space, then place the panels in it
-    if (pass == 1) buffer = packed > 0 ? scratch<T>(6, packed) : nullptr;
-    panels.clear(), packed = 0;
-    plan_panels<T, Ker::kRows>(panels, a, M, K, buffer, packed);
-    plan_panels<T, Ker::kCols>(panels, b_t, N, K, buffer, packed);
-  }
+  plan_panels<T, Ker::kRows>(panels, a, M, K, buffer);
+  plan_panels<T, Ker::kCols>(panels, b_t, N, K, buffer);
   const int64_t a_count = (M + Ker::kRows - 1) / Ker::kRows;
   const Panel<T>* a_panels = panels.data();
   const Panel<T>* b_panels = panels.data() + a_count;
