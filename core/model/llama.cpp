@@ -392,6 +392,9 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   if (has_embedding && !tokens) throw Error("Llama::forward: a range with the embedding needs tokens");
   if (!has_embedding && !hidden_in) throw Error("Llama::forward: a range without the embedding needs its input hidden state");
   // Validate before touching any state, so a rejected call leaves the model as it was.
+  if (st.weight_pass_pending)
+    throw Error("Llama::forward: this micro-batch's weight pass (BackwardPass::weight) is still pending; a forward "
+                "over its state would drop those weight gradients");
   check_ids(has_embedding ? tokens : nullptr, has_head ? targets : nullptr, B * T_);
   if (docs) check_documents(docs, B, T_ * cp_);
 

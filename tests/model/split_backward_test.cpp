@@ -205,6 +205,8 @@ TEST(SplitBackward, PassesOutOfOrderAreErrors) {
   m.backward(st, 0.1, nullptr, BackwardPass::input);
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::input), Error);  // input twice
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::full), Error);   // full over a pending weight pass
+  // A forward over the state would silently drop the pending weight gradients.
+  EXPECT_THROW(m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T), Error);
   m.backward(st, 0.1, nullptr, BackwardPass::weight);
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::weight), Error);  // weight twice
   EXPECT_EQ(st.activation_bytes(), 0);
