@@ -77,6 +77,8 @@ void BlockScratch<T>::allocate(MemoryTracker* m, const BlockDims& d) {
 template <class T>
 void BlockScratch<T>::allocate_input_pass(MemoryTracker* m, const BlockDims& d) {
   memory = m;
+  // dn: the norms' output gradients of every row, before this rank's rows are kept for the weight pass.
+  dn = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.C, "backward dn");
   datt = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.nh * d.hd, "backward datt");
   dact = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.I, "backward dact");
 }
@@ -94,10 +96,10 @@ void BlockWeightGradInputs<T>::allocate(MemoryTracker* m, const BlockDims& d, co
   };
   ddown = buffer(BT * C, "d(down_proj out)");
   dgate = buffer(BT * I, "d(gate_proj out)"), dup = buffer(BT * I, "d(up_proj out)");
-  dn2 = buffer(BT * C, "dn2");
+  dn2 = buffer(d.rows() * C, "dn2 (this rank's rows)");
   dattn = buffer(BT * C, "d(o_proj out)");
   dq = buffer(BT * qd, "dq"), dk = buffer(BT * kvd, "dk"), dv = buffer(BT * kvd, "dv");
-  dn1 = buffer(BT * C, "dn1");
+  dn1 = buffer(d.rows() * C, "dn1 (this rank's rows)");
 }
 
 template <class T>
@@ -301,9 +303,11 @@ void key_value_projection_backward(T* dn, const BlockWeights<T>& g, const T* dk,
 // Where a block's backward computes the gradients of its matmul and norm outputs. The full
 // backward consumes each at once, so they share scratch (dn serves d(down out), dn2 and dn1 in
 // turn); the input pass keeps them for the weight pass, each in its own buffer.
+// The input pass also keeps this rank's rows of dn2 and dn1 (kept_dn2, kept_dn1; null: not kept).
 template <class T>
 struct BlockGradBuffers {
   T *ddown, *dact, *dgate, *dup, *dn2, *dh, *datt, *dq, *dk, *dv, *dn1;
+  T *kept_dn2 = nullptr, *kept_dn1 = nullptr;
 };
 
 // block_backward with the weight gradients g (all null: the input pass, none computed).
@@ -329,6 +333,7 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I);
   ops::matmul_backward(b.dn2, g.wup, b.dup, a.n2.data(), w.wup, BT, C, I);
   comm.mlp_input_backward(b.dn2, d);
+  if (b.kept_dn2) ops::copy(b.kept_dn2, b.dn2 + mine, rows * C);
   norm_backward(dh, g.ln2, b.dn2 + mine, a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
 
   // Attention half. dout is no longer read, so dx may alias it from here on.
@@ -350,6 +355,7 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   ops::matmul_backward(b.dn1, g.wq, b.dq, a.n1.data(), w.wq, BT, C, qd);
   key_value_projection_backward(b.dn1, g, b.dk, b.dv, a.n1.data(), w, d, s, comm);
   comm.attention_input_backward(b.dn1, d);
+  if (b.kept_dn1) ops::copy(b.kept_dn1, b.dn1 + mine, rows * C);
   norm_backward(dx, g.ln1, b.dn1 + mine, x, w.ln1, a.rstd1.data(), d, s, comm);
 }
 
@@ -370,27 +376,28 @@ void block_backward_input(T* dx, BlockWeightGradInputs<T>& keep, const T* dout, 
                           const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
                           int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm) {
   const BlockGradBuffers<T> b{.ddown = keep.ddown.data(), .dact = s.dact.data(), .dgate = keep.dgate.data(),
-                              .dup = keep.dup.data(), .dn2 = keep.dn2.data(), .dh = keep.dattn.data(),
+                              .dup = keep.dup.data(), .dn2 = s.dn.data(), .dh = keep.dattn.data(),
                               .datt = s.datt.data(), .dq = keep.dq.data(), .dk = keep.dk.data(),
-                              .dv = keep.dv.data(), .dn1 = keep.dn1.data()};
+                              .dv = keep.dv.data(), .dn1 = s.dn.data(), .kept_dn2 = keep.dn2.data(),
+                              .kept_dn1 = keep.dn1.data()};
   block_backward_into(dx, BlockWeights<T>{}, b, dout, a, w, x, d, rope, pos_start, s, comm_or_none(comm));
 }
 
 template <class T>
 void block_backward_weight(const BlockWeights<T>& g, const BlockWeightGradInputs<T>& in, const BlockDims& d,
                            BlockScratch<T>& s, BlockComm<T>* comm_ptr) {
-  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, I = d.I, mine = d.row0() * C;
+  const int64_t BT = d.BT(), C = d.C, qd = d.nh * d.hd, I = d.I;
   BlockComm<T>& comm = comm_or_none(comm_ptr);
   const BlockWeights<T> none{};  // no input gradient: the parameters are not read
   // block_backward's weight-gradient calls, in its order.
   ops::matmul_backward<T>(nullptr, g.wdown, in.ddown.data(), in.act.data(), nullptr, BT, I, C);
   ops::matmul_backward<T>(nullptr, g.wgate, in.dgate.data(), in.n2.data(), nullptr, BT, C, I);
   ops::matmul_backward<T>(nullptr, g.wup, in.dup.data(), in.n2.data(), nullptr, BT, C, I);
-  norm_backward<T>(nullptr, g.ln2, in.dn2.data() + mine, in.h.data(), nullptr, in.rstd2.data(), d, s, comm);
+  norm_backward<T>(nullptr, g.ln2, in.dn2.data(), in.h.data(), nullptr, in.rstd2.data(), d, s, comm);
   ops::matmul_backward<T>(nullptr, g.wo, in.dattn.data(), in.att.data(), nullptr, BT, qd, C);
   ops::matmul_backward<T>(nullptr, g.wq, in.dq.data(), in.n1.data(), nullptr, BT, C, qd);
   key_value_projection_backward<T>(nullptr, g, in.dk.data(), in.dv.data(), in.n1.data(), none, d, s, comm);
-  norm_backward<T>(nullptr, g.ln1, in.dn1.data() + mine, in.x.data(), nullptr, in.rstd1.data(), d, s, comm);
+  norm_backward<T>(nullptr, g.ln1, in.dn1.data(), in.x.data(), nullptr, in.rstd1.data(), d, s, comm);
 }
 
 #define LLAMA4D_BLOCK(T)                                                                                            \

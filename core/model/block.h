@@ -111,10 +111,10 @@ struct BlockWeightGradInputs {
   // Output gradients, written by block_backward_input:
   Buffer<T> ddown;       // [B,T,C] d(down_proj output), every row
   Buffer<T> dgate, dup;  // [B,T,I] d(gate_proj output), d(up_proj output)
-  Buffer<T> dn2;         // [B,T,C] d(n2): the gate/up projections' input gradient, the norm's dy
+  Buffer<T> dn2;         // [rows,C] d(n2), this rank's rows: the gate/up input gradient, the norm's dy
   Buffer<T> dattn;       // [B,T,C] d(o_proj output), every row
   Buffer<T> dq, dk, dv;  // [B,T,nh,hd], [B,T,nkv,hd] x2: d(q/k/v_proj output), RoPE undone
-  Buffer<T> dn1;         // [B,T,C] d(n1)
+  Buffer<T> dn1;         // [rows,C] d(n1), this rank's rows (all BT without sequence parallelism)
   // Inputs, moved from the block's activations and its input by take_inputs:
   Buffer<T> act, n2, att, n1;  // [B,T,I], [B,T,C], [B,T,nh*hd], [B,T,C]: of down, gate/up, o, q/k/v
   Buffer<T> h, rstd2, x, rstd1;  // [rows,C], [rows] x2, [rows,C]: the two RMSNorms' inputs, 1/rms

@@ -72,10 +72,10 @@ LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T
 }
 
 template <class T>
-void HeadWeightGradInputs<T>::allocate(MemoryTracker* m, int64_t BT, int64_t C, int64_t V) {
+void HeadWeightGradInputs<T>::allocate(MemoryTracker* m, int64_t BT, int64_t rows, int64_t C, int64_t V) {
   const auto act = MemoryCategory::activations;
   dlogits = Buffer<T>(m, act, BT * V, "weight-gradient inputs of the head: dlogits");
-  dn = Buffer<T>(m, act, BT * C, "weight-gradient inputs of the head: d(final norm)");
+  dn = Buffer<T>(m, act, rows * C, "weight-gradient inputs of the head: d(final norm), this rank's rows");
 }
 
 template <class T>
@@ -96,31 +96,31 @@ int64_t HeadWeightGradInputs<T>::bytes() const {
 namespace {
 
 // dx[rows, C] += the final RMSNorm's input gradient and dnorm_w[C] += its gain's (either may be
-// null; norm_w is read only for dx), from dn[BT, C], the LM head's input gradient as its rows'
-// owners hold it (summed over the vocabulary slices; under sequence parallelism this rank's rows
-// of it). There the gain's gradient from this rank's rows is summed over the ranks first.
+// null; norm_w is read only for dx), from dn_rows[rows, C], this rank's rows of the LM head's
+// input gradient (summed over the vocabulary slices). Under sequence parallelism the gain's
+// gradient from this rank's rows is summed over the ranks first.
 template <class T>
-void final_norm_backward(T* dx, T* dnorm_w, const T* dn, const T* x, const T* norm_w, const T* rstd, int64_t BT,
-                         int64_t C, MemoryTracker* memory, VocabComm<T>* vocab) {
+void final_norm_backward(T* dx, T* dnorm_w, const T* dn_rows, const T* x, const T* norm_w, const T* rstd,
+                         int64_t BT, int64_t C, MemoryTracker* memory, VocabComm<T>* vocab) {
   const BlockDims d = sequence_rows(BT, C, vocab);
-  const int64_t rows = d.rows(), mine = d.row0() * C;
+  const int64_t rows = d.rows();
   if (d.sp == 1 || !dnorm_w) {
-    ops::rmsnorm_backward(dx, dnorm_w, dn + mine, x, norm_w, rstd, rows, C);
+    ops::rmsnorm_backward(dx, dnorm_w, dn_rows, x, norm_w, rstd, rows, C);
     return;
   }
   Buffer<T> gain(memory, MemoryCategory::scratch, C, "backward final norm gain grad");
   ops::fill(gain.data(), T(0), C);
-  ops::rmsnorm_backward(dx, gain.data(), dn + mine, x, norm_w, rstd, rows, C);
+  ops::rmsnorm_backward(dx, gain.data(), dn_rows, x, norm_w, rstd, rows, C);
   vocab->sum(gain.data(), C, "sequence-parallel norm gain gradient");
   ops::accumulate(dnorm_w, gain.data(), C);
 }
 
 // head_backward computing dlogits[BT, V] and dn[BT, C] into the given buffers; dnorm_w and
-// dlm_w null: the input pass (no weight gradient).
+// dlm_w null: the input pass (no weight gradient), which keeps this rank's rows of dn in kept_dn.
 template <class T>
 void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const HeadActivations<T>& a, const T* x,
                         const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C,
-                        int64_t V, MemoryTracker* memory, VocabComm<T>* vocab) {
+                        int64_t V, MemoryTracker* memory, VocabComm<T>* vocab, T* kept_dn = nullptr) {
   ops::fill(dlogits, T(0), BT * V);
   if (vocab)
     ops::cross_entropy_backward_slice(dlogits, a.logits.data(), a.lse.data(), targets, loss_scale, BT, V,
@@ -136,7 +136,9 @@ void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const He
     vocab->sum_to_rows(dn, BT, C, "sequence-parallel head input gradient: reduce-scatter");
   else if (vocab)
     vocab->sum(dn, BT * C, "f backward: head input gradient");
-  final_norm_backward(dx, dnorm_w, dn, x, norm_w, a.rstd.data(), BT, C, memory, vocab);
+  const T* dn_rows = dn + d.row0() * C;
+  if (kept_dn) ops::copy(kept_dn, dn_rows, d.rows() * C);
+  final_norm_backward(dx, dnorm_w, dn_rows, x, norm_w, a.rstd.data(), BT, C, memory, vocab);
 }
 
 }  // namespace
@@ -155,8 +157,9 @@ template <class T>
 void head_backward_input(T* dx, HeadWeightGradInputs<T>& keep, const HeadActivations<T>& a, const T* x,
                          const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT,
                          int64_t C, int64_t V, VocabComm<T>* vocab) {
-  head_backward_into<T>(dx, nullptr, nullptr, keep.dlogits.data(), keep.dn.data(), a, x, norm_w, lm_w, targets,
-                        loss_scale, BT, C, V, keep.dn.memory(), vocab);
+  Buffer<T> dn(keep.dn.memory(), MemoryCategory::scratch, BT * C, "backward dn (head)");
+  head_backward_into<T>(dx, nullptr, nullptr, keep.dlogits.data(), dn.data(), a, x, norm_w, lm_w, targets, loss_scale,
+                        BT, C, V, keep.dn.memory(), vocab, keep.dn.data());
 }
 
 template <class T>

@@ -72,10 +72,10 @@ void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, con
 template <class T>
 struct HeadWeightGradInputs {
   Buffer<T> dlogits;  // [BT, V] (this rank's vocabulary slice)
-  Buffer<T> dn;       // [BT, C] d(final norm output), summed over the vocabulary slices
+  Buffer<T> dn;       // [rows, C] d(final norm output), summed over the vocabulary slices: this rank's rows
   Buffer<T> n;        // [BT, C] the LM head's input (moved from HeadActivations)
   Buffer<T> x, rstd;  // [rows, C], [rows] the final norm's input and 1/rms
-  void allocate(MemoryTracker* memory, int64_t BT, int64_t C, int64_t V);  // dlogits, dn
+  void allocate(MemoryTracker* memory, int64_t BT, int64_t rows, int64_t C, int64_t V);  // dlogits, dn
   // Moves the LM head's and the norm's inputs out of a (whose other tensors the caller frees) and x.
   void take_inputs(HeadActivations<T>& a, Buffer<T>& x);
   void reset();

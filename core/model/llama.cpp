@@ -510,7 +510,7 @@ void Llama<T>::backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, Backwa
                   BT, C, V, memory_, vocab_comm());
   } else {
     HeadWeightGradInputs<T>& keep = st.head_weight_inputs;
-    keep.allocate(memory_, BT, C, V);
+    keep.allocate(memory_, BT, block_dims(st).rows(), C, V);
     head_backward_input(dx, keep, st.head, x, unit_params(head), lm_head_params(), st.targets.data(), loss_scale, BT,
                         C, V, vocab_comm());
     keep.take_inputs(st.head, st.x[size_t(L)]);

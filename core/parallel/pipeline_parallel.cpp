@@ -34,8 +34,8 @@
 //
 // Traffic per step per stage boundary: m activations forward and m gradients backward, each
 // b * s * h elements (b rows per micro-batch, s tokens, h hidden; /tp rows each with sequence
-// parallelism): 2 m b s h elements. Interleaving with v chunks crosses v times as many
-// boundaries.
+// parallelism): 2 m b s h elements. Interleaving with v chunks crosses p v - 1 boundaries
+// instead of p - 1.
 #include "core/parallel/pipeline_parallel.h"
 
 #include <algorithm>

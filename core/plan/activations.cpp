@@ -26,10 +26,12 @@
 //                  replicated, the k and v weight gradients [nkv hd, C] (kept likewise) and
 //                  their sum over the replicas [2, all KV heads' hd, C] (for its call);
 //                  context parallelism's attention adds its own for each call (sizes below).
-//   input pass     (zero-bubble) keeps what the weight pass reads: per block ddown dn2 dattn dn1
-//                  [BT, C], dgate dup [BT, I], dq [BT, nh hd], dk dv [BT, nkv hd] beside act n2
-//                  att n1 h rstd1 rstd2 and its input; the head's dlogits, dn and n rstd and
-//                  its input; the embedding's input gradient [rows, C]; the tokens.
+//   input pass     (zero-bubble) keeps what the weight pass reads: per block ddown dattn [BT, C],
+//                  dn2 dn1 [rows, C], dgate dup [BT, I], dq [BT, nh hd], dk dv [BT, nkv hd]
+//                  beside act n2 att n1 h rstd1 rstd2 and its input; the head's dlogits, dn
+//                  [rows, C] and n rstd and its input; the embedding's input gradient [rows, C];
+//                  the tokens. Its scratch: dn [BT, C] datt dact for the blocks, dn [BT, C] for
+//                  the head (every row, summed before this rank's rows are kept).
 //   document ids   (--doc-mask) [B, seq_len] int32 on every chunk, from the forward to the end of
 //                  the backward (the input pass: the weight pass has no attention).
 #include "core/plan/activations.h"
@@ -74,13 +76,13 @@ Sizes sizes(const StepShape& s, int t) {
   z.block_recomputable = e * (2 * BT * C + 2 * rows + BT * q + BT * nh + BT * I);
   z.head = e * (BT * C + rows + BT * vocab + BT + (vocab_parallel ? BT : 0));
   z.block_scratch = e * BT * (2 * C + 2 * q + 2 * kv + 3 * I);
-  z.input_pass_scratch = e * BT * (q + I);
+  z.input_pass_scratch = e * BT * (C + q + I);  // dn (every row, before this rank's are kept), datt, dact
   z.head_scratch = e * BT * (vocab + C);
   z.gain = sp ? e * C : 0;
   z.kv_grads = tp > cfg.num_key_value_heads ? 2 * e * kv * C : 0;
-  z.block_keep_for_weight = e * (4 * BT * C + 2 * BT * I + BT * q + 2 * BT * kv);
+  z.block_keep_for_weight = e * (2 * BT * C + 2 * rows * C + 2 * BT * I + BT * q + 2 * BT * kv);
   z.block_inputs_moved = e * (BT * I + 2 * BT * C + BT * q + rows * C + 2 * rows);  // act n2 n1 att h rstd2 rstd1
-  z.head_keep_for_weight = e * BT * (vocab + C);
+  z.head_keep_for_weight = e * (BT * vocab + rows * C);
   z.head_inputs_moved = e * (BT * C + rows);  // n, rstd
   z.sp_partial = sp ? e * BT * C : 0;
   z.vocab_stats = vocab_parallel ? 3 * e * BT : 0;
@@ -107,6 +109,7 @@ ChunkMemory chunk_memory(const StepShape& s, int t, int begin, int end) {
   const Checkpointing& ac = s.plan.ac;
   const bool has_embedding = begin == 0, has_head = end == head + 1;
   const Sizes z = sizes(s, t);
+  const int64_t e_dn_all = s.precision.activation * s.micro_rows() * s.seq_len / s.plan.size("cp") * s.model.hidden_size;
   const int first_block = std::max(begin, 1) - 1;
   const bool has_blocks = end - 1 > 0 && begin < head;  // the backward allocates a block's temporaries
   enum class Held { none, kept, complete };
@@ -183,7 +186,7 @@ ChunkMemory chunk_memory(const StepShape& s, int t, int begin, int end) {
           a.add(z.head_keep_for_weight);
           a.sub(z.head - z.head_inputs_moved + z.targets);
           xs[size_t(L)] = false;  // moved to what the weight pass reads
-          sc.transient(0);
+          sc.transient(e_dn_all);  // dn of every row, before this rank's rows are kept
         } else {
           sc.transient(z.head_scratch + z.gain);
           a.sub(z.head + z.targets);
