@@ -224,12 +224,7 @@ int run(const LessonOptions& o) {
   EquivalenceReport rep;
   const bool equivalent = finish_with_equivalence(say, sheet, s, data, rep);
 
-  if (o.json) {
-    const nlohmann::json j =
-        summary_json("01-data-parallelism", o.preset, s, phases, sheet, rep, sheet.failed() == 0 && equivalent);
-    std::printf("%s\n", j.dump().c_str());
-  }
-  return sheet.failed() == 0 && equivalent ? 0 : 1;
+  return finish_lesson("01-data-parallelism", o.json, o.preset, s, phases, sheet, rep, equivalent);
 }
 
 }  // namespace

@@ -411,20 +411,17 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   EquivalenceReport report;
   const bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
 
-  if (o.json) {
-    nlohmann::json shards = nlohmann::json::array();
-    for (size_t k = 0; k < segs.size(); ++k)
-      shards.push_back({{"segment", segment_name(segs[k], segs.size())},
-                        {"begin", segs[k].begin},
-                        {"end", segs[k].end},
-                        {"piece_size", layout.piece_size(k)},
-                        {"pieces", layout.piece_counts(k)}});
-    nlohmann::json j =
-        summary_json("02-zero-fsdp-hsdp", o.preset, s, phases, sheet, report, sheet.failed() == 0 && equivalent);
-    j["shard_map"] = shards;
-    std::printf("%s\n", j.dump().c_str());
-  }
-  return sheet.failed() == 0 && equivalent ? 0 : 1;
+  return finish_lesson("02-zero-fsdp-hsdp", o.json, o.preset, s, phases, sheet, report, equivalent,
+                       [&](nlohmann::json& j) {
+                         nlohmann::json shards = nlohmann::json::array();
+                         for (size_t k = 0; k < segs.size(); ++k)
+                           shards.push_back({{"segment", segment_name(segs[k], segs.size())},
+                                             {"begin", segs[k].begin},
+                                             {"end", segs[k].end},
+                                             {"piece_size", layout.piece_size(k)},
+                                             {"pieces", layout.piece_counts(k)}});
+                         j["shard_map"] = shards;
+                       });
 }
 
 }  // namespace

@@ -480,27 +480,23 @@ int run(LessonOptions o, const TpArgs& a) {
   say.say(report64.table());
   equivalent = equivalent && report64.ok && report64.plain_checked && report64.plain_max_rel_err <= 1e-12;
 
-  if (o.json) {
-    nlohmann::json slices = nlohmann::json::array();
-    for (int r = 0; r < tp; ++r) {
-      const TpLayout t = tp_layout(cfg, tp, r);
-      slices.push_back({{"tp_rank", r},
-                        {"heads", {t.heads_begin, t.heads}},
-                        {"kv_heads", {t.kv_heads_begin, t.kv_heads}},
-                        {"ffn", {t.ffn_begin, t.ffn}},
-                        {"vocab", {t.vocab_begin, t.vocab_rows}},
-                        {"replicated_kv", holds_replica(cfg, tp, r)},
-                        {"elements", flat_numel(llama_param_specs(cfg, t))}});
-    }
-    nlohmann::json j = summary_json("04-tensor-parallelism", o.preset, s, phases, sheet, report,
-                                    sheet.failed() == 0 && equivalent);
-    j["slices"] = slices;
-    j["sequence_parallel"] = sp;
-    j["equivalence_fp64"] = equivalence_json(report64);
-    j["equivalence_fp64"]["plain_max_rel_err"] = report64.plain_max_rel_err;
-    std::printf("%s\n", j.dump().c_str());
-  }
-  return sheet.failed() == 0 && equivalent ? 0 : 1;
+  return finish_lesson("04-tensor-parallelism", o.json, o.preset, s, phases, sheet, report, equivalent,
+                       [&](nlohmann::json& j) {
+                         nlohmann::json slices = nlohmann::json::array();
+                         for (int r = 0; r < tp; ++r) {
+                           const TpLayout t = tp_layout(cfg, tp, r);
+                           slices.push_back({{"tp_rank", r},
+                                             {"heads", {t.heads_begin, t.heads}},
+                                             {"kv_heads", {t.kv_heads_begin, t.kv_heads}},
+                                             {"ffn", {t.ffn_begin, t.ffn}},
+                                             {"vocab", {t.vocab_begin, t.vocab_rows}},
+                                             {"replicated_kv", holds_replica(cfg, tp, r)},
+                                             {"elements", flat_numel(llama_param_specs(cfg, t))}});
+                         }
+                         j["slices"] = slices;
+                         j["sequence_parallel"] = sp;
+                         j["equivalence_fp64"] = fp64_equivalence_json(report64);
+                       });
 }
 
 }  // namespace

@@ -659,15 +659,13 @@ int run(LessonOptions o, const PpArgs& a) {
   say.phase("exercises: formula vs measured");
   EquivalenceReport report;
   const bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
-  if (o.json) {
-    nlohmann::json j = summary_json("05-pipeline-parallelism", o.preset, s, phases, sheet, report,
-                                    sheet.failed() == 0 && equivalent);
-    for (auto& [k, val] : extra.items()) j[k] = val;
-    j["layers"] = L;
-    j["pipeline"] = {{"pp", p}, {"schedule", a.schedule}, {"chunks", v}, {"micro_batches", m}, {"layers_per_stage", balanced}};
-    std::printf("%s\n", j.dump().c_str());
-  }
-  return sheet.failed() == 0 && equivalent ? 0 : 1;
+  return finish_lesson("05-pipeline-parallelism", o.json, o.preset, s, phases, sheet, report, equivalent,
+                       [&](nlohmann::json& j) {
+                         for (auto& [k, val] : extra.items()) j[k] = val;
+                         j["layers"] = L;
+                         j["pipeline"] = {{"pp", p}, {"schedule", a.schedule}, {"chunks", v},
+                                          {"micro_batches", m}, {"layers_per_stage", balanced}};
+                       });
 }
 
 }  // namespace

@@ -693,19 +693,16 @@ int run(LessonOptions o, const CpArgs& a) {
   const EquivalenceReport report64 = run_equivalence_fp64(s, data);
   say.say(report64.table());
   equivalent = equivalent && zreport.ok && report64.ok && report64.plain_checked && report64.plain_max_rel_err <= 1e-12;
-  if (o.json) {
-    nlohmann::json j = summary_json("06-context-parallelism", o.preset, s, phases, sheet, report,
-                                    sheet.failed() == 0 && equivalent);
-    for (auto& [k, val] : extra.items()) j[k] = val;
-    j["split"] = {{"cp", cp}, {"cp_algo", std::string(context_algo_name(algo))}, {"seq_len", S}, {"chunk", c},
-                  {"tokens_per_rank", T}, {"rows", B}, {"layers", L}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}};
-    j["equivalence_fp64"] = equivalence_json(report64);
-    j["equivalence_fp64"]["plain_max_rel_err"] = report64.plain_max_rel_err;
-    j["equivalence_cp_dp_zero3"] = equivalence_json(zreport);
-    j["equivalence_cp_dp_zero3"]["mesh"] = z.plan.describe_mesh();
-    std::printf("%s\n", j.dump().c_str());
-  }
-  return sheet.failed() == 0 && equivalent ? 0 : 1;
+  return finish_lesson("06-context-parallelism", o.json, o.preset, s, phases, sheet, report, equivalent,
+                       [&](nlohmann::json& j) {
+                         for (auto& [k, val] : extra.items()) j[k] = val;
+                         j["split"] = {{"cp", cp}, {"cp_algo", std::string(context_algo_name(algo))},
+                                       {"seq_len", S}, {"chunk", c}, {"tokens_per_rank", T}, {"rows", B},
+                                       {"layers", L}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}};
+                         j["equivalence_fp64"] = fp64_equivalence_json(report64);
+                         j["equivalence_cp_dp_zero3"] = equivalence_json(zreport);
+                         j["equivalence_cp_dp_zero3"]["mesh"] = z.plan.describe_mesh();
+                       });
 }
 
 }  // namespace

@@ -197,14 +197,11 @@ int run(LessonOptions o, const FourDArgs& a) {
 
   EquivalenceReport report;
   const bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
-  if (o.json) {
-    nlohmann::json j = summary_json("07-llama3-4d", o.preset, s, phases, sheet, report, sheet.failed() == 0 && equivalent);
+  return finish_lesson("07-llama3-4d", o.json, o.preset, s, phases, sheet, report, equivalent, [&](nlohmann::json& j) {
     j["llama3_405b"] = llama3;
     j["order"] = {{"llama3_step_seconds", llama_order.step_seconds}, {"reversed_step_seconds", reversed.step_seconds}};
     j["predicted"] = predicted.to_json();
-    std::printf("%s\n", j.dump().c_str());
-  }
-  return sheet.failed() == 0 && equivalent ? 0 : 1;
+  });
 }
 
 }  // namespace

@@ -453,6 +453,24 @@ nlohmann::json summary_json(const std::string& lesson, const std::string& preset
           {"passed", passed}};
 }
 
+int finish_lesson(const std::string& lesson, bool json, const std::string& preset, const RunSetup& setup,
+                  const std::vector<PhaseView>& phases, const ExerciseSheet& sheet, const EquivalenceReport& report,
+                  bool equivalent, const std::function<void(nlohmann::json&)>& add) {
+  const bool passed = sheet.failed() == 0 && equivalent;
+  if (json) {
+    nlohmann::json j = summary_json(lesson, preset, setup, phases, sheet, report, passed);
+    if (add) add(j);
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return passed ? 0 : 1;
+}
+
+nlohmann::json fp64_equivalence_json(const EquivalenceReport& report64) {
+  nlohmann::json j = equivalence_json(report64);
+  j["plain_max_rel_err"] = report64.plain_max_rel_err;
+  return j;
+}
+
 std::vector<RankMemory> live_of(const PhaseView& p) {
   std::vector<RankMemory> out;
   for (const RankSnapshot& r : p.ranks) out.push_back(r.live);

@@ -222,6 +222,13 @@ bool finish_with_equivalence(Narrator& say, ExerciseSheet& sheet, const RunSetup
 nlohmann::json summary_json(const std::string& lesson, const std::string& preset, const RunSetup& setup,
                             const std::vector<PhaseView>& phases, const ExerciseSheet& sheet,
                             const EquivalenceReport& report, bool passed);
+// A lesson's ending: with --json, its summary (summary_json, then what `add` puts in) as one JSON
+// object on stdout. Returns the exit code: 0 when every exercise passed and the run is equivalent.
+int finish_lesson(const std::string& lesson, bool json, const std::string& preset, const RunSetup& setup,
+                  const std::vector<PhaseView>& phases, const ExerciseSheet& sheet, const EquivalenceReport& report,
+                  bool equivalent, const std::function<void(nlohmann::json&)>& add = {});
+// The fp64 check against the plain trainer: its report and its largest relative error.
+nlohmann::json fp64_equivalence_json(const EquivalenceReport& report64);
 // Per rank: bytes sent per "op label" of one step.
 nlohmann::json traffic_json_of(const PhaseView& p);
 
