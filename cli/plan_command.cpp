@@ -152,7 +152,8 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "token budget to time (e.g. 15.6e12)");
   cmd->add_flag("--doc-mask", a->doc_mask, "document masking: count each micro-batch's document ids");
-  cmd->add_flag("--llama3", a->llama3, "Llama 3 405B's plans from the paper, beside its reported MFU");
+  cmd->add_flag("--llama3", a->llama3,
+                "Llama 3 405B's plans from the paper beside its reported MFU, and plans of ours for 8B and 70B");
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->callback([a, cmd] {
     if (a->llama3) {

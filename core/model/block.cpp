@@ -77,8 +77,9 @@ void BlockScratch<T>::allocate(MemoryTracker* m, const BlockDims& d) {
 template <class T>
 void BlockScratch<T>::allocate_input_pass(MemoryTracker* m, const BlockDims& d) {
   memory = m;
-  // dn: the norms' output gradients of every row, before this rank's rows are kept for the weight pass.
-  dn = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.C, "backward dn");
+  // Under sequence parallelism, dn: the norms' output gradients of every row, summed before this
+  // rank's rows are kept for the weight pass (without it they go straight into what is kept).
+  if (d.sp > 1) dn = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.C, "backward dn");
   datt = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.nh * d.hd, "backward datt");
   dact = Buffer<T>(m, MemoryCategory::scratch, d.BT() * d.I, "backward dact");
 }
@@ -375,11 +376,12 @@ template <class T>
 void block_backward_input(T* dx, BlockWeightGradInputs<T>& keep, const T* dout, const BlockActivations<T>& a,
                           const BlockWeights<T>& w, const T* x, const BlockDims& d, const RopeTables<T>& rope,
                           int64_t pos_start, BlockScratch<T>& s, BlockComm<T>* comm) {
+  const bool sp = d.sp > 1;  // dn2, dn1 summed in scratch over every row, then this rank's kept
   const BlockGradBuffers<T> b{.ddown = keep.ddown.data(), .dact = s.dact.data(), .dgate = keep.dgate.data(),
-                              .dup = keep.dup.data(), .dn2 = s.dn.data(), .dh = keep.dattn.data(),
-                              .datt = s.datt.data(), .dq = keep.dq.data(), .dk = keep.dk.data(),
-                              .dv = keep.dv.data(), .dn1 = s.dn.data(), .kept_dn2 = keep.dn2.data(),
-                              .kept_dn1 = keep.dn1.data()};
+                              .dup = keep.dup.data(), .dn2 = sp ? s.dn.data() : keep.dn2.data(),
+                              .dh = keep.dattn.data(), .datt = s.datt.data(), .dq = keep.dq.data(),
+                              .dk = keep.dk.data(), .dv = keep.dv.data(), .dn1 = sp ? s.dn.data() : keep.dn1.data(),
+                              .kept_dn2 = sp ? keep.dn2.data() : nullptr, .kept_dn1 = sp ? keep.dn1.data() : nullptr};
   block_backward_into(dx, BlockWeights<T>{}, b, dout, a, w, x, d, rope, pos_start, s, comm_or_none(comm));
 }
 

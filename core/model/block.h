@@ -86,8 +86,9 @@ struct BlockActivations {
 };
 
 // Backward temporaries, shared by all blocks of one backward pass (scratch category).
-// block_backward uses all of them; block_backward_input only dact and datt (the gradients the
-// weight pass reads go to the micro-batch's BlockWeightGradInputs instead); block_backward_weight
+// block_backward uses all of them; block_backward_input only dact, datt and (sequence parallelism)
+// dn (the gradients the weight pass reads go to the micro-batch's BlockWeightGradInputs
+// instead); block_backward_weight
 // only gk, gv, gnorm, which every pass allocates on first use.
 template <class T>
 struct BlockScratch {
@@ -103,9 +104,9 @@ struct BlockScratch {
 // What a block's weight gradients are computed from, kept from its input-gradient pass to its
 // weight-gradient pass (the "B" and "W" of zero-bubble pipeline schedules, Qi et al. 2023): the
 // gradient of every matmul's output and every RMSNorm's output, and the inputs of those matmuls
-// and norms. Charged to the rank's tracker as activations. dn1, dn2 and dattn are [B,T,C]
-// because the input pass computes in them; under sequence parallelism the weight pass reads
-// this rank's rows of dn1 and dn2 only.
+// and norms. Charged to the rank's tracker as activations. dn1 and dn2 hold this rank's rows
+// only (under sequence parallelism the input pass sums them over every row in scratch first);
+// ddown and dattn every row, which their weight gradients read.
 template <class T>
 struct BlockWeightGradInputs {
   // Output gradients, written by block_backward_input:

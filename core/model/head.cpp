@@ -157,9 +157,12 @@ template <class T>
 void head_backward_input(T* dx, HeadWeightGradInputs<T>& keep, const HeadActivations<T>& a, const T* x,
                          const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT,
                          int64_t C, int64_t V, VocabComm<T>* vocab) {
-  Buffer<T> dn(keep.dn.memory(), MemoryCategory::scratch, BT * C, "backward dn (head)");
-  head_backward_into<T>(dx, nullptr, nullptr, keep.dlogits.data(), dn.data(), a, x, norm_w, lm_w, targets, loss_scale,
-                        BT, C, V, keep.dn.memory(), vocab, keep.dn.data());
+  // Under sequence parallelism dn is summed over every row in scratch, then this rank's rows kept.
+  Buffer<T> dn;
+  if (keep.dn.size() < BT * C) dn = Buffer<T>(keep.dn.memory(), MemoryCategory::scratch, BT * C, "backward dn (head)");
+  head_backward_into<T>(dx, nullptr, nullptr, keep.dlogits.data(), dn.empty() ? keep.dn.data() : dn.data(), a, x, norm_w,
+                        lm_w, targets, loss_scale, BT, C, V, keep.dn.memory(), vocab,
+                        dn.empty() ? nullptr : keep.dn.data());
 }
 
 template <class T>

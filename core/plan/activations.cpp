@@ -30,8 +30,9 @@
 //                  dn2 dn1 [rows, C], dgate dup [BT, I], dq [BT, nh hd], dk dv [BT, nkv hd]
 //                  beside act n2 att n1 h rstd1 rstd2 and its input; the head's dlogits, dn
 //                  [rows, C] and n rstd and its input; the embedding's input gradient [rows, C];
-//                  the tokens. Its scratch: dn [BT, C] datt dact for the blocks, dn [BT, C] for
-//                  the head (every row, summed before this rank's rows are kept).
+//                  the tokens. Its scratch: datt dact for the blocks, and under SP dn [BT, C] for
+//                  the blocks and the head (every row, summed before this rank's rows are kept).
+//   weight-gradient temporaries (the SP gains', the KV replicas') are at the gradient width.
 //   document ids   (--doc-mask) [B, seq_len] int32 on every chunk, from the forward to the end of
 //                  the backward (the input pass: the weight pass has no attention).
 #include "core/plan/activations.h"
@@ -52,7 +53,7 @@ struct Ledger {
 
 struct Sizes {
   int64_t x, tokens, docs, block_kept, block_recomputable, head, targets;
-  int64_t block_scratch, input_pass_scratch, head_scratch, gain, kv_grads;
+  int64_t block_scratch, input_pass_scratch, head_input_pass_scratch, head_scratch, gain, kv_grads;
   int64_t block_keep_for_weight, block_inputs_moved, head_keep_for_weight, head_inputs_moved;
   int64_t sp_partial, vocab_stats;
   int64_t cp_forward, cp_backward, kv_sum;  // transients of context-parallel attention, KV replicas' sum
@@ -76,10 +77,13 @@ Sizes sizes(const StepShape& s, int t) {
   z.block_recomputable = e * (2 * BT * C + 2 * rows + BT * q + BT * nh + BT * I);
   z.head = e * (BT * C + rows + BT * vocab + BT + (vocab_parallel ? BT : 0));
   z.block_scratch = e * BT * (2 * C + 2 * q + 2 * kv + 3 * I);
-  z.input_pass_scratch = e * BT * (C + q + I);  // dn (every row, before this rank's are kept), datt, dact
+  // datt, dact, and under SP dn (every row, summed before this rank's rows are kept)
+  z.input_pass_scratch = e * BT * ((sp ? C : 0) + q + I);
+  z.head_input_pass_scratch = sp ? e * BT * C : 0;
   z.head_scratch = e * BT * (vocab + C);
-  z.gain = sp ? e * C : 0;
-  z.kv_grads = tp > cfg.num_key_value_heads ? 2 * e * kv * C : 0;
+  const int64_t g = s.precision.grad;  // the weight-gradient temporaries' width
+  z.gain = sp ? g * C : 0;
+  z.kv_grads = tp > cfg.num_key_value_heads ? 2 * g * kv * C : 0;
   z.block_keep_for_weight = e * (2 * BT * C + 2 * rows * C + 2 * BT * I + BT * q + 2 * BT * kv);
   z.block_inputs_moved = e * (BT * I + 2 * BT * C + BT * q + rows * C + 2 * rows);  // act n2 n1 att h rstd2 rstd1
   z.head_keep_for_weight = e * (BT * vocab + rows * C);
@@ -98,7 +102,7 @@ Sizes sizes(const StepShape& s, int t) {
     z.ring_sends = cp * 4 * e * n;
   }
   // Replicated KV heads: their gradients placed in a zeroed [2, nkv hd, C] of the whole model.
-  z.kv_sum = z.kv_grads ? 2 * e * cfg.num_key_value_heads * hd * C : 0;
+  z.kv_sum = z.kv_grads ? 2 * g * cfg.num_key_value_heads * hd * C : 0;
   return z;
 }
 
@@ -109,7 +113,6 @@ ChunkMemory chunk_memory(const StepShape& s, int t, int begin, int end) {
   const Checkpointing& ac = s.plan.ac;
   const bool has_embedding = begin == 0, has_head = end == head + 1;
   const Sizes z = sizes(s, t);
-  const int64_t e_dn_all = s.precision.activation * s.micro_rows() * s.seq_len / s.plan.size("cp") * s.model.hidden_size;
   const int first_block = std::max(begin, 1) - 1;
   const bool has_blocks = end - 1 > 0 && begin < head;  // the backward allocates a block's temporaries
   enum class Held { none, kept, complete };
@@ -186,7 +189,7 @@ ChunkMemory chunk_memory(const StepShape& s, int t, int begin, int end) {
           a.add(z.head_keep_for_weight);
           a.sub(z.head - z.head_inputs_moved + z.targets);
           xs[size_t(L)] = false;  // moved to what the weight pass reads
-          sc.transient(e_dn_all);  // dn of every row, before this rank's rows are kept
+          sc.transient(z.head_input_pass_scratch);
         } else {
           sc.transient(z.head_scratch + z.gain);
           a.sub(z.head + z.targets);

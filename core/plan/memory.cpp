@@ -16,17 +16,18 @@
 // full gradient buffer in place); a pipeline rank adds the boundary tensors it has received and
 // not yet consumed (below). ZeRO-3 keeps the embedding
 // gathered from its forward to its backward, and otherwise the unit computing plus the one
-// prefetched behind it (consecutive units of a chunk), or every unit of the stage when
-// parameters stay gathered from forward to backward (--keep-params).
+// prefetched behind it (consecutive units of a chunk), or every unit of the stage (all its
+// chunks) when parameters stay gathered from forward to backward (--keep-params).
 //
 // Activations, scratch and a pipeline's receive buffers (exact): one micro-batch's levels on
 // each chunk, pass by pass (core/plan/activations.cpp), played along the rank's schedule: the
 // pipeline schedule's action list (core/parallel/pipeline_schedule.h), or F B per micro-batch
 // without pipeline parallelism. A micro-batch chunk holds its activations from its F to the end
 // of its B (or W); a received activation or gradient is held from its receive to the end of the
-// action that reads it. One thing depends on thread timing: an input gradient sent to the
-// previous stage is freed once the send has buffered it, at the earliest before the rank's next
-// compute action, at the latest at the step's end: scratch_min and scratch bound it.
+// action that reads it. Two things depend on thread timing, and come as the least and the most
+// (play_schedule says why each bound holds): an input gradient sent to the previous stage is
+// freed once its send has run (scratch_min .. scratch), and the virtual cluster's eager copy of
+// a sent message once the peer has received it (comm_buffers_min .. comm_buffers).
 #include "core/plan/memory.h"
 
 #include <algorithm>
@@ -73,7 +74,8 @@ std::vector<std::vector<int>> chunk_units(const ParallelPlan& plan, int L, int p
 // The most bytes of activations, scratch and received buffers one rank holds over a step.
 // Comm buffers: what it received and has not consumed, and (virtual GPUs' eager sends) what it
 // sent and its peer has not received yet: at the least none, at the most an activation until its
-// gradient comes back (the peer received it before sending that) and a gradient until the end.
+// gradient comes back (the peer received it before sending that), and a gradient until the peer's
+// next activation to this rank arrives (or the step's end).
 struct SchedulePlay {
   int64_t activations = 0, scratch = 0, scratch_min = 0, received = 0, received_min = 0;
   int64_t ring_sends = 0;  // ring attention's, at the most (ChunkMemory::ring_sends)
@@ -85,46 +87,81 @@ SchedulePlay play_schedule(const StepShape& s, int t, int pp_rank, const std::ve
   const int pp = plan.size("pp"), v = int(chunks.size()), M = int(s.micro_batches());
   std::vector<ChunkMemory> chunk;
   for (const std::vector<int>& units : chunks) chunk.push_back(chunk_memory(s, t, units.front(), units.back() + 1));
-  std::vector<PipelineAction> actions;
+  PipelineSchedule schedule;
+  schedule.micro_batches = M;
   if (pp > 1) {
-    actions = make_pipeline_schedule(plan.schedule, pp, M, plan.pp_chunks).actions[size_t(pp_rank)];
+    schedule = make_pipeline_schedule(plan.schedule, pp, M, plan.pp_chunks);
   } else {
+    schedule.actions.resize(1);
     for (int m = 0; m < M; ++m) {
-      actions.push_back({Op::forward, m, 0, -1});
-      actions.push_back({Op::backward, m, 0, -1});
+      schedule.actions[0].push_back({Op::forward, m, 0, -1});
+      schedule.actions[0].push_back({Op::backward, m, 0, -1});
     }
   }
+  const std::vector<PipelineAction>& actions = schedule.actions[size_t(pp_rank)];
+  // When, at the latest, each eager copy of a sent input gradient is freed: the peer received it
+  // before it sent us any activation later in its list, so by the end of our receive of the first
+  // such activation (the index into `actions`; none: the step's end).
+  std::vector<int> copy_freed_at(actions.size(), -1);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const PipelineAction& a = actions[i];
+    if (a.op != Op::send_gradient) continue;
+    const int tag = schedule.tag(pp_rank, a);
+    const std::vector<PipelineAction>& peer = schedule.actions[size_t(a.peer)];
+    size_t j = 0;
+    while (j < peer.size() && !(peer[j].op == Op::recv_gradient && peer[j].peer == pp_rank &&
+                                schedule.tag(a.peer, peer[j]) == tag))
+      ++j;
+    while (j < peer.size() && !(peer[j].op == Op::send_activation && peer[j].peer == pp_rank)) ++j;
+    if (j == peer.size()) continue;
+    const int arrives = schedule.tag(a.peer, peer[j]);
+    for (size_t k = i + 1; k < actions.size(); ++k)
+      if (actions[k].op == Op::recv_activation && actions[k].peer == a.peer && schedule.tag(pp_rank, actions[k]) == arrives) {
+        copy_freed_at[k] = int(i);
+        break;
+      }
+  }
+
   SchedulePlay out;
   for (const ChunkMemory& c : chunk) out.ring_sends = std::max(out.ring_sends, c.ring_sends);
   int64_t activations = 0, received = 0;
-  int64_t held_min = 0, held_max = 0;  // sent input gradients not yet freed: earliest, latest
-  int64_t sent_gradients = 0;          // send buffers of input gradients, at the latest
-  std::vector<int64_t> inbox(size_t(M * v), 0), sent_activation(size_t(M * v), 0);
+  // Sent input gradients not yet freed (scratch). The earliest: before the next compute action.
+  // The latest: the send task is queued on the rank's one FIFO comm stream, so it has run once a
+  // later receive returned; the next compute action after that frees it.
+  int64_t held_min = 0, held_max = 0;
+  int64_t sent_gradients = 0;  // eager copies of input gradients the peer may not have received
+  std::vector<int64_t> inbox(size_t(M * v), 0), sent_activation(size_t(M * v), 0), sent_gradient(actions.size(), 0);
   auto sent_activations = [&] {
     int64_t n = 0;
     for (int64_t b : sent_activation) n += b;
     return n;
   };
-  for (const PipelineAction& a : actions) {
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const PipelineAction& a = actions[i];
     const size_t k = size_t(a.micro_batch * v + a.chunk);
     const ChunkMemory& c = chunk[size_t(a.chunk)];
     switch (a.op) {
       case Op::recv_activation:
       case Op::recv_gradient:
-        // Allocated before the wait; a gradient's arrival proves the peer took our activation.
+        // Allocated before the wait; then what the wait proves received is freed.
         inbox[k] = c.boundary;
         received += c.boundary;
         out.received_min = std::max(out.received_min, received);
         out.received = std::max(out.received, received + sent_activations() + sent_gradients);
-        if (a.op == Op::recv_gradient) sent_activation[k] = 0;
+        if (a.op == Op::recv_gradient) sent_activation[k] = 0;  // the peer took it before sending this
+        if (copy_freed_at[i] >= 0) sent_gradients -= sent_gradient[size_t(copy_freed_at[i])];
+        held_max = 0;  // earlier sends have run: the next compute action frees them
         continue;
       case Op::send_activation: sent_activation[k] = c.boundary; break;
-      case Op::send_gradient: sent_gradients += c.boundary; break;
+      case Op::send_gradient:
+        sent_gradient[i] = c.boundary;
+        sent_gradients += c.boundary;
+        break;
       default: break;
     }
     out.received = std::max(out.received, received + sent_activations() + sent_gradients);
     if (!a.is_compute()) continue;
-    held_min = 0;  // the earliest: every earlier send has buffered its gradient
+    held_min = 0;  // the earliest: every earlier send has run
     const PassLevel& level = a.op == Op::forward           ? c.forward
                              : a.op == Op::backward        ? c.backward
                              : a.op == Op::backward_input  ? c.input
@@ -201,7 +238,9 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
         const bool next_gathers = plan.prefetch && i + 1 < chunk.size();
         pair = std::max(pair, len + (next_gathers ? units[size_t(chunk[i + 1])] : 0));
       }
-      gathered = std::max(gathered, plan.reshard_after_forward ? pair : all);
+      // Kept parameters stay gathered to the step's end under pp (every chunk of an
+      // interleaved rank at once), else from a micro-batch's forward to its backward.
+      gathered = plan.reshard_after_forward ? std::max(gathered, pair) : gathered + all;
     }
     std::sort(held.rbegin(), held.rend());
     const int64_t largest = held.empty() ? 0 : held[0];

@@ -8,13 +8,14 @@
 
 namespace llama4d {
 
-// Peak bytes per category over a training step on one rank, exact for every plan (document
-// masks' ids aside). Two depend on thread timing, on a real machine as on virtual GPUs, and come
-// as the least and the most: gradients under ZeRO-2/3, by how many reductions are still in
-// flight when the next unit's gradient is allocated (grads_min: the largest unit's full gradient
-// beside the shard; grads: three units'), and a pipeline stage's scratch, by when its sent input
-// gradients are freed (scratch_min .. scratch), and its comm buffers, by when its peers receive
-// what it sent (comm_buffers_min .. comm_buffers). Everywhere else min == max.
+// Peak bytes per category over a training step on one rank, exact for every plan. Three depend on
+// thread timing and come as the least and the most: gradients under ZeRO-2/3, by how many
+// reductions are still in flight when the next unit's gradient is allocated (grads_min: the
+// largest unit's full gradient beside the shard; grads: three units'); a pipeline stage's
+// scratch, by when its sent input gradients are freed (scratch_min .. scratch); and comm buffers
+// under pipeline or ring attention, by when a peer receives the virtual cluster's eager copy of
+// what was sent (comm_buffers_min .. comm_buffers; NCCL makes no such copy). Everywhere else
+// min == max.
 struct MemoryPrediction {
   int world_rank = 0;
   int64_t params = 0, grads = 0, grads_min = 0, optimizer = 0, comm_buffers = 0, comm_buffers_min = 0;

@@ -106,6 +106,7 @@ const MemoryCase kMemoryCases[] = {
     {"pp2_gpipe_m4", "pp=2", ZeroStage::none, "none", false, 4, true, "gpipe", 6},
     {"pp2_zb_m4", "pp=2", ZeroStage::none, "none", false, 4, true, "zb-h1", 6},
     {"pp2_inter_m4", "pp=2", ZeroStage::none, "none", false, 4, true, "interleaved", 6, 2},
+    {"pp2_inter_dp2_zero3_keep_params", "pp=2,dp=2", ZeroStage::zero3, "none", true, 4, true, "interleaved", 6, 2},
     {"pp2_selective_m4", "pp=2", ZeroStage::none, "selective", false, 4, true, "1f1b", 6},
     {"pp2_full_m4", "pp=2", ZeroStage::none, "full", false, 4, true, "1f1b", 6},
     {"pp2_every2_m4", "pp=2", ZeroStage::none, "every:2", false, 6, true, "1f1b", 6},
