@@ -429,6 +429,9 @@ bool finish_with_equivalence(Narrator& say, ExerciseSheet& sheet, const RunSetup
   return report.ok && (!replayable || report.bitwise);
 }
 
+namespace {
+
+// The fields every lesson's --json summary has (a lesson adds its own, e.g. the shard map).
 nlohmann::json summary_json(const std::string& lesson, const std::string& preset, const RunSetup& setup,
                             const std::vector<PhaseView>& phases, const ExerciseSheet& sheet,
                             const EquivalenceReport& report, bool passed) {
@@ -452,6 +455,8 @@ nlohmann::json summary_json(const std::string& lesson, const std::string& preset
           {"equivalence", equivalence_json(report)},
           {"passed", passed}};
 }
+
+}  // namespace
 
 int finish_lesson(const std::string& lesson, bool json, const std::string& preset, const RunSetup& setup,
                   const std::vector<PhaseView>& phases, const ExerciseSheet& sheet, const EquivalenceReport& report,

@@ -218,10 +218,6 @@ nlohmann::json equivalence_json(const EquivalenceReport& report);
 // context parallelism (dK, dV add up over queries that sit on other ranks).
 bool finish_with_equivalence(Narrator& say, ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
                              EquivalenceReport& report);
-// The fields every lesson's --json summary has (a lesson adds its own, e.g. the shard map).
-nlohmann::json summary_json(const std::string& lesson, const std::string& preset, const RunSetup& setup,
-                            const std::vector<PhaseView>& phases, const ExerciseSheet& sheet,
-                            const EquivalenceReport& report, bool passed);
 // A lesson's ending: with --json, its summary (summary_json, then what `add` puts in) as one JSON
 // object on stdout. Returns the exit code: 0 when every exercise passed and the run is equivalent.
 int finish_lesson(const std::string& lesson, bool json, const std::string& preset, const RunSetup& setup,

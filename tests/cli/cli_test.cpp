@@ -513,6 +513,14 @@ TEST(Cli, PlanPredictsA4DPlanAndTheLlama3Table) {
   EXPECT_NEAR(j.at("bubble_fraction").get<double>(), 1.0 / 3.0, 1e-12);  // (p-1)/(m+p-1), p = m = 2
   EXPECT_GT(j.at("mfu").get<double>(), 0.0);
   EXPECT_GT(j.at("days_for_budget").get<double>(), 0.0);
+  // --doc-mask adds each micro-batch's document ids: 4 rows x 256 tokens of int32 per data rank.
+  const Result plain = run("plan --preset small --mesh dp=2 --batch-size 8 --json");
+  const Result masked = run("plan --preset small --mesh dp=2 --batch-size 8 --doc-mask --json");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(masked.code, 0) << masked.err;
+  EXPECT_EQ(nlohmann::json::parse(masked.out).at("memory_per_gpu").at("activations").get<int64_t>() -
+                nlohmann::json::parse(plain.out).at("memory_per_gpu").at("activations").get<int64_t>(),
+            4 * 256 * 4);
   const Result t = run("plan --llama3 --json");
   ASSERT_EQ(t.code, 0) << t.err;
   const nlohmann::json table = nlohmann::json::parse(t.out);
