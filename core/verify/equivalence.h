@@ -30,9 +30,12 @@
 // bug). That difference is why NCCL training is not bitwise reproducible.
 //
 // Tensor parallelism: each rank compares its slices with the same slices of the references.
-// Row-parallel layers and the vocabulary-parallel loss add partial sums in another order than
-// one device, so TP is held to measured bounds as ring reductions are (tensor_parallel_tolerance),
-// and in fp64 the plain trainer's tensors to 1e-12 in ||a - b|| / ||a||.
+// Row-parallel layers, the vocabulary-parallel loss and the other sums TP splits add partial
+// sums that one device does not form, so the replay for tp > 1 is tensor_parallel_replay.h: the
+// whole weights on one device, every split sum evaluated per rank slice and added in rank order.
+// With `ordered` reductions TP is then bitwise too; in fp64 the plain trainer's tensors are held
+// to 1e-12 in ||a - b|| / ||a||. Context parallelism (cp > 1) merges attention's partial results
+// in an order no replay here follows: it is held to measured bounds (tensor_parallel_tolerance).
 #include <functional>
 #include <string>
 #include <vector>

@@ -296,8 +296,9 @@ TEST(Cli, BadMeshIsAnInputError) {
 }
 
 // Tensor parallelism end to end: verify on tp meshes (with and without sequence parallelism, with
-// ZeRO-3 underneath, in fp32 against the measured TP bounds), and a run saved on tp=2 x dp=2
-// that resumes on tp=4 with the sequence-parallel default.
+// ZeRO-3 underneath, bitwise against the replay that adds TP's partial sums in rank order; with
+// ring reductions held to the measured bounds), and a run saved on tp=2 x dp=2 that resumes on
+// tp=4 with the sequence-parallel default.
 TEST(Cli, TensorParallelVerifyTrainAndResumeOnAnotherTp) {
   for (const std::string args : {"--mesh tp=2,dp=2 --zero 3", "--mesh tp=4 --sp off", "--mesh tp=2 --dtype f64"}) {
     const Result v = run("verify " + args + " --steps 2 --seq-len 32 --json");
@@ -305,8 +306,12 @@ TEST(Cli, TensorParallelVerifyTrainAndResumeOnAnotherTp) {
     const auto j = nlohmann::json::parse(v.out);
     EXPECT_TRUE(j.at("ok").get<bool>()) << args;
     EXPECT_EQ(j.at("plan").at("sequence_parallel").get<bool>(), args.find("--sp off") == std::string::npos) << args;
-    EXPECT_FALSE(j.at("bounds_per_step").empty()) << "TP is held to bounds, not bits";
+    EXPECT_TRUE(j.at("bitwise").get<bool>()) << args;
+    EXPECT_TRUE(j.at("bounds_per_step").empty()) << args << ": ordered reductions are held to the bits";
   }
+  const Result ring = run("verify --mesh tp=2 --algo ring --steps 2 --seq-len 32 --json");
+  ASSERT_EQ(ring.code, 0) << ring.err;
+  EXPECT_FALSE(nlohmann::json::parse(ring.out).at("bounds_per_step").empty()) << "ring reductions: measured bounds";
   const std::string out = tmp("tp_resume");
   const Result first = run("train --preset tiny --seq-len 32 --batch-size 4 --steps 4 --stop-at 2 --mesh tp=2,dp=2 "
                            "--zero 3 --eval-every 0 --out " + out + " --json");

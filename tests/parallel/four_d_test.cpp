@@ -64,9 +64,9 @@ class FourDEquivalence : public testing::TestWithParam<FourDCase> {};
 
 // fp64: every rank's gradients and parameters (its tensor-parallel slice of its pipeline stage's
 // units), the loss and the gradient norm, after 3 AdamW steps with clipping active, within 1e-12
-// of one device. Not bitwise wherever tp or cp is 2: row-parallel outputs and the loss add tp
-// partial sums, and a weight's gradient adds its tokens' contributions from cp ranks, in orders
-// one device does not use (tensor_parallel_test and context_parallel_test say which).
+// of one device. Not bitwise wherever cp is 2: a weight's gradient adds its tokens'
+// contributions from cp ranks in an order one device does not use (context_parallel_test says
+// which); plans with tp but no cp are bitwise against tensor parallelism's rank-order replay.
 TEST_P(FourDEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
   const FourDCase& c = GetParam();
   const EquivalenceOptions o = options_for(c);

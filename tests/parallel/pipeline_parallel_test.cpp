@@ -128,8 +128,7 @@ INSTANTIATE_TEST_SUITE_P(Composed, PipelineEquivalence, testing::ValuesIn(kCompo
 // With tensor parallelism inside each stage (and sequence parallelism, so a stage boundary
 // carries each rank's 1/tp of the rows), the pipeline adds no rounding of its own: losses,
 // gradient norms and every step's errors against one device are exactly those of the same plan
-// without pp. (TP itself is not bitwise against one device: it adds partial sums in another
-// order; tensor_parallel_test holds it to its bounds.)
+// without pp. (TP alone is bitwise against its rank-order replay: tensor_parallel_test.)
 TEST(PipelineEquivalence, WithTensorParallelismAddsNothingToTp) {
   auto run = [](const char* mesh) {
     EquivalenceOptions o;

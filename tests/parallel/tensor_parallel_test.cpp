@@ -140,16 +140,11 @@ struct TpCase {
 };
 
 std::string tp_case_name(const testing::TestParamInfo<TpCase>& info) { return info.param.name; }
+void PrintTo(const TpCase& c, std::ostream* os) { *os << c.name; }
 
 class TensorParallelEquivalence : public testing::TestWithParam<TpCase> {};
 
-// fp64: every rank's slices of the gradients and parameters, the loss and the gradient norm,
-// after 3 AdamW steps with clipping active and 2 micro-batches per data rank, within 1e-12 of
-// one device (the plain trainer). Not bitwise: a row-parallel layer's output is the sum of tp
-// partial products, and the loss adds tp partial sums of exponentials; one device adds the same
-// numbers in another order.
-TEST_P(TensorParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
-  const TpCase& c = GetParam();
+EquivalenceOptions options_for(const TpCase& c) {
   EquivalenceOptions o;
   o.model = small_shaped(c.heads, c.kv_heads);
   o.model.vocab_size = c.vocab;
@@ -159,10 +154,32 @@ TEST_P(TensorParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
   o.plan.zero = c.stage;
   o.plan.ac = Checkpointing::parse(c.ac, int(o.model.num_hidden_layers));
   o.plan.sequence_parallel = c.sp;
+  return o;
+}
+
+// Every rank's slices of the gradients and parameters, the loss and the gradient norm, after 3
+// AdamW steps with clipping active and 2 micro-batches per data rank, with ordered reductions:
+// bitwise equal to the one-device replay that adds tensor parallelism's split sums in rank order
+// (core/verify/tensor_parallel_replay.h), in fp64 and in fp32. Against the plain one-device
+// trainer, which adds those numbers in another order (a row-parallel layer's output is one dot
+// product over the whole row there, the loss one sum of exponentials), fp64 is within 1e-12 per
+// tensor: the independent check that the cut itself is right.
+TEST_P(TensorParallelEquivalence, Fp64BitwiseWithTheReplayAndWithinOneInATrillionOfOneDevice) {
+  const EquivalenceOptions o = options_for(GetParam());
   const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
   EXPECT_TRUE(r.ok) << r.table();
+  EXPECT_TRUE(r.bitwise) << r.table();
   EXPECT_TRUE(r.plain_checked);
   EXPECT_LE(r.plain_max_rel_err, 1e-12) << r.table();
+  ASSERT_EQ(int(r.per_rank.size()), o.plan.world_size());
+  EXPECT_NE(r.losses_single[0], r.losses_single[2]);
+}
+
+TEST_P(TensorParallelEquivalence, Fp32BitwiseWithTheReplay) {
+  const EquivalenceOptions o = options_for(GetParam());
+  const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
+  EXPECT_TRUE(r.ok) << r.table();
+  EXPECT_TRUE(r.bitwise) << r.table();
   ASSERT_EQ(int(r.per_rank.size()), o.plan.world_size());
   EXPECT_NE(r.losses_single[0], r.losses_single[2]);
 }
@@ -188,6 +205,30 @@ const TpCase kTpCases[] = {
     {"tp2_dp2_zero1_selective_no_sp", 264, 6, 2, 2, "dp=2", ZeroStage::zero1, "selective", false, false},
 };
 INSTANTIATE_TEST_SUITE_P(TensorParallel, TensorParallelEquivalence, testing::ValuesIn(kTpCases), tp_case_name);
+
+// The replay under pipeline stages, in fp32 with ordered reductions, bitwise: the gradient norm
+// adds each stage's replicas before the tensor-parallel ranks' values, and a tied LM head's part
+// of the embedding's gradient stays apart until the stages' parts are added. tp=2 x pp=2 x dp=2
+// with tied embeddings under ZeRO-2 and zero-bubble's split backward; tp=3 x pp=2 x dp=2 (KV heads
+// replicated) under ZeRO-3 with 1F1B.
+TEST(TensorParallelEquivalence, Fp32BitwiseUnderPipelineStages) {
+  for (const auto& [mesh, tied, stage, schedule] :
+       {std::tuple{"tp=2,pp=2,dp=2", true, ZeroStage::zero2, PipelineScheduleKind::zb_h1},
+        std::tuple{"tp=3,pp=2,dp=2", false, ZeroStage::zero3, PipelineScheduleKind::one_f_one_b}}) {
+    SCOPED_TRACE(mesh);
+    EquivalenceOptions o;
+    o.model = small_shaped();
+    o.model.vocab_size = 259;
+    o.model.tie_word_embeddings = tied;
+    o.plan = ParallelPlan::parse(mesh);
+    o.plan.zero = stage;
+    o.plan.schedule = schedule;
+    o.train = test::options(3, 6);
+    const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
+    EXPECT_TRUE(r.ok) << r.table();
+    EXPECT_TRUE(r.bitwise) << r.table();
+  }
+}
 
 // Sequence parallelism splits any number of tokens: micro-batches of 4 rows x 16 tokens = 64 rows
 // over tp = 3 (22, 21, 21) and tp = 6 (11, 11, 10, 11, 11, 10) still match one device.
