@@ -159,7 +159,8 @@ void head_backward_input(T* dx, HeadWeightGradInputs<T>& keep, const HeadActivat
                          int64_t C, int64_t V, VocabComm<T>* vocab) {
   // Under sequence parallelism dn is summed over every row in scratch, then this rank's rows kept.
   Buffer<T> dn;
-  if (keep.dn.size() < BT * C) dn = Buffer<T>(keep.dn.memory(), MemoryCategory::scratch, BT * C, "backward dn (head)");
+  if (sequence_rows(BT, C, vocab).sp > 1)
+    dn = Buffer<T>(keep.dn.memory(), MemoryCategory::scratch, BT * C, "backward dn (head)");
   head_backward_into<T>(dx, nullptr, nullptr, keep.dlogits.data(), dn.empty() ? keep.dn.data() : dn.data(), a, x, norm_w,
                         lm_w, targets, loss_scale, BT, C, V, keep.dn.memory(), vocab,
                         dn.empty() ? nullptr : keep.dn.data());

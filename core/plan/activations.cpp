@@ -40,6 +40,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/plan/memory.h"
+
 namespace llama4d {
 namespace {
 
@@ -64,11 +66,11 @@ Sizes sizes(const StepShape& s, int t) {
   const LlamaConfig& cfg = s.model;
   const int tp = s.plan.size("tp"), cp = s.plan.size("cp");
   const bool sp = tp > 1 && s.plan.sequence_parallel, vocab_parallel = tp > 1;
-  const int64_t e = s.precision.activation, C = cfg.hidden_size, hd = cfg.head_dim, V = cfg.vocab_size;
+  const int64_t e = s.precision.activation, C = cfg.hidden_size, hd = cfg.head_dim;
   const int64_t BT = s.micro_rows() * s.seq_len / cp, rows = sp ? BT * (t + 1) / tp - BT * t / tp : BT;
   const int64_t nh = cfg.num_attention_heads / tp, q = nh * hd;
-  const int64_t kv = std::max<int64_t>(cfg.num_key_value_heads / tp, 1) * hd, I = cfg.intermediate_size / tp;
-  const int64_t vocab_each = (V + tp - 1) / tp, vocab = std::min(vocab_each, V - t * vocab_each);
+  const int64_t kv = kv_heads_of_tp_rank(cfg, tp, t) * hd, I = cfg.intermediate_size / tp;
+  const int64_t vocab = unit_elements(cfg, tp, t)[0] / C;  // the embedding's rows on this rank
   Sizes z{};
   z.x = e * rows * C;
   z.tokens = z.targets = 4 * BT;

@@ -1,6 +1,6 @@
 // Per-rank memory of a plan, from the shapes alone. Notation: e bytes per element, C hidden,
 // I SwiGLU width, V vocabulary, L layers, nh / nkv heads of hd; a rank's slice under tensor
-// parallelism (core/model/tp_layout.h) holds nh/tp query heads, max(nkv/tp, 1) key/value heads,
+// parallelism (core/model/tp_layout.h) holds nh/tp query heads, the kv_t key/value heads they read,
 // I/tp SwiGLU columns and ceil(V/tp) vocabulary rows (the last rank what is left).
 //
 // Weight states (exact). A rank holds the units of its pipeline stages, each cut to its tensor
@@ -88,7 +88,6 @@ SchedulePlay play_schedule(const StepShape& s, int t, int pp_rank, const std::ve
   std::vector<ChunkMemory> chunk;
   for (const std::vector<int>& units : chunks) chunk.push_back(chunk_memory(s, t, units.front(), units.back() + 1));
   PipelineSchedule schedule;
-  schedule.micro_batches = M;
   if (pp > 1) {
     schedule = make_pipeline_schedule(plan.schedule, pp, M, plan.pp_chunks);
   } else {
@@ -131,11 +130,7 @@ SchedulePlay play_schedule(const StepShape& s, int t, int pp_rank, const std::ve
   int64_t held_min = 0, held_max = 0;
   int64_t sent_gradients = 0;  // eager copies of input gradients the peer may not have received
   std::vector<int64_t> inbox(size_t(M * v), 0), sent_activation(size_t(M * v), 0), sent_gradient(actions.size(), 0);
-  auto sent_activations = [&] {
-    int64_t n = 0;
-    for (int64_t b : sent_activation) n += b;
-    return n;
-  };
+  int64_t sent_activations = 0;  // the sum of sent_activation: copies the peer has not taken yet
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipelineAction& a = actions[i];
     const size_t k = size_t(a.micro_batch * v + a.chunk);
@@ -147,19 +142,25 @@ SchedulePlay play_schedule(const StepShape& s, int t, int pp_rank, const std::ve
         inbox[k] = c.boundary;
         received += c.boundary;
         out.received_min = std::max(out.received_min, received);
-        out.received = std::max(out.received, received + sent_activations() + sent_gradients);
-        if (a.op == Op::recv_gradient) sent_activation[k] = 0;  // the peer took it before sending this
+        out.received = std::max(out.received, received + sent_activations + sent_gradients);
+        if (a.op == Op::recv_gradient) {  // the peer took it before sending this
+          sent_activations -= sent_activation[k];
+          sent_activation[k] = 0;
+        }
         if (copy_freed_at[i] >= 0) sent_gradients -= sent_gradient[size_t(copy_freed_at[i])];
         held_max = 0;  // earlier sends have run: the next compute action frees them
         continue;
-      case Op::send_activation: sent_activation[k] = c.boundary; break;
+      case Op::send_activation:
+        sent_activations += c.boundary - sent_activation[k];
+        sent_activation[k] = c.boundary;
+        break;
       case Op::send_gradient:
         sent_gradient[i] = c.boundary;
         sent_gradients += c.boundary;
         break;
       default: break;
     }
-    out.received = std::max(out.received, received + sent_activations() + sent_gradients);
+    out.received = std::max(out.received, received + sent_activations + sent_gradients);
     if (!a.is_compute()) continue;
     held_min = 0;  // the earliest: every earlier send has run
     const PassLevel& level = a.op == Op::forward           ? c.forward
@@ -186,7 +187,7 @@ SchedulePlay play_schedule(const StepShape& s, int t, int pp_rank, const std::ve
 std::vector<int64_t> unit_elements(const LlamaConfig& cfg, int tp, int t) {
   const int64_t C = cfg.hidden_size, hd = cfg.head_dim, V = cfg.vocab_size, L = cfg.num_hidden_layers;
   const int64_t q = cfg.num_attention_heads / tp * hd;
-  const int64_t kv = std::max<int64_t>(cfg.num_key_value_heads / tp, 1) * hd;
+  const int64_t kv = kv_heads_of_tp_rank(cfg, tp, t) * hd;
   const int64_t ffn = cfg.intermediate_size / tp;
   const int64_t rows_each = (V + tp - 1) / tp, vocab = std::min(rows_each, V - t * rows_each);
   std::vector<int64_t> units;

@@ -35,4 +35,12 @@ struct StepShape {
   int64_t micro_batches() const { return rows_per_data_rank() / micro_rows(); }
 };
 
+// Key/value heads tensor-parallel rank t of tp holds, by core/model/tp_layout.h's rule re-derived:
+// the heads its nh/tp consecutive query heads read (group nh/nkv). nkv/tp when tp divides nkv;
+// otherwise one, or two where its query heads straddle a group boundary (nh 6, nkv 2, tp 3: rank 1).
+inline int64_t kv_heads_of_tp_rank(const LlamaConfig& cfg, int64_t tp, int64_t t) {
+  const int64_t h = cfg.num_attention_heads / tp, g = cfg.num_attention_heads / cfg.num_key_value_heads;
+  return (t * h + h - 1) / g - t * h / g + 1;
+}
+
 }  // namespace llama4d

@@ -20,9 +20,10 @@
 // ---- Shapes -------------------------------------------------------------------------------
 // C hidden, I SwiGLU width, nh/nkv heads of hd, V vocabulary, L layers; a micro-batch of B rows
 // of T = seq_len/cp tokens per context-parallel rank (BT = B·T rows), M micro-batches per step.
-// Tensor-parallel rank t of tp holds nh/tp query heads, max(nkv/tp, 1) key/value heads (a head
-// is replicated when tp > nkv), I/tp SwiGLU columns and ceil(V/tp) vocabulary rows (the last
-// rank what is left). Its units (the flat segments ZeRO shards and DP buckets):
+// Tensor-parallel rank t of tp holds nh/tp query heads, the kv_t key/value heads they read
+// (kv_heads_of_tp_rank: nkv/tp, or 1-2 when tp > nkv and a head is replicated), I/tp SwiGLU
+// columns and ceil(V/tp) vocabulary rows (the last rank what is left). Its units (the flat
+// segments ZeRO shards and DP buckets):
 //   embedding  vocab_t·C       block  2C + 2·C·(nh/tp)·hd + 2·C·kv_t·hd + 3·C·I/tp
 //   head       C (+ vocab_t·C unless the LM head is tied to the embedding)
 // Sequence parallelism gives tp rank t the rows [BT·t/tp, BT·(t+1)/tp) of the residual stream.
@@ -154,18 +155,18 @@ struct Step {
   int zero() const { return int(s.plan.zero); }
 
   // ---- The tensor-parallel slice of tp rank t ----
-  int64_t kv_heads() const { return tp <= nkv ? nkv / tp : 1; }
+  int64_t kv_heads(int64_t t) const { return kv_heads_of_tp_rank(s.model, tp, t); }
   int64_t vocab_rows(int64_t t) const {
     const int64_t per = ceil_div(V, tp);
     return std::min(per, V - t * per);
   }
-  int64_t block_numel() const {
-    return 2 * C + 2 * C * (nh / tp) * hd + 2 * C * kv_heads() * hd + 3 * C * (I / tp);
+  int64_t block_numel(int64_t t) const {
+    return 2 * C + 2 * C * (nh / tp) * hd + 2 * C * kv_heads(t) * hd + 3 * C * (I / tp);
   }
   int64_t unit_numel(int64_t u, int64_t t) const {
     if (u == 0) return vocab_rows(t) * C;
     if (u == L + 1) return C + (tied ? 0 : vocab_rows(t) * C);
-    return block_numel();
+    return block_numel(t);
   }
   // Residual-stream rows of tp rank t (what a pipeline boundary carries).
   int64_t residual_rows(int64_t t) const { return sp ? BT() * (t + 1) / tp - BT() * t / tp : BT(); }
@@ -317,20 +318,23 @@ void tensor_parallel(const Step& p, Tally& out) {
 
 void context_parallel(const Step& p, Tally& out) {
   if (p.cp == 1) return;
-  const int64_t kv = 2 * p.BT() * p.kv_heads() * p.hd;  // K and V of one rank (2n)
   const int64_t forwards = p.L + recomputation(p).attentions;  // per micro-batch
-  int64_t bytes = 0, calls = 0;
-  if (p.s.plan.cp_algo == ContextAlgo::allgather) {
-    const int64_t one = scatter_gather_bytes(p.cp, p.cp * kv, p.e);
-    bytes = forwards * one + p.L * 2 * one;  // backward: all-gather again, reduce-scatter gradients
-    calls = forwards + p.L * 2;
-  } else {
-    bytes = forwards * (p.cp - 1) * p.cp * kv * p.e + p.L * ((p.cp - 1) * 2 * kv + kv) * p.cp * p.e;
-    calls = forwards * (p.cp - 1) * p.cp + p.L * p.cp * p.cp;
+  // Every cp group (tp·pp·dp of them) runs its pp rank's blocks; the groups of tp rank t move
+  // that rank's key/value heads.
+  for (int64_t t = 0; t < p.tp; ++t) {
+    const int64_t kv = 2 * p.BT() * p.kv_heads(t) * p.hd;  // K and V of one rank (2n)
+    int64_t bytes = 0, calls = 0;
+    if (p.s.plan.cp_algo == ContextAlgo::allgather) {
+      const int64_t one = scatter_gather_bytes(p.cp, p.cp * kv, p.e);
+      bytes = forwards * one + p.L * 2 * one;  // backward: all-gather again, reduce-scatter gradients
+      calls = forwards + p.L * 2;
+    } else {
+      bytes = forwards * (p.cp - 1) * p.cp * kv * p.e + p.L * ((p.cp - 1) * 2 * kv + kv) * p.cp * p.e;
+      calls = forwards * (p.cp - 1) * p.cp + p.L * p.cp * p.cp;
+    }
+    const int64_t n = p.dp() * p.M;
+    out.add("cp", p.cp, n * bytes, n * calls);
   }
-  // Every cp group (tp·pp·dp of them) runs its pp rank's blocks.
-  const int64_t n = p.tp * p.dp() * p.M;
-  out.add("cp", p.cp, n * bytes, n * calls);
 }
 
 void pipeline_sends(const Step& p, Tally& out) {

@@ -128,7 +128,10 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
   T* g_lm = !cfg_.tie_word_embeddings ? grads_.data() + find_param(specs, "lm_head.weight").offset
             : head_part_.empty()      ? g_embed
                                       : head_part_.data();
-  auto weights = [&](int64_t l) { return block_weights(const_cast<T*>(params_) + layer_param_range(specs, int(l)).begin, whole); };
+  // Layer l's nine tensors in the whole flat buffers (params_ is only read).
+  auto weights = [&](int64_t l) {
+    return block_weights(const_cast<T*>(params_) + layer_param_range(specs, int(l)).begin, whole);
+  };
   auto grads = [&](int64_t l) { return block_weights(grads_.data() + layer_param_range(specs, int(l)).begin, whole); };
   auto shape = [&](const Slice& s) {
     return ops::AttentionShape{.B = B, .Tq = Tn, .Tk = Tn, .nh = s.nh, .nkv = s.nkv, .hd = hd, .q_doc = doc, .k_doc = doc};

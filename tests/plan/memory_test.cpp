@@ -22,6 +22,7 @@ struct MemoryCase {
   int chunks = 1;
   const char* cp_algo = "allgather";
   bool doc_mask = false;
+  const char* preset = "tiny";
 };
 
 std::string memory_case_name(const testing::TestParamInfo<MemoryCase>& info) { return info.param.name; }
@@ -33,7 +34,7 @@ class PlannerMemory : public testing::TestWithParam<MemoryCase> {};
 TEST_P(PlannerMemory, EqualsTheAllocatorOnEveryRank) {
   const MemoryCase& c = GetParam();
   StepShape s;
-  s.model = LlamaConfig::preset("tiny");
+  s.model = LlamaConfig::preset(c.preset);
   s.model.num_hidden_layers = c.layers;
   s.plan = ParallelPlan::parse(c.mesh);
   s.plan.zero = c.zero;
@@ -111,6 +112,10 @@ const MemoryCase kMemoryCases[] = {
     {"pp2_full_m4", "pp=2", ZeroStage::none, "full", false, 4, true, "1f1b", 6},
     {"pp2_every2_m4", "pp=2", ZeroStage::none, "every:2", false, 6, true, "1f1b", 6},
     {"tp4_pp2_replicated_kv", "tp=4,pp=2", ZeroStage::none, "none", false, 4, true, "1f1b", 6},
+    // small's 6 query heads over tp = 3: rank 1's two query heads read different key/value
+    // heads, so it holds both (twice the k and v of ranks 0 and 2).
+    {"small_tp3_dp2_zero3", "tp=3,dp=2", ZeroStage::zero3, "none", false, 2, true, "1f1b", 0, 1, "allgather", false,
+     "small"},
     {"tp4_pp2_nosp", "tp=4,pp=2", ZeroStage::none, "none", false, 4, false, "1f1b", 6},
     {"tp4_pp2_zb_nosp", "tp=4,pp=2", ZeroStage::none, "none", false, 4, false, "zb-h1", 6},
     {"cp2_pp2_allgather", "cp=2,pp=2", ZeroStage::none, "selective", false, 4, true, "1f1b", 6},

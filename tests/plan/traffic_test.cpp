@@ -234,6 +234,9 @@ std::vector<Case> cases() {
   v.push_back(make("mesh_order_dp_cp_tp_zero2", "dp=2,cp=2,tp=2", Z::zero2));  // the data group is "dp+cp"
   v.push_back(make("small_tp2_cp2_dp2_zero3", "tp=2,cp=2,dp=2", Z::zero3));
   v.back().preset = "small", v.back().seq = 32, v.back().batch = 4;
+  // tp = 3 on small's 6 heads / 2 key/value heads: rank 1 holds both key/value heads.
+  v.push_back(make("small_tp3_cp2_zero2", "tp=3,cp=2", Z::zero2));
+  v.back().preset = "small", v.back().seq = 32, v.back().batch = 2, v.back().layers = 2;
   return v;
 }
 
