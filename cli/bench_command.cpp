@@ -34,7 +34,8 @@ struct BenchArgs {
   TrainOptions opt;
   int64_t warmup = 2, iters = 5, gemm_n = 1024;
   double gemm_seconds = 1.0;
-  int threads = 0, micro_batches = 0;
+  int micro_batches = 0;
+  ComputeChoice compute;
   std::string reference_blas;
   bool json = false, force = false, threads_sweep = false;
 };
@@ -268,6 +269,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"recompute_flops_per_token", recompute_per_token},
           {"peak_memory", memory_json({memory_peaks(model.memory())})[0]},
           {"parameters", model.num_params()},
+          {"device", ops::backend_name()},
           {"threads", threads},
           {"dtype", a.model.dtype},
           {"batch_size", opt.batch_size},
@@ -314,7 +316,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--iters", a->iters, "timed steps")->capture_default_str();
   cmd->add_option("--gemm-n", a->gemm_n, "size of the square GEMM for the peak measurement")->capture_default_str();
   cmd->add_option("--gemm-seconds", a->gemm_seconds, "time spent measuring peak GEMM")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");
+  add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--threads-sweep", a->threads_sweep,
                 "time the step and both GEMMs on 1, 2, 4, ... threads up to --threads (default: all cores)");
   cmd->add_option("--reference-blas", a->reference_blas,
@@ -323,7 +325,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {
     if (cmd->get_subcommands().size() > 0) return;  // `bench comm` ran instead
-    set_threads(a->threads);
+    use_compute(a->compute);
     a->launch.validate(a->parallel.parallel());
     if (a->threads_sweep && a->parallel.parallel())
       throw InputError("--threads-sweep times the single-rank step; it does not take --mesh");

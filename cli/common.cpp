@@ -96,11 +96,19 @@ void check_writable_file(const std::string& path, const std::string& flag) {
     throw InputError(flag + " " + path + " exists and is not writable");
 }
 
-void set_threads(int threads) {
-  if (threads < 0)
-    throw InputError("--threads " + std::to_string(threads) + ": use 0 (all cores) or a count in [1, " +
+void add_compute_options(CLI::App& cmd, ComputeChoice& c, const std::string& threads_help) {
+  std::string devices;
+  for (const std::string& n : ops::compute_backend_names()) devices += (devices.empty() ? "" : ", ") + n;
+  cmd.add_option("--device", c.device, "where the ops run; this build has: " + devices)->capture_default_str();
+  cmd.add_option("--threads", c.threads, threads_help);
+}
+
+void use_compute(const ComputeChoice& c) {
+  if (c.threads < 0)
+    throw InputError("--threads " + std::to_string(c.threads) + ": use 0 (all cores) or a count in [1, " +
                      std::to_string(ops::kMaxBackendThreads) + "]");
-  if (threads > 0) ops::set_backend_threads(threads);
+  ops::select_compute_backend(c.device);
+  if (c.threads > 0) ops::set_backend_threads(c.threads);
 }
 
 CLI::Validator unsigned_integer() {

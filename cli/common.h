@@ -59,7 +59,16 @@ class OutputDir {
 // later: its directory exists and takes a new file. Leaves nothing behind.
 void check_writable_file(const std::string& path, const std::string& flag);
 
-void set_threads(int threads);
+// Where a command's ops run: --device (a compute backend linked into this build, "cpu" by
+// default) and --threads (0: all cores).
+struct ComputeChoice {
+  std::string device = "cpu";
+  int threads = 0;
+};
+void add_compute_options(CLI::App& cmd, ComputeChoice& c, const std::string& threads_help);
+// Selects the device, before any buffer is allocated, and the calling thread's compute threads.
+// InputError (exit 2) for a negative count or a device this build has not linked, naming those it has.
+void use_compute(const ComputeChoice& c);
 
 // For unsigned options (seeds), which CLI11 would otherwise read "-1" into as 2^64 - 1.
 CLI::Validator unsigned_integer();

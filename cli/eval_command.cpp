@@ -22,7 +22,7 @@ struct EvalArgs {
   std::string data;
   int64_t seq_len = 256, batch_size = 8, max_windows = 0;
   uint64_t seed = 1337;
-  int threads = 0;
+  ComputeChoice compute;
   bool doc_mask = false, json = false, force = false;
 };
 
@@ -68,11 +68,11 @@ void add_eval_command(CLI::App& app) {
   cmd->add_flag("--doc-mask", a->doc_mask, "mask attention between the documents in a window (as the model was trained)");
   cmd->add_option("--max-windows", a->max_windows, "evaluate at most N windows (0: all)")->capture_default_str();
   cmd->add_option("--seed", a->seed, "initial weights when no --checkpoint is given")->check(unsigned_integer())->capture_default_str();
-  cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");
+  add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a] {
-    set_threads(a->threads);
+    use_compute(a->compute);
     if (a->batch_size < 1) throw InputError("--batch-size must be >= 1");
     const nlohmann::json result = a->model.fp64() ? run_eval<double>(*a) : run_eval<float>(*a);
     if (a->json) print_json(result);

@@ -20,7 +20,7 @@ struct GenerateArgs {
   int64_t max_new_tokens = 200;
   SamplerOptions sampler;
   uint64_t init_seed = 1337;
-  int threads = 0;
+  ComputeChoice compute;
   bool json = false, force = false;
 };
 
@@ -93,11 +93,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--init-seed", a->init_seed, "initial weights when no --checkpoint is given")
       ->check(unsigned_integer())
       ->capture_default_str();
-  cmd->add_option("--threads", a->threads, "compute threads (default: all cores)");
+  add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object (with the generated text) on stdout");
   cmd->callback([a] {
-    set_threads(a->threads);
+    use_compute(a->compute);
     const nlohmann::json result = a->model.fp64() ? run_generate<double>(*a) : run_generate<float>(*a);
     if (a->json) print_json(result);
   });

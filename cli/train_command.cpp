@@ -35,7 +35,7 @@ struct TrainArgs {
   TrainOptions opt;
   std::string data, out = "runs/train", resume;
   int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0;
-  int threads = 0;
+  ComputeChoice compute;
   bool json = false, force = false;
 };
 
@@ -313,7 +313,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
 }
 
 nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
-  set_threads(asked.threads);
+  use_compute(asked.compute);
   Run r = resolve_run(asked, cmd);
   const TrainArgs& a = r.args;
   const ParallelPlan plan = a.parallel.plan(r.cfg, a.launch.algo);
@@ -330,8 +330,11 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   if (const int stale = remove_stale_staging(a.out + "/checkpoint"))
     std::fprintf(stderr, "removed %d staging director%s left by a killed save in %s\n", stale, stale == 1 ? "y" : "ies",
                  a.out.c_str());
-  if (a.parallel.parallel()) return f64 ? run_parallel<double>(r, plan, data) : run_parallel<float>(r, plan, data);
-  return f64 ? run_single<double>(r, plan, data) : run_single<float>(r, plan, data);
+  nlohmann::json result = a.parallel.parallel()
+                              ? (f64 ? run_parallel<double>(r, plan, data) : run_parallel<float>(r, plan, data))
+                              : (f64 ? run_single<double>(r, plan, data) : run_single<float>(r, plan, data));
+  if (!result.is_null()) result["device"] = ops::backend_name();  // null: an MPI rank that does not report
+  return result;
 }
 
 }  // namespace
@@ -364,7 +367,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--eval-windows", a->eval_windows, "validation windows per evaluation")->capture_default_str();
   cmd->add_option("--save-every", a->save_every, "also checkpoint every N steps")->capture_default_str();
   cmd->add_option("--log-every", a->log_every, "print progress every N steps")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "compute threads of this process (default: all cores)");
+  add_compute_options(*cmd, a->compute, "compute threads of this process (default: all cores)");
   cmd->add_flag("--force", a->force, "train even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {

@@ -11,6 +11,7 @@
 #include "core/data/batch_sampler.h"
 #include "core/data/dataset.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/verify/equivalence.h"
 
 namespace llama4d::cli {
@@ -23,7 +24,7 @@ struct VerifyArgs {
   LaunchOptions launch;
   TrainOptions opt;
   std::string data;
-  int threads = 0;
+  ComputeChoice compute;
   bool json = false;
   int micro_batches = 0;
 };
@@ -95,10 +96,10 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
   cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--data", a->data, "text to draw batches from (default: shipped corpus)");
-  cmd->add_option("--threads", a->threads, "compute threads of this process (default: all cores)");
+  add_compute_options(*cmd, a->compute, "compute threads of this process (default: all cores)");
   cmd->add_flag("--json", a->json, "print one JSON object with the report on stdout");
   cmd->callback([a] {
-    set_threads(a->threads);
+    use_compute(a->compute);
     RankLaunch launcher(a->launch);
     const Verified v = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
     const EquivalenceReport& r = v.report;
@@ -106,6 +107,7 @@ void add_verify_command(CLI::App& app) {
     if (a->json) {
       nlohmann::json j = r.to_json();
       j["traffic"] = launcher.traffic_totals();
+      j["device"] = ops::backend_name();
       j["doc_mask"] = a->opt.doc_mask;
       if (v.boundaries >= 0) j["document_boundaries"] = v.boundaries;
       print_json(j);

@@ -2,6 +2,12 @@
 // The op signatures every compute backend implements (backends/cpu today, backends/cuda
 // later). The model calls only these; it never sees Eigen, OpenMP or CUDA.
 //
+// Each op below forwards to the ACTIVE compute backend (a table of kernels, ComputeBackend at
+// the end of this file), chosen at run time: `--device cpu|cuda` selects it before any buffer is
+// allocated, and the model, optimizer, strategies and harness run unchanged on either. A
+// backend registers itself when its library is linked; until an entry program selects one, the
+// active backend is "cpu".
+//
 // Conventions (kept everywhere in llama4d):
 // - Outputs first, then inputs, then sizes. Pointers are contiguous row-major buffers.
 // - Shapes are written in comments as [A, B, C]; BT means B*T rows flattened.
@@ -10,13 +16,22 @@
 // - Forward outputs are overwritten (=), never accumulated.
 // - T is float or double; backends explicitly instantiate both.
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace llama4d::ops {
 
+template <class T>
+struct Kernels;
+// The active backend's kernels for element type T (float or double).
+template <class T>
+const Kernels<T>& kernels();
+
 // ---- Work accounting: what the simulated clock charges ---------------------------------------
 // Ops that multiply matrices (matmul_*, attention_*) report the FLOPs their math needs to the
-// sink installed on the calling thread, if any: a virtual GPU's trace (core/comm/trace.h) turns
-// them into simulated time at the modelled GPU's rate. Every backend reports the same numbers,
+// sink installed on the calling thread, if any (the forwarders below report them, whichever
+// backend runs the op): a virtual GPU's trace (core/comm/trace.h) turns them into simulated time
+// at the modelled GPU's rate. Every backend reports the same numbers,
 // from the functions below, whatever its kernels waste (padding, masked blocks). Elementwise ops
 // (RMSNorm, RoPE, SwiGLU, the loss, AdamW, fills) report nothing: on a GPU they are bound by
 // memory bandwidth, a cost this model leaves out.
@@ -55,23 +70,33 @@ inline double matmul_backward_flops(bool dinp, bool dweight, int64_t BT, int64_t
 // ---- Linear layer without bias, nn.Linear layout (weight is [OC, C]) -----------------------
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>
-void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC);
+inline void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC) {
+  report_flops(matmul_forward_flops(BT, C, OC));
+  kernels<T>().matmul_forward(out, inp, weight, BT, C, OC);
+}
 // dinp[BT, C] += dout[BT, OC] @ weight[OC, C];  dweight[OC, C] += dout^T @ inp[BT, C].
 // Either of dinp / dweight may be null to skip it (e.g. no input gradient for layer 0's input);
 // weight is read only for dinp, inp only for dweight, and the other keeps its bits.
 template <class T>
-void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
-                     int64_t C, int64_t OC);
+inline void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
+                            int64_t C, int64_t OC) {
+  report_flops(matmul_backward_flops(dinp != nullptr, dweight != nullptr, BT, C, OC));
+  kernels<T>().matmul_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
+}
 
 // ---- RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight ---------------------------------
 // out[BT, C], rstd[BT] (saved 1/rms for backward), inp[BT, C], weight[C]
 template <class T>
-void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t BT, int64_t C, T eps);
+inline void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t BT, int64_t C, T eps) {
+  kernels<T>().rmsnorm_forward(out, rstd, inp, weight, BT, C, eps);
+}
 // dinp[BT, C] +=, dweight[C] +=. Either may be null to skip it, and the other keeps its bits;
 // weight is read only for dinp.
 template <class T>
-void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                      const T* rstd, int64_t BT, int64_t C);
+inline void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                             const T* rstd, int64_t BT, int64_t C) {
+  kernels<T>().rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, BT, C);
+}
 
 // ---- Rotary position embedding, rotate-half convention (Hugging Face Llama) ----------------
 // x[B, T, nh, hd] rotated in place. Pair (i, i + hd/2) at absolute position p uses
@@ -79,12 +104,16 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
 //   x'[i]        = x[i] * cos - x[i+hd/2] * sin
 //   x'[i+hd/2]   = x[i+hd/2] * cos + x[i] * sin
 template <class T>
-void rope_forward(T* x, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd,
-                  int64_t pos_start);
+inline void rope_forward(T* x, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd,
+                         int64_t pos_start) {
+  kernels<T>().rope_forward(x, cos, sin, B, T_, nh, hd, pos_start);
+}
 // dx[B, T, nh, hd] in place: applies the transpose (inverse) rotation to the incoming gradient.
 template <class T>
-void rope_backward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd,
-                   int64_t pos_start);
+inline void rope_backward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd,
+                          int64_t pos_start) {
+  kernels<T>().rope_backward(dx, cos, sin, B, T_, nh, hd, pos_start);
+}
 
 // ---- Causal grouped-query attention ---------------------------------------------------------
 // Query head h reads key/value head h / (nh / nkv). Query row i sits at absolute position
@@ -106,37 +135,6 @@ struct AttentionShape {
   const int32_t* q_doc = nullptr;  // [B, Tq] document id of each query row, or null
   const int32_t* k_doc = nullptr;  // [B, Tk] document id of each key row, or null
 };
-// out[B, Tq, nh, hd] = softmax(q k^T / sqrt(hd), causal [and document] mask) v
-// lse[B, nh, Tq] = log-sum-exp of each softmax row (saved instead of the [Tq, Tk] probabilities,
-// as flash attention does; also what context parallelism needs to merge partial results).
-// A query row with no visible key gets out = 0 and lse = -inf.
-// q[B, Tq, nh, hd], k[B, Tk, nkv, hd], v[B, Tk, nkv, hd]
-template <class T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s);
-// dq[B, Tq, nh, hd] +=, dk[B, Tk, nkv, hd] +=, dv[B, Tk, nkv, hd] += (kv_batch_stride applies to
-// dk/dv too). Probabilities are recomputed from q, k and lse; a row with no visible key
-// contributes nothing.
-template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, const AttentionShape& s);
-// Combines attention over two disjoint sets of keys into attention over their union, in place:
-// out[B, Tq, nh, hd] and lse[B, nh, Tq] hold the result over one set, part_out / part_lse (same
-// shapes) the result over the other. Per row (b, i, h):
-//   lse' = log(exp(lse) + exp(part_lse)) = max + log1p(exp(min - max))
-//   out' = out * exp(lse - lse') + part_out * exp(part_lse - lse')
-// A side with lse = -inf (it saw no key) contributes nothing: the other side's row is kept or
-// copied bit for bit, and both -inf leaves out = 0, lse = -inf. Each row is computed alone, so
-// the result does not depend on the thread count.
-// Ring attention (context parallelism) calls it once per ring step, to fold in the block of keys
-// that step brought. Its backward needs no merge: attention_backward called on one key block with
-// the FINAL out and lse of each row returns exactly that block's share of dq, dk and dv. Per key,
-// dS = P * (dP - D) needs only the key's own score and value plus two per-row numbers, and both
-// are then the final ones: p = exp(s - lse_final) is the key's probability in the full softmax,
-// and D = rowsum(dout * out_final) is the same for every key of the row. So dk, dv of the block's
-// keys come out whole, and the blocks' dq add up to the full dq.
-template <class T>
-void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq,
-                     int64_t nh, int64_t hd);
 // Keys causally visible to query row i: [0, min(Tk, q_start + i - k_start + 1)).
 inline int64_t attention_causal_keys(const AttentionShape& s, int64_t i) {
   const int64_t seen = s.q_start + i - s.k_start + 1;
@@ -176,41 +174,96 @@ inline double attention_forward_flops(const AttentionShape& s) {
   return 4.0 * double(s.hd) * double(s.nh) * double(attention_visible_pairs(s));
 }
 inline double attention_backward_flops(const AttentionShape& s) { return 2.5 * attention_forward_flops(s); }
+// out[B, Tq, nh, hd] = softmax(q k^T / sqrt(hd), causal [and document] mask) v
+// lse[B, nh, Tq] = log-sum-exp of each softmax row (saved instead of the [Tq, Tk] probabilities,
+// as flash attention does; also what context parallelism needs to merge partial results).
+// A query row with no visible key gets out = 0 and lse = -inf.
+// q[B, Tq, nh, hd], k[B, Tk, nkv, hd], v[B, Tk, nkv, hd]
+template <class T>
+inline void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
+  if (thread_flop_sink()) report_flops(attention_forward_flops(s));  // with documents, counting costs O(B Tq Tk)
+  kernels<T>().attention_forward(out, lse, q, k, v, s);
+}
+// dq[B, Tq, nh, hd] +=, dk[B, Tk, nkv, hd] +=, dv[B, Tk, nkv, hd] += (kv_batch_stride applies to
+// dk/dv too). Probabilities are recomputed from q, k and lse; a row with no visible key
+// contributes nothing.
+template <class T>
+inline void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                               const T* out, const T* lse, const AttentionShape& s) {
+  if (thread_flop_sink()) report_flops(attention_backward_flops(s));
+  kernels<T>().attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+}
+// Combines attention over two disjoint sets of keys into attention over their union, in place:
+// out[B, Tq, nh, hd] and lse[B, nh, Tq] hold the result over one set, part_out / part_lse (same
+// shapes) the result over the other. Per row (b, i, h):
+//   lse' = log(exp(lse) + exp(part_lse)) = max + log1p(exp(min - max))
+//   out' = out * exp(lse - lse') + part_out * exp(part_lse - lse')
+// A side with lse = -inf (it saw no key) contributes nothing: the other side's row is kept or
+// copied bit for bit, and both -inf leaves out = 0, lse = -inf. Each row is computed alone, so
+// the result does not depend on the thread count.
+// Ring attention (context parallelism) calls it once per ring step, to fold in the block of keys
+// that step brought. Its backward needs no merge: attention_backward called on one key block with
+// the FINAL out and lse of each row returns exactly that block's share of dq, dk and dv. Per key,
+// dS = P * (dP - D) needs only the key's own score and value plus two per-row numbers, and both
+// are then the final ones: p = exp(s - lse_final) is the key's probability in the full softmax,
+// and D = rowsum(dout * out_final) is the same for every key of the row. So dk, dv of the block's
+// keys come out whole, and the blocks' dq add up to the full dq.
+template <class T>
+inline void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq,
+                            int64_t nh, int64_t hd) {
+  kernels<T>().attention_merge(out, lse, part_out, part_lse, B, Tq, nh, hd);
+}
 
 // ---- SwiGLU: out = silu(gate) * up ----------------------------------------------------------
 // out[N], gate[N], up[N] (N = BT * I)
 template <class T>
-void swiglu_forward(T* out, const T* gate, const T* up, int64_t N);
+inline void swiglu_forward(T* out, const T* gate, const T* up, int64_t N) {
+  kernels<T>().swiglu_forward(out, gate, up, N);
+}
 // dgate[N] +=, dup[N] +=
 template <class T>
-void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t N);
+inline void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t N) {
+  kernels<T>().swiglu_backward(dgate, dup, dout, gate, up, N);
+}
 
 // ---- Token embedding ------------------------------------------------------------------------
 // out[BT, C] = wte[tokens[i], :]; tokens[BT] in [0, V)
 template <class T>
-void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C);
+inline void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C) {
+  kernels<T>().embedding_forward(out, tokens, wte, BT, C);
+}
 // dwte[V, C] += scatter-add of dout[BT, C] rows by token (in row order, deterministically)
 template <class T>
-void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C);
+inline void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C) {
+  kernels<T>().embedding_backward(dwte, dout, tokens, BT, C);
+}
 
 // ---- Residual add ---------------------------------------------------------------------------
 // out[N] = a[N] + b[N] (out may alias a)
 template <class T>
-void add_forward(T* out, const T* a, const T* b, int64_t N);
+inline void add_forward(T* out, const T* a, const T* b, int64_t N) {
+  kernels<T>().add_forward(out, a, b, N);
+}
 // y[N] += x[N]
 template <class T>
-void accumulate(T* y, const T* x, int64_t N);
+inline void accumulate(T* y, const T* x, int64_t N) {
+  kernels<T>().accumulate(y, x, N);
+}
 
 // ---- Fused softmax + cross-entropy over the vocabulary --------------------------------------
 // losses[BT] = logsumexp(logits[i]) - logits[i, targets[i]]; a target < 0 is ignored (loss 0).
 // logits[BT, V]
 template <class T>
-void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t BT, int64_t V);
+inline void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t BT, int64_t V) {
+  kernels<T>().cross_entropy_forward(losses, logits, targets, BT, V);
+}
 // dlogits[BT, V] += scale * (softmax(logits[i]) - onehot(targets[i])) for non-ignored rows.
 // `scale` is d(total loss)/d(losses[i]), the same for every row (1 / tokens in the global batch).
 template <class T>
-void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, T scale, int64_t BT,
-                            int64_t V);
+inline void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, T scale, int64_t BT,
+                                   int64_t V) {
+  kernels<T>().cross_entropy_backward(dlogits, logits, targets, scale, BT, V);
+}
 
 // ---- Vocabulary-parallel cross-entropy (tensor parallelism) -----------------------------------
 // A rank holds columns [vocab_begin, vocab_begin + V) of the full logits: logits[BT, V] here is
@@ -219,26 +272,36 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
 // row_max[BT] = max of the row's slice; target_logit[BT] = logits[i, targets[i] - vocab_begin]
 // when this slice holds the target, else 0 (the sum over ranks is the target's logit).
 template <class T>
-void vocab_slice_max_and_target(T* row_max, T* target_logit, const T* logits, const int32_t* targets, int64_t BT,
-                                int64_t V, int64_t vocab_begin);
+inline void vocab_slice_max_and_target(T* row_max, T* target_logit, const T* logits, const int32_t* targets, int64_t BT,
+                                       int64_t V, int64_t vocab_begin) {
+  kernels<T>().vocab_slice_max_and_target(row_max, target_logit, logits, targets, BT, V, vocab_begin);
+}
 // sum_exp[BT] = sum_j exp(logits[i, j] - row_max[i]) over the slice, row_max the GLOBAL max.
 template <class T>
-void vocab_slice_sum_exp(T* sum_exp, const T* logits, const T* row_max, int64_t BT, int64_t V);
+inline void vocab_slice_sum_exp(T* sum_exp, const T* logits, const T* row_max, int64_t BT, int64_t V) {
+  kernels<T>().vocab_slice_sum_exp(sum_exp, logits, row_max, BT, V);
+}
 // From the global statistics: lse[i] = row_max[i] + log(sum_exp[i]); losses[i] = lse[i] -
 // target_logit[i] (0 where targets[i] < 0).
 template <class T>
-void cross_entropy_from_stats(T* losses, T* lse, const T* row_max, const T* sum_exp, const T* target_logit,
-                              const int32_t* targets, int64_t BT);
+inline void cross_entropy_from_stats(T* losses, T* lse, const T* row_max, const T* sum_exp, const T* target_logit,
+                                     const int32_t* targets, int64_t BT) {
+  kernels<T>().cross_entropy_from_stats(losses, lse, row_max, sum_exp, target_logit, targets, BT);
+}
 // dlogits[BT, V] += scale * (exp(logits - lse) - onehot(targets - vocab_begin)) over the slice,
 // for non-ignored rows.
 template <class T>
-void cross_entropy_backward_slice(T* dlogits, const T* logits, const T* lse, const int32_t* targets, T scale,
-                                  int64_t BT, int64_t V, int64_t vocab_begin);
+inline void cross_entropy_backward_slice(T* dlogits, const T* logits, const T* lse, const int32_t* targets, T scale,
+                                         int64_t BT, int64_t V, int64_t vocab_begin) {
+  kernels<T>().cross_entropy_backward_slice(dlogits, logits, lse, targets, scale, BT, V, vocab_begin);
+}
 
 // ---- Small helpers backends must provide ----------------------------------------------------
 // x[N] *= a
 template <class T>
-void scale(T* x, T a, int64_t N);
+inline void scale(T* x, T a, int64_t N) {
+  kernels<T>().scale(x, a, N);
+}
 
 // ---- Buffer and vector ops (what the model, optimizer and strategies would otherwise loop over)
 // Outside backends/ no code touches tensor elements, so the same model, optimizer and
@@ -247,13 +310,19 @@ void scale(T* x, T a, int64_t N);
 
 // x[N] = value
 template <class T>
-void fill(T* x, T value, int64_t N);
+inline void fill(T* x, T value, int64_t N) {
+  kernels<T>().fill(x, value, N);
+}
 // dst[N] = src[N] (memcpy semantics: the buffers must not overlap)
 template <class T>
-void copy(T* dst, const T* src, int64_t N);
+inline void copy(T* dst, const T* src, int64_t N) {
+  kernels<T>().copy(dst, src, N);
+}
 // y[N] += a * x[N]  (one rounding for the product, one for the sum: never fused)
 template <class T>
-void add_scaled(T* y, const T* x, T a, int64_t N);
+inline void add_scaled(T* y, const T* x, T a, int64_t N) {
+  kernels<T>().add_scaled(y, x, a, N);
+}
 
 // The per-step scalars of one AdamW step, computed on the host in double and rounded once to
 // T, exactly as core/optim/adamw.cpp does (see adamw_step_scalars below). The update itself
@@ -282,68 +351,160 @@ AdamWStep<T> adamw_step_scalars(double lr, double beta1, double beta2, double ep
 // g[N]. Each element depends only on its own w, m, v, g and the scalars, so any split of the
 // elements (threads, ZeRO shards) gives the same bits. The four buffers must not overlap.
 template <class T>
-void adamw_update(T* w, T* m, T* v, const T* g, int64_t N, const AdamWStep<T>& s);
+inline void adamw_update(T* w, T* m, T* v, const T* g, int64_t N, const AdamWStep<T>& s) {
+  kernels<T>().adamw_update(w, m, v, g, N, s);
+}
 
 // partials[ceil(N / chunk)]: partials[k] = sum of x[i]^2 over i in [k*chunk, min((k+1)*chunk, N)),
 // in double. Inside a chunk, element i goes to accumulator (i - k*chunk) % 8 and the eight are
 // added accumulator 0 first. Gradient-norm clipping adds these partials in order
 // (core/optim/segmented_norm.h), with chunk = kNormChunk. chunk must be > 0.
 template <class T>
-void sum_squares_chunks(double* partials, const T* x, int64_t N, int64_t chunk);
+inline void sum_squares_chunks(double* partials, const T* x, int64_t N, int64_t chunk) {
+  kernels<T>().sum_squares_chunks(partials, x, N, chunk);
+}
 
 // *loss_sum = sum of losses[i] over rows with targets[i] >= 0, converted to double and added in
 // row order; *count = number of such rows. losses[BT], targets[BT].
 template <class T>
-void sum_losses(double* loss_sum, int64_t* count, const T* losses, const int32_t* targets,
-                int64_t BT);
+inline void sum_losses(double* loss_sum, int64_t* count, const T* losses, const int32_t* targets,
+                       int64_t BT) {
+  kernels<T>().sum_losses(loss_sum, count, losses, targets, BT);
+}
 
 // Vocabulary-parallel token embedding: this rank holds rows [row_begin, row_begin + rows) of
 // the [V, C] table as wte_rows[rows, C]. out[BT, C] row i = that row when tokens[i] is in range,
 // zeros otherwise; summing out over the ranks that tile [0, V) (an all-reduce) gives
 // embedding_forward. With row_begin = 0, rows = V it is embedding_forward.
 template <class T>
-void embedding_forward_rows(T* out, const int32_t* tokens, const T* wte_rows, int64_t BT, int64_t C,
-                            int64_t row_begin, int64_t rows);
+inline void embedding_forward_rows(T* out, const int32_t* tokens, const T* wte_rows, int64_t BT, int64_t C,
+                                   int64_t row_begin, int64_t rows) {
+  kernels<T>().embedding_forward_rows(out, tokens, wte_rows, BT, C, row_begin, rows);
+}
 // dwte_rows[rows, C] += scatter-add of the dout[BT, C] rows whose token is in range, in row order
 // as embedding_backward (each table row lives on one rank, so the shards are exact slices of it).
 template <class T>
-void embedding_backward_rows(T* dwte_rows, const T* dout, const int32_t* tokens, int64_t BT,
-                             int64_t C, int64_t row_begin, int64_t rows);
+inline void embedding_backward_rows(T* dwte_rows, const T* dout, const int32_t* tokens, int64_t BT,
+                                    int64_t C, int64_t row_begin, int64_t rows) {
+  kernels<T>().embedding_backward_rows(dwte_rows, dout, tokens, BT, C, row_begin, rows);
+}
 
 // True when x[N] holds no NaN and no infinity (a diverged run shows up here first).
 template <class T>
-bool all_finite(const T* x, int64_t N);
+inline bool all_finite(const T* x, int64_t N) {
+  return kernels<T>().all_finite(x, N);
+}
 
-// ---- Memory owned by the backend --------------------------------------------------------------
-// Raw storage where this backend computes (host memory on the CPU, HBM on a GPU). Allocations are
-// 64-byte aligned (one cache line, one AVX-512 vector); bytes == 0 gives nullptr. Throws
-// OutOfMemoryError when the memory is not there (InputError for bytes < 0).
-void* device_alloc(int64_t bytes);
-// Frees what device_alloc returned; nullptr is a no-op. The backend may keep freed blocks for
-// reuse (a caching allocator, as GPU frameworks have).
-void device_free(void* p);
-// Returns the freed blocks the backend keeps to the system (torch.cuda.empty_cache's job): before
-// a phase that needs host memory instead, such as writing a checkpoint.
-void device_release_cached();
-// dst[bytes] = src[bytes] between device_alloc'd buffers (or host buffers on the CPU backend);
-// the ranges must not overlap.
-void device_memcpy(void* dst, const void* src, int64_t bytes);
+// ---- The compute backend ----------------------------------------------------------------------
+// One table per element type: the kernels of every op above, with the same signatures and
+// contracts (a backend that cannot meet one must not register).
+template <class T>
+struct Kernels {
+  void (*matmul_forward)(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC);
+  void (*matmul_backward)(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC);
+  void (*rmsnorm_forward)(T* out, T* rstd, const T* inp, const T* weight, int64_t BT, int64_t C, T eps);
+  void (*rmsnorm_backward)(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const T* rstd, int64_t BT, int64_t C);
+  void (*rope_forward)(T* x, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd, int64_t pos_start);
+  void (*rope_backward)(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd, int64_t pos_start);
+  void (*attention_forward)(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s);
+  void (*attention_backward)(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse, const AttentionShape& s);
+  void (*attention_merge)(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq, int64_t nh, int64_t hd);
+  void (*swiglu_forward)(T* out, const T* gate, const T* up, int64_t N);
+  void (*swiglu_backward)(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t N);
+  void (*embedding_forward)(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C);
+  void (*embedding_backward)(T* dwte, const T* dout, const int32_t* tokens, int64_t BT, int64_t C);
+  void (*add_forward)(T* out, const T* a, const T* b, int64_t N);
+  void (*accumulate)(T* y, const T* x, int64_t N);
+  void (*cross_entropy_forward)(T* losses, const T* logits, const int32_t* targets, int64_t BT, int64_t V);
+  void (*cross_entropy_backward)(T* dlogits, const T* logits, const int32_t* targets, T scale, int64_t BT, int64_t V);
+  void (*vocab_slice_max_and_target)(T* row_max, T* target_logit, const T* logits, const int32_t* targets, int64_t BT, int64_t V, int64_t vocab_begin);
+  void (*vocab_slice_sum_exp)(T* sum_exp, const T* logits, const T* row_max, int64_t BT, int64_t V);
+  void (*cross_entropy_from_stats)(T* losses, T* lse, const T* row_max, const T* sum_exp, const T* target_logit, const int32_t* targets, int64_t BT);
+  void (*cross_entropy_backward_slice)(T* dlogits, const T* logits, const T* lse, const int32_t* targets, T scale, int64_t BT, int64_t V, int64_t vocab_begin);
+  void (*scale)(T* x, T a, int64_t N);
+  void (*fill)(T* x, T value, int64_t N);
+  void (*copy)(T* dst, const T* src, int64_t N);
+  void (*add_scaled)(T* y, const T* x, T a, int64_t N);
+  void (*adamw_update)(T* w, T* m, T* v, const T* g, int64_t N, const AdamWStep<T>& s);
+  void (*sum_squares_chunks)(double* partials, const T* x, int64_t N, int64_t chunk);
+  void (*sum_losses)(double* loss_sum, int64_t* count, const T* losses, const int32_t* targets, int64_t BT);
+  void (*embedding_forward_rows)(T* out, const int32_t* tokens, const T* wte_rows, int64_t BT, int64_t C, int64_t row_begin, int64_t rows);
+  void (*embedding_backward_rows)(T* dwte_rows, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, int64_t row_begin, int64_t rows);
+  bool (*all_finite)(const T* x, int64_t N);
+};
 
-// Measures this backend's peak fp32 GEMM rate: times the three products of a linear layer
-// (forward, input gradient, weight gradient) at n x n x n for about `seconds` in all and returns
-// the best FLOP/s seen (2*n^3 per product). Used by `llama4d bench` to
-// report model FLOP utilisation against what this machine can actually do.
-double measure_peak_gemm_flops(int64_t n, double seconds);
+// A compute device's kernels, memory and identity. Pointers the kernels take are the backend's
+// memory (device_alloc), except the host outputs documented as such (sum_squares_chunks'
+// partials, sum_losses' loss_sum and count) and the document ids of AttentionShape.
+struct ComputeBackend {
+  const char* name = nullptr;  // "cpu", "cuda": the value of --device
+  Kernels<float> f32;
+  Kernels<double> f64;
 
-// Name of this compute backend ("cpu", "cuda") and its thread count, for reports.
-const char* backend_name();
-int backend_threads();
-// Compute threads for ops called from the CALLING thread only (results never depend on it). A
-// virtual GPU is one thread of the process: each sets its own share of the cores, so N ranks do
-// not start N full teams. InputError outside [1, kMaxBackendThreads].
-void set_backend_threads(int n);
+  // Raw storage where this backend computes (host memory on the CPU, HBM on a GPU). Allocations
+  // are 64-byte aligned (one cache line, one AVX-512 vector); bytes == 0 gives nullptr. Throws
+  // OutOfMemoryError when the memory is not there (InputError for bytes < 0).
+  void* (*device_alloc)(int64_t bytes) = nullptr;
+  // Frees what device_alloc returned; nullptr is a no-op. The backend may keep freed blocks for
+  // reuse (a caching allocator, as GPU frameworks have).
+  void (*device_free)(void* p) = nullptr;
+  // Returns the freed blocks the backend keeps to the system (torch.cuda.empty_cache's job):
+  // before a phase that needs host memory instead, such as writing a checkpoint.
+  void (*device_release_cached)() = nullptr;
+  // dst[bytes] = src[bytes] between device_alloc'd buffers (or host buffers on the CPU backend);
+  // the ranges must not overlap.
+  void (*device_memcpy)(void* dst, const void* src, int64_t bytes) = nullptr;
+
+  // Measures the peak fp32 GEMM rate: times the three products of a linear layer (forward,
+  // input gradient, weight gradient) at n x n x n for about `seconds` in all and returns the best
+  // FLOP/s seen (2*n^3 per product). `llama4d bench` reports model FLOP utilisation against it.
+  double (*measure_peak_gemm_flops)(int64_t n, double seconds) = nullptr;
+
+  // Compute threads for ops called from the CALLING thread only (results never depend on it). A
+  // virtual GPU is one thread of the process: each sets its own share of the cores, so N ranks
+  // do not start N full teams. InputError outside [1, kMaxBackendThreads].
+  int (*threads)() = nullptr;
+  void (*set_threads)(int n) = nullptr;
+};
+
 // Each OpenMP thread reserves its own stack and team state; far past any machine's core count a
 // team cannot even be created (100000 threads crash the OpenMP runtime), so the count is bounded.
 inline constexpr int kMaxBackendThreads = 1024;
+
+// Makes `backend` selectable by its name (a backend library does this for itself when linked).
+// The first one registered named "cpu" becomes active unless another was selected already.
+// The table must outlive every use; InputError if the name is taken or a kernel is missing.
+void register_compute_backend(const ComputeBackend* backend);
+// Makes the backend named `name` active for every thread of the process. Call it before any
+// buffer is allocated: memory from one backend is not another's. InputError naming the linked
+// backends if `name` is not among them.
+void select_compute_backend(const std::string& name);
+// The names of the linked backends, in registration order.
+std::vector<std::string> compute_backend_names();
+// The active backend. Error if no backend library is linked into the program.
+const ComputeBackend& compute_backend();
+
+template <>
+inline const Kernels<float>& kernels<float>() {
+  return compute_backend().f32;
+}
+template <>
+inline const Kernels<double>& kernels<double>() {
+  return compute_backend().f64;
+}
+
+inline void* device_alloc(int64_t bytes) { return compute_backend().device_alloc(bytes); }
+inline void device_free(void* p) { compute_backend().device_free(p); }
+                        inline void device_release_cached() { compute_backend().device_release_cached(); }
+                        inline void device_memcpy(void* dst, const void* src, int64_t bytes) { compute_backend().device_memcpy(dst, src, bytes); }
+                        inline double measure_peak_gemm_flops(int64_t n, double seconds) {
+  return compute_backend().measure_peak_gemm_flops(n, seconds);
+}
+// Name of the active compute backend ("cpu", "cuda") and its thread count, for reports.
+inline const char* backend_name() { return compute_backend().name; }
+inline int backend_threads() { return compute_backend().threads(); }
+// Sets the calling thread's compute threads on the active backend; InputError outside
+// [1, kMaxBackendThreads], whatever the backend.
+void set_backend_threads(int n);
 
 }  // namespace llama4d::ops

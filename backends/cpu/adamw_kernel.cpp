@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 
@@ -32,6 +33,16 @@ AdamWStep<T> adamw_step_scalars(double lr, double beta1, double beta2, double ep
   return s;
 }
 
+// Host arithmetic, not a kernel: whichever backend runs the update, these are its scalars.
+template AdamWStep<float> adamw_step_scalars<float>(double, double, double, double, double, int64_t, bool);
+template AdamWStep<double> adamw_step_scalars<double>(double, double, double, double, double, int64_t, bool);
+
+}  // namespace llama4d::ops
+
+namespace llama4d::cpu {
+
+using ops::AdamWStep;
+
 // Kept out of line with restrict pointers so GCC vectorises it without runtime alias checks.
 template <class T>
 [[gnu::noinline]] static void adamw_range(T* __restrict w, T* __restrict m, T* __restrict v,
@@ -52,18 +63,14 @@ template <class T>
 template <class T>
 void adamw_update(T* w, T* m, T* v, const T* g, int64_t N, const AdamWStep<T>& s) {
   const AdamWStep<T> scalars = s;  // by value into the loop: no aliasing with the buffers
-  cpu::parallel_chunks(N, [&](int64_t begin, int64_t end) {
+  parallel_chunks(N, [&](int64_t begin, int64_t end) {
     adamw_range(w + begin, m + begin, v + begin, g + begin, end - begin, scalars);
   });
 }
 
-template AdamWStep<float> adamw_step_scalars<float>(double, double, double, double, double,
-                                                    int64_t, bool);
-template AdamWStep<double> adamw_step_scalars<double>(double, double, double, double, double,
-                                                      int64_t, bool);
 template void adamw_update<float>(float*, float*, float*, const float*, int64_t,
                                   const AdamWStep<float>&);
 template void adamw_update<double>(double*, double*, double*, const double*, int64_t,
                                    const AdamWStep<double>&);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

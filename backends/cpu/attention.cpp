@@ -24,10 +24,11 @@
 #include <vector>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 namespace {
 
 // Below this many multiply-adds (Tq * Tk * nh * hd summed over the batch) a call is cheaper
@@ -148,7 +149,6 @@ template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                        const AttentionShape& s) {
   check_shape(s);
-  if (thread_flop_sink()) report_flops(attention_forward_flops(s));  // with documents, counting costs O(B Tq Tk)
   const Layout L(s);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -217,7 +217,6 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s) {
   check_shape(s);
-  if (thread_flop_sink()) report_flops(attention_backward_flops(s));
   const Layout L(s);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
   // One item = (batch, KV head): it alone writes that head's dk/dv and its query heads' dq,
@@ -344,4 +343,4 @@ template void attention_merge<float>(float*, float*, const float*, const float*,
 template void attention_merge<double>(double*, double*, const double*, const double*, int64_t,
                                       int64_t, int64_t, int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

@@ -3,10 +3,11 @@
 #include <string>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 // Checked before any thread starts: an exception cannot leave an OpenMP region.
 static void check_targets(const int32_t* targets, int64_t BT, int64_t V) {
@@ -60,4 +61,4 @@ template void cross_entropy_backward<float>(float*, const float*, const int32_t*
 template void cross_entropy_backward<double>(double*, const double*, const int32_t*, double,
                                              int64_t, int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

@@ -19,10 +19,11 @@
 #include <mutex>
 #include <string>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 namespace {
 
@@ -152,4 +153,4 @@ void device_memcpy(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
 }
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

@@ -2,9 +2,10 @@
 #include <vector>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 template <class T>
 void add_forward(T* out, const T* a, const T* b, int64_t N) {
@@ -35,4 +36,4 @@ template void accumulate<double>(double*, const double*, int64_t);
 template void scale<float>(float*, float, int64_t);
 template void scale<double>(double*, double, int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

@@ -4,9 +4,10 @@
 #include <limits>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int64_t BT, int64_t C) {
@@ -69,4 +70,4 @@ template void embedding_backward_rows<float>(float*, const float*, const int32_t
 template void embedding_backward_rows<double>(double*, const double*, const int32_t*, int64_t,
                                              int64_t, int64_t, int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

@@ -1,10 +1,11 @@
 // Peak fp32 GEMM rate of this backend, the denominator of model FLOP utilisation.
 #include <algorithm>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "core/gemm_timing.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 double measure_peak_gemm_flops(int64_t n, double seconds) {
   GemmTimingOperands g(n);
@@ -19,4 +20,4 @@ double measure_peak_gemm_flops(int64_t n, double seconds) {
   return std::max({forward, input_grad, weight_grad});
 }
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

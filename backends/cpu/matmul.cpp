@@ -2,10 +2,11 @@
 // strided views, through the backend's packed GEMM (gemm.h). Its tasks are fixed by the shapes
 // and each element is summed in a fixed K order, so the results are bitwise the same for any
 // thread count.
+#include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/gemm.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 namespace {
 
 // Products smaller than this many multiply-adds run on the calling thread alone.
@@ -16,7 +17,6 @@ constexpr int64_t kParallelWork = 1 << 21;
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC) {
-  report_flops(matmul_forward_flops(BT, C, OC));
   const cpu::GemmOperand<T> x{inp, C, 1};     // (token, c)
   const cpu::GemmOperand<T> w{weight, C, 1};  // (oc, c): the transpose of the right operand
   cpu::gemm(out, OC, x, w, BT, OC, C, false, false, BT * C * OC >= kParallelWork);
@@ -25,7 +25,6 @@ void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
                      int64_t C, int64_t OC) {
-  report_flops(matmul_backward_flops(dinp != nullptr, dweight != nullptr, BT, C, OC));
   const bool parallel = BT * C * OC >= kParallelWork;
   // dinp[BT, C] += dout[BT, OC] @ weight[OC, C]
   if (dinp != nullptr) {
@@ -49,4 +48,4 @@ template void matmul_backward<float>(float*, float*, const float*, const float*,
 template void matmul_backward<double>(double*, double*, const double*, const double*, const double*,
                                       int64_t, int64_t, int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

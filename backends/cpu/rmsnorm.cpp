@@ -2,16 +2,17 @@
 #include <cmath>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 // Rows of at least this many elements in total are worth forking threads for.
-static constexpr int64_t kParallelElements = 1 << 14;
+static constexpr int64_t kParallelNormElements = 1 << 14;
 
 template <class T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t BT, int64_t C, T eps) {
-  cpu::parallel_for(BT, BT * C >= kParallelElements, [&](int64_t r) {
+  cpu::parallel_for(BT, BT * C >= kParallelNormElements, [&](int64_t r) {
     const T* x = inp + r * C;
     T* y = out + r * C;
     const T ms = cpu::reduce_dot(x, x, C) / static_cast<T>(C);
@@ -27,7 +28,7 @@ void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t BT,
 template <class T>
 void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
                       const T* rstd, int64_t BT, int64_t C) {
-  const bool parallel = BT * C >= kParallelElements;
+  const bool parallel = BT * C >= kParallelNormElements;
   // The two gradients read only dout, inp, rstd (and weight for dinp), never each other: either
   // may be skipped, and the other keeps its bits (the split backward of zero-bubble schedules).
   if (dinp) cpu::parallel_for(BT, parallel, [&](int64_t r) {
@@ -75,4 +76,4 @@ template void rmsnorm_backward<float>(float*, float*, const float*, const float*
 template void rmsnorm_backward<double>(double*, double*, const double*, const double*,
                                        const double*, const double*, int64_t, int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

@@ -1,9 +1,10 @@
 // Rotary position embedding (Su et al. 2021) in the rotate-half layout of Hugging Face Llama:
 // dimension i is paired with i + hd/2 rather than with its neighbour.
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 // Rotates every head vector of row (b, t) by the angles of position pos_start + t.
 // `sign` = +1 applies the rotation, -1 its transpose (the inverse), which is the backward.
@@ -48,4 +49,4 @@ template void rope_backward<float>(float*, const float*, const float*, int64_t, 
 template void rope_backward<double>(double*, const double*, const double*, int64_t, int64_t,
                                     int64_t, int64_t, int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

@@ -2,9 +2,10 @@
 #include <cmath>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 // sigmoid(g) from e = exp(-|g|) <= 1, which never overflows for large |g|.
 template <class T>
@@ -42,4 +43,4 @@ template void swiglu_backward<float>(float*, float*, const float*, const float*,
 template void swiglu_backward<double>(double*, double*, const double*, const double*, const double*,
                                       int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

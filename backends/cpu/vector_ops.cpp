@@ -6,10 +6,11 @@
 #include <string>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 template <class T>
 void fill(T* x, T value, int64_t N) {
@@ -112,4 +113,4 @@ template void sum_losses<double>(double*, int64_t*, const double*, const int32_t
 template bool all_finite<float>(const float*, int64_t);
 template bool all_finite<double>(const double*, int64_t);
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

@@ -4,10 +4,11 @@
 #include <string>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 
-namespace llama4d::ops {
+namespace llama4d::cpu {
 
 template <class T>
 void vocab_slice_max_and_target(T* row_max, T* target_logit, const T* logits, const int32_t* targets, int64_t BT,
@@ -57,4 +58,4 @@ LLAMA4D_VOCAB_PARALLEL(float)
 LLAMA4D_VOCAB_PARALLEL(double)
 #undef LLAMA4D_VOCAB_PARALLEL
 
-}  // namespace llama4d::ops
+}  // namespace llama4d::cpu

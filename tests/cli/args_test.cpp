@@ -33,6 +33,10 @@ TEST(CliArgs, OddValuesAreRefused) {
   }
   for (const char* cmd : {"verify --seed -1", "eval --seed -1", "generate --init-seed -1", "generate --seed -1"})
     expect_bad_input(run(cmd), "seed");
+  // A device this build has no backend for: refused by every command that computes, naming those it has.
+  for (const std::string& cmd : {kTrain + "--out " + tmp("device") + "/run", std::string("verify"), std::string("eval"),
+                                std::string("generate"), std::string("bench")})
+    expect_bad_input(run(cmd + " --device tpu"), "--device tpu: this build has no such compute backend (it has: cpu)");
 }
 
 // Each of these shapes only the ranks of a mesh; without one the run used to go ahead as a

@@ -173,6 +173,7 @@ TEST(Cli, TrainEvalGenerateJson) {
   // tiny: 2*264*64 + 2*(128 + 2*64*64 + 2*64*32 + 3*64*176) + 64 (tests/io/test_config.cpp).
   EXPECT_EQ(j.at("parameters").get<int64_t>(), 126'272);
   EXPECT_EQ(j.at("ranks").get<int>(), 1);
+  EXPECT_EQ(j.at("device").get<std::string>(), "cpu");
   EXPECT_EQ(j.at("plan").at("mesh_spec").get<std::string>(), "1 device");
   EXPECT_EQ(j.at("plan").at("world_size").get<int>(), 1);
   EXPECT_EQ(j.at("plan").at("zero").get<int>(), 0);
@@ -263,6 +264,7 @@ TEST(Cli, VerifyJsonReportsBitwiseEquivalence) {
   EXPECT_EQ(j.at("grad_norms_single"), j.at("grad_norms_parallel"));
   // What was asked for is what ran.
   EXPECT_EQ(j.at("ranks").get<int>(), 3);
+  EXPECT_EQ(j.at("device").get<std::string>(), "cpu");
   EXPECT_EQ(j.at("steps").get<int>(), 2);
   EXPECT_EQ(j.at("losses_single").size(), 2u);  // one loss per step
   EXPECT_EQ(j.at("grad_norms_parallel").size(), 2u);

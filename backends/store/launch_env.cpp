@@ -1,0 +1,51 @@
+#include "backends/store/launch_env.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace llama4d::store {
+
+namespace {
+
+const char* kRequired[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+
+// A whole decimal integer in [lo, hi], or InputError naming the variable.
+int parse_int(const char* name, const char* text, long lo, long hi) {
+  std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  long v = s.empty() ? 0 : std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || errno != 0 || *end != '\0' || v < lo || v > hi)
+    throw InputError(std::string(name) + "='" + s + "' is not a whole number in " + std::to_string(lo) + ".." +
+                     std::to_string(hi));
+  return int(v);
+}
+
+}  // namespace
+
+std::optional<LaunchEnv> launch_env(const GetEnv& get_fn) {
+  auto get = [&](const char* name) -> const char* { return get_fn ? get_fn(name) : std::getenv(name); };
+  int present = 0;
+  for (const char* name : kRequired) present += get(name) != nullptr;
+  if (present == 0) return std::nullopt;
+  for (const char* name : kRequired)
+    if (!get(name))
+      throw InputError(std::string(name) +
+                       " is not set: a torchrun-style launch sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                       "(and LOCAL_RANK) for every process");
+
+  LaunchEnv env;
+  env.world_size = parse_int("WORLD_SIZE", get("WORLD_SIZE"), 1, 1 << 20);
+  env.rank = parse_int("RANK", get("RANK"), 0, env.world_size - 1);
+  env.master_addr = get("MASTER_ADDR");
+  if (env.master_addr.empty()) throw InputError("MASTER_ADDR is empty");
+  env.master_port = parse_int("MASTER_PORT", get("MASTER_PORT"), 1, 65535);
+  if (const char* lws = get("LOCAL_WORLD_SIZE")) env.local_world_size = parse_int("LOCAL_WORLD_SIZE", lws, 1, env.world_size);
+  if (const char* lr = get("LOCAL_RANK"))
+    env.local_rank = parse_int("LOCAL_RANK", lr, 0, (env.local_world_size ? *env.local_world_size : env.world_size) - 1);
+  return env;
+}
+
+}  // namespace llama4d::store

@@ -1,0 +1,34 @@
+#pragma once
+// The torchrun-style launch: each process finds its place in the job from environment variables
+// (the names torchrun and torch.distributed's env:// use), instead of from mpirun.
+//
+//   RANK          this process's rank, 0 .. WORLD_SIZE-1
+//   WORLD_SIZE    processes in the job
+//   LOCAL_RANK    its index among the processes on its node (which GPU it takes); optional
+//   LOCAL_WORLD_SIZE  processes on its node; optional
+//   MASTER_ADDR   host of rank 0, which serves the rendezvous store
+//   MASTER_PORT   the store's TCP port
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace llama4d::store {
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  std::optional<int> local_rank;
+  std::optional<int> local_world_size;
+  std::string master_addr;
+  int master_port = 0;
+};
+
+using GetEnv = std::function<const char*(const char*)>;
+
+// Reads the variables through `get` (getenv by default). nullopt when none of RANK, WORLD_SIZE,
+// MASTER_ADDR and MASTER_PORT is set: the process was not launched this way. InputError naming
+// the variable when only some are set, or one is not a number in its range (RANK < WORLD_SIZE,
+// LOCAL_RANK < LOCAL_WORLD_SIZE, a port in 1..65535).
+std::optional<LaunchEnv> launch_env(const GetEnv& get = nullptr);
+
+}  // namespace llama4d::store
