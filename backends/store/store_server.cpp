@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <list>
@@ -117,7 +118,8 @@ struct StoreServer::State {
       }
     }
     if (next == Clock::time_point::max()) return -1;
-    return int(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) + 1;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+    return int(std::min<int64_t>(ms, 1 << 30));  // a wait of up to 2^32 ms must not overflow poll's int
   }
 };
 
