@@ -179,8 +179,13 @@ inline double attention_backward_flops(const AttentionShape& s) { return 2.5 * a
 // as flash attention does; also what context parallelism needs to merge partial results).
 // A query row with no visible key gets out = 0 and lse = -inf.
 // q[B, Tq, nh, hd], k[B, Tk, nkv, hd], v[B, Tk, nkv, hd]
+// InputError for a shape no backend can compute: negative sizes, nh not a multiple of nkv, a
+// kv_batch_stride below Tk * nkv * hd, exactly one of q_doc / k_doc. The forwarders check it, so
+// every backend refuses the same shapes with the same message.
+void check_attention_shape(const AttentionShape& s);
 template <class T>
 inline void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
+  check_attention_shape(s);
   if (thread_flop_sink()) report_flops(attention_forward_flops(s));  // with documents, counting costs O(B Tq Tk)
   kernels<T>().attention_forward(out, lse, q, k, v, s);
 }
@@ -190,9 +195,12 @@ inline void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
 template <class T>
 inline void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                                const T* out, const T* lse, const AttentionShape& s) {
+  check_attention_shape(s);
   if (thread_flop_sink()) report_flops(attention_backward_flops(s));
   kernels<T>().attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
+// InputError unless B, Tq >= 0 and nh, hd >= 1 (attention_merge's forwarder checks it).
+void check_merge_shape(int64_t B, int64_t Tq, int64_t nh, int64_t hd);
 // Combines attention over two disjoint sets of keys into attention over their union, in place:
 // out[B, Tq, nh, hd] and lse[B, nh, Tq] hold the result over one set, part_out / part_lse (same
 // shapes) the result over the other. Per row (b, i, h):
@@ -211,6 +219,7 @@ inline void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
 template <class T>
 inline void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq,
                             int64_t nh, int64_t hd) {
+  check_merge_shape(B, Tq, nh, hd);
   kernels<T>().attention_merge(out, lse, part_out, part_lse, B, Tq, nh, hd);
 }
 
@@ -438,6 +447,10 @@ struct Kernels {
 // partials, sum_losses' loss_sum and count) and the document ids of AttentionShape.
 struct ComputeBackend {
   const char* name = nullptr;  // "cpu", "cuda": the value of --device
+  // Why this backend cannot run on this machine (no GPU, no driver), or an empty string when
+  // it can. Asked when the backend is selected, so a linked backend without its hardware is
+  // refused with the reason instead of failing inside the first kernel.
+  std::string (*unusable_reason)() = nullptr;
   Kernels<float> f32;
   Kernels<double> f64;
 
@@ -451,8 +464,8 @@ struct ComputeBackend {
   // Returns the freed blocks the backend keeps to the system (torch.cuda.empty_cache's job):
   // before a phase that needs host memory instead, such as writing a checkpoint.
   void (*device_release_cached)() = nullptr;
-  // dst[bytes] = src[bytes] between device_alloc'd buffers (or host buffers on the CPU backend);
-  // the ranges must not overlap.
+  // dst[bytes] = src[bytes]; each side is this backend's memory or host memory (tokens come in
+  // from the host, checkpoints go out to it). The ranges must not overlap.
   void (*device_memcpy)(void* dst, const void* src, int64_t bytes) = nullptr;
 
   // Measures the peak fp32 GEMM rate: times the three products of a linear layer (forward,
@@ -477,7 +490,7 @@ inline constexpr int kMaxBackendThreads = 1024;
 void register_compute_backend(const ComputeBackend* backend);
 // Makes the backend named `name` active for every thread of the process. Call it before any
 // buffer is allocated: memory from one backend is not another's. InputError naming the linked
-// backends if `name` is not among them.
+// backends if `name` is not among them, and naming the reason when the backend cannot run here.
 void select_compute_backend(const std::string& name);
 // The names of the linked backends, in registration order.
 std::vector<std::string> compute_backend_names();
@@ -495,9 +508,11 @@ inline const Kernels<double>& kernels<double>() {
 
 inline void* device_alloc(int64_t bytes) { return compute_backend().device_alloc(bytes); }
 inline void device_free(void* p) { compute_backend().device_free(p); }
-                        inline void device_release_cached() { compute_backend().device_release_cached(); }
-                        inline void device_memcpy(void* dst, const void* src, int64_t bytes) { compute_backend().device_memcpy(dst, src, bytes); }
-                        inline double measure_peak_gemm_flops(int64_t n, double seconds) {
+inline void device_release_cached() { compute_backend().device_release_cached(); }
+inline void device_memcpy(void* dst, const void* src, int64_t bytes) {
+  compute_backend().device_memcpy(dst, src, bytes);
+}
+inline double measure_peak_gemm_flops(int64_t n, double seconds) {
   return compute_backend().measure_peak_gemm_flops(n, seconds);
 }
 // Name of the active compute backend ("cpu", "cuda") and its thread count, for reports.

@@ -25,7 +25,6 @@
 
 #include "backends/cpu/cpu_common.h"
 #include "backends/cpu/cpu_kernels.h"
-#include "core/error.h"
 #include "core/ops.h"
 
 namespace llama4d::cpu {
@@ -38,19 +37,6 @@ constexpr int64_t kParallelWork = 1 << 18;
 // Query positions per block: small enough to skip most of the masked triangle, large enough
 // (times the group size) to keep the GEMMs efficient.
 constexpr int64_t kBlockRows = 32;
-
-void check_shape(const AttentionShape& s) {
-  if (s.B < 0 || s.Tq < 0 || s.Tk < 0 || s.nh < 1 || s.nkv < 1 || s.hd < 1)
-    throw InputError("attention: sizes must be non-negative and heads/head_dim positive");
-  if (s.nh % s.nkv != 0)
-    throw InputError("attention: query heads (" + std::to_string(s.nh) +
-                     ") must be a multiple of key/value heads (" + std::to_string(s.nkv) + ")");
-  if (s.kv_batch_stride != 0 && s.kv_batch_stride < s.Tk * s.nkv * s.hd)
-    throw InputError("attention: kv_batch_stride " + std::to_string(s.kv_batch_stride) +
-                     " is smaller than Tk * nkv * hd");
-  if ((s.q_doc == nullptr) != (s.k_doc == nullptr))
-    throw InputError("attention: document ids need both q_doc and k_doc, or neither");
-}
 
 // Keys [lo, hi) of one KV view that a block of query rows scores.
 struct KeyRange {
@@ -148,7 +134,6 @@ void gather_rows(T* dst, const T* src, const Layout& L, int64_t b, int64_t g, in
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                        const AttentionShape& s) {
-  check_shape(s);
   const Layout L(s);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -216,7 +201,6 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s) {
-  check_shape(s);
   const Layout L(s);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
   // One item = (batch, KV head): it alone writes that head's dk/dv and its query heads' dq,
@@ -311,8 +295,6 @@ void merge_row(T* o, T& o_lse, const T* part, T part_lse, int64_t hd) {
 template <class T>
 void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq,
                      int64_t nh, int64_t hd) {
-  if (B < 0 || Tq < 0 || nh < 1 || hd < 1)
-    throw InputError("attention_merge: sizes must be non-negative and heads/head_dim positive");
   // Row (b, i, h) = index (b * Tq + i) * nh + h: its hd outputs are contiguous in out, its lse
   // sits at (b * nh + h) * Tq + i. Each row is merged by one thread, alone.
   const int64_t rows = B * Tq * nh;

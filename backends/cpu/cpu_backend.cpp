@@ -7,43 +7,6 @@
 
 namespace llama4d::cpu {
 
-template <class T>
-ops::Kernels<T> kernels() {
-  return {
-      .matmul_forward = &matmul_forward<T>,
-      .matmul_backward = &matmul_backward<T>,
-      .rmsnorm_forward = &rmsnorm_forward<T>,
-      .rmsnorm_backward = &rmsnorm_backward<T>,
-      .rope_forward = &rope_forward<T>,
-      .rope_backward = &rope_backward<T>,
-      .attention_forward = &attention_forward<T>,
-      .attention_backward = &attention_backward<T>,
-      .attention_merge = &attention_merge<T>,
-      .swiglu_forward = &swiglu_forward<T>,
-      .swiglu_backward = &swiglu_backward<T>,
-      .embedding_forward = &embedding_forward<T>,
-      .embedding_backward = &embedding_backward<T>,
-      .add_forward = &add_forward<T>,
-      .accumulate = &accumulate<T>,
-      .cross_entropy_forward = &cross_entropy_forward<T>,
-      .cross_entropy_backward = &cross_entropy_backward<T>,
-      .vocab_slice_max_and_target = &vocab_slice_max_and_target<T>,
-      .vocab_slice_sum_exp = &vocab_slice_sum_exp<T>,
-      .cross_entropy_from_stats = &cross_entropy_from_stats<T>,
-      .cross_entropy_backward_slice = &cross_entropy_backward_slice<T>,
-      .scale = &scale<T>,
-      .fill = &fill<T>,
-      .copy = &copy<T>,
-      .add_scaled = &add_scaled<T>,
-      .adamw_update = &adamw_update<T>,
-      .sum_squares_chunks = &sum_squares_chunks<T>,
-      .sum_losses = &sum_losses<T>,
-      .embedding_forward_rows = &embedding_forward_rows<T>,
-      .embedding_backward_rows = &embedding_backward_rows<T>,
-      .all_finite = &all_finite<T>,
-  };
-}
-
 namespace {
 
 int threads() {
@@ -67,8 +30,9 @@ void set_threads(int n) {
 
 const ops::ComputeBackend kCpu = {
     .name = "cpu",
-    .f32 = kernels<float>(),
-    .f64 = kernels<double>(),
+    .unusable_reason = [] { return std::string(); },  // any machine that runs this program
+    .f32 = kernel_table<float>(),
+    .f64 = kernel_table<double>(),
     .device_alloc = &device_alloc,
     .device_free = &device_free,
     .device_release_cached = &device_release_cached,

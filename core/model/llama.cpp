@@ -435,7 +435,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
                                   vocab->vocab_begin(), V);
       vocab->sum(st.x[0].data(), BT * C, "vocab-parallel embedding");
     } else {
-      ops::embedding_forward(st.x[0].data(), tokens, unit_params(embedding_unit()), BT, C);
+      ops::embedding_forward(st.x[0].data(), st.tokens.data(), unit_params(embedding_unit()), BT, C);
     }
     h.after_forward(embedding_unit());
   } else {
@@ -687,7 +687,10 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   a.allocate(memory_, d);
   Buffer<T> x(memory_, MemoryCategory::activations, B * Tn * C, "decode x");
   Buffer<T> y(memory_, MemoryCategory::activations, B * Tn * C, "decode x (next)");
-  ops::embedding_forward(x.data(), tokens, unit_params(embedding_unit()), B * Tn, C);
+  // The ids come from the host (the sampler); kernels read the backend's memory.
+  Buffer<int32_t> ids(memory_, MemoryCategory::activations, B * Tn, "decode token ids");
+  ops::device_memcpy(ids.data(), tokens, B * Tn * int64_t(sizeof(int32_t)));
+  ops::embedding_forward(x.data(), ids.data(), unit_params(embedding_unit()), B * Tn, C);
   for (int l = 0; l < num_layers(); ++l) {
     BlockKvCache<T> kv{cache.k[size_t(l)].data(), cache.v[size_t(l)].data(), cache.len, cache.max_len};
     block_forward(y.data(), a, block_params(l), x.data(), d, rope_, cache.len, comm_, &kv);

@@ -40,6 +40,7 @@ void register_compute_backend(const ComputeBackend* backend) {
   const std::string name = backend->name;
   if (!backend->device_alloc || !backend->device_free || !backend->device_release_cached ||
       !backend->device_memcpy || !backend->measure_peak_gemm_flops || !backend->threads || !backend->set_threads ||
+      !backend->unusable_reason ||
       missing_kernel(backend->f32) || missing_kernel(backend->f64))
     throw InputError("compute backend '" + name + "' leaves an entry of its table empty");
   Registry& r = registry();
@@ -57,6 +58,8 @@ void select_compute_backend(const std::string& name) {
   std::string linked;
   for (const ComputeBackend* b : r.backends) {
     if (name == b->name) {
+      const std::string why = b->unusable_reason();
+      if (!why.empty()) throw InputError("--device " + name + ": " + why);
       r.active.store(b);
       return;
     }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_test_util.h"
 
 namespace {
@@ -36,7 +38,22 @@ TEST(CliArgs, OddValuesAreRefused) {
   // A device this build has no backend for: refused by every command that computes, naming those it has.
   for (const std::string& cmd : {kTrain + "--out " + tmp("device") + "/run", std::string("verify"), std::string("eval"),
                                 std::string("generate"), std::string("bench")})
-    expect_bad_input(run(cmd + " --device tpu"), "--device tpu: this build has no such compute backend (it has: cpu)");
+    expect_bad_input(run(cmd + " --device tpu"), std::string("--device tpu: this build has no such compute backend ") +
+                                                     (LLAMA4D_CLI_CUDA ? "(it has: cpu, cuda)" : "(it has: cpu)"));
+}
+
+// --device cuda runs where the build has the CUDA backend and a GPU can run it; anywhere else it
+// is refused in one line that says why (no backend in this build, no GPU, no driver).
+TEST(CliArgs, CudaRunsOrSaysWhyNot) {
+  const Result r = run("verify --device cuda --mesh dp=2 --steps 2 --seq-len 32 --json");
+  if (r.code == 0) {
+    EXPECT_EQ(nlohmann::json::parse(r.out).at("device").get<std::string>(), "cuda") << r.out;
+    return;
+  }
+  expect_bad_input(r, LLAMA4D_CLI_CUDA ? "--device cuda: " : "--device cuda: this build has no such compute backend");
+  if (LLAMA4D_CLI_CUDA) {
+    EXPECT_EQ(r.err.find("no such compute backend"), std::string::npos) << r.err;
+  }
 }
 
 // Each of these shapes only the ranks of a mesh; without one the run used to go ahead as a

@@ -17,7 +17,8 @@ Both run in a scratch root (links to DIR's entries, build/release -> the build, 
 The shortening only lowers step counts and sizes (--steps, --iters, --max-bytes, evaluation
 windows; the lessons run on the tiny preset, which their own tests complement with small); every
 other flag, path and the order stay as written. A few commands are not run (skip()): they
-build or test the project itself, which is what CI runs around this test.
+build or test the project itself, which is what CI runs around this test, or need a GPU that
+the machine does not have.
 """
 import argparse
 import json
@@ -60,6 +61,8 @@ def skip(argv, as_written):
         return "runs the test suite, of which this test is part (CI runs it)"
     if prog in ("scripts/main.sh", "scripts/build.sh"):
         return "builds the project in the repository itself, not in a scratch root (CI builds it first)"
+    if "--device" in argv and argv[argv.index("--device") + 1] == "cuda" and not os.path.exists("/dev/nvidia0"):
+        return "needs a CUDA GPU, and this machine has none (tests/cuda and CliArgs.CudaRunsOrSaysWhyNot cover it)"
     if prog == "bench/compare_torch.sh" and not as_written:
         return "minutes: times PyTorch's training step against ours; run with --as-written"
     return None

@@ -1,0 +1,92 @@
+#pragma once
+// What the CUDA backend's kernel files share: errors, the stream an op runs on, launch sizes and
+// block-wide reductions in a fixed order.
+//
+// Streams and completion. Every op launches on cudaStreamPerThread: each virtual GPU is one
+// thread of the process, so ranks sharing a GPU queue their kernels on streams of their own.
+// Every op waits for its kernels before it returns (finish_op), and the memory is managed
+// (device_memory.cu), so host code that reads a buffer after an op (the harness, a checkpoint,
+// the virtual backend's reductions) sees its result, exactly as on the CPU backend. The price is
+// one stream synchronization per op; `llama4d bench --device cuda` measures what it costs.
+//
+// Determinism. No floating-point atomics: every output element is written by one thread that
+// sums in a fixed order, or by one block through block_reduce's fixed tree. The grid size
+// never changes which thread adds what, so a run repeats bit for bit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+
+namespace llama4d::cuda {
+
+// Throws Error("<what>: <CUDA's message>") unless e is cudaSuccess.
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+inline cudaStream_t stream() { return cudaStreamPerThread; }
+
+// Checks that the op's launches were accepted, then waits for them (see the header comment).
+inline void finish_op(const char* op) {
+  check(cudaGetLastError(), op);
+  check(cudaStreamSynchronize(stream()), op);
+}
+
+// Threads per block of the element-wise kernels and of the one-block-per-row reductions (a
+// power of two: block_reduce halves it).
+inline constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n elements: enough to fill an H100 (132 SMs x 2048
+// threads) several times over, never more than the elements need.
+inline unsigned grid_for(int64_t n, int threads = kThreads) {
+  const int64_t wanted = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<int64_t>(wanted, 1, 4096));
+}
+
+// Blocks for a one-block-per-row kernel that loops over rows with stride gridDim.x, so any row
+// count fits (at least one block, so a launch is always valid).
+inline unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 65535)); }
+
+// Index and stride of a grid-stride loop: for (i = first_index(); i < n; i += index_stride()).
+__device__ inline int64_t first_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t index_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
+struct SumOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// Reduces v over the block's threads (blockDim.x a power of two, at most 1024) in a fixed tree:
+// at each level thread i combines i and i + s, s = blockDim.x / 2 down to 1. Every thread gets
+// the result. `scratch` holds blockDim.x values; the call ends with the block synchronised, so
+// the same scratch can serve the next reduction.
+template <class T, class Op>
+__device__ T block_reduce(T v, T* scratch, Op op) {
+  const unsigned t = threadIdx.x;
+  scratch[t] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (t < s) scratch[t] = op(scratch[t], scratch[t + s]);
+    __syncthreads();
+  }
+  const T result = scratch[0];
+  __syncthreads();
+  return result;
+}
+
+// Shared memory for block_reduce of type T in a kernel templated on T (extern __shared__ arrays
+// of different types would clash): one aligned byte array viewed as T.
+template <class T>
+__device__ T* shared_scratch() {
+  extern __shared__ __align__(sizeof(double)) unsigned char shared_bytes[];
+  return reinterpret_cast<T*>(shared_bytes);
+}
+
+}  // namespace llama4d::cuda

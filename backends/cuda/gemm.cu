@@ -1,0 +1,173 @@
+// The linear layer's three products on the GPU, with a GEMM of our own, and the peak-rate probe.
+//
+// Why not cuBLAS: the equivalence harness needs every element of a product summed in an order
+// that depends on nothing but K. A tensor-parallel rank computes a slice of the columns, a
+// data-parallel rank a slice of the rows, and the replay must reproduce their bits; cuBLAS
+// picks its kernel (tile shape, split-K) from the whole shape, so a slice may be summed in
+// another order than the full product. This GEMM sums each element exactly as the CPU backend
+// documents for its own (backends/cpu/gemm.h): K in blocks of kGemmDepthBlock = 256, each block
+// accumulated from zero with one fused multiply-add per k, k ascending, then added to the
+// element. Its forward and input-gradient products are therefore bitwise the CPU backend's
+// wherever the CPU build fuses (every x86-64 with FMA); the weight gradient is summed over the
+// tokens without the CPU's depth chunks (which exist to give CPU threads work, gemm_tiling.h),
+// so it agrees to rounding. cuBLAS remains the route for bf16 tensor-core GEMMs, where the
+// harness compares with a tolerance anyway.
+//
+// The kernel: 64 x 64 output tiles, 256 threads each computing 4 x 4 elements from K slices of
+// 16 staged in shared memory (a slice never straddles a 256-block: 256 = 16 x 16).
+#include <algorithm>
+#include <chrono>
+
+#include "backends/cpu/gemm.h"
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace llama4d::cuda {
+namespace {
+
+constexpr int kTile = 64, kSlice = 16, kPerThread = 4;
+constexpr int kGemmThreads = (kTile / kPerThread) * (kTile / kPerThread);  // 256
+constexpr int64_t kDepthBlock = cpu::kGemmDepthBlock;
+static_assert(kDepthBlock % kSlice == 0, "a K slice must not straddle a depth block");
+
+__device__ inline float fused(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ inline double fused(double a, double b, double c) { return fma(a, b, c); }
+
+// Element (i, k) of the left operand at a[i * a_rows + k * a_depth]; element (k, j) of the right
+// one at b[k * b_depth + j * b_cols]: every transpose the linear layer needs, without copies.
+template <class T>
+struct Operands {
+  const T* a;
+  int64_t a_rows, a_depth;
+  const T* b;
+  int64_t b_depth, b_cols;
+};
+
+// out[M, N] (row-major) = or += A[M, K] * B[K, N].
+template <class T>
+__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(T* out, Operands<T> x, int64_t M, int64_t N, int64_t K,
+                                                            bool accumulate) {
+  // [k][row] and [k][col], a column of padding so that writes along k hit distinct banks.
+  __shared__ T a_tile[kSlice][kTile + 1];
+  __shared__ T b_tile[kSlice][kTile + 1];
+  const int tr = threadIdx.x / (kTile / kPerThread), tc = threadIdx.x % (kTile / kPerThread);
+  const int64_t row0 = int64_t(blockIdx.y) * kTile, col0 = int64_t(blockIdx.x) * kTile;
+
+  // total: the element so far (its old value when accumulating); acc: the current 256-block.
+  T total[kPerThread][kPerThread], acc[kPerThread][kPerThread];
+  bool started = accumulate;
+  for (int r = 0; r < kPerThread; ++r)
+    for (int c = 0; c < kPerThread; ++c) {
+      const int64_t i = row0 + tr * kPerThread + r, j = col0 + tc * kPerThread + c;
+      total[r][c] = accumulate && i < M && j < N ? out[i * N + j] : T(0);
+      acc[r][c] = T(0);
+    }
+
+  for (int64_t k0 = 0; k0 < K; k0 += kSlice) {
+    const int kc = int(K - k0 < kSlice ? K - k0 : kSlice);
+    // Neighbouring threads read neighbouring addresses: along k where an operand is contiguous
+    // in k, else along its rows (columns).
+    for (int e = threadIdx.x; e < kSlice * kTile; e += kGemmThreads) {
+      int kk = x.a_depth == 1 ? e % kSlice : e / kTile, ii = x.a_depth == 1 ? e / kSlice : e % kTile;
+      const int64_t i = row0 + ii;
+      a_tile[kk][ii] = i < M && kk < kc ? x.a[i * x.a_rows + (k0 + kk) * x.a_depth] : T(0);
+      kk = x.b_depth == 1 ? e % kSlice : e / kTile, ii = x.b_depth == 1 ? e / kSlice : e % kTile;
+      const int64_t j = col0 + ii;
+      b_tile[kk][ii] = j < N && kk < kc ? x.b[(k0 + kk) * x.b_depth + j * x.b_cols] : T(0);
+    }
+    __syncthreads();
+    for (int kk = 0; kk < kc; ++kk) {  // exactly the K present: no padded step touches a sum
+      T av[kPerThread], bv[kPerThread];
+      for (int r = 0; r < kPerThread; ++r) av[r] = a_tile[kk][tr * kPerThread + r];
+      for (int c = 0; c < kPerThread; ++c) bv[c] = b_tile[kk][tc * kPerThread + c];
+      for (int r = 0; r < kPerThread; ++r)
+        for (int c = 0; c < kPerThread; ++c) acc[r][c] = fused(av[r], bv[c], acc[r][c]);
+    }
+    __syncthreads();
+    const int64_t next = k0 + kc;
+    if (next % kDepthBlock == 0 || next == K) {  // a 256-block is complete: add it to the element
+      for (int r = 0; r < kPerThread; ++r)
+        for (int c = 0; c < kPerThread; ++c) {
+          total[r][c] = started ? total[r][c] + acc[r][c] : acc[r][c];
+          acc[r][c] = T(0);
+        }
+      started = true;
+    }
+  }
+  for (int r = 0; r < kPerThread; ++r)
+    for (int c = 0; c < kPerThread; ++c) {
+      const int64_t i = row0 + tr * kPerThread + r, j = col0 + tc * kPerThread + c;
+      if (i < M && j < N) out[i * N + j] = total[r][c];
+    }
+}
+
+template <class T>
+void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool accumulate, const char* op) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // an empty sum: zeros, or the element unchanged
+    if (!accumulate) check(cudaMemsetAsync(out, 0, size_t(M * N) * sizeof(T), stream()), op);
+    finish_op(op);
+    return;
+  }
+  const dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
+  if (grid.y > 65535) throw InputError(std::string(op) + ": more than 4 million rows in one product");
+  gemm_kernel<T><<<grid, kGemmThreads, 0, stream()>>>(out, x, M, N, K, accumulate);
+  finish_op(op);
+}
+
+}  // namespace
+
+// out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC) {
+  gemm<T>(out, {inp, C, 1, weight, 1, C}, BT, OC, C, false, "matmul_forward");
+}
+
+template <class T>
+void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT, int64_t C,
+                     int64_t OC) {
+  // dinp[BT, C] += dout[BT, OC] @ weight[OC, C]
+  if (dinp != nullptr) gemm<T>(dinp, {dout, OC, 1, weight, C, 1}, BT, C, OC, true, "matmul_backward (dinp)");
+  // dweight[OC, C] += dout[BT, OC]^T @ inp[BT, C]: a sum over the tokens
+  if (dweight != nullptr) gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, "matmul_backward (dweight)");
+}
+
+// The three products of an n x n linear layer, timed with CUDA events, repeated for about
+// `seconds`; the best rate seen (2 n^3 FLOPs per product).
+double measure_peak_gemm_flops(int64_t n, double seconds) {
+  if (n <= 0) throw InputError("measure_peak_gemm_flops: n must be > 0");
+  const int64_t elems = n * n;
+  float *x = nullptr, *w = nullptr, *y = nullptr, *dx = nullptr, *dw = nullptr;
+  for (float** p : {&x, &w, &y, &dx, &dw})
+    check(cudaMalloc(p, size_t(elems) * sizeof(float)), "measure_peak_gemm_flops");
+  for (float* p : {x, w, y, dx, dw}) check(cudaMemset(p, 0, size_t(elems) * sizeof(float)), "measure_peak_gemm_flops");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "measure_peak_gemm_flops");
+  check(cudaEventCreate(&stop), "measure_peak_gemm_flops");
+  double best = 0, spent = 0;
+  const auto begin = std::chrono::steady_clock::now();
+  do {
+    check(cudaEventRecord(start, stream()), "measure_peak_gemm_flops");
+    matmul_forward<float>(y, x, w, n, n, n);
+    matmul_backward<float>(dx, dw, y, x, w, n, n, n);
+    check(cudaEventRecord(stop, stream()), "measure_peak_gemm_flops");
+    check(cudaEventSynchronize(stop), "measure_peak_gemm_flops");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "measure_peak_gemm_flops");
+    if (ms > 0) best = std::max(best, 3.0 * 2.0 * double(n) * double(n) * double(n) / (double(ms) * 1e-3));
+    spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  } while (spent < seconds);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (float* p : {x, w, y, dx, dw}) cudaFree(p);
+  return best;
+}
+
+template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
+template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t);
+template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t,
+                                     int64_t);
+template void matmul_backward<double>(double*, double*, const double*, const double*, const double*, int64_t,
+                                      int64_t, int64_t);
+
+}  // namespace llama4d::cuda

@@ -1,0 +1,145 @@
+// Fills, copies, axpy, the chunked sums of squares, the loss sum and the finiteness check.
+// Compiled with --fmad=false (CMakeLists.txt), as the CPU's vector_ops.cpp is with
+// -ffp-contract=off: a*b+c is rounded twice, never fused, so add_scaled and the sums of squares
+// give the CPU backend's bits and core/optim's sharded norm reproduces them.
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "core/error.h"
+
+namespace llama4d::cuda {
+namespace {
+
+template <class T>
+__global__ void fill_kernel(T* x, T value, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += index_stride()) x[i] = value;
+}
+
+template <class T>
+__global__ void add_scaled_kernel(T* y, const T* x, T a, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += index_stride()) y[i] += a * x[i];
+}
+
+// One thread per chunk, in the order ops.h fixes: element i of the chunk goes to accumulator
+// i % 8, and the eight are added accumulator 0 first, all in double.
+template <class T>
+__global__ void sum_squares_kernel(double* partials, const T* x, int64_t n, int64_t chunk, int64_t chunks) {
+  for (int64_t k = first_index(); k < chunks; k += index_stride()) {
+    const int64_t begin = k * chunk, end = begin + chunk < n ? begin + chunk : n;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = begin; i < end; ++i) {
+      const double v = static_cast<double>(x[i]);
+      lane[(i - begin) % 8] += v * v;
+    }
+    double s = 0.0;
+    for (int j = 0; j < 8; ++j) s += lane[j];
+    partials[k] = s;
+  }
+}
+
+// Sets *bad when an element is NaN or infinite. Threads that find one all store the same 1: an
+// integer flag, not a floating-point reduction, so the outcome does not depend on their order.
+template <class T>
+__global__ void finite_kernel(int* bad, const T* x, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += index_stride())
+    if (!isfinite(x[i])) *bad = 1;
+}
+
+// A small device buffer for one op's results, freed in stream order.
+template <class T>
+class Scratch {
+ public:
+  explicit Scratch(int64_t n) { check(cudaMallocAsync(&p_, size_t(n) * sizeof(T), stream()), "scratch allocation"); }
+  ~Scratch() { cudaFreeAsync(p_, stream()); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+};
+
+}  // namespace
+
+template <class T>
+void fill(T* x, T value, int64_t N) {
+  if (N <= 0) return;
+  fill_kernel<<<grid_for(N), kThreads, 0, stream()>>>(x, value, N);
+  finish_op("fill");
+}
+
+template <class T>
+void copy(T* dst, const T* src, int64_t N) {
+  if (N <= 0) return;
+  check(cudaMemcpyAsync(dst, src, size_t(N) * sizeof(T), cudaMemcpyDefault, stream()), "copy");
+  finish_op("copy");
+}
+
+template <class T>
+void add_scaled(T* y, const T* x, T a, int64_t N) {
+  if (N <= 0) return;
+  add_scaled_kernel<<<grid_for(N), kThreads, 0, stream()>>>(y, x, a, N);
+  finish_op("add_scaled");
+}
+
+// partials is host memory (ops.h): the chunk sums are computed on the device and copied back.
+template <class T>
+void sum_squares_chunks(double* partials, const T* x, int64_t N, int64_t chunk) {
+  if (chunk <= 0) throw InputError("sum_squares_chunks: chunk must be > 0, got " + std::to_string(chunk));
+  const int64_t chunks = (N + chunk - 1) / chunk;
+  if (chunks == 0) return;
+  Scratch<double> device_partials(chunks);
+  sum_squares_kernel<<<grid_for(chunks, 128), 128, 0, stream()>>>(device_partials.get(), x, N, chunk, chunks);
+  check(cudaMemcpyAsync(partials, device_partials.get(), size_t(chunks) * sizeof(double), cudaMemcpyDefault, stream()),
+        "sum_squares_chunks");
+  finish_op("sum_squares_chunks");
+}
+
+// loss_sum and count are host memory, and ops.h fixes the row order of the sum: the BT losses
+// and targets (a few thousand values) come to the host and are added there, in row order.
+template <class T>
+void sum_losses(double* loss_sum, int64_t* count, const T* losses, const int32_t* targets, int64_t BT) {
+  std::vector<T> l(size_t(std::max<int64_t>(BT, 0)));
+  std::vector<int32_t> t(l.size());
+  if (BT > 0) {
+    check(cudaMemcpyAsync(l.data(), losses, l.size() * sizeof(T), cudaMemcpyDefault, stream()), "sum_losses");
+    check(cudaMemcpyAsync(t.data(), targets, t.size() * sizeof(int32_t), cudaMemcpyDefault, stream()), "sum_losses");
+    finish_op("sum_losses");
+  }
+  double sum = 0.0;
+  int64_t n = 0;
+  for (size_t i = 0; i < l.size(); ++i)
+    if (t[i] >= 0) {
+      sum += static_cast<double>(l[i]);
+      ++n;
+    }
+  *loss_sum = sum;
+  *count = n;
+}
+
+template <class T>
+bool all_finite(const T* x, int64_t N) {
+  if (N <= 0) return true;
+  Scratch<int> bad(1);
+  check(cudaMemsetAsync(bad.get(), 0, sizeof(int), stream()), "all_finite");
+  finite_kernel<<<grid_for(N), kThreads, 0, stream()>>>(bad.get(), x, N);
+  int host_bad = 0;
+  check(cudaMemcpyAsync(&host_bad, bad.get(), sizeof(int), cudaMemcpyDefault, stream()), "all_finite");
+  finish_op("all_finite");
+  return host_bad == 0;
+}
+
+#define LLAMA4D_INSTANTIATE(T)                                                               \
+  template void fill<T>(T*, T, int64_t);                                                     \
+  template void copy<T>(T*, const T*, int64_t);                                              \
+  template void add_scaled<T>(T*, const T*, T, int64_t);                                     \
+  template void sum_squares_chunks<T>(double*, const T*, int64_t, int64_t);                  \
+  template void sum_losses<T>(double*, int64_t*, const T*, const int32_t*, int64_t);         \
+  template bool all_finite<T>(const T*, int64_t);
+LLAMA4D_INSTANTIATE(float)
+LLAMA4D_INSTANTIATE(double)
+#undef LLAMA4D_INSTANTIATE
+
+}  // namespace llama4d::cuda

@@ -1,0 +1,130 @@
+// Element-wise ops, SwiGLU, the vector ops and AdamW on the GPU against the CPU backend. The
+// ops both backends compute without fused multiply-adds (add_scaled, the sums of squares, the
+// loss sum, AdamW; see backends/cuda/CMakeLists.txt) must agree bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/ops.h"
+#include "cuda_test_util.h"
+
+namespace llama4d {
+namespace {
+
+using test::DeviceBuffer;
+using test::OnGpu;
+
+template <class T>
+class CudaVectorOps : public ::testing::Test {};
+using Types = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(CudaVectorOps, Types);
+
+constexpr int64_t kN = 100003;  // odd, several blocks, a grid-stride remainder
+
+TYPED_TEST(CudaVectorOps, ElementwiseAndSwiGluMatchTheCpu) {
+  using T = TypeParam;
+  LLAMA4D_REQUIRE_GPU();
+  const auto a = test::random_values<T>(kN, 1, -4, 4), b = test::random_values<T>(kN, 2), c = test::random_values<T>(kN, 3);
+  // CPU references.
+  std::vector<T> add(kN), acc = c, scaled = a, swi(kN), dgate = b, dup = c;
+  ops::add_forward(add.data(), a.data(), b.data(), kN);
+  ops::accumulate(acc.data(), a.data(), kN);
+  ops::scale(scaled.data(), T(0.37), kN);
+  ops::swiglu_forward(swi.data(), a.data(), b.data(), kN);
+  ops::swiglu_backward(dgate.data(), dup.data(), c.data(), a.data(), b.data(), kN);
+
+  OnGpu gpu;
+  DeviceBuffer<T> da(a), db(b), dc(c), out(kN), dacc(c), dscaled(a), dg(b), du(c);
+  ops::add_forward(out.data(), da.data(), db.data(), kN);
+  test::expect_bitwise(out.host(), add, "add_forward");
+  ops::accumulate(dacc.data(), da.data(), kN);
+  test::expect_bitwise(dacc.host(), acc, "accumulate");
+  ops::scale(dscaled.data(), T(0.37), kN);
+  test::expect_bitwise(dscaled.host(), scaled, "scale");
+  ops::swiglu_forward(out.data(), da.data(), db.data(), kN);
+  test::expect_close(out.host(), swi, "swiglu_forward");
+  ops::swiglu_backward(dg.data(), du.data(), dc.data(), da.data(), db.data(), kN);
+  test::expect_close(dg.host(), dgate, "swiglu_backward dgate");
+  test::expect_close(du.host(), dup, "swiglu_backward dup");
+}
+
+TYPED_TEST(CudaVectorOps, FillCopyAndAxpyAreBitwise) {
+  using T = TypeParam;
+  LLAMA4D_REQUIRE_GPU();
+  const auto x = test::random_values<T>(kN, 4), y = test::random_values<T>(kN, 5);
+  std::vector<T> axpy = y;
+  for (int64_t i = 0; i < kN; ++i) axpy[size_t(i)] += T(-1.7) * x[size_t(i)];  // rounded twice (-ffp-contract=off)
+  OnGpu gpu;
+  DeviceBuffer<T> dx(x), dy(y), d(kN);
+  ops::add_scaled(dy.data(), dx.data(), T(-1.7), kN);
+  test::expect_bitwise(dy.host(), axpy, "add_scaled");
+  ops::fill(d.data(), T(2.5), kN);
+  test::expect_bitwise(d.host(), std::vector<T>(kN, T(2.5)), "fill");
+  ops::copy(d.data(), dx.data(), kN);
+  test::expect_bitwise(d.host(), x, "copy");
+}
+
+TYPED_TEST(CudaVectorOps, SumsOfSquaresAndLossesAreBitwise) {
+  using T = TypeParam;
+  LLAMA4D_REQUIRE_GPU();
+  const auto x = test::random_values<T>(kN, 6, -3, 3);
+  const int64_t chunk = 4099, chunks = (kN + chunk - 1) / chunk;
+  std::vector<double> want(static_cast<size_t>(chunks)), got(static_cast<size_t>(chunks));
+  ops::sum_squares_chunks(want.data(), x.data(), kN, chunk);
+  const int64_t BT = 777;
+  const auto losses = test::random_values<T>(BT, 7, 0, 10);
+  std::vector<int32_t> targets(BT);
+  for (int64_t i = 0; i < BT; ++i) targets[size_t(i)] = i % 5 == 0 ? -1 : int32_t(i % 31);
+  double want_sum = 0, got_sum = 0;
+  int64_t want_count = 0, got_count = 0;
+  ops::sum_losses(&want_sum, &want_count, losses.data(), targets.data(), BT);
+
+  OnGpu gpu;
+  DeviceBuffer<T> dx(x), dl(losses);
+  DeviceBuffer<int32_t> dt(targets);
+  ops::sum_squares_chunks(got.data(), dx.data(), kN, chunk);  // partials are host memory
+  test::expect_bitwise(got, want, "sum_squares_chunks");
+  ops::sum_losses(&got_sum, &got_count, dl.data(), dt.data(), BT);
+  EXPECT_EQ(std::memcmp(&got_sum, &want_sum, sizeof(double)), 0) << got_sum << " vs " << want_sum;
+  EXPECT_EQ(got_count, want_count);
+  EXPECT_THROW(ops::sum_squares_chunks(got.data(), dx.data(), kN, 0), InputError);
+}
+
+TYPED_TEST(CudaVectorOps, AllFiniteFindsOneBadElement) {
+  using T = TypeParam;
+  LLAMA4D_REQUIRE_GPU();
+  auto x = test::random_values<T>(kN, 8);
+  OnGpu gpu;
+  {
+    DeviceBuffer<T> d(x);
+    EXPECT_TRUE(ops::all_finite(d.data(), kN));
+  }
+  for (T bad : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()}) {
+    x[kN - 1] = bad;  // the very last element: the grid-stride remainder
+    DeviceBuffer<T> d(x);
+    EXPECT_FALSE(ops::all_finite(d.data(), kN)) << bad;
+  }
+  EXPECT_TRUE(ops::all_finite<T>(nullptr, 0));
+}
+
+// AdamW<T>::step's expressions, element by element, as the update must compute them.
+TYPED_TEST(CudaVectorOps, AdamWIsBitwiseTheCpuUpdate) {
+  using T = TypeParam;
+  LLAMA4D_REQUIRE_GPU();
+  auto w = test::random_values<T>(kN, 9), m = test::random_values<T>(kN, 10, -0.1, 0.1),
+       v = test::random_values<T>(kN, 11, 0, 0.01), g = test::random_values<T>(kN, 12);
+  const ops::AdamWStep<T> s = ops::adamw_step_scalars<T>(3e-4, 0.9, 0.95, 1e-8, 0.1, 7, true);
+  auto w_cpu = w, m_cpu = m, v_cpu = v;
+  ops::adamw_update(w_cpu.data(), m_cpu.data(), v_cpu.data(), g.data(), kN, s);
+  OnGpu gpu;
+  DeviceBuffer<T> dw(w), dm(m), dv(v), dg(g);
+  ops::adamw_update(dw.data(), dm.data(), dv.data(), dg.data(), kN, s);
+  test::expect_bitwise(dw.host(), w_cpu, "adamw w");
+  test::expect_bitwise(dm.host(), m_cpu, "adamw m");
+  test::expect_bitwise(dv.host(), v_cpu, "adamw v");
+}
+
+}  // namespace
+}  // namespace llama4d
