@@ -328,12 +328,15 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {
     if (cmd->get_subcommands().size() > 0) return;  // `bench comm` ran instead
+    if (a->threads_sweep && a->compute.device != "cpu")
+      throw InputError("--threads-sweep sweeps the CPU backend's threads; it does not take --device " + a->compute.device);
+    // Off the CPU the peak is the device's own GEMM; a CPU BLAS beside it would measure nothing.
+    if (cmd->count("--reference-blas") > 0 && a->compute.device != "cpu")
+      throw InputError("--reference-blas is the CPU backend's yardstick; it does not take --device " + a->compute.device);
     use_compute(a->compute);
     a->launch.validate(a->parallel.parallel());
     if (a->threads_sweep && a->parallel.parallel())
       throw InputError("--threads-sweep times the single-rank step; it does not take --mesh");
-    if (a->threads_sweep && a->compute.device != "cpu")
-      throw InputError("--threads-sweep sweeps the CPU backend's threads; it does not take --device " + a->compute.device);
     const nlohmann::json result = a->model.fp64() ? run_bench<double>(*a) : run_bench<float>(*a);
     if (a->json && !result.is_null()) print_json(result);
   });

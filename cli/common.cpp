@@ -107,6 +107,10 @@ void use_compute(const ComputeChoice& c) {
   if (c.threads < 0)
     throw InputError("--threads " + std::to_string(c.threads) + ": use 0 (all cores) or a count in [1, " +
                      std::to_string(ops::kMaxBackendThreads) + "]");
+  // Threads are the CPU backend's: GPU kernels would take the count and use no host thread.
+  if (c.threads > 0 && c.device != "cpu")
+    throw InputError("--threads " + std::to_string(c.threads) + " sets the CPU backend's compute threads; --device " +
+                     c.device + " does not use them (drop --threads)");
   ops::select_compute_backend(c.device);
   if (c.threads > 0) ops::set_backend_threads(c.threads);
 }

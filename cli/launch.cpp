@@ -17,12 +17,18 @@
 #ifdef LLAMA4D_HAVE_MPI
 #include "backends/mpi/mpi_session.h"
 #endif
+#ifdef LLAMA4D_HAVE_NCCL
+#include "backends/nccl/nccl_session.h"
+#include "backends/store/rendezvous.h"
+#endif
 
 namespace llama4d::cli {
 
 void LaunchOptions::add_options(CLI::App& cmd) {
-  cmd.add_option("--backend", backend, "virtual: ranks are threads (virtual GPUs); mpi: ranks are processes (mpirun)")
-      ->check(CLI::IsMember({"virtual", "mpi"}))
+  cmd.add_option("--backend", backend,
+                 "virtual: ranks are threads (virtual GPUs); mpi: ranks are processes (mpirun); nccl: one process per "
+                 "GPU (--device cuda; mpirun or torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)")
+      ->check(CLI::IsMember({"virtual", "mpi", "nccl"}))
       ->capture_default_str();
   cmd.add_option("--algo", algo, "reduction order: ordered (bitwise reproducible) or ring (NCCL's)")
       ->check(CLI::IsMember({"ordered", "ring"}))
@@ -52,6 +58,14 @@ void LaunchOptions::validate(bool parallel) const {
 #ifndef LLAMA4D_HAVE_MPI
   if (backend == "mpi") throw InputError("--backend mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
+#ifndef LLAMA4D_HAVE_NCCL
+  if (backend == "nccl") throw InputError("--backend nccl: this build has no NCCL backend (it needs CUDA's nvcc and nccl.h)");
+#endif
+  if (backend == "nccl" && std::string_view(ops::backend_name()) != "cuda") {
+    if (cmd_ && !cmd_->get_option_no_throw("--device"))
+      throw InputError("--backend nccl: '" + cmd_->get_name() + "' computes on the CPU only; use --backend virtual or mpi");
+    throw InputError("--backend nccl moves GPU memory: add --device cuda");
+  }
   // Found now, not after the whole run has been computed.
   if (!trace.empty()) check_writable_file(trace, "--trace");
 }
@@ -98,14 +112,74 @@ struct RankLaunch::Impl {
 #ifdef LLAMA4D_HAVE_MPI
   std::unique_ptr<MpiSession> mpi;
 #endif
+#ifdef LLAMA4D_HAVE_NCCL
+  std::unique_ptr<store::Rendezvous> rdzv;  // torchrun-style launch: the store the ids went through
+  std::unique_ptr<NcclSession> nccl;
+  void start_nccl(int ranks, const ClusterSpec& spec, ReduceAlgo algo);
+#endif
+  // This process's accounting when its ranks are processes (MPI, NCCL); null for virtual GPUs.
+  RankAccounting* process_accounting() const {
+#ifdef LLAMA4D_HAVE_NCCL
+    if (nccl) return &nccl->accounting();
+#endif
+#ifdef LLAMA4D_HAVE_MPI
+    if (mpi) return &mpi->accounting();
+#endif
+    return nullptr;
+  }
 };
+
+#ifdef LLAMA4D_HAVE_NCCL
+void RankLaunch::Impl::start_nccl(int ranks, const ClusterSpec& spec, ReduceAlgo algo) {
+  NcclOptions no;
+  no.algo = algo;
+  no.timeout = std::chrono::seconds(opt.timeout_s);
+  no.cluster = spec;
+  NcclBootstrap boot;
+  if (const std::optional<store::LaunchEnv> env = store::launch_env()) {
+    rdzv = std::make_unique<store::Rendezvous>(*env, no.timeout);
+    boot = bootstrap_from_store(*rdzv, env->local_rank);
+  } else if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK")) {
+#ifdef LLAMA4D_HAVE_MPI
+    MpiOptions mo;
+    mo.timeout = no.timeout;
+    mo.cluster = spec;
+    mpi = std::make_unique<MpiSession>(mo);
+    std::optional<int> local;
+    if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
+    boot = bootstrap_from_group(mpi->world(), local);
+#else
+    throw InputError("--backend nccl under mpirun: this build has no MPI to exchange NCCL's id (use torchrun-style "
+                     "variables RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT instead)");
+#endif
+  } else if (ranks == 1) {
+    boot.broadcast = [](const std::vector<uint8_t>& ids) { return ids; };  // a world of one: nobody to tell
+  } else {
+    throw InputError("--backend nccl: the mesh needs " + std::to_string(ranks) +
+                     " processes, one per GPU: start them with mpirun -np " + std::to_string(ranks) +
+                     " or with torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK)");
+  }
+  nccl = std::make_unique<NcclSession>(no, boot);
+}
+#endif
 
 RankLaunch::RankLaunch(const LaunchOptions& opt) : impl_(std::make_unique<Impl>()) {
   impl_->opt = opt;
   opt.validate(true);
 }
 
-RankLaunch::~RankLaunch() = default;
+RankLaunch::~RankLaunch() {
+#ifdef LLAMA4D_HAVE_NCCL
+  // Rank 0's store serves until every rank said it is done (bounded by the timeout).
+  if (impl_->rdzv && std::uncaught_exceptions() == 0) {
+    impl_->nccl.reset();
+    try {
+      impl_->rdzv->finish();
+    } catch (const Error&) {
+    }
+  }
+#endif
+}
 
 void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& fn) {
   const LaunchOptions& o = impl_->opt;
@@ -130,6 +204,17 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
     if (!o.trace.empty()) impl_->cluster->write_trace(o.trace);
     return;
   }
+#ifdef LLAMA4D_HAVE_NCCL
+  if (o.backend == "nccl") {
+    if (!impl_->nccl) impl_->start_nccl(ranks, spec, algo);
+    if (impl_->nccl->size() != ranks)
+      throw InputError("the mesh needs " + std::to_string(ranks) + " ranks but the job has " +
+                       std::to_string(impl_->nccl->size()) + " processes (one per GPU)");
+    ops::ScopedFlopSink flops(&impl_->nccl->accounting().trace);
+    fn(impl_->nccl->world());
+    return;
+  }
+#endif
 #ifdef LLAMA4D_HAVE_MPI
   if (!impl_->mpi) {
     MpiOptions mo;
@@ -153,18 +238,14 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
 }
 
 bool RankLaunch::reporting() const {
-#ifdef LLAMA4D_HAVE_MPI
-  if (impl_->mpi) return impl_->mpi->rank() == 0;
-#endif
-  return true;
+  const RankAccounting* acc = impl_->process_accounting();
+  return !acc || acc->trace.rank() == 0;
 }
 
 nlohmann::json RankLaunch::traffic_totals() const {
   std::vector<TrafficRecord> records;
   if (impl_->cluster) records = impl_->cluster->traffic();
-#ifdef LLAMA4D_HAVE_MPI
-  if (impl_->mpi) records = impl_->mpi->accounting().traffic.records();
-#endif
+  if (const RankAccounting* acc = impl_->process_accounting()) records = acc->traffic.records();
   std::map<int, std::pair<int64_t, int64_t>> per_rank;
   std::map<std::string, int64_t> per_op;
   int64_t total = 0;
@@ -182,9 +263,7 @@ nlohmann::json RankLaunch::traffic_totals() const {
 std::vector<const RankTrace*> RankLaunch::traces() const {
   std::vector<const RankTrace*> traces;
   if (impl_->cluster) traces = impl_->cluster->traces();
-#ifdef LLAMA4D_HAVE_MPI
-  if (impl_->mpi) traces = {&impl_->mpi->accounting().trace};
-#endif
+  if (const RankAccounting* acc = impl_->process_accounting()) traces = {&acc->trace};
   return traces;
 }
 
@@ -204,9 +283,7 @@ nlohmann::json RankLaunch::simulated_per_step(int64_t steps) const {
 
 std::string RankLaunch::summary() const {
   if (impl_->cluster) return impl_->cluster->traffic_summary() + "\n" + impl_->cluster->rank_summary();
-#ifdef LLAMA4D_HAVE_MPI
-  if (impl_->mpi) return format_traffic_summary(impl_->mpi->accounting().traffic.records());
-#endif
+  if (const RankAccounting* acc = impl_->process_accounting()) return format_traffic_summary(acc->traffic.records());
   return "";
 }
 

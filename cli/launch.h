@@ -1,6 +1,6 @@
 #pragma once
 // How the CLI runs a function on N ranks: as N virtual GPUs (threads of this process) or as the
-// ranks of an MPI job (this process is one of them; start it with mpirun -np N).
+// ranks of an MPI or NCCL job (this process is one of them; one process per rank, or per GPU).
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,7 +14,7 @@
 namespace llama4d::cli {
 
 struct LaunchOptions {
-  std::string backend = "virtual";  // virtual | mpi
+  std::string backend = "virtual";  // virtual | mpi | nccl
   std::string algo = "ordered";     // ordered | ring
   int gpus_per_node = 8;
   double hbm_gib = 0;               // per-rank capacity of the virtual GPUs; 0 = unlimited

@@ -3,6 +3,7 @@
 //   0 success · 1 internal/runtime failure · 2 bad input (flags, files, configs, checkpoints)
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -12,6 +13,11 @@
 
 int main(int argc, char** argv) {
   llama4d::cli::prefer_passive_waits_under_mpirun(argv);
+  // CUDA loads a kernel's module at its first launch by default, and that load may wait for the
+  // whole device: behind an NCCL transfer that waits for a peer, the wait has no deadline. Every
+  // module is loaded when CUDA starts instead (a user's own setting stands). Read once, when the
+  // first CUDA call initialises the driver, so it is set before anything else.
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   CLI::App app{"llama4d: Llama 3 training, one rank or many virtual GPUs"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "llama4d 0.1");

@@ -159,7 +159,6 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   // Where [p, p + bytes) lies in this group's symmetric memory: (window, offset), or (-1, 0).
   std::pair<int32_t, int64_t> find_symmetric(const void* p, int64_t bytes) const;
 
-  std::string where(const CommCall& call, int64_t seq) const;
   [[noreturn]] void fail(const std::string& message);
 
   MpiSession::Impl& s_;
@@ -173,9 +172,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   std::vector<PeerBuffers> peers_;   // the current node-local collective's buffers, by group rank
   std::vector<Mapped> mapped_;
   std::vector<unsigned char> staging_;
-  std::atomic<int64_t> next_seq_{0};
   std::map<std::vector<int>, int> creations_;               // comm thread only
-  std::map<std::tuple<int, int, bool>, int64_t> p2p_seq_;  // comm thread only
 };
 
 }  // namespace mpi_detail

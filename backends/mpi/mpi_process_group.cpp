@@ -51,12 +51,6 @@ MpiProcessGroup::MpiProcessGroup(Info info, MpiSession::Impl& session, MPI_Comm 
   probe_single_copy(node_size == size());  // same node: true on every member or on none
 }
 
-std::string MpiProcessGroup::where(const CommCall& call, int64_t seq) const {
-  std::string s = describe(call);
-  if (seq >= 0) s += " #" + std::to_string(seq);
-  return s + " on group '" + name() + "'";
-}
-
 void MpiProcessGroup::fail(const std::string& message) {
   s_.broken = true;
   throw CommError(message);
@@ -66,24 +60,13 @@ std::shared_ptr<Work> MpiProcessGroup::submit(CommCall call) {
   if (call.op == CommOp::send || call.op == CommOp::recv) {
     if (call.tag < 0 || call.tag > 32767) throw InputError("mpi: tags must be in [0, 32767], got " + std::to_string(call.tag));
   }
-  const double issue_us = trace().sim_now_us();
-  const bool p2p = call.op == CommOp::send || call.op == CommOp::recv;
-  const int64_t seq = p2p ? -1 : next_seq_++;
-  auto sim_end = std::make_shared<double>(issue_us);
-  std::string description = describe(call);
-  std::string waited_for = description;  // names the compute lane's wait, if there is one
   auto self = shared_from_this();
-  auto task = [self, call = std::move(call), seq, issue_us, sim_end] {
+  return submit_on(s_.stream, std::move(call), [self](const CommCall& c, int64_t seq, double issue_us) {
     if (self->s_.broken) throw CommError("mpi: session unusable after an earlier communication failure");
-    if (call.op == CommOp::send)
-      *sim_end = self->run_send(call, issue_us);
-    else if (call.op == CommOp::recv)
-      *sim_end = self->run_recv(call, issue_us);
-    else
-      *sim_end = self->run_collective(call, seq, issue_us);
-  };
-  RankAccounting* acc = &accounting();
-  return s_.stream.submit(std::move(description), std::move(task), [acc, sim_end, waited_for] { acc->trace.join_comm(*sim_end, waited_for); });
+    if (c.op == CommOp::send) return self->run_send(c, issue_us);
+    if (c.op == CommOp::recv) return self->run_recv(c, issue_us);
+    return self->run_collective(c, seq, issue_us);
+  });
 }
 
 void MpiProcessGroup::isend(std::vector<Request>& reqs, const void* buf, int64_t bytes, int peer, int tag,
@@ -466,7 +449,7 @@ double MpiProcessGroup::run_send(const CommCall& call, double issue_us) {
   s_.pending_sends.push_back(std::move(pending));
   s_.progress_sends();
   const CommPlan plan = plan_p2p(cluster(), world_ranks(), rank(), call.peer, bytes);
-  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, true}]++, wall0, ready, ready, ready + plan.sim_us);
+  record_comm(call, plan, next_message_index(call), wall0, ready, ready, ready + plan.sim_us);
   return ready + plan.sim_us;
 }
 
@@ -490,7 +473,7 @@ double MpiProcessGroup::run_recv(const CommCall& call, double issue_us) {
   // The sender's departure time is not known here: the transfer is modelled from this rank's
   // ready time.
   const CommPlan plan = plan_p2p(cluster(), world_ranks(), call.peer, rank(), bytes);
-  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, false}]++, wall0, ready, ready, ready + plan.sim_us);
+  record_comm(call, plan, next_message_index(call), wall0, ready, ready, ready + plan.sim_us);
   return ready + plan.sim_us;
 }
 
@@ -501,10 +484,7 @@ std::shared_ptr<ProcessGroup> MpiProcessGroup::make_group(const std::vector<int>
       .submit("new_group " + name,
               [self, members, name, result] {
                 MpiProcessGroup& pg = *self;
-                std::vector<int> group_ranks;  // members as ranks of this group
-                for (int w : members)
-                  group_ranks.push_back(int(std::find(pg.world_ranks().begin(), pg.world_ranks().end(), w) -
-                                            pg.world_ranks().begin()));
+                const std::vector<int> group_ranks = pg.group_ranks_of(members);
                 MPI_Group parent, sub;
                 check_mpi(MPI_Comm_group(pg.coll_, &parent), "MPI_Comm_group");
                 check_mpi(MPI_Group_incl(parent, int(group_ranks.size()), group_ranks.data(), &sub), "MPI_Group_incl");

@@ -42,6 +42,14 @@ std::optional<LaunchEnv> launch_env(const GetEnv& get_fn) {
   env.master_addr = get("MASTER_ADDR");
   if (env.master_addr.empty()) throw InputError("MASTER_ADDR is empty");
   env.master_port = parse_int("MASTER_PORT", get("MASTER_PORT"), 1, 65535);
+  const char* agent_store = get("TORCHELASTIC_USE_AGENT_STORE");
+  if (const char* port = get("LLAMA4D_STORE_PORT"))
+    env.store_port = parse_int("LLAMA4D_STORE_PORT", port, 1, 65535);
+  else if (agent_store && std::string(agent_store) == "True")
+    env.store_port = env.master_port == 65535
+                         ? throw InputError("MASTER_PORT=65535 under torchrun leaves no port for llama4d's store: "
+                                            "set LLAMA4D_STORE_PORT")
+                         : env.master_port + 1;
   if (const char* lws = get("LOCAL_WORLD_SIZE")) env.local_world_size = parse_int("LOCAL_WORLD_SIZE", lws, 1, env.world_size);
   if (const char* lr = get("LOCAL_RANK"))
     env.local_rank = parse_int("LOCAL_RANK", lr, 0, (env.local_world_size ? *env.local_world_size : env.world_size) - 1);

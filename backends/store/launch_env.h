@@ -8,6 +8,10 @@
 //   LOCAL_WORLD_SIZE  processes on its node; optional
 //   MASTER_ADDR   host of rank 0, which serves the rendezvous store
 //   MASTER_PORT   the store's TCP port
+//
+// Under torchrun itself, MASTER_PORT is taken: its agent already serves PyTorch's own store there
+// and tells the workers so with TORCHELASTIC_USE_AGENT_STORE=True. Ours then listens on the next
+// port, MASTER_PORT + 1. LLAMA4D_STORE_PORT names another port for it in either case.
 #include <functional>
 #include <optional>
 #include <string>
@@ -21,6 +25,7 @@ struct LaunchEnv {
   std::optional<int> local_world_size;
   std::string master_addr;
   int master_port = 0;
+  int store_port = 0;  // where our store listens when not MASTER_PORT (see above); 0: MASTER_PORT
 };
 
 using GetEnv = std::function<const char*(const char*)>;
@@ -28,7 +33,7 @@ using GetEnv = std::function<const char*(const char*)>;
 // Reads the variables through `get` (getenv by default). nullopt when none of RANK, WORLD_SIZE,
 // MASTER_ADDR and MASTER_PORT is set: the process was not launched this way. InputError naming
 // the variable when only some are set, or one is not a number in its range (RANK < WORLD_SIZE,
-// LOCAL_RANK < LOCAL_WORLD_SIZE, a port in 1..65535).
+// LOCAL_RANK < LOCAL_WORLD_SIZE, a port in 1..65535, also for LLAMA4D_STORE_PORT).
 std::optional<LaunchEnv> launch_env(const GetEnv& get = nullptr);
 
 }  // namespace llama4d::store

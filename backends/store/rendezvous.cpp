@@ -31,8 +31,9 @@ void wait_for_every_rank(StoreClient& store, const std::string& key, int world, 
 }  // namespace
 
 Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) : env_(env) {
-  if (env.rank == 0) server_ = std::make_unique<StoreServer>(env.master_port);
-  client_ = std::make_unique<StoreClient>(env.master_addr, env.master_port, timeout);
+  const int port = env.store_port > 0 ? env.store_port : env.master_port;
+  if (env.rank == 0) server_ = std::make_unique<StoreServer>(port);
+  client_ = std::make_unique<StoreClient>(env.master_addr, port, timeout);
 }
 
 Rendezvous::~Rendezvous() = default;

@@ -19,31 +19,12 @@ VirtualProcessGroup::VirtualProcessGroup(Info info, std::shared_ptr<World> world
     : ProcessGroup(std::move(info)), world_(std::move(world)), group_(std::move(group)), stream_(stream) {}
 
 std::shared_ptr<Work> VirtualProcessGroup::submit(CommCall call) {
-  const double issue_us = trace().sim_now_us();
-  const bool async = call.async_op;
-  const bool p2p = call.op == CommOp::send || call.op == CommOp::recv;
-  const int64_t seq = p2p ? -1 : next_seq_++;
-  auto sim_end = std::make_shared<double>(issue_us);
-  std::string description = describe(call);
-  std::string waited_for = description;  // names the compute lane's wait, if there is one
   auto self = shared_from_this();
-  auto task = [self, call = std::move(call), seq, issue_us, sim_end] {
-    if (call.op == CommOp::send)
-      *sim_end = self->run_send(call, issue_us);
-    else if (call.op == CommOp::recv)
-      *sim_end = self->run_recv(call, issue_us);
-    else
-      *sim_end = self->run_collective(call, seq, issue_us);
-  };
-  RankAccounting* acc = &accounting();
-  return stream_.submit(
-      std::move(description), std::move(task), [acc, sim_end, waited_for] { acc->trace.join_comm(*sim_end, waited_for); }, !async);
-}
-
-std::string VirtualProcessGroup::where(const CommCall& call, int64_t seq) const {
-  std::string s = describe(call);
-  if (seq >= 0) s += " #" + std::to_string(seq);
-  return s + " on group '" + name() + "'";
+  return submit_on(stream_, std::move(call), [self](const CommCall& c, int64_t seq, double issue_us) {
+    if (c.op == CommOp::send) return self->run_send(c, issue_us);
+    if (c.op == CommOp::recv) return self->run_recv(c, issue_us);
+    return self->run_collective(c, seq, issue_us);
+  });
 }
 
 std::string VirtualProcessGroup::missing(const std::vector<uint8_t>& flags) const {
@@ -250,7 +231,7 @@ double VirtualProcessGroup::run_send(const CommCall& call, double issue_us) {
     w.channels[{group_->id, rank(), call.peer, call.tag}].push_back(std::move(m));
     w.cv.notify_all();
   }
-  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, true}]++, wall0, ready, ready, sim1);
+  record_comm(call, plan, next_message_index(call), wall0, ready, ready, sim1);
   return sim1;
 }
 
@@ -296,7 +277,7 @@ double VirtualProcessGroup::run_recv(const CommCall& call, double issue_us) {
   const CommPlan plan = plan_p2p(cluster(), world_ranks(), call.peer, rank(), bytes);
   const double sim0 = std::max(ready, m.depart_us);
   const double sim1 = std::max(ready, m.depart_us + plan.sim_us);
-  record_comm(call, plan, p2p_seq_[{call.peer, call.tag, false}]++, wall0, ready, sim0, sim1);
+  record_comm(call, plan, next_message_index(call), wall0, ready, sim0, sim1);
   return sim1;
 }
 

@@ -27,7 +27,6 @@ class VirtualProcessGroup final : public ProcessGroup, public std::enable_shared
   double run_send(const CommCall& call, double issue_us);
   double run_recv(const CommCall& call, double issue_us);
 
-  std::string where(const CommCall& call, int64_t seq) const;  // "all_reduce(...) #3 on group 'world'"
   std::string missing(const std::vector<uint8_t>& flags) const;  // "rank 2, rank 5"
   [[noreturn]] void throw_aborted(std::unique_lock<std::mutex>& lock, const std::string& context);
   void leave_slot(std::unique_lock<std::mutex>& lock, int64_t seq, Slot& s);
@@ -35,8 +34,6 @@ class VirtualProcessGroup final : public ProcessGroup, public std::enable_shared
   std::shared_ptr<World> world_;
   std::shared_ptr<GroupState> group_;
   CommStream& stream_;
-  std::atomic<int64_t> next_seq_{0};
-  std::map<std::tuple<int, int, bool>, int64_t> p2p_seq_;  // (peer, tag, is_send) -> messages so far
 };
 
 }  // namespace llama4d::virt

@@ -318,6 +318,40 @@ void ProcessGroup::record_comm(const CommCall& call, const CommPlan& plan, int64
   traffic().add(std::move(r));
 }
 
+std::shared_ptr<Work> ProcessGroup::submit_on(CommStream& stream, CommCall call, Runner run) {
+  const double issue_us = trace().sim_now_us();
+  const bool p2p = call.op == CommOp::send || call.op == CommOp::recv;
+  const int64_t seq = p2p ? -1 : next_seq_++;
+  const bool caller_waits = !call.async_op;
+  auto sim_end = std::make_shared<double>(issue_us);
+  std::string description = describe(call);
+  std::string waited_for = description;  // names the compute lane's wait, if there is one
+  auto task = [run = std::move(run), call = std::move(call), seq, issue_us, sim_end] {
+    *sim_end = run(call, seq, issue_us);
+  };
+  RankAccounting* acc = &accounting();
+  return stream.submit(
+      std::move(description), std::move(task),
+      [acc, sim_end, waited_for] { acc->trace.join_comm(*sim_end, waited_for); }, caller_waits);
+}
+
+std::string ProcessGroup::where(const CommCall& call, int64_t seq) const {
+  std::string s = describe(call);
+  if (seq >= 0) s += " #" + std::to_string(seq);
+  return s + " on group '" + name() + "'";
+}
+
+int64_t ProcessGroup::next_message_index(const CommCall& call) {
+  return message_index_[{call.peer, call.tag, call.op == CommOp::send}]++;
+}
+
+std::vector<int> ProcessGroup::group_ranks_of(const std::vector<int>& members) const {
+  std::vector<int> ranks;
+  for (int w : members)
+    ranks.push_back(int(std::find(world_ranks().begin(), world_ranks().end(), w) - world_ranks().begin()));
+  return ranks;
+}
+
 std::shared_ptr<void> ProcessGroup::allocate_symmetric(int64_t bytes) {
   if (bytes < 0) throw InputError("allocate_symmetric: negative size " + std::to_string(bytes));
   return make_symmetric(bytes);

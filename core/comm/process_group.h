@@ -8,14 +8,19 @@
 //   - groups are passed explicitly; new_group() makes sub-groups. There is no global group.
 // Buffers are the caller's; they must stay alive and untouched until the Work completes.
 // Ranks are group ranks 0..size()-1 unless a name says "world".
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/comm/cluster.h"
 #include "core/comm/comm_model.h"
+#include "core/comm/comm_stream.h"
 #include "core/comm/comm_types.h"
 #include "core/comm/options.h"
 #include "core/comm/rank_accounting.h"
@@ -151,6 +156,20 @@ class ProcessGroup {
   // when this rank's comm stream was ready for the call (a later sim_start_us is waiting for peers).
   void record_comm(const CommCall& call, const CommPlan& plan, int64_t seq, double wall_start_us, double ready_us,
                    double sim_start_us, double sim_end_us);
+  // How the backends submit (each member runs its operations in order on its comm stream):
+  // queues run(call, seq, issue_us), which performs the call on the stream and returns its
+  // simulated end; waiting for the Work joins this rank's compute clock with that end. seq: the
+  // call's index among this group's collectives, -1 for send and recv; issue_us: the simulated
+  // time it was issued at.
+  using Runner = std::function<double(const CommCall& call, int64_t seq, double issue_us)>;
+  std::shared_ptr<Work> submit_on(CommStream& stream, CommCall call, Runner run);
+  // "all_reduce(count=8, F32, sum) #3 on group 'dp'": how error messages name a call.
+  std::string where(const CommCall& call, int64_t seq) const;
+  // A send's or recv's index among this member's messages with the same peer, tag and direction
+  // (the traffic log pairs a send with its recv by it). From the comm stream only.
+  int64_t next_message_index(const CommCall& call);
+  // The group ranks of members given by world rank.
+  std::vector<int> group_ranks_of(const std::vector<int>& world_ranks) const;
 
  private:
   std::shared_ptr<Work> run(CommCall call);
@@ -158,6 +177,8 @@ class ProcessGroup {
   void check_rank(int r, const char* what) const;
 
   Info info_;
+  std::atomic<int64_t> next_seq_{0};                                 // collectives submitted
+  std::map<std::tuple<int, int, bool>, int64_t> message_index_;      // (peer, tag, is_send) -> messages so far
 };
 
 }  // namespace llama4d

@@ -56,6 +56,15 @@ TEST(CliArgs, CudaRunsOrSaysWhyNot) {
   }
 }
 
+// NCCL moves GPU memory: with the CPU backend computing, --backend nccl is refused before
+// anything starts, and a command that has no GPU path says so instead of suggesting --device.
+TEST(CliArgs, NcclNeedsTheCudaDevice) {
+  const Result r = run("verify --mesh dp=2 --backend nccl --steps 1 --seq-len 32");
+  expect_bad_input(r, LLAMA4D_CLI_NCCL ? "--backend nccl moves GPU memory: add --device cuda"
+                                       : "--backend nccl: this build has no NCCL backend");
+  if (LLAMA4D_CLI_NCCL) expect_bad_input(run("schedule --pp 2 --backend nccl"), "'schedule' computes on the CPU only");
+}
+
 // Each of these shapes only the ranks of a mesh; without one the run used to go ahead as a
 // single device and ignore it. --backend mpi without --mesh under mpirun started N one-rank
 // trainers writing the same --out.
@@ -79,6 +88,16 @@ TEST(CliArgs, BenchRefusesAReferenceBlasItCannotUseAndASweepOnAMesh) {
   expect_bad_input(run("bench --preset tiny --seq-len 32 --reference-blas /nonexistent/libblas.so"), "cannot load");
   expect_bad_input(run("bench --preset tiny --seq-len 32 --reference-blas libc.so.6"), "cblas_sgemm");
   expect_bad_input(run("bench --preset tiny --seq-len 32 --threads-sweep --mesh dp=2"), "--threads-sweep");
+}
+
+// Flags that only the CPU backend reads are refused with another device, before the device is
+// even opened (so the message is the same with or without a GPU): accepted, they were ignored.
+TEST(CliArgs, CpuOnlyFlagsAreRefusedOffTheCpu) {
+  for (const std::string cmd : {"bench --preset tiny --seq-len 32", "verify --mesh dp=2 --steps 1 --seq-len 32"})
+    expect_bad_input(run(cmd + " --device cuda --threads 2"), "--threads 2 sets the CPU backend's compute threads");
+  expect_bad_input(run("bench --preset tiny --seq-len 32 --device cuda --threads-sweep"), "--threads-sweep");
+  expect_bad_input(run("bench --preset tiny --seq-len 32 --device cuda --reference-blas libopenblas.so.0"),
+                   "--reference-blas is the CPU backend's yardstick");
 }
 
 // A device or a FIFO as --data used to block forever (or read /dev/zero until memory ran out).

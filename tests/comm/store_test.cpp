@@ -164,9 +164,48 @@ TEST(LaunchEnv, ReadsTorchrunsVariables) {
   EXPECT_EQ(env->local_world_size, 2);
   EXPECT_EQ(env->master_addr, "node0");
   EXPECT_EQ(env->master_port, 29500);
+  EXPECT_EQ(env->store_port, 0);  // ours listens on MASTER_PORT
   auto bare = launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "::1"}, {"MASTER_PORT", "1"}}));
   ASSERT_TRUE(bare.has_value());
   EXPECT_FALSE(bare->local_rank.has_value());
+}
+
+// torchrun's agent holds MASTER_PORT with PyTorch's own store: ours takes the next port, or the
+// one LLAMA4D_STORE_PORT names.
+TEST(LaunchEnv, UnderTorchrunTheStoreMovesOffMasterPort) {
+  std::map<std::string, std::string> vars = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                             {"MASTER_PORT", "29500"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  EXPECT_EQ(launch_env(env_of(vars))->store_port, 29501);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(launch_env(env_of(vars))->store_port, 0);
+  vars["LLAMA4D_STORE_PORT"] = "40000";
+  EXPECT_EQ(launch_env(env_of(vars))->store_port, 40000);
+  vars["LLAMA4D_STORE_PORT"] = "0";
+  EXPECT_THROW(launch_env(env_of(vars)), InputError);
+  vars.erase("LLAMA4D_STORE_PORT");
+  vars["MASTER_PORT"] = "65535";
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  EXPECT_THROW(launch_env(env_of(vars)), InputError);
+}
+
+// The rendezvous listens and connects where store_port says.
+TEST(Rendezvous, MeetsOnTheStorePortWhenOneIsGiven) {
+  const int port = free_port();
+  std::vector<std::vector<uint8_t>> got(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      LaunchEnv e;
+      e.rank = r, e.world_size = 2, e.master_addr = "127.0.0.1";
+      e.master_port = 1;  // nobody may listen here: only store_port is used
+      e.store_port = port;
+      Rendezvous rdzv(e, 20s);
+      got[size_t(r)] = rdzv.broadcast("x", r == 0 ? bytes("id") : Bytes{});
+      rdzv.finish();
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(got[0], bytes("id"));
+  EXPECT_EQ(got[1], bytes("id"));
 }
 
 TEST(LaunchEnv, NamesTheVariableThatIsMissingOrWrong) {
