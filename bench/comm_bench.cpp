@@ -14,6 +14,9 @@
 #ifdef LLAMA4D_HAVE_MPI
 #include "backends/mpi/mpi_session.h"
 #endif
+#ifdef LLAMA4D_HAVE_NCCL
+#include "backends/nccl/nccl_job.h"
+#endif
 
 namespace llama4d {
 
@@ -138,8 +141,8 @@ double max_over_ranks(ProcessGroup& pg, double v) {
 }
 
 void check_options(const CommBenchOptions& o) {
-  if (o.backend != "virtual" && o.backend != "mpi")
-    throw InputError("unknown backend '" + o.backend + "' (expected virtual or mpi)");
+  if (o.backend != "virtual" && o.backend != "mpi" && o.backend != "nccl")
+    throw InputError("unknown backend '" + o.backend + "' (expected virtual, mpi or nccl)");
   if (o.ranks < 1) throw InputError("--ranks must be >= 1");
   if (o.gpus_per_node < 1) throw InputError("--gpus-per-node must be >= 1");
   if (o.min_bytes < 1 || o.max_bytes < o.min_bytes)
@@ -246,21 +249,41 @@ CommBenchReport run_comm_bench(const CommBenchOptions& o) {
     if (!o.trace_path.empty()) cluster.write_trace(o.trace_path);
     return report;
   }
+  // One process per rank (MPI, NCCL): every rank measures, rank 0 reports.
+  auto on_processes = [&](ProcessGroup& world) {
+    // Rank 0 measures memcpy alone, so other ranks do not compete for memory bandwidth.
+    if (world.rank() == 0) report.memcpy_gbps = measure_memcpy_gbps(std::max<int64_t>(o.max_bytes, 64 << 20));
+    world.barrier();
+    report.rows = run_comm_bench_on(world, report.options);
+    report.ranks = world.size();
+    report.rank = world.rank();
+    if (!o.trace_path.empty())
+      write_chrome_trace(
+          world.size() == 1 ? o.trace_path : o.trace_path + ".rank" + std::to_string(world.rank()) + ".json",
+          {&world.trace()});
+  };
+  if (o.backend == "nccl") {
+#ifdef LLAMA4D_HAVE_NCCL
+    // The buffers live on the GPU (the group's symmetric memory), as in nccl-tests: host memory
+    // would be staged through it, and the table would time the staging.
+    report.options.symmetric = true;
+    if (const std::string why = nccl_unusable_reason(); !why.empty()) throw InputError("--backend " + why);
+    NcclOptions no;
+    no.algo = o.algo;
+    no.cluster.gpus_per_node = o.gpus_per_node;
+    NcclJob job(no, 0);
+    on_processes(job.session().world());
+    return report;
+#else
+    throw InputError("--backend nccl: this build has no NCCL backend (it needs CUDA's nvcc and nccl.h)");
+#endif
+  }
 #ifdef LLAMA4D_HAVE_MPI
   MpiOptions mo;
   mo.algo = o.algo;
   mo.cluster.gpus_per_node = o.gpus_per_node;
   MpiSession session(mo);
-  ProcessGroup& world = session.world();
-  // Rank 0 measures memcpy alone, so other ranks do not compete for memory bandwidth.
-  if (world.rank() == 0) report.memcpy_gbps = measure_memcpy_gbps(std::max<int64_t>(o.max_bytes, 64 << 20));
-  world.barrier();
-  report.rows = run_comm_bench_on(world, o);
-  report.ranks = world.size();
-  report.rank = world.rank();
-  if (!o.trace_path.empty())
-    write_chrome_trace(world.size() == 1 ? o.trace_path : o.trace_path + ".rank" + std::to_string(world.rank()) + ".json",
-                       {&world.trace()});
+  on_processes(session.world());
   return report;
 #else
   throw InputError("this build has no MPI backend (MPI was not found when it was configured)");

@@ -20,8 +20,8 @@
 namespace llama4d {
 
 struct CommBenchOptions {
-  std::string backend = "virtual";  // "virtual" or "mpi" (run under mpirun)
-  int ranks = 8;                    // virtual backend only; MPI uses the world size
+  std::string backend = "virtual";  // "virtual", "mpi" (run under mpirun) or "nccl" (one process per GPU)
+  int ranks = 8;                    // virtual backend only; MPI and NCCL use the world size
   int gpus_per_node = 8;            // cluster model
   std::vector<std::string> ops;     // empty = all of comm_bench_ops()
   int64_t min_bytes = 1 << 10;
@@ -31,7 +31,7 @@ struct CommBenchOptions {
   int iters = 0;                    // timed calls per size; 0 = as many as fit ~0.2 s (2..100)
   int warmup = 1;
   // Buffers in the group's symmetric memory (ProcessGroup::allocate_symmetric), as nccl-tests
-  // registers them with -R; otherwise each rank's private heap.
+  // registers them with -R; otherwise each rank's private heap. Always on for NCCL (GPU memory).
   bool symmetric = false;
   std::string trace_path;           // write the run's Chrome trace here (MPI: one file per rank)
 };

@@ -1,5 +1,5 @@
 // `llama4d bench comm`: an nccl-tests-style table (size, count, time, algbw, busbw) for every
-// collective on the virtual or MPI backend, next to this machine's memcpy bandwidth and the
+// collective on the virtual, MPI or NCCL backend, next to this machine's memcpy bandwidth and the
 // cluster model's simulated time. The engine is bench/comm_bench.h.
 //
 //   llama4d bench comm --ranks 8 --op all_reduce --min-bytes 64M --max-bytes 64M
@@ -29,9 +29,11 @@ struct BenchCommArgs {
 
 void add_bench_comm_command(CLI::App& bench) {
   auto a = std::make_shared<BenchCommArgs>();
-  CLI::App* cmd = bench.add_subcommand("comm", "nccl-tests-style table of every collective on the virtual or MPI backend");
-  cmd->add_option("--backend", a->opt.backend, "virtual (threads) or mpi (run under mpirun)")
-      ->check(CLI::IsMember({"virtual", "mpi"}))
+  CLI::App* cmd = bench.add_subcommand("comm", "nccl-tests-style table of every collective on the virtual, MPI or NCCL backend");
+  cmd->add_option("--backend", a->opt.backend,
+                  "virtual (threads), mpi (run under mpirun) or nccl (one process per GPU: mpirun, torchrun-style "
+                  "variables, or alone; buffers in GPU memory)")
+      ->check(CLI::IsMember({"virtual", "mpi", "nccl"}))
       ->capture_default_str();
   cmd->add_option("--ranks", a->opt.ranks, "virtual GPUs (virtual backend; MPI uses the world size)")
       ->capture_default_str();

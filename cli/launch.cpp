@@ -18,8 +18,7 @@
 #include "backends/mpi/mpi_session.h"
 #endif
 #ifdef LLAMA4D_HAVE_NCCL
-#include "backends/nccl/nccl_session.h"
-#include "backends/store/rendezvous.h"
+#include "backends/nccl/nccl_job.h"
 #endif
 
 namespace llama4d::cli {
@@ -113,14 +112,12 @@ struct RankLaunch::Impl {
   std::unique_ptr<MpiSession> mpi;
 #endif
 #ifdef LLAMA4D_HAVE_NCCL
-  std::unique_ptr<store::Rendezvous> rdzv;  // torchrun-style launch: the store the ids went through
-  std::unique_ptr<NcclSession> nccl;
-  void start_nccl(int ranks, const ClusterSpec& spec, ReduceAlgo algo);
+  std::unique_ptr<NcclJob> nccl;
 #endif
   // This process's accounting when its ranks are processes (MPI, NCCL); null for virtual GPUs.
   RankAccounting* process_accounting() const {
 #ifdef LLAMA4D_HAVE_NCCL
-    if (nccl) return &nccl->accounting();
+    if (nccl) return &nccl->session().accounting();
 #endif
 #ifdef LLAMA4D_HAVE_MPI
     if (mpi) return &mpi->accounting();
@@ -129,57 +126,12 @@ struct RankLaunch::Impl {
   }
 };
 
-#ifdef LLAMA4D_HAVE_NCCL
-void RankLaunch::Impl::start_nccl(int ranks, const ClusterSpec& spec, ReduceAlgo algo) {
-  NcclOptions no;
-  no.algo = algo;
-  no.timeout = std::chrono::seconds(opt.timeout_s);
-  no.cluster = spec;
-  NcclBootstrap boot;
-  if (const std::optional<store::LaunchEnv> env = store::launch_env()) {
-    rdzv = std::make_unique<store::Rendezvous>(*env, no.timeout);
-    boot = bootstrap_from_store(*rdzv, env->local_rank);
-  } else if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK")) {
-#ifdef LLAMA4D_HAVE_MPI
-    MpiOptions mo;
-    mo.timeout = no.timeout;
-    mo.cluster = spec;
-    mpi = std::make_unique<MpiSession>(mo);
-    std::optional<int> local;
-    if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
-    boot = bootstrap_from_group(mpi->world(), local);
-#else
-    throw InputError("--backend nccl under mpirun: this build has no MPI to exchange NCCL's id (use torchrun-style "
-                     "variables RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT instead)");
-#endif
-  } else if (ranks == 1) {
-    boot.broadcast = [](const std::vector<uint8_t>& ids) { return ids; };  // a world of one: nobody to tell
-  } else {
-    throw InputError("--backend nccl: the mesh needs " + std::to_string(ranks) +
-                     " processes, one per GPU: start them with mpirun -np " + std::to_string(ranks) +
-                     " or with torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK)");
-  }
-  nccl = std::make_unique<NcclSession>(no, boot);
-}
-#endif
-
 RankLaunch::RankLaunch(const LaunchOptions& opt) : impl_(std::make_unique<Impl>()) {
   impl_->opt = opt;
   opt.validate(true);
 }
 
-RankLaunch::~RankLaunch() {
-#ifdef LLAMA4D_HAVE_NCCL
-  // Rank 0's store serves until every rank said it is done (bounded by the timeout).
-  if (impl_->rdzv && std::uncaught_exceptions() == 0) {
-    impl_->nccl.reset();
-    try {
-      impl_->rdzv->finish();
-    } catch (const Error&) {
-    }
-  }
-#endif
-}
+RankLaunch::~RankLaunch() = default;
 
 void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& fn) {
   const LaunchOptions& o = impl_->opt;
@@ -206,12 +158,19 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
   }
 #ifdef LLAMA4D_HAVE_NCCL
   if (o.backend == "nccl") {
-    if (!impl_->nccl) impl_->start_nccl(ranks, spec, algo);
-    if (impl_->nccl->size() != ranks)
+    if (!impl_->nccl) {
+      NcclOptions no;
+      no.algo = algo;
+      no.timeout = std::chrono::seconds(o.timeout_s);
+      no.cluster = spec;
+      impl_->nccl = std::make_unique<NcclJob>(no, ranks);
+    }
+    NcclSession& nccl = impl_->nccl->session();
+    if (nccl.size() != ranks)
       throw InputError("the mesh needs " + std::to_string(ranks) + " ranks but the job has " +
-                       std::to_string(impl_->nccl->size()) + " processes (one per GPU)");
-    ops::ScopedFlopSink flops(&impl_->nccl->accounting().trace);
-    fn(impl_->nccl->world());
+                       std::to_string(nccl.size()) + " processes (one per GPU)");
+    ops::ScopedFlopSink flops(&nccl.accounting().trace);
+    fn(nccl.world());
     return;
   }
 #endif

@@ -119,6 +119,10 @@ class NcclProcessGroup final : public ProcessGroup, public std::enable_shared_fr
  protected:
   std::shared_ptr<Work> submit(CommCall call) override;
   std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& world_ranks, const std::string& name) override;
+  // GPU memory the host can address too (managed, as the CUDA compute backend allocates): the
+  // collectives use it where it lies, without staging. Freeing it (cudaFree) waits for the
+  // device: drop it when no transfer of this process is in flight.
+  std::shared_ptr<void> make_symmetric(int64_t bytes) override;
 
  private:
   double run_collective(const CommCall& call, int64_t seq, double issue_us);

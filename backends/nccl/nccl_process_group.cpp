@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backends/cuda/comm_reduce.h"
+#include "backends/nccl/device_reduce.h"
 #include "backends/nccl/nccl_internal.h"
 #include "core/comm/reduce_kernels.h"
 #include "core/error.h"
@@ -100,7 +100,7 @@ void NcclProcessGroup::reduce_scatter(void* out, const void* in, const std::vect
     t.push_back({nullptr, incoming + k * mine, mine, j});
   }
   exchange(t, deadline, context);
-  cuda::reduce_sequence_on_device(out, incoming, counts[size_t(me)], n, counts[size_t(me)], dtype, op, n,
+  reduce_sequence_on_device(out, incoming, counts[size_t(me)], n, counts[size_t(me)], dtype, op, n,
                                   algo() == ReduceAlgo::ring, comms_.coll_stream);
   check_cuda(cudaStreamSynchronize(comms_.coll_stream), "reduction of " + context);
 }
@@ -394,6 +394,25 @@ double NcclProcessGroup::run_recv(const CommCall& call, double issue_us) {
   const CommPlan plan = plan_p2p(cluster(), world_ranks(), call.peer, rank(), bytes);
   record_comm(call, plan, next_message_index(call), wall0, ready, ready, ready + plan.sim_us);
   return ready + plan.sim_us;
+}
+
+std::shared_ptr<void> NcclProcessGroup::make_symmetric(int64_t bytes) {
+  void* p = nullptr;
+  const int device = s_.device;
+  // On the comm thread, whose current device is the session's.
+  s_.stream
+      .submit("allocate_symmetric",
+              [&] {
+                const cudaError_t e = cudaMallocManaged(&p, size_t(std::max<int64_t>(bytes, 1)));
+                if (e == cudaErrorMemoryAllocation)
+                  throw OutOfMemoryError("nccl: no GPU memory for " + std::to_string(bytes) + " bytes of symmetric memory");
+                check_cuda(e, "cudaMallocManaged");
+              })
+      ->wait();
+  return std::shared_ptr<void>(p, [device](void* q) {
+    cudaSetDevice(device);
+    cudaFree(q);
+  });
 }
 
 std::shared_ptr<ProcessGroup> NcclProcessGroup::make_group(const std::vector<int>& members, const std::string& name) {

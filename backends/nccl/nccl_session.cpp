@@ -5,7 +5,7 @@
 #include <cstring>
 #include <thread>
 
-#include "backends/cuda/comm_reduce.h"
+#include "backends/nccl/device_reduce.h"
 #include "backends/nccl/nccl_internal.h"
 #include "backends/store/rendezvous.h"
 #include "core/error.h"
@@ -289,7 +289,7 @@ NcclSession::NcclSession(NcclOptions options, NcclBootstrap boot) {
                 [&s, ids] {
                   check_cuda(cudaSetDevice(s.device), "cudaSetDevice");
                   nccl_detail::make_comm_pool(s.device);
-                  cuda::load_reduce_kernels();
+                  nccl_detail::load_reduce_kernels();
                   check_cuda(cudaStreamCreateWithFlags(&s.copy_stream, cudaStreamNonBlocking), "cudaStreamCreate");
                   GroupComms g;
                   try {

@@ -9,7 +9,7 @@
 // Same bits as the other backends. Every collective moves data with grouped ncclSend/ncclRecv
 // (the "direct" algorithm of core/comm/comm_model.h: each rank pulls its chunk from every peer)
 // and adds the contributions on the GPU in the order the group's algorithm names
-// (core/comm/reduce_kernels.h's reduction_order; backends/cuda/comm_reduce.h), so `ordered` and
+// (core/comm/reduce_kernels.h's reduction_order; backends/nccl/device_reduce.h), so `ordered` and
 // `ring` give exactly the virtual backend's results. NCCL's own all-reduce would be faster and
 // add in an order NCCL picks (ring, tree or NVLS, by size and topology): not used, for that reason.
 // The traffic log and simulated clock count the modelled algorithm, as in the MPI backend.

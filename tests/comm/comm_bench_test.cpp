@@ -70,8 +70,31 @@ TEST(CommBench, RejectsBadOptions) {
   o.min_bytes = 8192;
   EXPECT_THROW(run_comm_bench(o), InputError);
   o = small_options();
-  o.backend = "nccl";
+  o.backend = "tpu";
   EXPECT_THROW(run_comm_bench(o), InputError);
+}
+
+// Without a GPU (or NCCL) the NCCL backend is refused up front with the reason; with one, a world
+// of one runs.
+TEST(CommBench, NcclRunsOrSaysWhyNot) {
+  CommBenchOptions o;
+  o.backend = "nccl";
+  o.ops = {"all_reduce"};
+  o.min_bytes = o.max_bytes = 1024;
+  o.iters = 2;
+  try {
+    const CommBenchReport r = run_comm_bench(o);
+    EXPECT_EQ(r.ranks, 1);
+    ASSERT_EQ(r.rows.size(), 1u);
+    EXPECT_GT(r.rows[0].time_us, 0);
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+#ifdef LLAMA4D_HAVE_NCCL
+    EXPECT_EQ(msg.rfind("--backend nccl: ", 0), 0u) << msg;
+#else
+    EXPECT_NE(msg.find("this build has no NCCL backend"), std::string::npos) << msg;
+#endif
+  }
 }
 
 TEST(CommBench, CliPrintsOneJsonObject) {

@@ -12,6 +12,7 @@
 #include "backends/store/rendezvous.h"
 #include "backends/store/tcp_store.h"
 #include "core/error.h"
+#include "tests/comm/test_util.h"
 
 namespace llama4d::store {
 namespace {
@@ -27,15 +28,7 @@ int free_port() {
   return bound_port(fd.get());
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(Store, SetGetAddAndCheck) {
   StoreServer server(0);

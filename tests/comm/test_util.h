@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by the virtual-backend tests.
+// Helpers shared by the communication tests (tests/comm, tests/nccl).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <future>
 #include <string>
+#include <thread>
+
+#include "core/error.h"
 
 namespace llama4d::test {
 
@@ -29,6 +32,17 @@ void within_deadline(double seconds, F&& fn) {
 
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+// The message of the llama4d error fn throws, or "(no error)".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace llama4d::test

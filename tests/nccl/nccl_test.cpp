@@ -10,7 +10,7 @@
 #include <random>
 #include <thread>
 
-#include "backends/cuda/comm_reduce.h"
+#include "backends/nccl/device_reduce.h"
 #include "backends/nccl/nccl_library.h"
 #include "backends/nccl/nccl_session.h"
 #include "backends/store/launch_env.h"
@@ -19,6 +19,7 @@
 #include "backends/virtual/virtual_cluster.h"
 #include "core/comm/reduce_kernels.h"
 #include "core/error.h"
+#include "tests/comm/test_util.h"
 #include "tests/comm/collective_checks.h"
 
 namespace llama4d::test {
@@ -56,15 +57,6 @@ NcclBootstrap alone(int size = 1) {
   return b;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // ---- without a GPU ---------------------------------------------------------------------------
 
@@ -196,7 +188,7 @@ TEST(NcclReduceKernel, GivesTheHostReductionsBits) {
           ASSERT_EQ(cudaMallocManaged(&d_in, in.size()), cudaSuccess);
           ASSERT_EQ(cudaMallocManaged(&d_out, want.size()), cudaSuccess);
           std::memcpy(d_in, in.data(), in.size());
-          cuda::reduce_sequence_on_device(d_out, d_in, count, n, count, t, op, n + 1, step_rounding, nullptr);
+          nccl_detail::reduce_sequence_on_device(d_out, d_in, count, n, count, t, op, n + 1, step_rounding, nullptr);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           EXPECT_EQ(std::memcmp(d_out, want.data(), want.size()), 0)
               << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n << " step_rounding=" << step_rounding;

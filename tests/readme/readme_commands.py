@@ -61,8 +61,9 @@ def skip(argv, as_written):
         return "runs the test suite, of which this test is part (CI runs it)"
     if prog in ("scripts/main.sh", "scripts/build.sh"):
         return "builds the project in the repository itself, not in a scratch root (CI builds it first)"
-    if "--device" in argv and argv[argv.index("--device") + 1] == "cuda" and not os.path.exists("/dev/nvidia0"):
-        return "needs a CUDA GPU, and this machine has none (tests/cuda and CliArgs.CudaRunsOrSaysWhyNot cover it)"
+    gpu_only = ("--device", "cuda") in zip(argv, argv[1:]) or ("--backend", "nccl") in zip(argv, argv[1:])
+    if gpu_only and not os.path.exists("/dev/nvidia0"):
+        return "needs a CUDA GPU, and this machine has none (tests/cuda, tests/nccl and CliArgs cover it)"
     if prog == "bench/compare_torch.sh" and not as_written:
         return "minutes: times PyTorch's training step against ours; run with --as-written"
     return None

@@ -10,7 +10,7 @@
 #include "core/comm/comm_types.h"
 #include "core/tensor/dtype.h"
 
-namespace llama4d::cuda {
+namespace llama4d::nccl_detail {
 
 // out[count] = ((in_0 op in_1) op in_2) ... op in_{n-1}, element-wise, where in_j is the block
 // of `count` elements at inputs + j * stride elements (the contributions in the order they are
@@ -25,4 +25,4 @@ void reduce_sequence_on_device(void* out, const void* inputs, int64_t stride, in
 // wait would have no deadline. A communication backend calls this before its first transfer.
 void load_reduce_kernels();
 
-}  // namespace llama4d::cuda
+}  // namespace llama4d::nccl_detail

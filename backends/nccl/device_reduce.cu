@@ -2,7 +2,7 @@
 // sum's order is the host kernel's and so are its bits: float adds are IEEE adds on both sides
 // (no multiply to fuse), avg is one correctly rounded division, bf16 rounds to nearest even
 // exactly as core/tensor/dtype.h's float_to_bf16, and integers wrap.
-#include "backends/cuda/comm_reduce.h"
+#include "backends/nccl/device_reduce.h"
 
 #include <string>
 #include <type_traits>
@@ -10,7 +10,9 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "core/error.h"
 
-namespace llama4d::cuda {
+namespace llama4d::nccl_detail {
+
+using namespace llama4d::cuda;  // check, launch sizes, grid-stride indices (cuda_common.cuh)
 
 namespace {
 
@@ -94,4 +96,4 @@ void reduce_sequence_on_device(void* out, const void* inputs, int64_t stride, in
   throw InputError("reductions are not supported for dtype " + std::string(dtype_name(dtype)));
 }
 
-}  // namespace llama4d::cuda
+}  // namespace llama4d::nccl_detail
