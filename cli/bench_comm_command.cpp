@@ -35,7 +35,7 @@ void add_bench_comm_command(CLI::App& bench) {
                   "variables, or alone; buffers in GPU memory)")
       ->check(CLI::IsMember({"virtual", "mpi", "nccl"}))
       ->capture_default_str();
-  cmd->add_option("--ranks", a->opt.ranks, "virtual GPUs (virtual backend; MPI uses the world size)")
+  cmd->add_option("--ranks", a->opt.ranks, "virtual GPUs (virtual backend; MPI and NCCL use the job's processes)")
       ->capture_default_str();
   cmd->add_option("--gpus-per-node", a->opt.gpus_per_node, "GPUs per node in the cluster model")
       ->capture_default_str();
@@ -60,7 +60,11 @@ void add_bench_comm_command(CLI::App& bench) {
   cmd->add_option("--trace", a->opt.trace_path,
                   "write a Chrome trace / Perfetto JSON of the run (per rank, wall and simulated time)");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
+    // Processes are the ranks there: the count would be taken and ignored.
+    if (cmd->count("--ranks") > 0 && a->opt.backend != "virtual")
+      throw InputError("--ranks counts virtual GPUs; with --backend " + a->opt.backend +
+                       " the ranks are the job's processes (mpirun -np N)");
     CommBenchOptions o = a->opt;
     if (a->op != "all") o.ops = {a->op};
     std::string upper = a->dtype;

@@ -143,6 +143,19 @@ TEST(CommBench, CliTableAndErrors) {
   CLI::App* bench2 = app2.add_subcommand("bench");
   cli::add_bench_comm_command(*bench2);
   EXPECT_THROW(app2.parse("bench comm --ranks 2 --dtype f8", false), InputError);
+
+  // --ranks under a process backend was accepted and ignored; refused before any MPI or NCCL start.
+  for (const std::string backend : {"mpi", "nccl"}) {
+    CLI::App app3;
+    CLI::App* bench3 = app3.add_subcommand("bench");
+    cli::add_bench_comm_command(*bench3);
+    try {
+      app3.parse("bench comm --backend " + backend + " --ranks 2", false);
+      ADD_FAILURE() << backend << ": --ranks was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--ranks counts virtual GPUs"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
