@@ -202,6 +202,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
   if (a.warmup < 0 || a.iters < 1) throw InputError("--warmup must be >= 0 and --iters >= 1");
   TrainOptions opt = a.opt;
   opt.steps = a.warmup + a.iters;
+  opt.bf16_compute = a.model.bf16();
   const ParallelPlan plan = a.parallel.plan(cfg, a.launch.algo);
   apply_micro_batches(a.micro_batches, opt, plan, cfg);
   const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);

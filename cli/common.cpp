@@ -23,7 +23,9 @@ void ModelChoice::add_options(CLI::App& cmd, const std::string& default_preset, 
   cmd.add_option("--config", config, "Hugging Face config.json (overrides --preset)");
   if (with_checkpoint)
     cmd.add_option("--checkpoint", checkpoint, "checkpoint directory: config.json + model.safetensors");
-  cmd.add_option("--dtype", dtype, "f32 or f64")->check(CLI::IsMember({"f32", "f64"}))->capture_default_str();
+  cmd.add_option("--dtype", dtype, "f32, f64, or bf16 (mixed precision: bf16 compute over f32 master weights)")
+      ->check(CLI::IsMember({"f32", "f64", "bf16"}))
+      ->capture_default_str();
 }
 
 LlamaConfig ModelChoice::resolve() const {

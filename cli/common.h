@@ -22,6 +22,8 @@ struct ModelChoice {
   // The chosen config, validated. InputError for unknown presets or bad files.
   LlamaConfig resolve() const;
   bool fp64() const { return dtype == "f64"; }
+  // bf16 mixed precision: an f32 model computing in bf16 (Llama::set_bf16_compute).
+  bool bf16() const { return dtype == "bf16"; }
 };
 
 // Refuses shapes whose training state would not fit in this machine's memory (the real

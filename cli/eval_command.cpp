@@ -36,6 +36,7 @@ nlohmann::json run_eval(const EvalArgs& a) {
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
 
   Llama<T> model(cfg);
+  model.set_bf16_compute(a.model.bf16());
   if (!a.model.checkpoint.empty())
     load_model(a.model.checkpoint, model.param_specs(), model.params());
   else

@@ -30,6 +30,7 @@ nlohmann::json run_generate(const GenerateArgs& a) {
   check_fits_in_memory(cfg, sizeof(T), a.force, "generating with");
   if (a.max_new_tokens < 0) throw InputError("--max-new-tokens must be >= 0");
   Llama<T> model(cfg);
+  model.set_bf16_compute(a.model.bf16());
   if (!a.model.checkpoint.empty())
     load_model(a.model.checkpoint, model.param_specs(), model.params());
   else

@@ -80,6 +80,7 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
     p.check_model(cfg, a.micro_batches);
     TrainOptions opt;
     opt.steps = 1, opt.batch_size = a.micro_batches, opt.micro_batch_size = 1, opt.seq_len = a.seq_len;
+    opt.bf16_compute = a.model.bf16();
     check_fits_in_memory(cfg, 16.0, false, "drawing a schedule of");
     const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
     if (a.model.fp64()) throw InputError("schedule --measure draws an f32 run; --dtype f64 changes nothing it shows");

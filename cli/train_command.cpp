@@ -75,7 +75,7 @@ void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
   for (const auto& [flag, value] : {std::pair{"--preset", a.model.preset}, std::pair{"--config", a.model.config}})
     if (cmd.count(flag) > 0 && a.model.resolve().to_json() != r.cfg.to_json())
       throw InputError(keeps(std::string(flag) + " " + value + " is another model than the checkpoint's"));
-  const std::string dtype = saved.dtype == "F64" ? "f64" : "f32";
+  const std::string dtype = saved.dtype == "F64" ? "f64" : saved.options.bf16_compute ? "bf16" : "f32";
   if (cmd.count("--dtype") > 0 && a.model.dtype != dtype)
     throw InputError(keeps("--dtype " + a.model.dtype + " differs from the checkpoint's " + dtype));
   r.args.model.dtype = dtype;
@@ -371,6 +371,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--force", a->force, "train even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {
+    a->opt.bf16_compute = a->model.bf16();
     const nlohmann::json result = train(*a, *cmd);
     if (a->json && !result.is_null()) print_json(result);
   });

@@ -53,6 +53,7 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   o.plan = a.parallel.plan(o.model, a.launch.algo);
   if (o.plan.single_device()) throw InputError("verify needs a parallel --mesh to compare against one device");
   o.train = a.opt;
+  o.train.bf16_compute = a.model.bf16();
   // Defaults that exercise gradient accumulation: four rows per data rank, and micro-batches of
   // half a rank's rows (one row each when that is odd), so every rank accumulates.
   if (o.train.batch_size == 0) o.train.batch_size = 4 * o.plan.dp();

@@ -398,6 +398,15 @@ inline void embedding_backward_rows(T* dwte_rows, const T* dout, const int32_t* 
   kernels<T>().embedding_backward_rows(dwte_rows, dout, tokens, BT, C, row_begin, rows);
 }
 
+// x[N] = each element rounded to the nearest bf16 value, kept in T (nearest_bf16,
+// core/tensor/bf16_rounding.h: ties to even, NaN stays NaN). What bf16 mixed precision does to
+// every tensor it stores in bf16 (core/model/llama.h, set_bf16_compute); elementwise, so any split
+// gives the same bits.
+template <class T>
+inline void round_to_bf16(T* x, int64_t N) {
+  kernels<T>().round_to_bf16(x, N);
+}
+
 // True when x[N] holds no NaN and no infinity (a diverged run shows up here first).
 template <class T>
 inline bool all_finite(const T* x, int64_t N) {
@@ -439,6 +448,7 @@ struct Kernels {
   void (*sum_losses)(double* loss_sum, int64_t* count, const T* losses, const int32_t* targets, int64_t BT);
   void (*embedding_forward_rows)(T* out, const int32_t* tokens, const T* wte_rows, int64_t BT, int64_t C, int64_t row_begin, int64_t rows);
   void (*embedding_backward_rows)(T* dwte_rows, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, int64_t row_begin, int64_t rows);
+  void (*round_to_bf16)(T* x, int64_t N);
   bool (*all_finite)(const T* x, int64_t N);
 };
 

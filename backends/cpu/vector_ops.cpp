@@ -9,6 +9,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/tensor/bf16_rounding.h"
 
 namespace llama4d::cpu {
 
@@ -78,6 +79,13 @@ void sum_losses(double* loss_sum, int64_t* count, const T* losses, const int32_t
   *count = n;
 }
 
+template <class T>
+void round_to_bf16(T* x, int64_t N) {
+  cpu::parallel_chunks(N, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) x[i] = nearest_bf16(x[i]);
+  });
+}
+
 // NaN and +-inf are exactly the values whose magnitude bits reach the all-ones exponent, so a
 // max over integer magnitudes (which vectorises; isfinite in a loop does not) decides.
 template <class T>
@@ -110,6 +118,8 @@ template void sum_squares_chunks<float>(double*, const float*, int64_t, int64_t)
 template void sum_squares_chunks<double>(double*, const double*, int64_t, int64_t);
 template void sum_losses<float>(double*, int64_t*, const float*, const int32_t*, int64_t);
 template void sum_losses<double>(double*, int64_t*, const double*, const int32_t*, int64_t);
+template void round_to_bf16<float>(float*, int64_t);
+template void round_to_bf16<double>(double*, int64_t);
 template bool all_finite<float>(const float*, int64_t);
 template bool all_finite<double>(const double*, int64_t);
 

@@ -1,4 +1,5 @@
-// Fills, copies, axpy, the chunked sums of squares, the loss sum and the finiteness check.
+// Fills, copies, axpy, the chunked sums of squares, the loss sum, bf16 rounding and the finiteness
+// check.
 // Compiled with --fmad=false (CMakeLists.txt), as the CPU's vector_ops.cpp is with
 // -ffp-contract=off: a*b+c is rounded twice, never fused, so add_scaled and the sums of squares
 // give the CPU backend's bits and core/optim's sharded norm reproduces them.
@@ -8,9 +9,15 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "core/error.h"
+#include "core/tensor/bf16_rounding.h"
 
 namespace llama4d::cuda {
 namespace {
+
+template <class T>
+__global__ void round_to_bf16_kernel(T* x, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += index_stride()) x[i] = nearest_bf16(x[i]);
+}
 
 template <class T>
 __global__ void fill_kernel(T* x, T value, int64_t n) {
@@ -120,6 +127,13 @@ void sum_losses(double* loss_sum, int64_t* count, const T* losses, const int32_t
 }
 
 template <class T>
+void round_to_bf16(T* x, int64_t N) {
+  if (N <= 0) return;
+  round_to_bf16_kernel<<<grid_for(N), kThreads, 0, stream()>>>(x, N);
+  finish_op("round_to_bf16");
+}
+
+template <class T>
 bool all_finite(const T* x, int64_t N) {
   if (N <= 0) return true;
   Scratch<int> bad(1);
@@ -137,6 +151,7 @@ bool all_finite(const T* x, int64_t N) {
   template void add_scaled<T>(T*, const T*, T, int64_t);                                     \
   template void sum_squares_chunks<T>(double*, const T*, int64_t, int64_t);                  \
   template void sum_losses<T>(double*, int64_t*, const T*, const int32_t*, int64_t);         \
+  template void round_to_bf16<T>(T*, int64_t);                                               \
   template bool all_finite<T>(const T*, int64_t);
 LLAMA4D_INSTANTIATE(float)
 LLAMA4D_INSTANTIATE(double)

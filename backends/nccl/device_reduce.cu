@@ -24,11 +24,7 @@ template <class T> __device__ typename Acc<T>::type load(T v) { return v; }
 template <> __device__ float load<bf16>(bf16 v) { return __uint_as_float(uint32_t(v.bits) << 16); }
 
 template <class T> __device__ T store(typename Acc<T>::type a) { return a; }
-template <> __device__ bf16 store<bf16>(float a) {
-  const uint32_t u = __float_as_uint(a);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN
-  return bf16{uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
-}
+template <> __device__ bf16 store<bf16>(float a) { return bf16{uint16_t(bf16_rounded_bits(__float_as_uint(a)) >> 16)}; }
 
 template <class A> __device__ A add(A a, A b) {
   if constexpr (std::is_integral_v<A>) {

@@ -164,6 +164,7 @@ void attend(BlockActivations<T>& a, const BlockDims& d, int64_t pos_start, Block
     comm.attention(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), d);
   else
     ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), attention_shape<T>(d, pos_start));
+  round_if_bf16(a.att.data(), a.att.size(), d.bf16);
 }
 
 }  // namespace
@@ -195,12 +196,15 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
 
   // Attention half: n1 = rmsnorm(x); q, k, v projections; RoPE on q and k.
   ops::rmsnorm_forward(a.n1.data() + mine, a.rstd1.data(), x, w.ln1, rows, C, T(d.eps));
+  round_if_bf16(a.n1.data() + mine, rows * C, d.bf16);
   comm.attention_input(a.n1.data(), d);
   ops::matmul_forward(a.q.data(), a.n1.data(), w.wq, BT, C, qd);
   ops::matmul_forward(a.k.data(), a.n1.data(), w.wk, BT, C, kvd);
   ops::matmul_forward(a.v.data(), a.n1.data(), w.wv, BT, C, kvd);
+  for (Buffer<T>* p : {&a.q, &a.k, &a.v}) round_if_bf16(p->data(), p->size(), d.bf16);
   rope_at_positions(a.q.data(), d.nh, d, rope, pos_start, false);
   rope_at_positions(a.k.data(), d.nkv, d, rope, pos_start, false);
+  for (Buffer<T>* p : {&a.q, &a.k}) round_if_bf16(p->data(), p->size(), d.bf16);
   ops::AttentionShape s = attention_shape<T>(d, pos_start);
   const T* keys = a.k.data();
   const T* values = a.v.data();
@@ -219,6 +223,7 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
     keys = cache->k;
     values = cache->v;
     ops::attention_forward(a.att.data(), a.lse.data(), a.q.data(), keys, values, s);
+    round_if_bf16(a.att.data(), a.att.size(), d.bf16);
   } else {
     attend(a, d, pos_start, comm);
   }
@@ -227,19 +232,26 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   T* y = d.sp > 1 ? partial.data() : a.h.data();
   ops::matmul_forward(y, a.att.data(), w.wo, BT, qd, C);
   comm.attention_output(y, d);
+  round_if_bf16(y + mine, rows * C, d.bf16);
   ops::add_forward(a.h.data(), y + mine, x, rows * C);
+  round_if_bf16(a.h.data(), rows * C, d.bf16);
 
   // Feed-forward half: out = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h).
   ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
+  round_if_bf16(a.n2.data() + mine, rows * C, d.bf16);
   comm.mlp_input(a.n2.data(), d);
   ops::matmul_forward(a.gate.data(), a.n2.data(), w.wgate, BT, C, I);
   ops::matmul_forward(a.up.data(), a.n2.data(), w.wup, BT, C, I);
+  for (Buffer<T>* p : {&a.gate, &a.up}) round_if_bf16(p->data(), p->size(), d.bf16);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
+  round_if_bf16(a.act.data(), BT * I, d.bf16);
   if (!out) return;  // recompute: the backward needs act, not the output
   T* z = d.sp > 1 ? partial.data() : out;
   ops::matmul_forward(z, a.act.data(), w.wdown, BT, I, C);
   comm.mlp_output(z, d);
+  round_if_bf16(z + mine, rows * C, d.bf16);
   ops::add_forward(out, z + mine, a.h.data(), rows * C);
+  round_if_bf16(out, rows * C, d.bf16);
 }
 
 template <class T>
@@ -248,11 +260,14 @@ void block_recompute_selective(BlockActivations<T>& a, const BlockWeights<T>& w,
   const int64_t BT = d.BT(), C = d.C, I = d.I, rows = d.rows(), mine = d.row0() * C;
   BlockComm<T>& comm = comm_or_none(comm_ptr);
   ops::rmsnorm_forward(a.n1.data() + mine, a.rstd1.data(), x, w.ln1, rows, C, T(d.eps));
+  round_if_bf16(a.n1.data() + mine, rows * C, d.bf16);
   comm.attention_input(a.n1.data(), d);
   attend(a, d, pos_start, comm);
   ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
+  round_if_bf16(a.n2.data() + mine, rows * C, d.bf16);
   comm.mlp_input(a.n2.data(), d);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
+  round_if_bf16(a.act.data(), BT * I, d.bf16);
 }
 
 namespace {
@@ -327,21 +342,27 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   comm.mlp_output_backward(b.ddown, d);
   ops::fill(b.dact, T(0), BT * I);
   ops::matmul_backward(b.dact, g.wdown, b.ddown, a.act.data(), w.wdown, BT, I, C);
+  round_if_bf16(b.dact, BT * I, d.bf16);
   ops::fill(b.dgate, T(0), BT * I);
   ops::fill(b.dup, T(0), BT * I);
   ops::swiglu_backward(b.dgate, b.dup, b.dact, a.gate.data(), a.up.data(), BT * I);
+  round_if_bf16(b.dgate, BT * I, d.bf16);
+  round_if_bf16(b.dup, BT * I, d.bf16);
   ops::fill(b.dn2, T(0), BT * C);
   ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I);
   ops::matmul_backward(b.dn2, g.wup, b.dup, a.n2.data(), w.wup, BT, C, I);
   comm.mlp_input_backward(b.dn2, d);
+  round_if_bf16(b.dn2 + mine, rows * C, d.bf16);
   if (b.kept_dn2) ops::copy(b.kept_dn2, b.dn2 + mine, rows * C);
   norm_backward(dh, g.ln2, b.dn2 + mine, a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
+  round_if_bf16(dh, rows * C, d.bf16);
 
   // Attention half. dout is no longer read, so dx may alias it from here on.
   ops::copy(dx, dh, rows * C);
   comm.attention_output_backward(b.dh, d);
   ops::fill(b.datt, T(0), BT * qd);
   ops::matmul_backward(b.datt, g.wo, b.dh, a.att.data(), w.wo, BT, qd, C);
+  round_if_bf16(b.datt, BT * qd, d.bf16);
   ops::fill(b.dq, T(0), BT * qd);
   ops::fill(b.dk, T(0), BT * kvd);
   ops::fill(b.dv, T(0), BT * kvd);
@@ -350,14 +371,21 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   else
     ops::attention_backward(b.dq, b.dk, b.dv, b.datt, a.q.data(), a.k.data(), a.v.data(), a.att.data(),
                             a.lse.data(), attention_shape<T>(d, pos_start));
+  round_if_bf16(b.dq, BT * qd, d.bf16);
+  round_if_bf16(b.dk, BT * kvd, d.bf16);
+  round_if_bf16(b.dv, BT * kvd, d.bf16);
   rope_at_positions(b.dq, d.nh, d, rope, pos_start, true);
   rope_at_positions(b.dk, d.nkv, d, rope, pos_start, true);
+  round_if_bf16(b.dq, BT * qd, d.bf16);
+  round_if_bf16(b.dk, BT * kvd, d.bf16);
   ops::fill(b.dn1, T(0), BT * C);
   ops::matmul_backward(b.dn1, g.wq, b.dq, a.n1.data(), w.wq, BT, C, qd);
   key_value_projection_backward(b.dn1, g, b.dk, b.dv, a.n1.data(), w, d, s, comm);
   comm.attention_input_backward(b.dn1, d);
+  round_if_bf16(b.dn1 + mine, rows * C, d.bf16);
   if (b.kept_dn1) ops::copy(b.kept_dn1, b.dn1 + mine, rows * C);
   norm_backward(dx, g.ln1, b.dn1 + mine, x, w.ln1, a.rstd1.data(), d, s, comm);
+  round_if_bf16(dx, rows * C, d.bf16);
 }
 
 }  // namespace

@@ -34,6 +34,11 @@ struct BlockDims {
   // tokens and, under context parallelism, every other rank's), ids never decreasing along a
   // row; a token attends only to earlier tokens of its own document. Null: no document mask.
   const int32_t* doc = nullptr;
+  // bf16 mixed precision (Llama::set_bf16_compute): every activation and activation gradient the
+  // block stores is rounded to bf16 once it is complete (after its last accumulation and its
+  // communication point), so it holds what a bf16 tensor would. The statistics kept for the
+  // backward (rstd, lse) and the weight gradients stay in T, as fp32 does in Llama 3's recipe.
+  bool bf16 = false;
   int64_t BT() const { return B * T; }
   int64_t cp_chunk() const { return T / 2; }  // tokens per chunk (cp > 1)
   // The first true position of this rank's part (0 or 1) of a row.
@@ -43,6 +48,12 @@ struct BlockDims {
   // Rank r of sp holds rows [BT·r/sp, BT·(r+1)/sp): any BT splits (a rank gets at most one row more).
   static int64_t sequence_row0(int64_t BT, int64_t sp, int64_t r) { return BT * r / sp; }
 };
+
+// x[n] rounded to bf16 in place when `bf16` (mixed precision), else untouched.
+template <class T>
+inline void round_if_bf16(T* x, int64_t n, bool bf16) {
+  if (bf16) ops::round_to_bf16(x, n);
+}
 
 // Pointers into a unit's parameter (or gradient) segment.
 template <class T>

@@ -45,8 +45,10 @@ LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T
   const BlockDims d = sequence_rows(BT, C, vocab);
   const int64_t rows = d.rows(), mine = d.row0() * C, shards = d.sp;
   ops::rmsnorm_forward(a.n.data() + mine, a.rstd.data(), x, norm_w, rows, C, T(eps));
+  round_if_bf16(a.n.data() + mine, rows * C, a.bf16);
   if (shards > 1) vocab->gather_rows(a.n.data(), BT, C, "sequence-parallel head input: gather");
   ops::matmul_forward(a.logits.data(), a.n.data(), lm_w, BT, C, V);
+  round_if_bf16(a.logits.data(), BT * V, a.bf16);
   if (!targets) return {};
   if (vocab) {
     // Per token: the max over all columns, then the sum of exp(logit - max), then the target's
@@ -127,6 +129,7 @@ void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const He
                                       vocab->vocab_begin());
   else
     ops::cross_entropy_backward(dlogits, a.logits.data(), targets, loss_scale, BT, V);
+  round_if_bf16(dlogits, BT * V, a.bf16);
   ops::fill(dn, T(0), BT * C);
   ops::matmul_backward(dn, dlm_w, dlogits, a.n.data(), lm_w, BT, C, V);
   const BlockDims d = sequence_rows(BT, C, vocab);
@@ -136,9 +139,11 @@ void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const He
     vocab->sum_to_rows(dn, BT, C, "sequence-parallel head input gradient: reduce-scatter");
   else if (vocab)
     vocab->sum(dn, BT * C, "f backward: head input gradient");
-  const T* dn_rows = dn + d.row0() * C;
+  T* dn_rows = dn + d.row0() * C;
+  round_if_bf16(dn_rows, d.rows() * C, a.bf16);
   if (kept_dn) ops::copy(kept_dn, dn_rows, d.rows() * C);
   final_norm_backward(dx, dnorm_w, dn_rows, x, norm_w, a.rstd.data(), BT, C, memory, vocab);
+  round_if_bf16(dx, d.rows() * C, a.bf16);
 }
 
 }  // namespace

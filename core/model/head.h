@@ -42,6 +42,9 @@ struct HeadActivations {
   Buffer<T> n, rstd;        // [BT, C], [rows] kept for backward (rows: this rank's under sequence parallelism)
   Buffer<T> logits, losses; // [BT, V], [BT]   kept for backward (softmax is recomputed from logits)
   Buffer<T> lse;            // [BT] vocabulary-parallel only: the log-sum-exp over all ranks' columns
+  // bf16 mixed precision (BlockDims::bf16): n, logits and the backward's dlogits, dn and dx are
+  // rounded to bf16 when complete; rstd, losses and lse stay in T.
+  bool bf16 = false;
   void allocate(MemoryTracker* memory, int64_t BT, int64_t C, int64_t V, bool vocab_parallel = false,
                 int64_t rows = -1);  // rows: -1 for BT
   void reset();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/ops.h"
@@ -301,7 +302,7 @@ BlockDims Llama<T>::block_dims(int64_t B, int64_t T_, const int32_t* docs) const
           .nkv = s ? tp_.kv_heads : cfg_.num_key_value_heads, .hd = cfg_.head_dim,
           .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps,
           .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0,
-          .cp = cp_, .cp_rank = cp_rank_, .doc = docs};
+          .cp = cp_, .cp_rank = cp_rank_, .doc = docs, .bf16 = bf16_};
 }
 
 template <class T>
@@ -317,10 +318,27 @@ void Llama<T>::set_context_split(int cp, int rank) {
 }
 
 template <class T>
-BlockWeights<T> Llama<T>::block_params(int layer) {
-  T* seg = unit_params(block_unit(layer));
-  if (!seg) throw Error("parameters of layer " + std::to_string(layer) + " are not held on this rank now");
-  return block_weights(seg, block_dims(0, 0));
+void Llama<T>::set_bf16_compute(bool on) {
+  if (on && !std::is_same_v<T, float>)
+    throw InputError("bf16 mixed precision keeps fp32 master weights: it runs on an f32 model, not f64");
+  bf16_ = on;
+}
+
+template <class T>
+T* Llama<T>::params_for_compute(int u, Buffer<T>& rounded) {
+  T* seg = unit_params(u);
+  if (!seg) throw Error("parameters of " + unit_name(u, num_layers()) + " are not held on this rank now");
+  if (!bf16_) return seg;
+  const int64_t n = segment_numel(u);
+  rounded = Buffer<T>(memory_, MemoryCategory::scratch, n, "bf16 copy of the parameters of " + unit_name(u, num_layers()));
+  ops::copy(rounded.data(), seg, n);
+  ops::round_to_bf16(rounded.data(), n);
+  return rounded.data();
+}
+
+template <class T>
+BlockWeights<T> Llama<T>::block_params(int layer, Buffer<T>& rounded) {
+  return block_weights(params_for_compute(block_unit(layer), rounded), block_dims(0, 0));
 }
 
 template <class T>
@@ -329,12 +347,11 @@ BlockWeights<T> Llama<T>::block_grads(int layer) {
 }
 
 template <class T>
-T* Llama<T>::lm_head_params() {
-  const int u = cfg_.tie_word_embeddings ? embedding_unit() : head_unit(num_layers());
-  T* seg = unit_params(u);
-  if (!seg) throw Error("LM head parameters are not held on this rank now");
+std::pair<const T*, const T*> Llama<T>::head_params_for_compute(Buffer<T>& rounded_head, Buffer<T>& rounded_embedding) {
+  const T* norm_w = params_for_compute(head_unit(num_layers()), rounded_head);
   // Untied: lm_head.weight follows model.norm.weight [C] inside the head's segment.
-  return cfg_.tie_word_embeddings ? seg : seg + cfg_.hidden_size;
+  if (!cfg_.tie_word_embeddings) return {norm_w, norm_w + cfg_.hidden_size};
+  return {norm_w, params_for_compute(embedding_unit(), rounded_embedding)};
 }
 
 template <class T>
@@ -372,7 +389,8 @@ void Llama<T>::forward_block(MicroBatchState<T>& st, int layer, T* out) {
   const BlockDims d = block_dims(st);
   BlockActivations<T>& a = st.blocks[size_t(layer)];
   a.allocate(memory_, d);
-  block_forward(out, a, block_params(layer), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
+  Buffer<T> rounded;
+  block_forward(out, a, block_params(layer, rounded), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
 }
 
 template <class T>
@@ -437,6 +455,8 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     } else {
       ops::embedding_forward(st.x[0].data(), st.tokens.data(), unit_params(embedding_unit()), BT, C);
     }
+    // A lookup copies rows, so rounding them is reading a bf16 table (without rounding all of it).
+    round_if_bf16(st.x[0].data(), rows * C, bf16_);
     h.after_forward(embedding_unit());
   } else {
     st.x[size_t(first_block)] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "range input");
@@ -463,10 +483,11 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
       st.targets = Buffer<int32_t>(memory_, MemoryCategory::activations, BT, "targets");
       ops::device_memcpy(st.targets.data(), targets, BT * int64_t(sizeof(int32_t)));
     }
-    T* norm_w = unit_params(head);
-    if (!norm_w) throw Error("head parameters are not held on this rank now");
-    st.loss = head_forward(st.head, st.x[size_t(L)].data(), norm_w, lm_head_params(),
-                           targets ? st.targets.data() : nullptr, BT, C, V, cfg_.rms_norm_eps, vocab);
+    st.head.bf16 = bf16_;
+    Buffer<T> rounded_head, rounded_embedding;
+    const auto [norm_w, lm_w] = head_params_for_compute(rounded_head, rounded_embedding);
+    st.loss = head_forward(st.head, st.x[size_t(L)].data(), norm_w, lm_w, targets ? st.targets.data() : nullptr, BT,
+                           C, V, cfg_.rms_norm_eps, vocab);
     h.after_forward(head);
   }
   st.forward_done = true;
@@ -480,7 +501,8 @@ void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitH
   const BlockDims d = block_dims(st);
   if (a.holds_anything()) {  // selective: rebuild the cheap tensors from the kept ones
     a.allocate_recomputable(memory_, d);
-    block_recompute_selective(a, block_params(layer), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
+    Buffer<T> rounded;
+    block_recompute_selective(a, block_params(layer, rounded), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
     return;
   }
   // every:k: rerun the segment from the nearest kept input below, keeping every block's
@@ -503,16 +525,17 @@ void Llama<T>::backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, Backwa
   const int L = num_layers(), head = head_unit(L);
   const int64_t BT = st.B * st.seq, C = cfg_.hidden_size, V = vocab_rows();
   const T* x = st.x[size_t(L)].data();
+  Buffer<T> rounded_head, rounded_embedding;
+  const auto [norm_w, lm_w] = head_params_for_compute(rounded_head, rounded_embedding);
   if (pass == BackwardPass::full) {
     T* g_head = ensure_unit_grads(head);
     T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + C;
-    head_backward(dx, g_head, g_lm, st.head, x, unit_params(head), lm_head_params(), st.targets.data(), loss_scale,
-                  BT, C, V, memory_, vocab_comm());
+    head_backward(dx, g_head, g_lm, st.head, x, norm_w, lm_w, st.targets.data(), loss_scale, BT, C, V, memory_,
+                  vocab_comm());
   } else {
     HeadWeightGradInputs<T>& keep = st.head_weight_inputs;
     keep.allocate(memory_, BT, block_dims(st).rows(), C, V);
-    head_backward_input(dx, keep, st.head, x, unit_params(head), lm_head_params(), st.targets.data(), loss_scale, BT,
-                        C, V, vocab_comm());
+    head_backward_input(dx, keep, st.head, x, norm_w, lm_w, st.targets.data(), loss_scale, BT, C, V, vocab_comm());
     keep.take_inputs(st.head, st.x[size_t(L)]);
   }
   st.head.reset();
@@ -526,12 +549,14 @@ void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch
   ensure_block_activations(st, l, h);
   BlockActivations<T>& a = st.blocks[size_t(l)];
   const T* x = st.x[size_t(l)].data();
+  Buffer<T> rounded;
+  const BlockWeights<T> w = block_params(l, rounded);
   if (pass == BackwardPass::full) {
-    block_backward(dx, block_grads(l), dx, a, block_params(l), x, d, rope_, 0, scratch, comm_);
+    block_backward(dx, block_grads(l), dx, a, w, x, d, rope_, 0, scratch, comm_);
   } else {
     BlockWeightGradInputs<T>& keep = st.block_weight_inputs[size_t(l)];
     keep.allocate(memory_, d, unit_name(block_unit(l), num_layers()));
-    block_backward_input(dx, keep, dx, a, block_params(l), x, d, rope_, 0, scratch, comm_);
+    block_backward_input(dx, keep, dx, a, w, x, d, rope_, 0, scratch, comm_);
     keep.take_inputs(a, st.x[size_t(l)]);
   }
   a.reset();
@@ -691,9 +716,11 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   Buffer<int32_t> ids(memory_, MemoryCategory::activations, B * Tn, "decode token ids");
   ops::device_memcpy(ids.data(), tokens, B * Tn * int64_t(sizeof(int32_t)));
   ops::embedding_forward(x.data(), ids.data(), unit_params(embedding_unit()), B * Tn, C);
+  round_if_bf16(x.data(), B * Tn * C, bf16_);
   for (int l = 0; l < num_layers(); ++l) {
     BlockKvCache<T> kv{cache.k[size_t(l)].data(), cache.v[size_t(l)].data(), cache.len, cache.max_len};
-    block_forward(y.data(), a, block_params(l), x.data(), d, rope_, cache.len, comm_, &kv);
+    Buffer<T> rounded;
+    block_forward(y.data(), a, block_params(l, rounded), x.data(), d, rope_, cache.len, comm_, &kv);
     std::swap(x, y);
   }
   cache.len += Tn;
@@ -702,8 +729,10 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   for (int64_t b = 0; b < B; ++b) ops::copy(last.data() + b * C, x.data() + (b * Tn + Tn - 1) * C, C);
   HeadActivations<T> ha;
   ha.allocate(memory_, B, C, V);
-  head_forward(ha, last.data(), unit_params(head_unit(num_layers())), lm_head_params(), nullptr, B, C, V,
-               cfg_.rms_norm_eps);
+  ha.bf16 = bf16_;
+  Buffer<T> rounded_head, rounded_embedding;
+  const auto [norm_w, lm_w] = head_params_for_compute(rounded_head, rounded_embedding);
+  head_forward(ha, last.data(), norm_w, lm_w, nullptr, B, C, V, cfg_.rms_norm_eps);
   ops::copy(logits_last, ha.logits.data(), B * V);
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/model/block.h"
@@ -194,6 +195,17 @@ class Llama {
   KVCache<T> make_kv_cache(int64_t B, int64_t max_len);
   void decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& cache, T* logits_last);
 
+  // ---- Precision ---------------------------------------------------------------------------------
+  // bf16 mixed precision, Llama 3's recipe ("The Llama 3 Herd of Models", 2024, Sec. 3.3.4: bf16
+  // compute, gradients accumulated and reduced in fp32): the parameters this model holds stay the
+  // fp32 master weights the optimizer updates, and its ops read them rounded to bf16 (a rounded
+  // copy of a unit's segment, made as the unit runs); every activation and activation gradient is
+  // rounded to bf16 when complete (BlockDims::bf16); weight gradients accumulate in fp32. The bf16
+  // values are held in float containers, so the arithmetic is bf16's and the memory is fp32's.
+  // Float models only (InputError for double); set before a forward.
+  void set_bf16_compute(bool on);
+  bool bf16_compute() const { return bf16_; }
+
   // ---- What strategies configure -------------------------------------------------------------
   void set_checkpointing(const Checkpointing& ac) { ac_ = ac; }
   const Checkpointing& checkpointing() const { return ac_; }
@@ -210,9 +222,13 @@ class Llama {
 
   BlockDims block_dims(int64_t B, int64_t T_, const int32_t* docs = nullptr) const;
   BlockDims block_dims(const MicroBatchState<T>& st) const;  // with st's document ids
-  BlockWeights<T> block_params(int layer);
+  // Unit u's parameters as its ops read them: the segment, or under bf16 compute a copy of it
+  // rounded to bf16, made in `rounded` (scratch), which the caller holds while the ops run.
+  T* params_for_compute(int u, Buffer<T>& rounded);
+  BlockWeights<T> block_params(int layer, Buffer<T>& rounded);
   BlockWeights<T> block_grads(int layer);
-  T* lm_head_params();
+  // The final norm's gain and the LM head [V, C] as the head's ops read them (see params_for_compute).
+  std::pair<const T*, const T*> head_params_for_compute(Buffer<T>& rounded_head, Buffer<T>& rounded_embedding);
   T* ensure_unit_grads(int u);  // allocates (zeroed) when absent
   void ensure_block_activations(MicroBatchState<T>& st, int layer, UnitHooks& h);
   // One unit of backward(st, ..., pass), pass full or input; dx [rows,C] the residual gradient.
@@ -247,6 +263,7 @@ class Llama {
   int cp_ = 1, cp_rank_ = 0;
   VocabComm<T>* vocab_comm_ = nullptr;
   UnitHooks* hooks_ = nullptr;
+  bool bf16_ = false;
   MicroBatchState<T> state_;  // the whole-model forward/backward
 };
 

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/tensor/bf16_rounding.h"
 
 namespace llama4d {
 
@@ -69,9 +70,7 @@ inline float bf16_to_float(bf16 v) {
 inline bf16 float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN
-  uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
-  return bf16{uint16_t((u + rounding_bias) >> 16)};
+  return bf16{uint16_t(bf16_rounded_bits(u) >> 16)};
 }
 
 // IEEE half precision, for reading fp16 checkpoints.

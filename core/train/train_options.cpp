@@ -32,6 +32,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"lr", lr},               {"min_lr", min_lr},
           {"warmup_steps", warmup_steps}, {"grad_clip", grad_clip},
           {"seed", seed},           {"doc_mask", doc_mask},
+          {"bf16_compute", bf16_compute},
           {"adamw", {{"beta1", adamw.beta1}, {"beta2", adamw.beta2}, {"eps", adamw.eps},
                      {"weight_decay", adamw.weight_decay}}},
           {"loop", nlohmann::json::parse(loop)}};
@@ -66,6 +67,12 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
       if (!j.at("doc_mask").is_boolean()) throw InputError("\"doc_mask\" must be true or false, got " + j.at("doc_mask").dump());
       o.doc_mask = j.at("doc_mask").get<bool>();
     }
+    // Absent from files written before bf16 mixed precision existed: those runs computed in f32/f64.
+    if (j.contains("bf16_compute")) {
+      if (!j.at("bf16_compute").is_boolean())
+        throw InputError("\"bf16_compute\" must be true or false, got " + j.at("bf16_compute").dump());
+      o.bf16_compute = j.at("bf16_compute").get<bool>();
+    }
     const auto& a = j.at("adamw");
     o.adamw.beta1 = a.at("beta1").get<double>();
     o.adamw.beta2 = a.at("beta2").get<double>();
@@ -91,6 +98,7 @@ const std::vector<TrainOptionField>& train_option_fields() {
       {"--grad-clip", "/grad_clip", false},
       {"--seed", "/seed", false},
       {"--doc-mask", "/doc_mask", false},
+      {"bf16_compute", "/bf16_compute", false},  // --dtype bf16, which the CLI checks on resume itself
       {"adamw.beta1", "/adamw/beta1", false},
       {"adamw.beta2", "/adamw/beta2", false},
       {"adamw.eps", "/adamw/eps", false},

@@ -28,6 +28,10 @@ struct TrainOptions {
   // documents of a row being cut at <|end_of_text|> (mark_documents, core/data/batch_sampler.h).
   // Training and evaluation batches alike. Off: causal attention across the whole row.
   bool doc_mask = false;
+  // bf16 mixed precision (--dtype bf16; Llama::set_bf16_compute): bf16 weights and activations
+  // for compute over f32 master weights, gradients and AdamW state. The trainers set it on the
+  // model. Off: every tensor in the model's own type.
+  bool bf16_compute = false;
   AdamWConfig adamw;
   // How the program driving the trainer ran the loop (the CLI's data path, evaluation and
   // checkpoint intervals). The trainers never read it; it is saved with the options so that a

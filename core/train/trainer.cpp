@@ -26,6 +26,7 @@ Trainer<T>::Trainer(Llama<T>& model, const TextDataset& data, const TrainOptions
     : model_(model), data_(data), opt_(options), adamw_(options.adamw, model.param_specs(), &model.memory()),
       segments_(param_segments(model.param_specs())) {
   opt_.validate();
+  model_.set_bf16_compute(opt_.bf16_compute);
   // The running sum of the micro-batches' gradients (see step()); charged as gradients, since
   // accumulating costs one more gradient-sized buffer.
   if (opt_.micro_batches() > 1)

@@ -36,6 +36,12 @@
 // With `ordered` reductions TP is then bitwise too; in fp64 the plain trainer's tensors are held
 // to 1e-12 in ||a - b|| / ||a||. Context parallelism (cp > 1) merges attention's partial results
 // in an order no replay here follows: it is held to measured bounds (tensor_parallel_tolerance).
+//
+// bf16 mixed precision (train.bf16_compute) runs the replay with the same roundings to bf16
+// (Llama::set_bf16_compute; the TP replay rounds at the same points), so with `ordered`
+// reductions and no context parallelism it is bitwise too. Under ring reductions or context
+// parallelism a last-bit difference can move a rounding by a whole bf16 step: the first step's
+// tensors are bounded, and from then on only the loss (see the bounds in equivalence.cpp).
 #include <functional>
 #include <string>
 #include <vector>

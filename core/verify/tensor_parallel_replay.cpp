@@ -1,6 +1,7 @@
 #include "core/verify/tensor_parallel_replay.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "core/error.h"
@@ -50,8 +51,8 @@ void zero(std::vector<T>& v, int64_t n) {
 
 template <class T>
 TensorParallelReplay<T>::TensorParallelReplay(const LlamaConfig& cfg, int tp, bool sequence_parallel, const T* params,
-                                              bool separate_tied_head)
-    : cfg_(cfg), tp_(tp), sp_(sequence_parallel), params_(params), specs_(llama_param_specs(cfg)),
+                                              bool separate_tied_head, bool bf16)
+    : cfg_(cfg), tp_(tp), sp_(sequence_parallel), bf16_(bf16), params_(params), specs_(llama_param_specs(cfg)),
       rope_(make_rope_tables<T>(cfg, cfg.max_position_embeddings)) {
   const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, I = cfg.intermediate_size;
   const int64_t V = cfg.vocab_size, group = nh / nkv, vocab_share = (V + tp - 1) / tp;
@@ -121,16 +122,29 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
   const bool replicated_kv = nkv < tp_;
   const std::vector<ParamSpec>& specs = specs_;
   const BlockDims whole{.C = C, .nh = nh, .nkv = nkv, .hd = hd, .I = I};
-  const T* embed = params_ + find_param(specs, "model.embed_tokens.weight").offset;
+  // A tensor as bf16 would hold it (bf16 mixed precision), else as it is.
+  auto rounded = [&](T* p, int64_t n) { round_if_bf16(p, n, bf16_); };
+  auto rounded_all = [&](std::initializer_list<std::vector<T>*> tensors) {
+    for (std::vector<T>* t : tensors) rounded(t->data(), int64_t(t->size()));
+  };
+  // The weights as the ops read them: under bf16 a rounded copy of the whole flat buffer.
+  std::vector<T> bf16_params;
+  const T* params = params_;
+  if (bf16_) {
+    bf16_params.assign(params_, params_ + flat_numel(specs));
+    rounded(bf16_params.data(), int64_t(bf16_params.size()));
+    params = bf16_params.data();
+  }
+  const T* embed = params + find_param(specs, "model.embed_tokens.weight").offset;
   T* g_embed = grads_.data() + find_param(specs, "model.embed_tokens.weight").offset;
   const ParamSpec& norm_spec = find_param(specs, "model.norm.weight");
-  const T* lm = cfg_.tie_word_embeddings ? embed : params_ + find_param(specs, "lm_head.weight").offset;
+  const T* lm = cfg_.tie_word_embeddings ? embed : params + find_param(specs, "lm_head.weight").offset;
   T* g_lm = !cfg_.tie_word_embeddings ? grads_.data() + find_param(specs, "lm_head.weight").offset
             : head_part_.empty()      ? g_embed
                                       : head_part_.data();
-  // Layer l's nine tensors in the whole flat buffers (params_ is only read).
+  // Layer l's nine tensors in the whole flat buffers (params is only read).
   auto weights = [&](int64_t l) {
-    return block_weights(const_cast<T*>(params_) + layer_param_range(specs, int(l)).begin, whole);
+    return block_weights(const_cast<T*>(params) + layer_param_range(specs, int(l)).begin, whole);
   };
   auto grads = [&](int64_t l) { return block_weights(grads_.data() + layer_param_range(specs, int(l)).begin, whole); };
   auto shape = [&](const Slice& s) {
@@ -164,6 +178,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
     ops::embedding_forward_rows(parts[size_t(r)].data(), tokens, embed + s.v0 * C, BT, C, s.v0, s.V);
   }
   add_in_rank_order(x[0].data(), parts, BT * C);
+  rounded_all({&x[0]});
 
   struct RankActivations {
     std::vector<T> q, k, v, att, lse, gate, up, act;
@@ -184,6 +199,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
     for_rows([&](int64_t r0, int64_t rows) {
       ops::rmsnorm_forward(a.n1.data() + r0 * C, a.rstd1.data() + r0, xl + r0 * C, w.ln1, rows, C, eps);
     });
+    rounded_all({&a.n1});
     for (int r = 0; r < tp_; ++r) {
       const Slice& s = slices_[size_t(r)];
       RankActivations& ra = a.ranks[size_t(r)];
@@ -193,39 +209,50 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       ops::matmul_forward(ra.q.data(), a.n1.data(), w.wq + s.h0 * hd * C, BT, C, qd);
       ops::matmul_forward(ra.k.data(), a.n1.data(), w.wk + s.k0 * hd * C, BT, C, kvd);
       ops::matmul_forward(ra.v.data(), a.n1.data(), w.wv + s.k0 * hd * C, BT, C, kvd);
+      rounded_all({&ra.q, &ra.k, &ra.v});
       ops::rope_forward(ra.q.data(), rope_.cos.data(), rope_.sin.data(), B, Tn, s.nh, hd, 0);
       ops::rope_forward(ra.k.data(), rope_.cos.data(), rope_.sin.data(), B, Tn, s.nkv, hd, 0);
+      rounded_all({&ra.q, &ra.k});
       ops::attention_forward(ra.att.data(), ra.lse.data(), ra.q.data(), ra.k.data(), ra.v.data(), shape(s));
+      rounded_all({&ra.att});
       const std::vector<T> wo = columns(w.wo, C, nh * hd, s.h0 * hd, qd);
       ops::matmul_forward(parts[size_t(r)].data(), ra.att.data(), wo.data(), BT, qd, C);
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // g: the o_proj partial sums
+    rounded_all({&sum});
     for_rows([&](int64_t r0, int64_t rows) {
       ops::add_forward(a.h.data() + r0 * C, sum.data() + r0 * C, xl + r0 * C, rows * C);
+      rounded(a.h.data() + r0 * C, rows * C);
       ops::rmsnorm_forward(a.n2.data() + r0 * C, a.rstd2.data() + r0, a.h.data() + r0 * C, w.ln2, rows, C, eps);
     });
+    rounded_all({&a.n2});
     for (int r = 0; r < tp_; ++r) {
       const Slice& s = slices_[size_t(r)];
       RankActivations& ra = a.ranks[size_t(r)];
       ra.gate.resize(size_t(BT * s.I)), ra.up.resize(size_t(BT * s.I)), ra.act.resize(size_t(BT * s.I));
       ops::matmul_forward(ra.gate.data(), a.n2.data(), w.wgate + s.f0 * C, BT, C, s.I);
       ops::matmul_forward(ra.up.data(), a.n2.data(), w.wup + s.f0 * C, BT, C, s.I);
+      rounded_all({&ra.gate, &ra.up});
       ops::swiglu_forward(ra.act.data(), ra.gate.data(), ra.up.data(), BT * s.I);
+      rounded_all({&ra.act});
       const std::vector<T> wdown = columns(w.wdown, C, I, s.f0, s.I);
       ops::matmul_forward(parts[size_t(r)].data(), ra.act.data(), wdown.data(), BT, s.I, C);
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // g: the down_proj partial sums
+    rounded_all({&sum});
     for_rows([&](int64_t r0, int64_t rows) {
       ops::add_forward(x[size_t(l + 1)].data() + r0 * C, sum.data() + r0 * C, a.h.data() + r0 * C, rows * C);
     });
+    rounded_all({&x[size_t(l + 1)]});
   }
 
   // The head: final norm, each rank's logits slice, the loss from the combined statistics.
-  const T* norm_w = params_ + norm_spec.offset;
+  const T* norm_w = params + norm_spec.offset;
   std::vector<T> n(static_cast<size_t>(BT * C)), rstd(static_cast<size_t>(BT));
   for_rows([&](int64_t r0, int64_t rows) {
     ops::rmsnorm_forward(n.data() + r0 * C, rstd.data() + r0, x[size_t(L)].data() + r0 * C, norm_w, rows, C, eps);
   });
+  rounded_all({&n});
   // Per rank: its logits slice [BT, V_r] and its part of each token's statistics [BT].
   const size_t ranks = size_t(tp_), tokens_n = size_t(BT);
   std::vector<std::vector<T>> logits(ranks), maxes(ranks), sums(ranks), target_parts(ranks);
@@ -235,6 +262,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
     logits[size_t(r)].resize(size_t(BT * s.V)), maxes[size_t(r)].resize(size_t(BT));
     target_parts[size_t(r)].resize(size_t(BT)), sums[size_t(r)].resize(size_t(BT));
     ops::matmul_forward(logits[size_t(r)].data(), n.data(), lm + s.v0 * C, BT, C, s.V);
+    rounded_all({&logits[size_t(r)]});
     ops::vocab_slice_max_and_target(maxes[size_t(r)].data(), target_parts[size_t(r)].data(), logits[size_t(r)].data(),
                                     targets, BT, s.V, s.v0);
   }
@@ -257,12 +285,15 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
     zero(dlogits, BT * s.V);
     ops::cross_entropy_backward_slice(dlogits.data(), logits[size_t(r)].data(), lse.data(), targets, loss_scale, BT, s.V,
                                       s.v0);
+    rounded_all({&dlogits});
     zero(parts[size_t(r)], BT * C);
     ops::matmul_backward(parts[size_t(r)].data(), g_lm + s.v0 * C, dlogits.data(), n.data(), lm + s.v0 * C, BT, C, s.V);
   }
   add_in_rank_order(sum.data(), parts, BT * C);  // f backward: the head's input gradient
+  rounded_all({&sum});
   std::vector<T> dx(size_t(BT * C), T(0));
   norm_backward(dx.data(), grads_.data() + norm_spec.offset, sum.data(), x[size_t(L)].data(), norm_w, rstd.data());
+  rounded_all({&dx});
 
   std::vector<T> dh(size_t(BT * C));
   for (int64_t l = L - 1; l >= 0; --l) {
@@ -278,7 +309,9 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       const std::vector<T> wdown = columns(w.wdown, C, I, s.f0, s.I);
       ops::matmul_backward(dact.data(), wdown_grads_[size_t(l * tp_ + r)].data(), dx.data(), ra.act.data(), wdown.data(),
                            BT, s.I, C);
+      rounded_all({&dact});
       ops::swiglu_backward(dgate.data(), dup.data(), dact.data(), ra.gate.data(), ra.up.data(), BT * s.I);
+      rounded_all({&dgate, &dup});
       zero(parts[size_t(r)], BT * C);
       ops::matmul_backward(parts[size_t(r)].data(), g.wgate + s.f0 * C, dgate.data(), a.n2.data(), w.wgate + s.f0 * C, BT,
                            C, s.I);
@@ -286,7 +319,9 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
                            s.I);
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // f backward: the MLP's input gradient
+    rounded_all({&sum});
     norm_backward(dh.data(), g.ln2, sum.data(), a.h.data(), w.ln2, a.rstd2.data());
+    rounded_all({&dh});
 
     // Attention half.
     dx = dh;
@@ -301,10 +336,13 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       const std::vector<T> wo = columns(w.wo, C, nh * hd, s.h0 * hd, qd);
       ops::matmul_backward(datt.data(), wo_grads_[size_t(l * tp_ + r)].data(), dh.data(), ra.att.data(), wo.data(), BT,
                            qd, C);
+      rounded_all({&datt});
       ops::attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), ra.q.data(), ra.k.data(), ra.v.data(),
                               ra.att.data(), ra.lse.data(), shape(s));
+      rounded_all({&dq, &dk, &dv});
       ops::rope_backward(dq.data(), rope_.cos.data(), rope_.sin.data(), B, Tn, s.nh, hd, 0);
       ops::rope_backward(dk.data(), rope_.cos.data(), rope_.sin.data(), B, Tn, s.nkv, hd, 0);
+      rounded_all({&dq, &dk});
       zero(parts[size_t(r)], BT * C);
       T* dn = parts[size_t(r)].data();
       ops::matmul_backward(dn, g.wq + s.h0 * hd * C, dq.data(), a.n1.data(), w.wq + s.h0 * hd * C, BT, C, qd);
@@ -329,7 +367,9 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       ops::accumulate(g.wv, both.data() + kv_whole, kv_whole);
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // f backward: attention's input gradient
+    rounded_all({&sum});
     norm_backward(dx.data(), g.ln1, sum.data(), x[size_t(l)].data(), w.ln1, a.rstd1.data());
+    rounded_all({&dx});
   }
 
   // The embedding: each rank scatter-adds the rows of the ids it holds.

@@ -46,8 +46,11 @@ class TensorParallelReplay {
   // params: the whole model's flat parameters (llama_param_specs(cfg) order), read at every
   // forward. separate_tied_head: with tied embeddings under pipeline parallelism the LM head's
   // part of the embedding's gradient accumulates apart (tied_head_part), as its stage keeps it.
+  // bf16: mixed precision (Llama::set_bf16_compute): the weights are read rounded to bf16, and
+  // each activation and activation gradient is rounded when complete, at the points block.cpp and
+  // head.cpp round it (a split sum: after its ranks' partials are added).
   TensorParallelReplay(const LlamaConfig& cfg, int tp, bool sequence_parallel, const T* params,
-                       bool separate_tied_head);
+                       bool separate_tied_head, bool bf16);
   ~TensorParallelReplay();
 
   void zero_grad();
@@ -64,6 +67,7 @@ class TensorParallelReplay {
   LlamaConfig cfg_;
   int tp_;
   bool sp_;
+  bool bf16_;
   const T* params_;
   std::vector<ParamSpec> specs_;  // the whole model's (llama_param_specs(cfg))
   RopeTables<T> rope_;

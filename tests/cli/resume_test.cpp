@@ -42,6 +42,26 @@ nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse
 
 void write_json(const std::string& path, const nlohmann::json& j) { std::ofstream(path, std::ios::trunc) << j.dump(2); }
 
+// bf16 mixed precision saves its f32 master weights and its mode: a resume without --dtype goes
+// on in bf16 and lands on the straight run's bytes; --dtype f32 on it is refused by name.
+TEST(ResumeCli, Bf16ResumesInBf16Bitwise) {
+  const std::string straight = tmp("resume_bf16_straight"), half = tmp("resume_bf16_half");
+  const nlohmann::json js = train_json(kRun + " --dtype bf16 --steps 4 --out " + straight);
+  ASSERT_FALSE(js.is_null());
+  EXPECT_EQ(js.at("dtype"), "bf16");
+  ASSERT_FALSE(train_json(kRun + " --dtype bf16 --steps 4 --stop-at 2 --out " + half).is_null());
+  EXPECT_EQ(read_json(half + "/checkpoint/trainer_state.json").at("options").at("bf16_compute"), true);
+  expect_bad_input(run("train --resume " + half + "/checkpoint --out " + half + " --dtype f32"), "--dtype");
+  const nlohmann::json jr = train_json(" --resume " + half + "/checkpoint --out " + half);
+  ASSERT_FALSE(jr.is_null());
+  EXPECT_EQ(jr.at("dtype"), "bf16");
+  EXPECT_EQ(js.at("final_loss").get<double>(), jr.at("final_loss").get<double>());
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(straight + "/checkpoint/" + f) == read_file(half + "/checkpoint/" + f)) << f;
+  fs::remove_all(straight);
+  fs::remove_all(half);
+}
+
 // Issue 14 item 2: a dp=4 ZeRO-3 run with the default micro-batch saved the resolved micro-batch
 // (the whole batch of 8), which no rank of 2 rows could split: not even dp=4 could resume it.
 // Now it resumes on its own mesh bitwise (3 + 3 steps = 6 straight steps, same bytes), and on
@@ -107,6 +127,7 @@ TEST(ResumeCli, FlagsThatChangeTheMathAreRefusedByName) {
       {"--weight-decay 0", "--weight-decay"},
       {"--preset small", "--preset"},
       {"--dtype f64", "--dtype"},
+      {"--dtype bf16", "--dtype"},
       {"--data " + data, "--data"},
       {"--steps 1", "--steps"},
       {"--stop-at 2", "--stop-at"},

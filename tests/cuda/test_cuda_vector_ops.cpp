@@ -1,6 +1,6 @@
 // Element-wise ops, SwiGLU, the vector ops and AdamW on the GPU against the CPU backend. The
 // ops both backends compute without fused multiply-adds (add_scaled, the sums of squares, the
-// loss sum, AdamW; see backends/cuda/CMakeLists.txt) must agree bit for bit.
+// loss sum, AdamW; see backends/cuda/CMakeLists.txt) and the rounding to bf16 must agree bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -90,6 +90,23 @@ TYPED_TEST(CudaVectorOps, SumsOfSquaresAndLossesAreBitwise) {
   EXPECT_EQ(std::memcmp(&got_sum, &want_sum, sizeof(double)), 0) << got_sum << " vs " << want_sum;
   EXPECT_EQ(got_count, want_count);
   EXPECT_THROW(ops::sum_squares_chunks(got.data(), dx.data(), kN, 0), InputError);
+}
+
+// The same rounding function on both sides (core/tensor/bf16_rounding.h), compiled by nvcc here.
+TYPED_TEST(CudaVectorOps, RoundToBf16IsBitwiseTheCpuRounding) {
+  using T = TypeParam;
+  LLAMA4D_REQUIRE_GPU();
+  auto x = test::random_values<T>(kN, 13, -1, 1);
+  for (int64_t i = 0; i < kN; ++i) x[size_t(i)] = std::ldexp(x[size_t(i)], int(i % 301) - 150);  // subnormals to huge
+  x[0] = std::numeric_limits<T>::quiet_NaN(), x[1] = -std::numeric_limits<T>::infinity(), x[2] = T(-0.0);
+  std::vector<T> want = x;
+  ops::round_to_bf16(want.data(), kN);
+  OnGpu gpu;
+  DeviceBuffer<T> d(x);
+  ops::round_to_bf16(d.data(), kN);
+  const std::vector<T> got = d.host();
+  EXPECT_TRUE(std::isnan(got[0]));
+  EXPECT_EQ(std::memcmp(got.data() + 1, want.data() + 1, size_t(kN - 1) * sizeof(T)), 0);
 }
 
 TYPED_TEST(CudaVectorOps, AllFiniteFindsOneBadElement) {

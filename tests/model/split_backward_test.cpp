@@ -3,7 +3,8 @@
 // every unit gradient and every input gradient is bitwise the whole backward's, for ranges with
 // and without the embedding and the head, under every activation checkpointing policy; the
 // input pass writes no gradient; the weight pass frees what the input pass kept; the two passes
-// report the whole backward's FLOPs; the hooks bracket each pass as units.h documents.
+// report the whole backward's FLOPs; the hooks bracket each pass as units.h documents. The same
+// holds in bf16 mixed precision, whose roundings the two passes must place alike.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -80,8 +81,9 @@ struct Outcome {
 constexpr int kMicroBatches = 3;
 
 template <class T>
-Outcome<T> run(const LlamaConfig& cfg, const char* ac, UnitRange r, Schedule schedule) {
+Outcome<T> run(const LlamaConfig& cfg, const char* ac, UnitRange r, Schedule schedule, bool bf16) {
   Llama<T> m(cfg);
+  m.set_bf16_compute(bf16);
   m.set_checkpointing(Checkpointing::parse(ac, int(cfg.num_hidden_layers)));
   m.init_weights(3);
   test::perturb_params(m, 8);
@@ -144,8 +146,10 @@ Outcome<T> run(const LlamaConfig& cfg, const char* ac, UnitRange r, Schedule sch
   return out;
 }
 
+// Also: every checkpointing policy gives the bits of none (a recompute repeats the forward's ops,
+// its roundings to bf16 included).
 template <class T>
-void expect_split_bitwise(const LlamaConfig& cfg) {
+void expect_split_bitwise(const LlamaConfig& cfg, bool bf16 = false) {
   const int L = int(cfg.num_hidden_layers);
   const struct {
     UnitRange r;
@@ -154,12 +158,14 @@ void expect_split_bitwise(const LlamaConfig& cfg) {
                 {{2, 5}, "blocks 1..3"},
                 {{3, L + 2}, "blocks 2..3 and the head"},
                 {{0, 3}, "embedding and blocks 0..1"}};
-  for (const char* ac : {"none", "selective", "every:2"})
-    for (const auto& [r, name] : ranges) {
+  for (const auto& [r, name] : ranges) {
+    const Outcome<T> kept = run<T>(cfg, "none", r, Schedule::full, bf16);
+    for (const char* ac : {"none", "selective", "every:2"}) {
       SCOPED_TRACE(std::string(name) + ", checkpointing " + ac);
-      const Outcome<T> full = run<T>(cfg, ac, r, Schedule::full);
+      const Outcome<T> full = run<T>(cfg, ac, r, Schedule::full, bf16);
+      EXPECT_TRUE(same_bits(full.grads, kept.grads)) << "checkpointing changed the gradients";
       for (Schedule s : {Schedule::split, Schedule::zero_bubble}) {
-        const Outcome<T> split = run<T>(cfg, ac, r, s);
+        const Outcome<T> split = run<T>(cfg, ac, r, s, bf16);
         EXPECT_TRUE(same_bits(split.grads, full.grads)) << "schedule " << int(s);
         for (int i = 0; i < kMicroBatches; ++i)
           EXPECT_TRUE(same_bits(split.input_grads[size_t(i)], full.input_grads[size_t(i)]))
@@ -168,12 +174,14 @@ void expect_split_bitwise(const LlamaConfig& cfg) {
       }
       EXPECT_GT(full.flops, 0.0);
     }
+  }
 }
 
 TEST(SplitBackward, BitwiseWholeBackwardTinyFp32) { expect_split_bitwise<float>(tiny_preset()); }
 TEST(SplitBackward, BitwiseWholeBackwardTinyFp64) { expect_split_bitwise<double>(tiny_preset()); }
 TEST(SplitBackward, BitwiseWholeBackwardOddShapesFp32) { expect_split_bitwise<float>(odd_config()); }
 TEST(SplitBackward, BitwiseWholeBackwardOddShapesFp64) { expect_split_bitwise<double>(odd_config()); }
+TEST(SplitBackward, BitwiseWholeBackwardOddShapesBf16) { expect_split_bitwise<float>(odd_config(), true); }
 
 // Per-unit storage (ZeRO-2 style): the input pass allocates no gradient segment; the weight pass
 // allocates each one it writes.

@@ -1,5 +1,5 @@
 // The buffer and vector ops (fill, copy, add_scaled, adamw_update, sum_squares_chunks,
-// sum_losses, the vocabulary-parallel embedding, all_finite) and backend memory. Where an op
+// sum_losses, the vocabulary-parallel embedding, round_to_bf16, all_finite) and backend memory. Where an op
 // replaces a host loop the library used to run (AdamW's update, the gradient-norm partials,
 // the head's loss sum, the whole-table embedding), it is checked bit for bit against that loop
 // written out here, independently of the backend.
@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/optim/adamw.h"
@@ -70,6 +72,75 @@ TYPED_TEST(VectorOps, AllFiniteFindsNanAndInfAnywhere) {
         with_threads(threads, [&] { EXPECT_FALSE(ops::all_finite(y.data(), kBig)) << at; });
       EXPECT_TRUE(ops::all_finite(y.data(), at));  // the bad value just outside the range
     }
+}
+
+// ---- round_to_bf16 -----------------------------------------------------------------------------
+
+// Values whose bf16 rounding is worked out by hand (bf16 keeps 8 significant bits: next to 1.0
+// its step is 2^-7; its subnormals are k * 2^-133; its largest value is (2 - 2^-7) * 2^127).
+template <class T>
+std::vector<std::pair<T, T>> bf16_cases() {
+  using L = std::numeric_limits<T>;
+  const T ulp = T(std::ldexp(1.0, -7));  // bf16's step at 1.0
+  const T big = T(std::ldexp(2.0 - std::ldexp(1.0, -7), 127));
+  std::vector<std::pair<T, T>> c = {
+      {T(1), T(1)},
+      {T(1) + ulp / 2, T(1)},                                       // a tie: to the even 1.0
+      {T(1) + 3 * ulp / 2, T(1) + 2 * ulp},                         // a tie: to the even 1 + 2^-6
+      {T(1) + ulp / 2 + T(std::ldexp(1.0, -20)), T(1) + ulp},       // just past the tie
+      {-(T(1) + ulp / 2 + T(std::ldexp(1.0, -20))), -(T(1) + ulp)}, // the same, negative
+      {T(0.1), T(0.10009765625)},                                   // 0x3DCD: 0.1 = 0x3DCCCCCD
+      {big, big},
+      {T(std::ldexp(2.0 - std::ldexp(1.0, -8), 127)), L::infinity()},  // the tie past the largest
+      {T(std::ldexp(3.0, -135)), T(std::ldexp(1.0, -133))},         // subnormal: 0.75 step -> 1 step
+      {T(std::ldexp(1.0, -134)), T(0)},                             // subnormal tie: to the even 0
+      {L::infinity(), L::infinity()},
+      {-L::infinity(), -L::infinity()},
+      {T(-0.0), T(-0.0)},
+  };
+  if constexpr (sizeof(T) == 8) {
+    // Just past a tie by less than a float can hold: rounding through a float would land on the
+    // tie and go to the even 1.0.
+    c.push_back({1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40), 1.0 + std::ldexp(1.0, -7)});
+    c.push_back({1e300, L::infinity()});
+    c.push_back({-1e-300, -0.0});
+  } else {
+    c.push_back({L::max(), L::infinity()});
+  }
+  return c;
+}
+
+TYPED_TEST(VectorOps, RoundToBf16GivesTheNearestBf16) {
+  using T = TypeParam;
+  const auto cases = bf16_cases<T>();
+  std::vector<T> x;
+  for (const auto& [in, out] : cases) x.push_back(in);
+  x.push_back(std::numeric_limits<T>::quiet_NaN());
+  ops::round_to_bf16(x.data(), int64_t(x.size()));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(x[i], cases[i].second) << "case " << i << ": " << double(cases[i].first);
+    EXPECT_EQ(std::signbit(x[i]), std::signbit(cases[i].second)) << "case " << i;
+  }
+  EXPECT_TRUE(std::isnan(x.back()));
+
+  // Random values over many binades, any thread count: each result is a bf16 value (8
+  // significant bits) and no bf16 value is closer to the input.
+  std::vector<T> in = cast_to<T>(random_vector(kBig, 4, -1, 1));
+  for (int64_t i = 0; i < kBig; ++i) in[size_t(i)] = std::ldexp(in[size_t(i)], int(i % 61) - 30);
+  for (int threads : {1, 2, 3})
+    with_threads(threads, [&] {
+      std::vector<T> r = in;
+      ops::round_to_bf16(r.data(), kBig);
+      for (int64_t i = 0; i < kBig; ++i) {
+        const double a = double(in[size_t(i)]), b = double(r[size_t(i)]);
+        int e = 0;
+        const double m = std::frexp(b, &e);  // b = m * 2^e, m in [0.5, 1)
+        ASSERT_EQ(std::ldexp(m, 8), std::round(std::ldexp(m, 8))) << a << " -> " << b << " has more than 8 bits";
+        const double step = std::ldexp(1.0, e - 8);  // bf16's spacing around b
+        ASSERT_LE(std::abs(a - b), step / 2) << a << " -> " << b;
+      }
+    });
+  ops::round_to_bf16<T>(nullptr, 0);
 }
 
 // ---- adamw_update against the update written out --------------------------------------------

@@ -1,0 +1,143 @@
+// bf16 mixed precision (Llama::set_bf16_compute): what the forward keeps for the backward holds
+// bf16 values (8 significant bits) except the statistics kept in f32 (1/rms, log-sum-exp); the
+// master weights stay f32 and a forward and backward do not touch them; the ops read them
+// rounded to bf16; the loss and gradients
+// agree with fp64 to bf16's rounding, and are not f32's (the rounding happened); a double model
+// refuses it. That input and weight passes, and every checkpointing policy, give the same bits in
+// bf16 is checked by split_backward_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/ops.h"
+#include "model_test_util.h"
+
+namespace llama4d {
+namespace {
+
+// True when every element of x[n] is a bf16 value: the low 16 bits of each float are zero.
+bool all_bf16(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    if ((u & 0xffffu) != 0) return false;
+  }
+  return true;
+}
+bool all_bf16(const Buffer<float>& b) { return all_bf16(b.data(), b.size()); }
+
+TEST(Bf16Compute, KeptTensorsAreBf16ValuesAndTheMasterWeightsAreNot) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const LlamaConfig cfg = test::tiny_config(tied, tied);
+    Llama<float> m(cfg);
+    m.set_bf16_compute(true);
+    m.init_weights(5);
+    test::perturb_params(m, 9);
+    const std::vector<float> master(m.params(), m.params() + m.num_params());
+    EXPECT_FALSE(all_bf16(master.data(), int64_t(master.size())));  // nothing rounded them
+
+    const test::Batch b = test::make_batch(2, 7, cfg.vocab_size, 6, true);
+    MicroBatchState<float> st;
+    m.zero_grad();
+    const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+    for (int l = 0; l <= m.num_layers(); ++l) EXPECT_TRUE(all_bf16(st.x[size_t(l)])) << "x_" << l;
+    for (int l = 0; l < m.num_layers(); ++l) {
+      const BlockActivations<float>& a = st.blocks[size_t(l)];
+      for (const auto& [buffer, name] : {std::pair{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.h, "h"}, {&a.gate, "gate"},
+                                        {&a.up, "up"}, {&a.n1, "n1"}, {&a.att, "att"}, {&a.n2, "n2"}, {&a.act, "act"}})
+        EXPECT_TRUE(all_bf16(*buffer)) << "layer " << l << " " << name;
+      // Statistics stay in f32: rounding them would put bf16's error into every probability.
+      EXPECT_FALSE(all_bf16(a.rstd1)) << "layer " << l;
+      EXPECT_FALSE(all_bf16(a.lse)) << "layer " << l;
+    }
+    EXPECT_TRUE(all_bf16(st.head.n));
+    EXPECT_TRUE(all_bf16(st.head.logits));
+    EXPECT_FALSE(all_bf16(st.head.losses));
+
+    m.backward(st, 1.0f / float(loss.tokens));
+    EXPECT_EQ(std::memcmp(master.data(), m.params(), master.size() * sizeof(float)), 0) << "the master weights changed";
+    // Weight gradients accumulate in f32: sums of bf16 products, not bf16 values themselves.
+    EXPECT_FALSE(all_bf16(m.grads(), m.num_params()));
+  }
+}
+
+// The ops read the weights rounded to bf16: master weights that differ only below bf16's
+// precision give the same loss and gradients, bit for bit (in f32 they would not).
+TEST(Bf16Compute, OpsReadTheWeightsRoundedToBf16) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const LlamaConfig cfg = test::tiny_config(tied, false);
+    Llama<float> exact(cfg), rounded(cfg);
+    for (Llama<float>* m : {&exact, &rounded}) {
+      m->set_bf16_compute(true);
+      m->init_weights(5);
+      test::perturb_params(*m, 9);
+    }
+    ops::round_to_bf16(rounded.params(), rounded.num_params());
+    const test::Batch b = test::make_batch(2, 7, cfg.vocab_size, 6, true);
+    std::vector<double> losses;
+    for (Llama<float>* m : {&exact, &rounded}) {
+      m->zero_grad();
+      const LossSum l = m->forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+      m->backward(1.0f / float(l.tokens));
+      losses.push_back(l.loss_sum);
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    EXPECT_EQ(std::memcmp(exact.grads(), rounded.grads(), size_t(exact.num_params()) * sizeof(float)), 0);
+  }
+}
+
+TEST(Bf16Compute, AgreesWithFp64ToBf16Rounding) {
+  const LlamaConfig cfg = test::tiny_config(false, false);
+  Llama<double> m64(cfg);
+  Llama<float> m32(cfg), m16(cfg);
+  m16.set_bf16_compute(true);
+  EXPECT_TRUE(m16.bf16_compute());
+  EXPECT_FALSE(m32.bf16_compute());
+  for (Llama<float>* m : {&m32, &m16}) m->init_weights(5), test::perturb_params(*m, 9);
+  m64.init_weights(5);
+  for (int64_t i = 0; i < m64.num_params(); ++i) m64.params()[i] = double(m32.params()[i]);  // the same weights
+
+  const test::Batch b = test::make_batch(2, 7, cfg.vocab_size, 6, true);
+  m64.zero_grad(), m32.zero_grad(), m16.zero_grad();
+  const LossSum l64 = m64.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  const LossSum l32 = m32.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  const LossSum l16 = m16.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  m64.backward(1.0 / double(l64.tokens));
+  m32.backward(1.0f / float(l32.tokens));
+  m16.backward(1.0f / float(l16.tokens));
+
+  const double loss32 = std::abs(l32.loss_sum - l64.loss_sum) / std::abs(l64.loss_sum);
+  const double loss16 = std::abs(l16.loss_sum - l64.loss_sum) / std::abs(l64.loss_sum);
+  double grad32 = 0, grad16 = 0;
+  for (const ParamSpec& p : m64.param_specs()) {
+    grad32 = std::max(grad32, test::rel_error(m32.grads() + p.offset, m64.grads() + p.offset, p.numel));
+    grad16 = std::max(grad16, test::rel_error(m16.grads() + p.offset, m64.grads() + p.offset, p.numel));
+  }
+  std::printf("relative error against fp64: loss f32 %.3g, bf16 %.3g; worst gradient tensor f32 %.3g, bf16 %.3g\n",
+              loss32, loss16, grad32, grad16);
+  // bf16 keeps 8 significant bits: one rounding is off by up to 2^-9 = 2e-3 relative. The loss
+  // and the gradients sum many of them, so they land within a few units of that; f32 within 1e-5
+  // (model_basics_test.cpp). Rounding that never happened would leave bf16 as close as f32.
+  EXPECT_LE(loss16, 2e-2);
+  EXPECT_LE(grad16, 1e-1);
+  EXPECT_GT(loss16, 10 * loss32);
+  EXPECT_GT(grad16, 10 * grad32);
+}
+
+TEST(Bf16Compute, IsAModeOfTheF32Model) {
+  Llama<double> m(test::tiny_config(false, false));
+  EXPECT_THROW(m.set_bf16_compute(true), InputError);
+  EXPECT_NO_THROW(m.set_bf16_compute(false));
+  EXPECT_FALSE(m.bf16_compute());
+}
+
+}  // namespace
+}  // namespace llama4d
