@@ -461,6 +461,9 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   } else {
     st.x[size_t(first_block)] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "range input");
     ops::copy(st.x[size_t(first_block)].data(), hidden_in, rows * C);
+    // A previous stage sends bf16 values already; rounding again changes nothing there, and makes
+    // any other caller's input what a bf16 tensor would hold.
+    round_if_bf16(st.x[size_t(first_block)].data(), rows * C, bf16_);
   }
 
   for (int u = std::max(r.begin, 1); u < std::min(r.end, head); ++u) {
@@ -617,6 +620,7 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out,
   Buffer<T> dx(memory_, MemoryCategory::scratch, d.rows() * d.C, "residual gradient");
   if (!has_head) {
     ops::copy(dx.data(), grad_out, d.rows() * d.C);
+    round_if_bf16(dx.data(), d.rows() * d.C, bf16_);  // as the range's input, above
     st.x[size_t(r.end - 1)].reset();  // the range's output: sent on in forward, not read again
   }
   BlockScratch<T> scratch;

@@ -200,7 +200,8 @@ class Llama {
   // compute, gradients accumulated and reduced in fp32): the parameters this model holds stay the
   // fp32 master weights the optimizer updates, and its ops read them rounded to bf16 (a rounded
   // copy of a unit's segment, made as the unit runs); every activation and activation gradient is
-  // rounded to bf16 when complete (BlockDims::bf16); weight gradients accumulate in fp32. The bf16
+  // rounded to bf16 when complete (BlockDims::bf16), and so are a range's hidden input and output
+  // gradient as they come in; weight gradients accumulate in fp32. The bf16
   // values are held in float containers, so the arithmetic is bf16's and the memory is fp32's.
   // Float models only (InputError for double); set before a forward.
   void set_bf16_compute(bool on);
