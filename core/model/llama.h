@@ -196,13 +196,13 @@ class Llama {
   void decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& cache, T* logits_last);
 
   // ---- Precision ---------------------------------------------------------------------------------
-  // bf16 mixed precision, Llama 3's recipe ("The Llama 3 Herd of Models", 2024, Sec. 3.3.4: bf16
-  // compute, gradients accumulated and reduced in fp32): the parameters this model holds stay the
-  // fp32 master weights the optimizer updates, and its ops read them rounded to bf16 (a rounded
-  // copy of a unit's segment, made as the unit runs); every activation and activation gradient is
-  // rounded to bf16 when complete (BlockDims::bf16), and so are a range's hidden input and output
-  // gradient as they come in; weight gradients accumulate in fp32. The bf16
-  // values are held in float containers, so the arithmetic is bf16's and the memory is fp32's.
+  // bf16 mixed precision, Llama 3's recipe ("The Llama 3 Herd of Models", 2024, on numerical
+  // stability: bf16 compute, gradients accumulated and reduced in fp32). The parameters this model
+  // holds stay the fp32 master weights the optimizer updates, and its ops read them rounded to
+  // bf16 (a rounded copy of a unit's segment, made as the unit runs). Every activation and
+  // activation gradient is rounded to bf16 when complete (BlockDims::bf16), and so are a range's
+  // hidden input and output gradient as they come in; weight gradients accumulate in fp32. The
+  // bf16 values are held in float containers: the arithmetic is bf16's, the memory fp32's.
   // Float models only (InputError for double); set before a forward.
   void set_bf16_compute(bool on);
   bool bf16_compute() const { return bf16_; }
