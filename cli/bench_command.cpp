@@ -204,6 +204,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
   opt.steps = a.warmup + a.iters;
   opt.bf16_compute = a.model.bf16();
   const ParallelPlan plan = a.parallel.plan(cfg, a.launch.algo);
+  plan.check_precision(opt.bf16_compute);
   apply_micro_batches(a.micro_batches, opt, plan, cfg);
   const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
   Llama<T> model(cfg);
@@ -310,7 +311,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "time training steps against this machine's peak GEMM rate");
   a->model.add_options(*cmd, "small", false);
-  a->parallel.add_options(*cmd, "");
+  a->parallel.add_options(*cmd, "", true);
   a->launch.add_options(*cmd);
   cmd->add_option("--batch-size", a->opt.batch_size, "sequences per step")->capture_default_str();
   cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();

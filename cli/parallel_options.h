@@ -1,6 +1,6 @@
 #pragma once
-// --mesh, --zero, --keep-params, --ac, --sp, --schedule, --pp-chunks, --pp-layers and --cp-algo: how the
-// parallel plan is chosen on the command line.
+// --mesh, --zero, --keep-params, --ac, --sp, --schedule, --pp-chunks, --pp-layers, --cp-algo and
+// --grad-reduce-in-bf16: how the parallel plan is chosen on the command line.
 // Parsed once into a ParallelPlan, which every command passes on unchanged.
 #include <string>
 
@@ -21,8 +21,11 @@ struct ParallelChoice {
   int pp_chunks = 1;              // model chunks per pipeline rank (interleaved)
   std::string pp_layers;          // "1,2,2,1": layers per virtual stage; empty: balanced
   std::string cp_algo = "allgather";  // context parallelism with cp > 1: allgather | ring
+  bool grad_reduce_in_bf16 = false;   // gradients reduced in bf16 (with --dtype bf16)
 
-  void add_options(CLI::App& cmd, const std::string& default_mesh);
+  // with_grad_reduce: whether the command offers --grad-reduce-in-bf16 (commands that train do;
+  // the planner's memory model does not cover its bf16 copies).
+  void add_options(CLI::App& cmd, const std::string& default_mesh, bool with_grad_reduce);
   bool parallel() const { return !mesh.empty(); }
   // The plan (validated: InputError for anything this build cannot run). algo: ordered | ring.
   ParallelPlan plan(const LlamaConfig& model, const std::string& algo) const;

@@ -131,7 +131,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--preset", a->preset, "model shape (tiny, small, medium, llama3-8b, llama3-70b, llama3-405b)")
       ->capture_default_str();
   cmd->add_option("--config", a->config, "Hugging Face config.json (overrides --preset)");
-  a->parallel.add_options(*cmd, "tp=2,cp=2,pp=2,dp=2");
+  a->parallel.add_options(*cmd, "tp=2,cp=2,pp=2,dp=2", false);
   add_micro_batches_option(*cmd, a->micro_batches);
   cmd->add_option("--seq-len", a->seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "global batch in sequences")->capture_default_str();

@@ -317,6 +317,7 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   Run r = resolve_run(asked, cmd);
   const TrainArgs& a = r.args;
   const ParallelPlan plan = a.parallel.plan(r.cfg, a.launch.algo);
+  plan.check_precision(a.opt.bf16_compute);
   a.launch.validate(a.parallel.parallel());
   const bool f64 = a.model.fp64();
   check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
@@ -343,7 +344,7 @@ void add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand("train", "train a Llama on one rank or a parallel mesh of ranks");
   a->model.add_options(*cmd, "small", false);
-  a->parallel.add_options(*cmd, "");
+  a->parallel.add_options(*cmd, "", true);
   a->launch.add_options(*cmd);
   cmd->add_option("--data", a->data, "UTF-8 text file or directory of .txt files (default: shipped corpus)");
   cmd->add_option("--out", a->out, "output directory: metrics.jsonl and checkpoint/")->capture_default_str();

@@ -80,7 +80,7 @@ void add_verify_command(CLI::App& app) {
   auto a = std::make_shared<VerifyArgs>();
   CLI::App* cmd = app.add_subcommand("verify", "prove a parallel strategy computes the single-device gradients");
   a->model.add_options(*cmd, "tiny", false);
-  a->parallel.add_options(*cmd, "dp=4");
+  a->parallel.add_options(*cmd, "dp=4", true);
   add_micro_batches_option(*cmd, a->micro_batches);
   a->launch.add_options(*cmd);
   a->opt.steps = 3;

@@ -19,6 +19,10 @@
 #include <string>
 #include <vector>
 
+namespace llama4d {
+struct bf16;  // core/tensor/dtype.h: bfloat16 as raw bits
+}
+
 namespace llama4d::ops {
 
 template <class T>
@@ -407,6 +411,20 @@ inline void round_to_bf16(T* x, int64_t N) {
   kernels<T>().round_to_bf16(x, N);
 }
 
+// out[N] = x[N] rounded to the nearest bf16 (as round_to_bf16), stored as bf16: what a gradient
+// reduction in bf16 puts on the wire (core/parallel/data_parallel.h, bf16_grad_reduce).
+template <class T>
+inline void to_bf16(bf16* out, const T* x, int64_t N) {
+  kernels<T>().to_bf16(out, x, N);
+}
+// y[N] = x[N] (accumulate false) or y[N] += x[N] (true), x widened exactly from bf16 to T: a
+// reduced bf16 gradient back into the f32 gradient, or added to the f32 sum of earlier
+// micro-batches (f32 accumulation).
+template <class T>
+inline void from_bf16(T* y, const bf16* x, int64_t N, bool accumulate) {
+  kernels<T>().from_bf16(y, x, N, accumulate);
+}
+
 // True when x[N] holds no NaN and no infinity (a diverged run shows up here first).
 template <class T>
 inline bool all_finite(const T* x, int64_t N) {
@@ -449,6 +467,8 @@ struct Kernels {
   void (*embedding_forward_rows)(T* out, const int32_t* tokens, const T* wte_rows, int64_t BT, int64_t C, int64_t row_begin, int64_t rows);
   void (*embedding_backward_rows)(T* dwte_rows, const T* dout, const int32_t* tokens, int64_t BT, int64_t C, int64_t row_begin, int64_t rows);
   void (*round_to_bf16)(T* x, int64_t N);
+  void (*to_bf16)(bf16* out, const T* x, int64_t N);
+  void (*from_bf16)(T* y, const bf16* x, int64_t N, bool accumulate);
   bool (*all_finite)(const T* x, int64_t N);
 };
 

@@ -1,6 +1,7 @@
-// Buffer and vector ops: fills, copies, axpy, chunked sums of squares, the loss sum and the
-// finiteness check. Compiled with -ffp-contract=off (see CMakeLists.txt): a*b+c is never fused,
-// so SIMD body and scalar tail round alike and the sums match core/optim's bit for bit.
+// Buffer and vector ops: fills, copies, axpy, chunked sums of squares, the loss sum, bf16 rounding
+// and conversion, and the finiteness check. Compiled with -ffp-contract=off (see CMakeLists.txt):
+// a*b+c is never fused, so SIMD body and scalar tail round alike and the sums match core/optim's
+// bit for bit.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor/bf16_rounding.h"
+#include "core/tensor/dtype.h"
 
 namespace llama4d::cpu {
 
@@ -86,6 +88,32 @@ void round_to_bf16(T* x, int64_t N) {
   });
 }
 
+// The bf16 nearest x: rounded in T (nearest_bf16), then its float's top half, which is exact.
+template <class T>
+bf16 bf16_of(T x) {
+  const float f = static_cast<float>(nearest_bf16(x));
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return bf16{uint16_t(u >> 16)};
+}
+
+template <class T>
+void to_bf16(bf16* out, const T* x, int64_t N) {
+  cpu::parallel_chunks(N, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = bf16_of(x[i]);
+  });
+}
+
+template <class T>
+void from_bf16(T* y, const bf16* x, int64_t N, bool accumulate) {
+  cpu::parallel_chunks(N, [&](int64_t begin, int64_t end) {
+    if (accumulate)
+      for (int64_t i = begin; i < end; ++i) y[i] += static_cast<T>(bf16_to_float(x[i]));
+    else
+      for (int64_t i = begin; i < end; ++i) y[i] = static_cast<T>(bf16_to_float(x[i]));
+  });
+}
+
 // NaN and +-inf are exactly the values whose magnitude bits reach the all-ones exponent, so a
 // max over integer magnitudes (which vectorises; isfinite in a loop does not) decides.
 template <class T>
@@ -120,6 +148,10 @@ template void sum_losses<float>(double*, int64_t*, const float*, const int32_t*,
 template void sum_losses<double>(double*, int64_t*, const double*, const int32_t*, int64_t);
 template void round_to_bf16<float>(float*, int64_t);
 template void round_to_bf16<double>(double*, int64_t);
+template void to_bf16<float>(bf16*, const float*, int64_t);
+template void to_bf16<double>(bf16*, const double*, int64_t);
+template void from_bf16<float>(float*, const bf16*, int64_t, bool);
+template void from_bf16<double>(double*, const bf16*, int64_t, bool);
 template bool all_finite<float>(const float*, int64_t);
 template bool all_finite<double>(const double*, int64_t);
 

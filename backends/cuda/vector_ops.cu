@@ -1,5 +1,5 @@
-// Fills, copies, axpy, the chunked sums of squares, the loss sum, bf16 rounding and the finiteness
-// check.
+// Fills, copies, axpy, the chunked sums of squares, the loss sum, bf16 rounding and conversion, and
+// the finiteness check.
 // Compiled with --fmad=false (CMakeLists.txt), as the CPU's vector_ops.cpp is with
 // -ffp-contract=off: a*b+c is rounded twice, never fused, so add_scaled and the sums of squares
 // give the CPU backend's bits and core/optim's sharded norm reproduces them.
@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_kernels.h"
 #include "core/error.h"
 #include "core/tensor/bf16_rounding.h"
+#include "core/tensor/dtype.h"
 
 namespace llama4d::cuda {
 namespace {
@@ -17,6 +18,21 @@ namespace {
 template <class T>
 __global__ void round_to_bf16_kernel(T* x, int64_t n) {
   for (int64_t i = first_index(); i < n; i += index_stride()) x[i] = nearest_bf16(x[i]);
+}
+
+// The bf16 nearest x (rounded in T, then its float's top half, which is exact), and back.
+template <class T>
+__global__ void to_bf16_kernel(bf16* out, const T* x, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += index_stride())
+    out[i].bits = uint16_t(__float_as_uint(static_cast<float>(nearest_bf16(x[i]))) >> 16);
+}
+
+template <class T>
+__global__ void from_bf16_kernel(T* y, const bf16* x, int64_t n, bool accumulate) {
+  for (int64_t i = first_index(); i < n; i += index_stride()) {
+    const T v = static_cast<T>(__uint_as_float(uint32_t(x[i].bits) << 16));
+    y[i] = accumulate ? y[i] + v : v;
+  }
 }
 
 template <class T>
@@ -134,6 +150,20 @@ void round_to_bf16(T* x, int64_t N) {
 }
 
 template <class T>
+void to_bf16(bf16* out, const T* x, int64_t N) {
+  if (N <= 0) return;
+  to_bf16_kernel<<<grid_for(N), kThreads, 0, stream()>>>(out, x, N);
+  finish_op("to_bf16");
+}
+
+template <class T>
+void from_bf16(T* y, const bf16* x, int64_t N, bool accumulate) {
+  if (N <= 0) return;
+  from_bf16_kernel<<<grid_for(N), kThreads, 0, stream()>>>(y, x, N, accumulate);
+  finish_op("from_bf16");
+}
+
+template <class T>
 bool all_finite(const T* x, int64_t N) {
   if (N <= 0) return true;
   Scratch<int> bad(1);
@@ -152,6 +182,8 @@ bool all_finite(const T* x, int64_t N) {
   template void sum_squares_chunks<T>(double*, const T*, int64_t, int64_t);                  \
   template void sum_losses<T>(double*, int64_t*, const T*, const int32_t*, int64_t);         \
   template void round_to_bf16<T>(T*, int64_t);                                               \
+  template void to_bf16<T>(bf16*, const T*, int64_t);                                        \
+  template void from_bf16<T>(T*, const bf16*, int64_t, bool);                                \
   template bool all_finite<T>(const T*, int64_t);
 LLAMA4D_INSTANTIATE(float)
 LLAMA4D_INSTANTIATE(double)

@@ -8,7 +8,9 @@
 // Memory per rank (N parameters, fp32):  params 4N + grads 4N + AdamW moments 8N = 16N bytes,
 // the same as one device: DP buys throughput, not memory. (All of it allocated on the rank's
 // tracker by the model and the optimizer.)
-// Traffic per rank per step: one ring all-reduce of the gradients, 2 (dp-1)/dp * 4N bytes.
+// Traffic per rank per step: one ring all-reduce of the gradients, 2 (dp-1)/dp * 4N bytes
+// (2N instead of 4N with --grad-reduce-in-bf16: each bucket is rounded into a bf16 copy, which is
+// what moves and is summed, and the sum is widened back into the f32 gradients).
 //
 // Two things make it fast on real hardware, and both are here:
 //   - gradient accumulation without communication ("no_sync"): micro-batches before the last
@@ -30,8 +32,10 @@ namespace llama4d {
 template <class T>
 class DistributedDataParallel final : public DataParallelStrategy<T> {
  public:
-  DistributedDataParallel(Llama<T>& model, const DataParallelGroups& groups, const AdamWConfig& adamw)
+  DistributedDataParallel(Llama<T>& model, const DataParallelGroups& groups, const DataParallelConfig& cfg,
+                          const AdamWConfig& adamw)
       : model_(model),
+        cfg_(cfg),
         data_(*groups.data),
         tensor_(groups.tensor),
         pipeline_(groups.pipeline),
@@ -58,7 +62,9 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     // 2. Wait for the buckets still in flight: now every rank holds the summed gradient.
     for (auto& w : pending_) w->wait();
     pending_.clear();
-    sum_tied_embedding_grads(tied_, model_.unit_grads(embedding_unit()), segments_[0].numel());
+    for (auto& [s, wire] : wires_) ops::from_bf16(model_.grads() + s.begin, wire.data(), s.numel(), false);
+    wires_.clear();
+    sum_tied_embedding_grads(tied_, model_.unit_grads(embedding_unit()), segments_[0].numel(), cfg_.bf16_grad_reduce);
     const LossSum global = all_reduce_loss(pipeline_, all_reduce_loss(data_, local));
 
     // 3. Clip and step, identically on every rank (same gradients, same order of operations).
@@ -105,7 +111,13 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
       AllReduceOptions o;
       o.async_op = true;
       o.label = "grad bucket " + unit_name(u, model_.num_layers());
-      pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
+      if (!cfg_.bf16_grad_reduce) {
+        pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
+        continue;
+      }
+      Buffer<bf16> wire = bf16_wire(model_.memory(), model_.grads() + s.begin, s.numel(), "bf16 " + o.label);
+      pending_.push_back(data_.all_reduce(wire.data(), s.numel(), DType::bf16, ReduceOp::sum, o));
+      wires_.emplace_back(s, std::move(wire));
     }
   }
 
@@ -139,10 +151,13 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   }
 
   RankMemory peak_memory() const override { return memory_peaks(model_.memory()); }
-  std::string describe() const override { return "DP over " + std::to_string(data_.size()) + " ranks"; }
+  std::string describe() const override {
+    return "DP over " + std::to_string(data_.size()) + " ranks" + cfg_.reduce_note();
+  }
 
  private:
   Llama<T>& model_;
+  DataParallelConfig cfg_;  // the stage is none; what matters here is bf16_grad_reduce
   ProcessGroup& data_;
   ProcessGroup* tensor_;
   ProcessGroup* pipeline_;
@@ -152,19 +167,23 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   UnitTracer tracer_;
   bool sync_ = false;
   std::vector<std::shared_ptr<Work>> pending_;
+  std::vector<std::pair<Segment, Buffer<bf16>>> wires_;  // bf16 buckets in flight, with their segment
 };
 
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, const DataParallelGroups& groups,
+                                                                         const DataParallelConfig& config,
                                                                          const AdamWConfig& adamw) {
-  return std::make_unique<DistributedDataParallel<T>>(model, groups, adamw);
+  return std::make_unique<DistributedDataParallel<T>>(model, groups, config, adamw);
 }
 
 template std::unique_ptr<DataParallelStrategy<float>> make_distributed_data_parallel<float>(Llama<float>&,
                                                                                            const DataParallelGroups&,
+                                                                                           const DataParallelConfig&,
                                                                                            const AdamWConfig&);
 template std::unique_ptr<DataParallelStrategy<double>> make_distributed_data_parallel<double>(Llama<double>&,
                                                                                              const DataParallelGroups&,
+                                                                                             const DataParallelConfig&,
                                                                                              const AdamWConfig&);
 
 }  // namespace llama4d

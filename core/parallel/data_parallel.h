@@ -34,8 +34,17 @@ struct DataParallelConfig {
   bool reshard_after_forward = true;
   // ZeRO-3: issue the all-gather of the next unit before computing this one.
   bool prefetch = true;
+  // Gradients travel as bf16 (--grad-reduce-in-bf16; bf16 mixed precision only): each rank's
+  // contribution is rounded to bf16, the reduction adds in f32 and rounds the sum to bf16 (NCCL
+  // rounds after every ring step), and the result is widened back into the f32 gradient, where
+  // micro-batches keep accumulating in f32. Half the bytes of f32, the precision of PyTorch
+  // FSDP's MixedPrecision(reduce_dtype=bfloat16). false: gradients are reduced in the model's
+  // type, as Llama 3 did (fp32 reduce-scatter).
+  bool bf16_grad_reduce = false;
 
   std::string describe() const;  // "DP", "ZeRO-3 (reshard after forward)", ...
+  // ", bf16 gradients" when they are reduced in bf16, else nothing: for the end of a description.
+  std::string reduce_note() const { return bf16_grad_reduce ? ", bf16 gradients" : ""; }
 };
 
 // Groups a data-parallel rank talks in. For DP and ZeRO `shard == data` and no replicate group;
@@ -107,6 +116,7 @@ class DataParallelStrategy : public UnitHooks, public PassEvents {
 // The two implementations (data_parallel.cpp, zero.cpp); make_data_parallel picks one.
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, const DataParallelGroups& groups,
+                                                                         const DataParallelConfig& config,
                                                                          const AdamWConfig& adamw);
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_zero_data_parallel(Llama<T>& model, const DataParallelGroups& groups,

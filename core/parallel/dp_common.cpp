@@ -82,7 +82,7 @@ std::unique_ptr<DataParallelStrategy<T>> make_data_parallel(Llama<T>& model, con
   if (config.stage == ZeroStage::none) {
     if (groups.replicate && groups.replicate->size() > 1)
       throw InputError("HSDP (dp_shard x dp_replicate) shards the model: use --zero 2 or 3");
-    return make_distributed_data_parallel(model, groups, adamw);
+    return make_distributed_data_parallel(model, groups, config, adamw);
   }
   return make_zero_data_parallel(model, groups, config, adamw);
 }

@@ -10,6 +10,8 @@
 #include "core/model/llama.h"
 #include "core/optim/segmented_norm.h"
 #include "core/parallel/data_parallel.h"
+#include "core/tensor/buffer.h"
+#include "core/tensor/dtype.h"
 
 namespace llama4d {
 
@@ -60,15 +62,31 @@ double pipeline_sum_squares(ProcessGroup* pipeline, const Llama<T>& model, const
   return pipeline_sum_squares(pipeline, counts, held, partials);
 }
 
+// bf16 gradient reduction (DataParallelConfig::bf16_grad_reduce): g[n] rounded to bf16 into a
+// new buffer, the one a collective then moves and sums. Charged to `memory` as a comm buffer.
+template <class T>
+Buffer<bf16> bf16_wire(MemoryTracker& memory, const T* g, int64_t n, const std::string& what) {
+  Buffer<bf16> wire(&memory, MemoryCategory::comm_buffers, n, what);
+  ops::to_bf16(wire.data(), g, n);
+  return wire;
+}
+
 // Pipeline parallelism with tied embeddings: g[n], this rank's part of the embedding's gradient
 // (already reduced over the data-parallel ranks), summed in place with the other stage's part
-// over `tied` (first stage + last stage); nothing without the group.
+// over `tied` (first stage + last stage), in bf16 when the gradients are reduced in bf16;
+// nothing without the group.
 template <class T>
-void sum_tied_embedding_grads(ProcessGroup* tied, T* g, int64_t n) {
+void sum_tied_embedding_grads(ProcessGroup* tied, T* g, int64_t n, bool bf16_grad_reduce) {
   if (!tied || n == 0) return;
   AllReduceOptions o;
   o.label = "tied embedding grads (first + last stage)";
-  tied->all_reduce(g, n, dtype_of<T>(), ReduceOp::sum, o)->wait();
+  if (!bf16_grad_reduce) {
+    tied->all_reduce(g, n, dtype_of<T>(), ReduceOp::sum, o)->wait();
+    return;
+  }
+  Buffer<bf16> wire = bf16_wire(tied->memory(), g, n, "tied embedding grads (bf16)");
+  tied->all_reduce(wire.data(), n, DType::bf16, ReduceOp::sum, o)->wait();
+  ops::from_bf16(g, wire.data(), n, false);
 }
 
 // A double summed over the pipeline group (a quantity each stage has for its own units); `v`

@@ -46,6 +46,7 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
     : world_(world), model_(model), data_(data), opt_(options), plan_(plan) {
   opt_.validate();
   plan_.validate();
+  plan_.check_precision(opt_.bf16_compute);
   model_.set_bf16_compute(opt_.bf16_compute);
   if (world.size() != plan_.world_size())
     throw InputError("mesh " + plan_.describe_mesh() + " needs " + std::to_string(plan_.world_size()) +

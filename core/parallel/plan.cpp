@@ -56,6 +56,9 @@ void ParallelPlan::validate() const {
   if (!reshard_after_forward && zero != ZeroStage::zero3) throw InputError("--keep-params applies to --zero 3 only");
   if (hsdp() && zero < ZeroStage::zero2)
     throw InputError("HSDP (dp_shard x dp_replicate) shards gradients: use --zero 2 or 3");
+  if (bf16_grad_reduce && dp() * size("cp") == 1)
+    throw InputError("--grad-reduce-in-bf16: --mesh " + describe_mesh() +
+                     " reduces no gradients (one data-parallel rank, cp = 1); it needs dp x cp > 1");
   if (pp_chunks < 1) throw InputError("--pp-chunks must be >= 1, got " + std::to_string(pp_chunks));
   if (size("pp") == 1 && (pp_chunks > 1 || !pp_layers.empty() || schedule != PipelineScheduleKind::one_f_one_b))
     throw InputError("--schedule, --pp-chunks and --pp-layers need pipeline parallelism (pp > 1 in --mesh)");
@@ -89,6 +92,7 @@ DataParallelConfig ParallelPlan::data_parallel() const {
   c.stage = zero;
   c.reshard_after_forward = reshard_after_forward;
   c.prefetch = prefetch;
+  c.bf16_grad_reduce = bf16_grad_reduce;
   return c;
 }
 
@@ -125,6 +129,11 @@ void ParallelPlan::check_sequence(int64_t seq_len) const {
                      std::to_string(2 * cp) + " (each sequence is cut into 2*cp equal chunks)");
 }
 
+void ParallelPlan::check_precision(bool bf16_compute) const {
+  if (bf16_grad_reduce && !bf16_compute)
+    throw InputError("--grad-reduce-in-bf16 is part of bf16 mixed precision: use it with --dtype bf16");
+}
+
 std::string ParallelPlan::describe_mesh() const {
   if (mesh.empty()) return "1 device";
   std::string s;
@@ -135,7 +144,8 @@ std::string ParallelPlan::describe_mesh() const {
 std::string ParallelPlan::describe() const {
   std::string s = describe_mesh();
   // Plain DP over no second rank (tp=2,cp=1,pp=2 and the like) does nothing worth naming.
-  if (!mesh.empty() && (zero != ZeroStage::none || dp() * size("cp") > 1)) s += ", " + data_parallel().describe();
+  if (!mesh.empty() && (zero != ZeroStage::none || dp() * size("cp") > 1))
+    s += ", " + data_parallel().describe() + data_parallel().reduce_note();
   if (size("tp") > 1) s += sequence_parallel ? ", TP + SP" : ", TP";
   if (size("cp") > 1) s += ", CP " + std::string(context_algo_name(cp_algo));
   if (size("pp") > 1)
@@ -160,7 +170,8 @@ nlohmann::json ParallelPlan::to_json() const {
                                                        {"chunks", pp_chunks},
                                                        {"layers", pp_layers}}
                                       : nlohmann::json(nullptr)},
-          {"algo", std::string(reduce_algo_name(algo))}};
+          {"algo", std::string(reduce_algo_name(algo))},
+          {"bf16_grad_reduce", bf16_grad_reduce}};
 }
 
 }  // namespace llama4d

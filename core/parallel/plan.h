@@ -44,6 +44,8 @@ struct ParallelPlan {
   std::vector<int> pp_layers;
   // Context parallelism over the cp dim: how keys and values reach the other ranks' queries.
   ContextAlgo cp_algo = ContextAlgo::allgather;
+  // Gradients reduced in bf16 with f32 accumulation (DataParallelConfig::bf16_grad_reduce).
+  bool bf16_grad_reduce = false;
 
   // The dims a mesh may name. ep is reserved (Llama 3 is dense).
   static const std::vector<std::string>& known_dims();
@@ -62,7 +64,7 @@ struct ParallelPlan {
 
   // InputError naming the first problem: a dim of size > 1 that this build does not implement
   // yet, dp mixed with dp_shard/dp_replicate, --keep-params without ZeRO-3, HSDP without
-  // gradient sharding.
+  // gradient sharding, bf16 gradient reductions without ranks to reduce over.
   void validate() const;
   // What the data-parallel strategy needs of the plan.
   DataParallelConfig data_parallel() const;
@@ -83,6 +85,9 @@ struct ParallelPlan {
   std::vector<std::string> data_dims() const;
   // InputError when sequences of seq_len tokens cannot be cut into 2·cp chunks.
   void check_sequence(int64_t seq_len) const;
+  // InputError when bf16 gradient reductions are asked of a run that does not compute in bf16:
+  // an f32 or f64 run keeps its gradients exact to its own type.
+  void check_precision(bool bf16_compute) const;
 
   std::string describe_mesh() const;  // "dp=4", "dp_shard=2,dp_replicate=2", "1 device"
   std::string describe() const;       // mesh + ZeRO + AC, one line (the algo is reported apart)

@@ -37,6 +37,14 @@
 // micro-batch: acc = S_0, acc += S_1, ...  with S_m = (g_{0,m} + g_{1,m}) + ... in rank order.
 // Stage 1 accumulates locally and reduces once at the last micro-batch, like DP. The equivalence harness makes
 // its single device add in the same order, which is why the results are bitwise equal.
+//
+// --grad-reduce-in-bf16 (DataParallelConfig::bf16_grad_reduce): a unit's full gradient is rounded
+// into a bf16 copy as its reduction starts, and that copy is what the reduce-scatter (and HSDP's
+// all-reduce across replicas) moves and sums: half the bytes. Stages 2/3 free the f32 full
+// gradient right then, since only the copy is read from there on. The received bf16 piece is
+// widened into the f32 gradient shard: acc += S_m still adds in f32 (fp32 accumulation). Stage 1
+// can no longer reduce in place (the types differ): it receives its pieces in a bf16 buffer and
+// widens them into its full gradient buffer once per step.
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -80,10 +88,12 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       const Piece p = layout_.piece(s, rank_);
       adamw_.push_back(p.numel() ? std::make_unique<AdamW<T>>(adamw, model.param_specs(), p.begin, p.end, mem) : nullptr);
     }
-    if (stage() >= 2) {
-      grad_shard_ = Buffer<T>(mem, MemoryCategory::grads, shard_n, "gradient shard");
+    if (stage() >= 2) grad_shard_ = Buffer<T>(mem, MemoryCategory::grads, shard_n, "gradient shard");
+    if (cfg_.bf16_grad_reduce)
+      wire_recv_ = Buffer<bf16>(mem, MemoryCategory::comm_buffers, shard_n, "reduce-scatter output (bf16)");
+    else if (stage() >= 2)
       grad_recv_ = Buffer<T>(mem, MemoryCategory::comm_buffers, shard_n, "reduce-scatter output");
-    }
+    wire_send_.resize(nseg);
     if (stage() == 3) param_shard_ = Buffer<T>(mem, MemoryCategory::params, shard_n, "parameter shard");
     gather_work_.resize(nseg);
     reduce_work_.resize(nseg);
@@ -119,7 +129,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
       for (size_t s = 0; s < layout_.segments().size(); ++s) release_params(s);
     // Tied embeddings across pipeline stages: this rank's reduced piece of the embedding's
     // gradient plus the other stage's (the two stages shard the segment alike).
-    sum_tied_embedding_grads(tied_, reduced_grads(0), layout_.piece(0, rank_).numel());
+    sum_tied_embedding_grads(tied_, reduced_grads(0), layout_.piece(0, rank_).numel(), cfg_.bf16_grad_reduce);
     const LossSum global = all_reduce_loss(pipeline_, all_reduce_loss(data_, local));
 
     // 2. Global gradient norm from what each rank holds, in the single-device order.
@@ -285,7 +295,7 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   std::string describe() const override {
     std::string s = cfg_.describe() + " over " + std::to_string(shard_.size()) + " shard ranks";
     if (replicate_) s += " x " + std::to_string(replicate_->size()) + " replicas (HSDP)";
-    return s;
+    return s + cfg_.reduce_note();
   }
 
  private:
@@ -378,10 +388,18 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     reduced_this_pass_.push_back(s);
     T* full = model_.unit_grads(int(s));
     if (!full) throw Error("ZeRO: unit " + std::to_string(s) + " produced no gradient to reduce");
-    T* out = stage() == 1 ? model_.grads() + layout_.piece(s, rank_).begin  // in place
-                          : grad_recv_.data() + layout_.piece(s, rank_).shard_offset;
     grads_freed_[s] = 0;
-    reduce_work_[s] = shard_.reduce_scatter_v(out, full, layout_.piece_counts(s), dtype_of<T>(), ReduceOp::sum, o);
+    const int64_t shard_offset = layout_.piece(s, rank_).shard_offset;
+    if (cfg_.bf16_grad_reduce) {
+      wire_send_[s] = bf16_wire(model_.memory(), full, layout_.segments()[s].numel(), "bf16 " + o.label);
+      free_unit_grads_once(s);  // stages 2/3: the copy is all the reduction reads
+      reduce_work_[s] = shard_.reduce_scatter_v(wire_recv_.data() + shard_offset, wire_send_[s].data(),
+                                                layout_.piece_counts(s), DType::bf16, ReduceOp::sum, o);
+    } else {
+      T* out = stage() == 1 ? model_.grads() + layout_.piece(s, rank_).begin  // in place
+                            : grad_recv_.data() + shard_offset;
+      reduce_work_[s] = shard_.reduce_scatter_v(out, full, layout_.piece_counts(s), dtype_of<T>(), ReduceOp::sum, o);
+    }
     if (replicate_) start_replica_reduce(s, unit);
   }
 
@@ -399,8 +417,10 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     AllReduceOptions o;
     o.async_op = true;
     o.label = "grads across replicas " + unit;
-    replica_work_[s] =
-        replicate_->all_reduce(grad_recv_.data() + p.shard_offset, p.numel(), dtype_of<T>(), ReduceOp::sum, o);
+    if (cfg_.bf16_grad_reduce)
+      replica_work_[s] = replicate_->all_reduce(wire_recv_.data() + p.shard_offset, p.numel(), DType::bf16, ReduceOp::sum, o);
+    else
+      replica_work_[s] = replicate_->all_reduce(grad_recv_.data() + p.shard_offset, p.numel(), dtype_of<T>(), ReduceOp::sum, o);
   }
 
   // A reduction that finished frees its unit's full gradient right away (stages 2/3): that
@@ -415,12 +435,14 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     reduce_work_[s]->wait();  // rethrows a failure, joins the simulated clocks
     reduce_work_[s].reset();
     free_unit_grads_once(s);
+    wire_send_[s].reset();
   }
   void free_finished_reductions() {
     for (size_t s = 0; s < reduce_work_.size(); ++s)
       if (reduce_work_[s] && reduce_work_[s]->is_completed()) {
         reduce_work_[s]->collect();  // rethrows a failure; the clock waits later, at a fixed point
         free_unit_grads_once(s);
+        wire_send_[s].reset();
       }
   }
 
@@ -435,19 +457,20 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
     in_flight_.clear();
     std::vector<size_t> reduced;
     reduced.swap(reduced_this_pass_);
-    if (stage() == 1) return;  // reduced in place, once per step
+    if (stage() == 1 && !cfg_.bf16_grad_reduce) return;  // reduced in place, once per step
     for (size_t s : reduced) {
       if (replica_work_[s]) {
         replica_work_[s]->wait();  // rethrows a failure (a peer's timeout at worst), joins the simulated clocks
         replica_work_[s].reset();
       }
       const Piece p = layout_.piece(s, rank_);
-      T* acc = grad_shard_.data() + p.shard_offset;
-      const T* got = grad_recv_.data() + p.shard_offset;
-      if (accumulated_[s])
-        ops::accumulate(acc, got, p.numel());
+      T* acc = reduced_grads(s);  // stage 1: once per step, into the full gradient buffer
+      if (cfg_.bf16_grad_reduce)
+        ops::from_bf16(acc, wire_recv_.data() + p.shard_offset, p.numel(), accumulated_[s] != 0);
+      else if (accumulated_[s])
+        ops::accumulate(acc, grad_recv_.data() + p.shard_offset, p.numel());
       else
-        ops::copy(acc, got, p.numel());
+        ops::copy(acc, grad_recv_.data() + p.shard_offset, p.numel());
       accumulated_[s] = 1;
     }
   }
@@ -512,6 +535,8 @@ class ZeroDataParallel final : public DataParallelStrategy<T> {
   int64_t steps_ = 0;
   std::vector<std::unique_ptr<AdamW<T>>> adamw_;  // one per segment piece (null when empty)
   Buffer<T> param_shard_, grad_shard_, grad_recv_;
+  Buffer<bf16> wire_recv_;               // bf16 gradient reductions: the reduce-scatter's output
+  std::vector<Buffer<bf16>> wire_send_;  // [segment] its bf16 full gradient while being reduced
   std::vector<std::shared_ptr<Work>> gather_work_, reduce_work_;
   std::vector<uint8_t> grads_freed_;  // [segment] its full gradient was freed by a poll
   std::vector<uint8_t> accumulated_;  // [segment] its gradient shard holds a micro-batch's sum this step

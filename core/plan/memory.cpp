@@ -208,6 +208,8 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
   const LlamaConfig& cfg = s.model;
   if (cfg.tie_word_embeddings && plan.size("pp") > 1)
     throw InputError("planner: tied embeddings across pipeline stages are not modelled");
+  if (plan.bf16_grad_reduce)
+    throw InputError("planner: the bf16 copies of gradient reductions (--grad-reduce-in-bf16) are not modelled");
   const int L = int(cfg.num_hidden_layers), tp = plan.size("tp");
   const Precision& pr = s.precision;
   std::vector<std::string> shard_dims = {"cp", plan.hsdp() ? "dp_shard" : "dp"};

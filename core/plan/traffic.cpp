@@ -140,7 +140,8 @@ struct Step {
     dp_shard = p.dp_shard(), dp_rep = p.dp_replicate(), world = tp * cp * pp * dp_shard * dp_rep;
     C = m.hidden_size, I = m.intermediate_size, hd = m.head_dim, nh = m.num_attention_heads;
     nkv = m.num_key_value_heads, V = m.vocab_size, L = m.num_hidden_layers;
-    e = s.precision.activation, e_param = s.precision.param, e_grad = s.precision.grad;
+    e = s.precision.activation, e_param = s.precision.param;
+    e_grad = p.bf16_grad_reduce ? 2 : s.precision.grad;  // bf16 gradient reductions move 2 bytes
     B = s.micro_rows(), T = s.seq_len / cp, M = s.micro_batches();
     sp = tp > 1 && p.sequence_parallel;
     tied = m.tie_word_embeddings;

@@ -42,6 +42,8 @@
 // reductions and no context parallelism it is bitwise too. Under ring reductions or context
 // parallelism a last-bit difference can move a rounding by a whole bf16 step: the first step's
 // tensors are bounded, and from then on only the loss (see the bounds in equivalence.cpp).
+// Gradients reduced in bf16 (ParallelPlan::bf16_grad_reduce): the replay rounds each rank's
+// contribution and each reduction's sum as the wire does, so ordered reductions stay bitwise.
 #include <functional>
 #include <string>
 #include <vector>

@@ -277,6 +277,34 @@ TEST(Cli, VerifyJsonReportsBitwiseEquivalence) {
   for (const char* k : {"max_abs_err", "max_rel_err"}) EXPECT_EQ(j.at(k).get<double>(), 0.0);
 }
 
+// Gradients reduced in bf16: verify is bitwise against the replay that rounds like the wire, and
+// train moves about half the bytes of the f32 reductions (the loss and norm stay f64). Asked of
+// an f32 run, of a mesh with no gradient to reduce, or of the planner, it is refused by name.
+TEST(Cli, GradientsReducedInBf16) {
+  const Result v = run("verify --mesh dp=2 --zero 2 --dtype bf16 --grad-reduce-in-bf16 --steps 2 --seq-len 32 --json");
+  ASSERT_EQ(v.code, 0) << v.err;
+  const auto j = nlohmann::json::parse(v.out);
+  EXPECT_TRUE(j.at("ok").get<bool>());
+  EXPECT_TRUE(j.at("bitwise").get<bool>());
+  EXPECT_TRUE(j.at("plan").at("bf16_grad_reduce").get<bool>());
+  EXPECT_NE(j.at("strategy").get<std::string>().find("bf16 gradients"), std::string::npos);
+
+  int64_t bytes[2] = {0, 0};
+  for (int wire = 0; wire < 2; ++wire) {
+    const Result t = run("train --preset tiny --mesh dp=2 --dtype bf16 --steps 1 --seq-len 32 --batch-size 4 --eval-every 0 " +
+                         std::string(wire ? "--grad-reduce-in-bf16 " : "") + "--out " + tmp("bf16_wire") + " --json");
+    ASSERT_EQ(t.code, 0) << t.err;
+    bytes[wire] = nlohmann::json::parse(t.out).at("traffic").at("total_bytes_sent").get<int64_t>();
+  }
+  EXPECT_GT(bytes[1], 0);
+  EXPECT_NEAR(double(bytes[1]) / double(bytes[0]), 0.5, 0.01) << bytes[1] << " vs " << bytes[0];
+
+  expect_bad_input(run("verify --mesh dp=2 --grad-reduce-in-bf16"), "--dtype bf16");
+  expect_bad_input(run("train --preset tiny --mesh dp=2 --grad-reduce-in-bf16 --out " + tmp("bf16_wire_f32")), "--dtype bf16");
+  expect_bad_input(run("verify --mesh tp=2 --dtype bf16 --grad-reduce-in-bf16"), "dp x cp > 1");
+  EXPECT_EQ(run("plan --preset tiny --mesh dp=2 --grad-reduce-in-bf16").code, 2);
+}
+
 TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=two"), "dp=two");
   // Tensor parallelism names the constraint a model breaks (tiny has 4 heads).

@@ -51,7 +51,7 @@ class DeviceBuffer {
   }
   explicit DeviceBuffer(int64_t n) : backend_(&ops::compute_backend()), n_(n) {
     data_ = static_cast<T*>(backend_->device_alloc(bytes()));
-    const std::vector<T> zeros(size_t(n), T(0));
+    const std::vector<T> zeros(size_t(n), T{});
     if (n > 0) backend_->device_memcpy(data_, zeros.data(), bytes());
   }
   ~DeviceBuffer() { backend_->device_free(data_); }

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "core/ops.h"
+#include "core/tensor/dtype.h"
 #include "cuda_test_util.h"
 
 namespace llama4d {
@@ -107,6 +109,34 @@ TYPED_TEST(CudaVectorOps, RoundToBf16IsBitwiseTheCpuRounding) {
   const std::vector<T> got = d.host();
   EXPECT_TRUE(std::isnan(got[0]));
   EXPECT_EQ(std::memcmp(got.data() + 1, want.data() + 1, size_t(kN - 1) * sizeof(T)), 0);
+}
+
+// The bf16 wire of a gradient reduction: to_bf16 and from_bf16 (both ways of the latter) give
+// the CPU backend's bits.
+TYPED_TEST(CudaVectorOps, Bf16ConversionsAreBitwiseTheCpus) {
+  using T = TypeParam;
+  LLAMA4D_REQUIRE_GPU();
+  auto x = test::random_values<T>(kN, 17, -1, 1);
+  for (int64_t i = 0; i < kN; ++i) x[size_t(i)] = std::ldexp(x[size_t(i)], int(i % 301) - 150);  // subnormals to huge
+  x[0] = std::numeric_limits<T>::quiet_NaN(), x[1] = -std::numeric_limits<T>::infinity(), x[2] = T(-0.0);
+  const auto y0 = test::random_values<T>(kN, 18, -1, 1);
+  std::vector<bf16> want_wire(static_cast<size_t>(kN));
+  ops::to_bf16(want_wire.data(), x.data(), kN);
+  std::vector<T> want_set(static_cast<size_t>(kN)), want_added = y0;
+  ops::from_bf16(want_set.data(), want_wire.data(), kN, false);
+  ops::from_bf16(want_added.data(), want_wire.data(), kN, true);
+  OnGpu gpu;
+  DeviceBuffer<T> d(x), set(kN), added(y0);
+  DeviceBuffer<bf16> wire(kN);
+  ops::to_bf16(wire.data(), d.data(), kN);
+  ops::from_bf16(set.data(), wire.data(), kN, false);
+  ops::from_bf16(added.data(), wire.data(), kN, true);
+  const std::vector<bf16> got_wire = wire.host();
+  EXPECT_EQ(std::memcmp(got_wire.data(), want_wire.data(), size_t(kN) * sizeof(bf16)), 0);
+  const std::vector<T> got_set = set.host(), got_added = added.host();
+  EXPECT_TRUE(std::isnan(got_set[0]) && std::isnan(got_added[0]));
+  EXPECT_EQ(std::memcmp(got_set.data() + 1, want_set.data() + 1, size_t(kN - 1) * sizeof(T)), 0);
+  EXPECT_EQ(std::memcmp(got_added.data() + 1, want_added.data() + 1, size_t(kN - 1) * sizeof(T)), 0);
 }
 
 TYPED_TEST(CudaVectorOps, AllFiniteFindsOneBadElement) {

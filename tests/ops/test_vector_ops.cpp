@@ -1,5 +1,6 @@
 // The buffer and vector ops (fill, copy, add_scaled, adamw_update, sum_squares_chunks,
-// sum_losses, the vocabulary-parallel embedding, round_to_bf16, all_finite) and backend memory. Where an op
+// sum_losses, the vocabulary-parallel embedding, round_to_bf16, to_bf16 / from_bf16, all_finite)
+// and backend memory. Where an op
 // replaces a host loop the library used to run (AdamW's update, the gradient-norm partials,
 // the head's loss sum, the whole-table embedding), it is checked bit for bit against that loop
 // written out here, independently of the backend.
@@ -8,12 +9,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "core/optim/adamw.h"
+#include "core/tensor/dtype.h"
 #include "tests/ops/op_test_util.h"
 
 namespace llama4d::test {
@@ -141,6 +144,66 @@ TYPED_TEST(VectorOps, RoundToBf16GivesTheNearestBf16) {
       }
     });
   ops::round_to_bf16<T>(nullptr, 0);
+}
+
+// ---- to_bf16 / from_bf16 -----------------------------------------------------------------------
+
+// The bf16 bits of a float that is a bf16 value: its top half.
+uint16_t top_half(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  EXPECT_EQ(u & 0xffffu, 0u) << f << " is not a bf16 value";
+  return uint16_t(u >> 16);
+}
+
+TYPED_TEST(VectorOps, ToBf16StoresTheNearestBf16AndFromBf16WidensItExactly) {
+  using T = TypeParam;
+  // Bits written out: 1.0 = 0x3F80, 0.1 = 0x3DCCCCCD rounds up to 0x3DCD, -0.0 = 0x8000,
+  // -(1 + 2^-7) = 0xBF81, inf = 0x7F80.
+  const std::vector<T> x = {T(1), T(0.1), T(-0.0), -(T(1) + T(std::ldexp(1.0, -7))), std::numeric_limits<T>::infinity()};
+  const std::vector<uint16_t> bits = {0x3F80, 0x3DCD, 0x8000, 0xBF81, 0x7F80};
+  std::vector<bf16> b(x.size());
+  ops::to_bf16(b.data(), x.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(b[i].bits, bits[i]) << "case " << i;
+
+  // The hand-worked roundings of round_to_bf16, through the bf16 container and back.
+  const auto cases = bf16_cases<T>();
+  std::vector<T> in, want;
+  for (const auto& [a, r] : cases) in.push_back(a), want.push_back(r);
+  in.push_back(std::numeric_limits<T>::quiet_NaN());
+  std::vector<bf16> wire(in.size());
+  ops::to_bf16(wire.data(), in.data(), int64_t(in.size()));
+  std::vector<T> back(in.size(), T(7));
+  ops::from_bf16(back.data(), wire.data(), int64_t(in.size()), false);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(wire[i].bits, top_half(float(want[i]))) << "case " << i;
+    EXPECT_EQ(back[i], want[i]) << "case " << i;
+    EXPECT_EQ(std::signbit(back[i]), std::signbit(want[i])) << "case " << i;
+  }
+  EXPECT_TRUE(std::isnan(back.back()));
+
+  // accumulate: y += x, in T. 0.25 + 1 and 3 + 0.10009765625 are exact in both types.
+  std::vector<T> y = {T(0.25), T(3)};
+  const std::vector<bf16> two = {bf16{0x3F80}, bf16{0x3DCD}};
+  ops::from_bf16(y.data(), two.data(), 2, true);
+  EXPECT_EQ(y[0], T(1.25));
+  EXPECT_EQ(y[1], T(3.10009765625));
+
+  // Random values over many binades, any thread count: the same bf16 as round_to_bf16 gives.
+  std::vector<T> r = cast_to<T>(random_vector(kBig, 6, -1, 1));
+  for (int64_t i = 0; i < kBig; ++i) r[size_t(i)] = std::ldexp(r[size_t(i)], int(i % 61) - 30);
+  std::vector<T> rounded = r;
+  ops::round_to_bf16(rounded.data(), kBig);
+  for (int threads : {1, 2, 3})
+    with_threads(threads, [&] {
+      std::vector<bf16> w(static_cast<size_t>(kBig));
+      ops::to_bf16(w.data(), r.data(), kBig);
+      std::vector<T> got(static_cast<size_t>(kBig));
+      ops::from_bf16(got.data(), w.data(), kBig, false);
+      for (int64_t i = 0; i < kBig; ++i) ASSERT_EQ(got[size_t(i)], rounded[size_t(i)]) << i;
+    });
+  ops::to_bf16<T>(nullptr, nullptr, 0);
+  ops::from_bf16<T>(nullptr, nullptr, 0, true);
 }
 
 // ---- adamw_update against the update written out --------------------------------------------
