@@ -27,7 +27,7 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh,
   cmd.add_option("--cp-algo", cp_algo, "context parallelism with cp > 1: allgather (Llama 3's) or ring")
       ->capture_default_str();
   if (with_grad_reduce)
-    cmd.add_flag("--grad-reduce-in-bf16", grad_reduce_in_bf16,
+    cmd.add_flag("--grad-reduce-in-bf16", bf16_grad_reduce,
                  "with --dtype bf16: reduce gradients in bf16 (half the bytes; sums and accumulation stay f32) "
                  "instead of f32 as Llama 3 did");
 }
@@ -43,7 +43,7 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
   p.pp_chunks = pp_chunks;
   if (!pp_layers.empty()) p.pp_layers = parse_pipeline_layers(pp_layers);
   p.cp_algo = parse_context_algo(cp_algo);
-  p.bf16_grad_reduce = grad_reduce_in_bf16;
+  p.bf16_grad_reduce = bf16_grad_reduce;
   if (p.single_device() && (zero != 0 || keep_params))
     throw InputError("--zero and --keep-params need a data-parallel --mesh (e.g. --mesh dp=4)");
   p.validate();

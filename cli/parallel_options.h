@@ -21,7 +21,7 @@ struct ParallelChoice {
   int pp_chunks = 1;              // model chunks per pipeline rank (interleaved)
   std::string pp_layers;          // "1,2,2,1": layers per virtual stage; empty: balanced
   std::string cp_algo = "allgather";  // context parallelism with cp > 1: allgather | ring
-  bool grad_reduce_in_bf16 = false;   // gradients reduced in bf16 (with --dtype bf16)
+  bool bf16_grad_reduce = false;   // gradients reduced in bf16 (with --dtype bf16)
 
   // with_grad_reduce: whether the command offers --grad-reduce-in-bf16 (commands that train do;
   // the planner's memory model does not cover its bf16 copies).

@@ -7,7 +7,8 @@
 //
 // Memory per rank (N parameters, fp32):  params 4N + grads 4N + AdamW moments 8N = 16N bytes,
 // the same as one device: DP buys throughput, not memory. (All of it allocated on the rank's
-// tracker by the model and the optimizer.)
+// tracker by the model and the optimizer; with --grad-reduce-in-bf16, + 2N of bf16 bucket copies
+// from the last backward to the end of the step.)
 // Traffic per rank per step: one ring all-reduce of the gradients, 2 (dp-1)/dp * 4N bytes
 // (2N instead of 4N with --grad-reduce-in-bf16: each bucket is rounded into a bf16 copy, which is
 // what moves and is summed, and the sum is widened back into the f32 gradients).

@@ -144,8 +144,10 @@ std::string ParallelPlan::describe_mesh() const {
 std::string ParallelPlan::describe() const {
   std::string s = describe_mesh();
   // Plain DP over no second rank (tp=2,cp=1,pp=2 and the like) does nothing worth naming.
-  if (!mesh.empty() && (zero != ZeroStage::none || dp() * size("cp") > 1))
-    s += ", " + data_parallel().describe() + data_parallel().reduce_note();
+  if (!mesh.empty() && (zero != ZeroStage::none || dp() * size("cp") > 1)) {
+    const DataParallelConfig d = data_parallel();
+    s += ", " + d.describe() + d.reduce_note();
+  }
   if (size("tp") > 1) s += sequence_parallel ? ", TP + SP" : ", TP";
   if (size("cp") > 1) s += ", CP " + std::string(context_algo_name(cp_algo));
   if (size("pp") > 1)

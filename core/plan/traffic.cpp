@@ -129,6 +129,7 @@ struct Step {
   int64_t tp, cp, pp, chunks, dp_shard, dp_rep, world;
   int64_t C, I, hd, nh, nkv, V, L;
   int64_t e, e_param, e_grad;  // bytes of an activation, a parameter, a gradient element
+  int64_t e_reduce;            // bytes of a gradient element in the data group's reductions
   int64_t B, T, M;
   bool sp, tied;
   std::string data_name, shard_name;
@@ -140,8 +141,10 @@ struct Step {
     dp_shard = p.dp_shard(), dp_rep = p.dp_replicate(), world = tp * cp * pp * dp_shard * dp_rep;
     C = m.hidden_size, I = m.intermediate_size, hd = m.head_dim, nh = m.num_attention_heads;
     nkv = m.num_key_value_heads, V = m.vocab_size, L = m.num_hidden_layers;
-    e = s.precision.activation, e_param = s.precision.param;
-    e_grad = p.bf16_grad_reduce ? 2 : s.precision.grad;  // bf16 gradient reductions move 2 bytes
+    e = s.precision.activation, e_param = s.precision.param, e_grad = s.precision.grad;
+    // bf16 gradient reductions move 2 bytes; the tensor-parallel sums inside a backward (norm
+    // gains, replicated key/value heads) stay at the gradients' width.
+    e_reduce = p.bf16_grad_reduce ? 2 : e_grad;
     B = s.micro_rows(), T = s.seq_len / cp, M = s.micro_batches();
     sp = tp > 1 && p.sequence_parallel;
     tied = m.tie_word_embeddings;
@@ -351,7 +354,7 @@ void pipeline_sends(const Step& p, Tally& out) {
 
 // Gradient reduction, parameter gathers and the grad-norm partials of the slice (t, r).
 void data_parallel_slice(const Step& p, int64_t t, int64_t r, Tally& out) {
-  const int64_t D = p.data_size(), N = p.shard_size(), R = p.dp_rep, eg = p.e_grad;
+  const int64_t D = p.data_size(), N = p.shard_size(), R = p.dp_rep, eg = p.e_reduce;
   const bool pipelined = p.pp > 1, keep = !p.s.plan.reshard_after_forward;
   int64_t norm_partials_total = 0;  // f64 partials every shard rank contributes
   for (int64_t u : p.held_units(r)) {
@@ -388,11 +391,11 @@ void tied_embedding(const Step& p, int64_t t, Tally& out) {
   if (!p.tied || p.pp == 1) return;
   const int64_t m = p.unit_numel(0, t);
   if (p.zero() == 0) {
-    out.add(p.tied_name(), 2, p.data_size() * all_reduce_bytes(2, m, p.e_grad), p.data_size());
+    out.add(p.tied_name(), 2, p.data_size() * all_reduce_bytes(2, m, p.e_reduce), p.data_size());
     return;
   }
   for (int64_t piece : piece_sizes(m, p.shard_size()))
-    if (piece > 0) out.add(p.tied_name(), 2, p.dp_rep * all_reduce_bytes(2, piece, p.e_grad), p.dp_rep);
+    if (piece > 0) out.add(p.tied_name(), 2, p.dp_rep * all_reduce_bytes(2, piece, p.e_reduce), p.dp_rep);
 }
 
 // Per pp group: the loss, every unit's grad-norm partials, the tp replicas' share.

@@ -14,7 +14,8 @@ namespace llama4d {
 // and the number of calls, as the log's summary counts them: a collective once per group instance,
 // a send once, a receive never. Elements move at the shape's precision: activations (tp, cp, pp),
 // parameters (ZeRO's gathers) and gradients (the data group's reductions) each at their own width;
-// gradients at 2 bytes when the plan reduces them in bf16 (ParallelPlan::bf16_grad_reduce).
+// the data group's gradient reductions (and the tied embedding's sum) at 2 bytes when the plan
+// reduces gradients in bf16 (ParallelPlan::bf16_grad_reduce).
 struct GroupTraffic {
   int64_t bytes_sent = 0;
   int64_t calls = 0;

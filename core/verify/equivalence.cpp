@@ -48,17 +48,17 @@ StepErrors bf16_drift(double loss) { return {loss, kInf, kInf, kInf, kInf}; }
 //   {1.7e-4, 1.1, 0.11, 0.23, 1.2e-3}
 // Only the loss is bounded there; the tensors are reported (bf16_drift).
 //
-// Gradients reduced in bf16 (bf16_wire): a ring rounds every partial sum to bf16 as it travels,
-// the replay rounds each sum once, so the first step's gradients already differ by bf16 steps.
-// Worst measured over tiny (dp 4 ZeRO-2, dp 8, dp 3 ZeRO-1, dp 8 ZeRO-3, tp 2 x dp 4 ZeRO-1;
-// seeds 1, 7, 42, 1337; 4 steps) and small at 32 tokens (dp 4 ZeRO-2, dp 8; seeds 1, 7; 3 steps):
-//   step 1  {2.6e-4, 5.1e-2, 4.5e-3, 0.30, 7.5e-3}     later loss 1.7e-3
+// Gradients reduced in bf16 (bf16_grad_reduce): a ring rounds every partial sum to bf16 as it
+// travels, the replay rounds each sum once, so the first step's gradients already differ by bf16
+// steps. Worst measured over tiny (dp 4 ZeRO-2, dp 8, dp 3 ZeRO-1, dp 8 ZeRO-3; seeds 1, 7, 42,
+// 1337; 4 steps) and small at 32 tokens (dp 4 ZeRO-2, dp 8; seeds 1, 7; 3 steps):
+//   step 1  {2.6e-4, 5.1e-2, 4.5e-3, 0.30, 6.6e-3}     later loss 1.7e-3
 // The first step's tensors are held to 10x that (elements reported only, as under context
 // parallelism); later steps drift like bf16's, with the loss held to 10x its worst.
-StepErrors ring_tolerance(DType dtype, int64_t step, bool bf16_wire) {
+StepErrors ring_tolerance(DType dtype, int64_t step, bool bf16_grad_reduce) {
   const bool first = step == 1;  // same weights on both sides: the order of additions alone
-  if (dtype == DType::bf16 && bf16_wire)
-    return first ? StepErrors{2.6e-3, kInf, 4.5e-2, kInf, 7.5e-2} : bf16_drift(1.7e-2);
+  if (dtype == DType::bf16 && bf16_grad_reduce)
+    return first ? StepErrors{2.6e-3, kInf, 4.5e-2, kInf, 6.6e-2} : bf16_drift(1.7e-2);
   if (dtype == DType::bf16) return first ? ring_tolerance(DType::f32, 1, false) : bf16_drift(2e-3);
   if (dtype == DType::f32)
     return first ? StepErrors{3e-8, 3.7e-6, 8.8e-7, 1.1e-3, 1e-5} : StepErrors{2e-6, 9.9e-4, 1.1e-4, 1.1e-3, 1e-5};
@@ -91,7 +91,9 @@ StepErrors ring_tolerance(DType dtype, int64_t step, bool bf16_wire) {
 // The first step's tensor errors are bounded (a wrong split of the sequence gives errors of order
 // 1); element errors are heavy-tailed (AdamW's first step moves every entry by about lr, whose
 // sign a near-zero gradient decides) and are reported only. Later steps drift as under ring
-// reductions: only the loss is bounded.
+// reductions: only the loss is bounded. With gradients also reduced in bf16 (tp 2 x dp 4 ZeRO-1
+// under ring reductions, tiny, seeds 1, 7, 42, 1337, 4 steps) the worst was
+// {1.3e-4, 1.1e-2, 3.7e-3, 0.28, 7.5e-3} at step 1 and a loss of 5.4e-4 later: within these.
 StepErrors tensor_parallel_tolerance(DType dtype, int64_t step) {
   const bool first = step == 1;
   if (dtype == DType::bf16) return first ? StepErrors{2e-3, kInf, 0.18, kInf, 0.18} : bf16_drift(8e-2);
@@ -119,23 +121,23 @@ Batch slice_rows(const Batch& b, int64_t r0, int64_t r1) {
   return out;
 }
 
-// dst = src (first term), or dst += src: the elementwise additions a reduction performs. With a
-// bf16 wire (--grad-reduce-in-bf16) each term is rounded to bf16 as it is put on the wire, and the
-// sum stays in T (f32) until the reduction rounds it once at its end (round_sum).
+// dst = src (first term), or dst += src: the elementwise additions a reduction performs. With
+// bf16 gradient reductions (--grad-reduce-in-bf16) each term is rounded to bf16 as it is put on
+// the wire, and the sum stays in T (f32) until the reduction rounds it at its end (round_sum).
 template <class T>
-void add_into(std::vector<T>& dst, const std::vector<T>& src, bool first, bool bf16_wire) {
+void add_into(std::vector<T>& dst, const std::vector<T>& src, bool first, bool bf16_grad_reduce) {
   if (first) dst.assign(src.size(), T(0));
   for (size_t i = 0; i < dst.size(); ++i) {
-    const T term = bf16_wire ? T(nearest_bf16(src[i])) : src[i];
+    const T term = bf16_grad_reduce ? T(nearest_bf16(src[i])) : src[i];
     dst[i] = first ? term : dst[i] + term;
   }
 }
 
-// The end of a reduction over a bf16 wire: its f32 sum rounded to bf16 (then widened back,
-// exactly, into the f32 gradient). Nothing on an f32 wire.
+// The end of a bf16 gradient reduction: its f32 sum rounded to bf16 (then widened back, exactly,
+// into the f32 gradient). Nothing for an f32 reduction.
 template <class T>
-void round_sum(std::vector<T>& sum, bool bf16_wire) {
-  if (bf16_wire)
+void round_sum(std::vector<T>& sum, bool bf16_grad_reduce) {
+  if (bf16_grad_reduce)
     for (T& v : sum) v = T(nearest_bf16(v));
 }
 
@@ -271,7 +273,7 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
   const int64_t M = rows / mb;
   const T loss_scale = T(1.0 / double(opt.tokens_per_step()));
   const bool per_micro_batch = o.plan.zero >= ZeroStage::zero2;
-  const bool wire = o.plan.bf16_grad_reduce;  // every gradient reduction moves and sums bf16
+  const bool bf16_grad_reduce = o.plan.bf16_grad_reduce;  // every gradient reduction moves and sums bf16
   const int64_t n = model.num_params();
   const bool tied_apart = o.plan.size("pp") > 1 && o.model.tie_word_embeddings;
   // Tensor parallelism: the whole weights, every split sum in rank order (tensor_parallel_replay.h).
@@ -316,9 +318,9 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
       for (int d = 0; d < dp; ++d) {
         zero_grad();
         for (int64_t m = 0; m < M; ++m) run(d, m);
-        add_into(total, grads_now(), d == 0, wire);
+        add_into(total, grads_now(), d == 0, bf16_grad_reduce);
       }
-      round_sum(total, wire);
+      round_sum(total, bf16_grad_reduce);
     } else {
       // ZeRO-2/3 / HSDP: every micro-batch is reduced over ranks (inside each shard group,
       // then across replica groups), then added to the accumulated gradient.
@@ -329,12 +331,12 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
           for (int sh = 0; sh < shard; ++sh) {
             zero_grad();
             run(rep * shard + sh, m);
-            add_into(in_group, grads_now(), sh == 0, wire);
+            add_into(in_group, grads_now(), sh == 0, bf16_grad_reduce);
           }
-          round_sum(in_group, wire);
-          add_into(across_replicas, in_group, rep == 0, wire);
+          round_sum(in_group, bf16_grad_reduce);
+          add_into(across_replicas, in_group, rep == 0, bf16_grad_reduce);
         }
-        if (dp / shard > 1) round_sum(across_replicas, wire);
+        if (dp / shard > 1) round_sum(across_replicas, bf16_grad_reduce);
         add_into(total, across_replicas, m == 0, false);  // micro-batches accumulate in f32
       }
     }
@@ -342,8 +344,13 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
       const int64_t e0 = model.unit_range(embedding_unit()).begin;
       for (size_t i = size_t(n); i < total.size(); ++i) {
         T& first = total[size_t(e0) + i - size_t(n)];
-        first += total[i];  // on a bf16 wire: two bf16 values added in f32, the sum rounded
-        if (wire) first = T(nearest_bf16(first));
+        // With bf16 gradient reductions the sum is itself one: each stage's part is rounded as it
+        // is put on the wire (under ZeRO-2/3 a part is an f32 sum of micro-batches), the two are
+        // added in f32 and the sum rounded.
+        if (bf16_grad_reduce)
+          first = T(nearest_bf16(T(nearest_bf16(first)) + T(nearest_bf16(total[i]))));
+        else
+          first += total[i];
       }
       total.resize(size_t(n));
     }

@@ -42,8 +42,11 @@
 // reductions and no context parallelism it is bitwise too. Under ring reductions or context
 // parallelism a last-bit difference can move a rounding by a whole bf16 step: the first step's
 // tensors are bounded, and from then on only the loss (see the bounds in equivalence.cpp).
-// Gradients reduced in bf16 (ParallelPlan::bf16_grad_reduce): the replay rounds each rank's
-// contribution and each reduction's sum as the wire does, so ordered reductions stay bitwise.
+// Gradients reduced in bf16 (ParallelPlan::bf16_grad_reduce): the replay rounds each data rank's
+// contribution and each reduction's sum where the run does (inside the shard group, across
+// replicas, the tied embedding's two parts and their sum), so ordered reductions stay bitwise.
+// It does not split a data rank's gradient over context-parallel ranks, which the run rounds
+// each: context parallelism is held to bounds anyway.
 #include <functional>
 #include <string>
 #include <vector>

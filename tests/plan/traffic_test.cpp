@@ -26,7 +26,7 @@ struct Case {
   int chunks = 1;
   std::vector<int> pp_layers;  // empty: balanced
   ReduceAlgo algo = ReduceAlgo::ordered;
-  bool bf16_grads = false;  // bf16 mixed precision with gradients reduced in bf16
+  bool bf16_grad_reduce = false;  // bf16 mixed precision with gradients reduced in bf16
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -49,7 +49,7 @@ ParallelPlan plan_of(const Case& c, const LlamaConfig& cfg) {
   p.pp_layers = c.pp_layers;
   p.cp_algo = parse_context_algo(c.cp_algo);
   p.algo = c.algo;
-  p.bf16_grad_reduce = c.bf16_grads;
+  p.bf16_grad_reduce = c.bf16_grad_reduce;
   return p;
 }
 
@@ -58,7 +58,7 @@ TrainOptions options_of(const Case& c) {
   o.batch_size = c.batch;
   o.seq_len = c.seq;
   o.doc_mask = c.doc_mask;
-  o.bf16_compute = c.bf16_grads;
+  o.bf16_compute = c.bf16_grad_reduce;
   return o;
 }
 
@@ -188,16 +188,19 @@ std::vector<Case> cases() {
   v.back().tied = true;  // the head's segment is the final norm alone: one piece, one empty
   v.push_back(make("cp2_hsdp_2x2_zero3", "cp=2,dp_shard=2,dp_replicate=2", Z::zero3));
   // Gradients reduced in bf16: every gradient reduction moves half the bytes, nothing else changes.
-  v.push_back(make("dp2_ddp_bf16_grads_two_micro_batches", "dp=2", Z::none));
-  v.back().micro = 2, v.back().bf16_grads = true;
-  v.push_back(make("hsdp_2x2_zero2_bf16_grads", "dp_shard=2,dp_replicate=2", Z::zero2));
-  v.back().micro = 1, v.back().bf16_grads = true;
+  v.push_back(make("dp2_ddp_bf16_grad_reduce_two_micro_batches", "dp=2", Z::none));
+  v.back().micro = 2, v.back().bf16_grad_reduce = true;
+  v.push_back(make("hsdp_2x2_zero2_bf16_grad_reduce", "dp_shard=2,dp_replicate=2", Z::zero2));
+  v.back().micro = 1, v.back().bf16_grad_reduce = true;
   // Tensor parallelism, with and without SP; tp=4 replicates `tiny`'s 2 key/value heads.
   v.push_back(make("tp2_no_sp_dp2_ddp", "tp=2,dp=2", Z::none));
   v.back().sp = false;
   v.push_back(make("tp2_sp_dp2_zero2", "tp=2,dp=2", Z::zero2));
   v.back().micro = 2;
   v.push_back(make("tp4_sp_dp2_zero1_replicated_kv", "tp=4,dp=2", Z::zero1));
+  // bf16 gradient reductions halve the data group's bytes, not the tp group's norm-gain sums.
+  v.push_back(make("tp2_sp_dp2_zero2_bf16_grads", "tp=2,dp=2", Z::zero2));
+  v.back().micro = 2, v.back().bf16_grad_reduce = true;
   // Pipeline parallelism: every schedule, tied embeddings, keep-params.
   v.push_back(make("pp2_1f1b_dp2_zero1", "pp=2,dp=2", Z::zero1));
   v.back().micro = 1;
@@ -217,8 +220,8 @@ std::vector<Case> cases() {
   v.back().micro = 2, v.back().tied = true;
   v.push_back(make("pp2_tied_dp2_zero3_keep_params", "pp=2,dp=2", Z::zero3));
   v.back().micro = 1, v.back().tied = true, v.back().keep_params = true;
-  v.push_back(make("pp2_tied_dp2_zero1_bf16_grads", "pp=2,dp=2", Z::zero1));  // the tied sum in bf16 too
-  v.back().micro = 1, v.back().tied = true, v.back().bf16_grads = true;
+  v.push_back(make("pp2_tied_dp2_zero1_bf16_grad_reduce", "pp=2,dp=2", Z::zero1));  // the tied sum in bf16 too
+  v.back().micro = 1, v.back().tied = true, v.back().bf16_grad_reduce = true;
   // Context parallelism: both algorithms, document masks, activation checkpointing.
   v.push_back(make("cp2_allgather_dp2_zero3", "cp=2,dp=2", Z::zero3));
   v.push_back(make("cp2_ring_doc_mask", "cp=2", Z::none));
