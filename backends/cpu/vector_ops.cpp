@@ -88,13 +88,11 @@ void round_to_bf16(T* x, int64_t N) {
   });
 }
 
-// The bf16 nearest x: rounded in T (nearest_bf16), then its float's top half, which is exact.
+// The bf16 nearest x: rounded in T (nearest_bf16; a double is not rounded through a float), then
+// narrowed to a float, which is exact, so float_to_bf16's rounding keeps it as it is.
 template <class T>
 bf16 bf16_of(T x) {
-  const float f = static_cast<float>(nearest_bf16(x));
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return bf16{uint16_t(u >> 16)};
+  return float_to_bf16(static_cast<float>(nearest_bf16(x)));
 }
 
 template <class T>

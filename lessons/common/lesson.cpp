@@ -555,22 +555,24 @@ double mean_of(const std::vector<int64_t>& v) { return v.empty() ? 0.0 : double(
 std::string number(double v) {
   if (std::fabs(v) < 1e18 && std::fabs(v - std::round(v)) < 1e-9) return grouped(int64_t(std::llround(v)));
   char buf[64];
-  std::snprintf(buf, sizeof buf, std::fabs(v) < 1e18 ? "%.2f" : "%.3g", v);
+  std::snprintf(buf, sizeof buf, std::fabs(v) < 1e18 && std::fabs(v) >= 1 ? "%.2f" : "%.3g", v);
   return buf;
 }
 
 // The learner's number against the measured mean over ranks (for a range: whether it lies in
 // the range of every rank).
 std::string prediction_verdict(double predicted, const Exercise& e) {
-  const double measured = mean_of(e.measured);
-  std::string out = "you predicted " + number(predicted) + "; measured (mean over ranks) " + number(measured) + ": ";
+  const double measured = e.value ? *e.value : mean_of(e.measured);
+  std::string out = "you predicted " + number(predicted) + "; measured" + (e.value ? "" : " (mean over ranks)") + " " +
+                    number(measured) + ": ";
   if (!e.upper.empty()) {
     bool inside = e.expected.size() == e.upper.size() && !e.expected.empty();
     for (size_t r = 0; inside && r < e.expected.size(); ++r)
       inside = double(e.expected[r]) <= predicted && predicted <= double(e.upper[r]);
     return out + (inside ? "inside every rank's range" : "outside the range of some rank");
   }
-  if (std::fabs(predicted - measured) <= 0.5) return out + "exact";
+  // A count is exact to the unit; one number (e.value) to the digits shown.
+  if (e.value ? number(predicted) == number(measured) : std::fabs(predicted - measured) <= 0.5) return out + "exact";
   if (measured == 0) return out + "the measured value is 0";
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f%% %s", 100.0 * std::fabs(predicted - measured) / std::fabs(measured),
@@ -583,7 +585,7 @@ std::string prediction_verdict(double predicted, const Exercise& e) {
 void ExerciseSheet::exact(std::string id, std::string question, std::string formula, double textbook,
                           std::vector<int64_t> expected, std::vector<int64_t> measured, std::string note) {
   Exercise e{std::move(id), std::move(question), std::move(formula), textbook, std::move(expected),
-             std::move(measured), {}, std::move(note), false};
+             std::move(measured), {}, std::move(note), false, {}};
   e.pass = e.expected == e.measured;
   if (textbook >= 0) e.pass = e.pass && std::fabs(mean_of(e.measured) - textbook) <= 1e-9 * std::max(1.0, textbook);
   items_.push_back(std::move(e));
@@ -592,7 +594,7 @@ void ExerciseSheet::exact(std::string id, std::string question, std::string form
 void ExerciseSheet::range(std::string id, std::string question, std::string formula, std::vector<int64_t> lower,
                           std::vector<int64_t> upper, std::vector<int64_t> measured, std::string note) {
   Exercise e{std::move(id), std::move(question), std::move(formula), -1, std::move(lower), std::move(measured),
-             std::move(upper), std::move(note), false};
+             std::move(upper), std::move(note), false, {}};
   e.pass = e.expected.size() == e.measured.size() && e.upper.size() == e.measured.size();
   for (size_t r = 0; e.pass && r < e.measured.size(); ++r)
     e.pass = e.expected[r] <= e.measured[r] && e.measured[r] <= e.upper[r];
@@ -601,6 +603,33 @@ void ExerciseSheet::range(std::string id, std::string question, std::string form
 
 void ExerciseSheet::add(Exercise e) { items_.push_back(std::move(e)); }
 
+namespace {
+
+// An exercise's expected (or range) and measured values, one column per rank.
+std::string per_rank_rows(const Exercise& e) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> head = {"       ", ""};
+  for (size_t r = 0; r < e.measured.size(); ++r) head.push_back("rank " + std::to_string(r));
+  rows.push_back(head);
+  std::vector<std::string> exp = {"       ", e.upper.empty() ? "expected" : "at least"}, up = {"       ", "at most"},
+                           mea = {"       ", "measured"};
+  for (size_t r = 0; r < e.measured.size(); ++r) {
+    exp.push_back(r < e.expected.size() ? grouped(e.expected[r]) : "?");
+    if (!e.upper.empty()) up.push_back(r < e.upper.size() ? grouped(e.upper[r]) : "?");
+    mea.push_back(grouped(e.measured[r]));
+  }
+  rows.push_back(exp);
+  if (!e.upper.empty()) rows.push_back(up);
+  rows.push_back(mea);
+  std::string table = format_table(rows);
+  // Drop the underline format_table draws under the header: these are inline tables.
+  const size_t first = table.find('\n'), second = table.find('\n', first + 1);
+  table.erase(first + 1, second - first);
+  return table;
+}
+
+}  // namespace
+
 std::string ExerciseSheet::report() const {
   std::string out;
   for (const Exercise& e : items_) {
@@ -608,25 +637,8 @@ std::string ExerciseSheet::report() const {
     out += "       answer: " + e.formula + "\n";
     if (e.textbook >= 0)
       out += "       formula gives " + number(e.textbook) + " per rank; measured mean " + number(mean_of(e.measured)) + "\n";
-    std::vector<std::vector<std::string>> rows;
-    std::vector<std::string> head = {"       ", ""};
-    for (size_t r = 0; r < e.measured.size(); ++r) head.push_back("rank " + std::to_string(r));
-    rows.push_back(head);
-    std::vector<std::string> exp = {"       ", e.upper.empty() ? "expected" : "at least"}, up = {"       ", "at most"},
-                             mea = {"       ", "measured"};
-    for (size_t r = 0; r < e.measured.size(); ++r) {
-      exp.push_back(r < e.expected.size() ? grouped(e.expected[r]) : "?");
-      if (!e.upper.empty()) up.push_back(r < e.upper.size() ? grouped(e.upper[r]) : "?");
-      mea.push_back(grouped(e.measured[r]));
-    }
-    rows.push_back(exp);
-    if (!e.upper.empty()) rows.push_back(up);
-    rows.push_back(mea);
-    std::string table = format_table(rows);
-    // Drop the underline format_table draws under the header: these are inline tables.
-    const size_t first = table.find('\n'), second = table.find('\n', first + 1);
-    table.erase(first + 1, second - first);
-    out += table;
+    // An exercise about one number (not per rank) says it in its note.
+    if (!e.measured.empty()) out += per_rank_rows(e);
     if (!e.note.empty()) out += "       " + e.note + "\n";
     if (const auto it = predictions_.find(e.id); it != predictions_.end())
       out += "       " + prediction_verdict(it->second, e) + "\n";
@@ -645,6 +657,7 @@ nlohmann::json ExerciseSheet::to_json() const {
                         {"expected", e.expected}, {"measured", e.measured}, {"pass", e.pass}};
     if (e.textbook >= 0) j["formula_per_rank"] = e.textbook, j["measured_mean"] = mean_of(e.measured);
     if (!e.upper.empty()) j["expected_at_most"] = e.upper;
+    if (e.value) j["measured_value"] = *e.value;
     if (!e.note.empty()) j["note"] = e.note;
     if (const auto it = predictions_.find(e.id); it != predictions_.end()) j["prediction"] = it->second;
     a.push_back(j);

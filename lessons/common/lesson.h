@@ -184,6 +184,7 @@ struct Exercise {
   std::vector<int64_t> expected, measured, upper;  // upper: non-empty for a range [expected, upper]
   std::string note;
   bool pass = false;
+  std::optional<double> value;  // an exercise about one number (not per rank): what was measured
 };
 
 class ExerciseSheet {

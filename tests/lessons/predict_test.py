@@ -13,6 +13,7 @@ script answers every prompt: a scripted number, a non-number, or Enter. It check
   predict_test.py --source DIR lesson01 BIN
   predict_test.py --source DIR lesson02 BIN
   predict_test.py --source DIR lesson06 BIN
+  predict_test.py --source DIR lesson08 BIN
 """
 import argparse
 import os
@@ -64,6 +65,17 @@ CASES = {
             "A1": "you predicted 2,064; measured (mean over ranks) 2,064: exact",
             "A3": "you predicted 1,500; measured (mean over ranks) 1,744: 14.0% low",
             "M1": "you predicted 2,416,640; measured (mean over ranks) 2,416,640: exact",
+        },
+    },
+    "lesson08": {
+        "flags": ["--steps", "1", "--gpu", "off", "--step"],
+        "answers": {"P1": ["0.0039"], "W1": ["6e5"]},
+        "asked": ["P1", "W1"],
+        "revealed_by": {"P1": "largest 0.00389", "W1": "Bytes all ranks sent in the last step"},
+        "verdicts": {
+            # P1 is one number, not a mean over ranks: 0.0039 against 0.00388843 is 0.3% high.
+            "P1": "you predicted 0.0039; measured 0.00389: 0.3% high",
+            "W1": "you predicted 600,000; measured (mean over ranks) 569,742: 5.3% high",
         },
     },
 }
