@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/model/bf16_parking.h"
 #include "core/ops.h"
 
 namespace llama4d {
@@ -49,16 +50,39 @@ void BlockActivations<T>::release_recomputable() {
   for (Buffer<T>* b : {&n1, &rstd1, &att, &lse, &n2, &rstd2, &act}) b->reset();
 }
 
+namespace {
+constexpr std::array<const char*, 10> kBf16ValuedNames = {"q", "k", "v", "h", "gate", "up", "n1", "att", "n2", "act"};
+}  // namespace
+
+template <class T>
+std::array<Buffer<T>*, 10> BlockActivations<T>::bf16_valued() {
+  return {&q, &k, &v, &h, &gate, &up, &n1, &att, &n2, &act};
+}
+
+template <class T>
+void BlockActivations<T>::park_bf16(MemoryTracker* m) {
+  const std::array<Buffer<T>*, 10> values = bf16_valued();
+  for (size_t i = 0; i < values.size(); ++i) llama4d::park_bf16(*values[i], parked[i], m, kBf16ValuedNames[i]);
+}
+
+template <class T>
+void BlockActivations<T>::unpark_bf16(MemoryTracker* m) {
+  const std::array<Buffer<T>*, 10> values = bf16_valued();
+  for (size_t i = 0; i < values.size(); ++i) llama4d::unpark_bf16(*values[i], parked[i], m, kBf16ValuedNames[i]);
+}
+
 template <class T>
 void BlockActivations<T>::reset() {
   release_recomputable();
   for (Buffer<T>* b : {&q, &k, &v, &h, &gate, &up}) b->reset();
+  for (Buffer<bf16>& b : parked) b.reset();
 }
 
 template <class T>
 int64_t BlockActivations<T>::bytes() const {
   int64_t n = 0;
   for (const Buffer<T>* b : {&q, &k, &v, &h, &gate, &up, &n1, &rstd1, &att, &lse, &n2, &rstd2, &act}) n += b->bytes();
+  for (const Buffer<bf16>& b : parked) n += b.bytes();
   return n;
 }
 

@@ -3,11 +3,13 @@
 //   h   = x + o_proj( attention( rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1) ) ),  n1 = rmsnorm(x)
 //   out = h + down_proj( silu(gate_proj(n2)) * up_proj(n2) ),                         n2 = rmsnorm(h)
 // Shapes: x, h, out [B, T, C]; q [B, T, nh, hd]; k, v [B, T, nkv, hd]; gate, up [B, T, I].
+#include <array>
 #include <cstdint>
 #include <string>
 
 #include "core/model/rope.h"
 #include "core/tensor/buffer.h"
+#include "core/tensor/dtype.h"
 
 namespace llama4d {
 
@@ -87,13 +89,23 @@ struct BlockActivations {
   Buffer<T> n2, rstd2;           // [B,T,C], [rows]
   Buffer<T> act;                 // [B,T,I] silu(gate) * up
 
+  // bf16 mixed precision (core/model/bf16_parking.h): after the block's forward every held
+  // tensor but rstd1, lse, rstd2 waits as bf16; unpark_bf16 restores them before the backward.
+  std::array<Buffer<bf16>, 10> parked;  // q, k, v, h, gate, up, n1, att, n2, act
+
   void allocate(MemoryTracker* memory, const BlockDims& d);               // every tensor
   void allocate_recomputable(MemoryTracker* memory, const BlockDims& d);  // the second group
   void release_recomputable();
+  void park_bf16(MemoryTracker* memory);
+  void unpark_bf16(MemoryTracker* memory);
   void reset();
+  // Both are asked after unpark_bf16 (a parked block holds nothing in T).
   bool holds_anything() const { return !q.empty(); }
   bool complete() const { return !n1.empty(); }
-  int64_t bytes() const;
+  int64_t bytes() const;  // in T and parked
+
+ private:
+  std::array<Buffer<T>*, 10> bf16_valued();
 };
 
 // Backward temporaries, shared by all blocks of one backward pass (scratch category).

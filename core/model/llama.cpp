@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/model/bf16_parking.h"
 #include "core/ops.h"
 
 namespace llama4d {
@@ -45,6 +46,7 @@ int64_t MicroBatchState<T>::activation_bytes() const {
   int64_t n = tokens.bytes() + targets.bytes() + docs.bytes() + head.bytes() + input_grad.bytes() + head_weight_inputs.bytes() +
               embedding_weight_input.bytes();
   for (const Buffer<T>& b : x) n += b.bytes();
+  for (const Buffer<bf16>& b : x_parked) n += b.bytes();
   for (const BlockActivations<T>& a : blocks) n += a.bytes();
   for (const BlockWeightGradInputs<T>& w : block_weight_inputs) n += w.bytes();
   return n;
@@ -55,6 +57,7 @@ void MicroBatchState<T>::reset() {
   tokens.reset(), targets.reset(), docs.reset(), head.reset(), input_grad.reset();
   head_weight_inputs.reset(), embedding_weight_input.reset();
   for (Buffer<T>& b : x) b.reset();
+  for (Buffer<bf16>& b : x_parked) b.reset();
   for (BlockActivations<T>& a : blocks) a.reset();
   for (BlockWeightGradInputs<T>& w : block_weight_inputs) w.reset();
   loss = {};
@@ -419,6 +422,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   st.reset();
   st.B = B, st.seq = T_, st.units = r;
   st.x.resize(size_t(L + 1));
+  st.x_parked.resize(size_t(L + 1));
   st.blocks.resize(size_t(L));
   st.block_weight_inputs.resize(size_t(L));
   const int64_t BT = B * T_, C = cfg_.hidden_size, V = vocab_rows();
@@ -476,6 +480,10 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     if (ac_.kind == Checkpointing::Kind::selective) a.release_recomputable();
     if (ac_.recomputes_blocks()) a.reset();
     if (!ac_.keeps_input(l, first_block)) st.x[size_t(l)].reset();
+    if (bf16_ && park_bf16_) {  // what waits for the backward waits as bf16, as on a GPU
+      a.park_bf16(memory_);
+      park_bf16(st.x[size_t(l)], st.x_parked[size_t(l)], memory_, "x_" + std::to_string(l));
+    }
     h.after_forward(u);
   }
 
@@ -500,6 +508,8 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
 template <class T>
 void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitHooks& h) {
   BlockActivations<T>& a = st.blocks[size_t(layer)];
+  a.unpark_bf16(memory_);
+  unpark_bf16(st.x[size_t(layer)], st.x_parked[size_t(layer)], memory_, "x_" + std::to_string(layer));
   if (a.complete()) return;
   const BlockDims d = block_dims(st);
   if (a.holds_anything()) {  // selective: rebuild the cheap tensors from the kept ones
@@ -511,7 +521,8 @@ void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitH
   // every:k: rerun the segment from the nearest kept input below, keeping every block's
   // activations; the blocks under this one then find theirs complete.
   int s = layer;
-  while (st.x[size_t(s)].empty()) --s;
+  while (st.x[size_t(s)].empty() && st.x_parked[size_t(s)].empty()) --s;
+  unpark_bf16(st.x[size_t(s)], st.x_parked[size_t(s)], memory_, "x_" + std::to_string(s));
   for (int j = s; j <= layer; ++j) {
     h.before_recompute(block_unit(j));
     if (j < layer)

@@ -60,6 +60,7 @@ struct MicroBatchState {
   Buffer<int32_t> docs;                     // [B, cp·T] document ids of the whole rows (BlockDims::doc), until
                                             // the backward's last attention; empty: no document mask
   std::vector<Buffer<T>> x;                 // [L+1] x[l] = input of block l, x[L] = the head's input
+  std::vector<Buffer<bf16>> x_parked;       // [L+1] bf16 mixed precision: x[l] waiting as bf16 (bf16_parking.h)
   std::vector<BlockActivations<T>> blocks;  // [L] per the checkpointing policy
   HeadActivations<T> head;
   Buffer<T> input_grad;  // after backward of a range that starts at a block: d(objective)/d(x at the range's start)
@@ -202,10 +203,14 @@ class Llama {
   // bf16 (a rounded copy of a unit's segment, made as the unit runs). Every activation and
   // activation gradient is rounded to bf16 when complete (BlockDims::bf16), and so are a range's
   // hidden input and output gradient as they come in; weight gradients accumulate in fp32. The
-  // bf16 values are held in float containers: the arithmetic is bf16's, the memory fp32's.
+  // ops compute on bf16 values held in float containers; what the forward keeps for the backward
+  // waits as bf16, 2 bytes an element (core/model/bf16_parking.h; the statistics stay fp32).
   // Float models only (InputError for double); set before a forward.
   void set_bf16_compute(bool on);
   bool bf16_compute() const { return bf16_; }
+  // Whether kept activations wait as bf16 in bf16 mode (true by default). Off, they wait in the
+  // float containers they were computed in: the same bits, twice the bytes (the tests compare).
+  void set_bf16_parking(bool on) { park_bf16_ = on; }
 
   // ---- What strategies configure -------------------------------------------------------------
   void set_checkpointing(const Checkpointing& ac) { ac_ = ac; }
@@ -265,6 +270,7 @@ class Llama {
   VocabComm<T>* vocab_comm_ = nullptr;
   UnitHooks* hooks_ = nullptr;
   bool bf16_ = false;
+  bool park_bf16_ = true;
   MicroBatchState<T> state_;  // the whole-model forward/backward
 };
 

@@ -252,7 +252,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
               "the sum over segments of its piece; N/n on average (n = " + std::to_string(n) +
                   "), but padding to 512-element pieces makes the last shard ranks short",
               mean_shard, shard, m_shard, {}, "Measured = ShardLayout, the layout the strategy uses; every piece of "
-              "every segment is compared with the formula, not only the sums.", false};
+              "every segment is compared with the formula, not only the sums.", false, {}};
   x1.pass = layout_matches && x1.expected == x1.measured;
   sheet.add(x1);
   sheet.exact("Z2", q2, "8 bytes per owned element: 8N/n",

@@ -384,10 +384,10 @@ int run(LessonOptions o, const GpuArgs& a) {
   say.say("fp32: " + f32.what + ".\nbf16: " + bf16.what + ".\nbf16 wire: " + wire.what + ".\n\n" +
           losses_table(cpu_runs) + "\nBytes all ranks sent in the last step:\n\n" + traffic_by_op(cpu_runs) +
           "\nMemory (what rank 0's allocator handed out):\n\n" + memory_by_run(cpu_runs, 0) +
-          "\nbf16 here is bf16's arithmetic in fp32 containers: each unit's weights are rounded into a scratch copy\n"
-          "when used, activations and gradients are rounded where a bf16 kernel would write them. Storage stays\n"
-          "4 bytes an element on this backend (bf16 storage is the GPU backend's next step), so the memory\n"
-          "categories a run keeps are the same; scratch holds the rounded copies.\n");
+          "\nThe ops compute on bf16 values in fp32 containers: each unit's weights are rounded into a scratch copy\n"
+          "when it runs, activations and gradients are rounded where a bf16 kernel would write them. What the forward\n"
+          "keeps for the backward waits as bf16, 2 bytes an element: the activation peak drops. Parameters (the\n"
+          "master weights), gradients and optimizer state are fp32 in all three runs, as in Llama 3.\n");
   same_calls(sheet, "S1", "How many of the fp32 run's collectives does the bf16 run make?", f32, bf16);
   {
     std::vector<int64_t> expected, measured;

@@ -4,7 +4,8 @@
 // rounded to bf16; the loss and gradients
 // agree with fp64 to bf16's rounding, and are not f32's (the rounding happened); a double model
 // refuses it. That input and weight passes, and every checkpointing policy, give the same bits in
-// bf16 is checked by split_backward_test.cpp.
+// bf16 is checked by split_backward_test.cpp. What waits for the backward waits as bf16 (half the
+// bytes, counted by the allocator) and comes back with the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/model/checkpointing.h"
 #include "core/ops.h"
+#include "core/tensor/memory_tracker.h"
 #include "model_test_util.h"
 
 namespace llama4d {
@@ -38,6 +41,7 @@ TEST(Bf16Compute, KeptTensorsAreBf16ValuesAndTheMasterWeightsAreNot) {
     const LlamaConfig cfg = test::tiny_config(tied, tied);
     Llama<float> m(cfg);
     m.set_bf16_compute(true);
+    m.set_bf16_parking(false);  // the kept tensors stay where this test reads them
     m.init_weights(5);
     test::perturb_params(m, 9);
     const std::vector<float> master(m.params(), m.params() + m.num_params());
@@ -130,6 +134,55 @@ TEST(Bf16Compute, AgreesWithFp64ToBf16Rounding) {
   EXPECT_LE(grad16, 1e-1);
   EXPECT_GT(loss16, 10 * loss32);
   EXPECT_GT(grad16, 10 * grad32);
+}
+
+// The forward's kept tensors wait for the backward as bf16: the allocator holds 2 bytes less per
+// element of every bf16-valued tensor kept (the block inputs x_0 .. x_{L-1}; per block q, k, v, h,
+// gate, up and, where the policy keeps them, n1, att, n2, act), and the same bytes of statistics;
+// the loss and every gradient keep their bits.
+TEST(Bf16Compute, KeptActivationsWaitAsBf16WithTheSameBits) {
+  const LlamaConfig cfg = test::tiny_config(false, true);
+  const int64_t B = 2, T = 7, BT = B * T, C = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers;
+  const int64_t qd = cfg.num_attention_heads * cfg.head_dim, kvd = cfg.num_key_value_heads * cfg.head_dim;
+  const test::Batch b = test::make_batch(B, T, cfg.vocab_size, 6, true);
+  // Elements parked per block, by policy (none keeps all ten tensors, selective the first six).
+  const int64_t kept_six = BT * qd + 2 * BT * kvd + BT * C + 2 * BT * I;
+  const int64_t all_ten = kept_six + 2 * BT * C + BT * qd + BT * I;
+  struct Policy {
+    const char* ac;
+    int64_t parked;  // elements over the whole model: blocks' tensors + their kept inputs x_l
+  };
+  for (const Policy& p : {Policy{"none", L * (all_ten + BT * C)}, Policy{"selective", L * (kept_six + BT * C)},
+                          Policy{"full", L * BT * C}}) {
+    SCOPED_TRACE(p.ac);
+    struct Run {
+      int64_t activations = 0;  // live after the forward
+      double loss = 0;
+      std::vector<float> grads;
+    };
+    auto run = [&](bool park) {
+      MemoryTracker memory(0, 0);
+      Llama<float> m(cfg, &memory);
+      m.set_bf16_compute(true);
+      m.set_bf16_parking(park);
+      m.set_checkpointing(Checkpointing::parse(p.ac, int(L)));
+      m.init_weights(5);
+      test::perturb_params(m, 9);
+      m.zero_grad();
+      MicroBatchState<float> st;
+      const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, B, T);
+      Run r;
+      r.activations = memory.live(MemoryCategory::activations);
+      r.loss = loss.loss_sum;
+      m.backward(st, 1.0f / float(loss.tokens));
+      r.grads.assign(m.grads(), m.grads() + m.num_params());
+      return r;
+    };
+    const Run parked = run(true), in_f32 = run(false);
+    EXPECT_EQ(in_f32.activations - parked.activations, 2 * p.parked);
+    EXPECT_EQ(parked.loss, in_f32.loss);
+    EXPECT_EQ(std::memcmp(parked.grads.data(), in_f32.grads.data(), parked.grads.size() * sizeof(float)), 0);
+  }
 }
 
 TEST(Bf16Compute, IsAModeOfTheF32Model) {

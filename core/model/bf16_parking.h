@@ -1,0 +1,34 @@
+#pragma once
+// bf16 mixed precision keeps activations for the backward in bf16 (2 bytes an element), as a GPU
+// stores them. This engine computes bf16 values in T containers (Llama::set_bf16_compute), so a
+// tensor the forward keeps is parked as bf16 once its block has run and widened back before the
+// backward reads it. Both directions are exact for bf16 values, so the bits do not change; the
+// memory of what waits between forward and backward halves. Statistics that are not bf16 values
+// (1/rms, attention's log-sum-exp) stay in T.
+#include <string>
+
+#include "core/ops.h"
+#include "core/tensor/buffer.h"
+#include "core/tensor/dtype.h"
+
+namespace llama4d {
+
+// values [n], every element a bf16 value -> parked [n] bf16 (charged to activations); values freed.
+template <class T>
+void park_bf16(Buffer<T>& values, Buffer<bf16>& parked, MemoryTracker* memory, const std::string& what) {
+  if (values.empty()) return;
+  parked = Buffer<bf16>(memory, MemoryCategory::activations, values.size(), what + " (parked as bf16)");
+  ops::to_bf16(parked.data(), values.data(), values.size());
+  values.reset();
+}
+
+// The reverse: parked [n] -> values [n] in T (activations); parked freed. Nothing parked: no-op.
+template <class T>
+void unpark_bf16(Buffer<T>& values, Buffer<bf16>& parked, MemoryTracker* memory, const std::string& what) {
+  if (parked.empty()) return;
+  values = Buffer<T>(memory, MemoryCategory::activations, parked.size(), what);
+  ops::from_bf16(values.data(), parked.data(), parked.size(), false);
+  parked.reset();
+}
+
+}  // namespace llama4d
