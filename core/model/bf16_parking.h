@@ -13,12 +13,20 @@
 
 namespace llama4d {
 
+// x[n] rounded to bf16 (nearest, ties to even; exact for bf16 values) into a new buffer of
+// `category` on `memory`.
+template <class T>
+Buffer<bf16> bf16_copy(MemoryTracker* memory, MemoryCategory category, const T* x, int64_t n, const std::string& what) {
+  Buffer<bf16> out(memory, category, n, what);
+  ops::to_bf16(out.data(), x, n);
+  return out;
+}
+
 // values [n], every element a bf16 value -> parked [n] bf16 (charged to activations); values freed.
 template <class T>
 void park_bf16(Buffer<T>& values, Buffer<bf16>& parked, MemoryTracker* memory, const std::string& what) {
   if (values.empty()) return;
-  parked = Buffer<bf16>(memory, MemoryCategory::activations, values.size(), what + " (parked as bf16)");
-  ops::to_bf16(parked.data(), values.data(), values.size());
+  parked = bf16_copy(memory, MemoryCategory::activations, values.data(), values.size(), what + " (parked as bf16)");
   values.reset();
 }
 

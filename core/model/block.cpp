@@ -50,25 +50,22 @@ void BlockActivations<T>::release_recomputable() {
   for (Buffer<T>* b : {&n1, &rstd1, &att, &lse, &n2, &rstd2, &act}) b->reset();
 }
 
-namespace {
-constexpr std::array<const char*, 10> kBf16ValuedNames = {"q", "k", "v", "h", "gate", "up", "n1", "att", "n2", "act"};
-}  // namespace
-
 template <class T>
-std::array<Buffer<T>*, 10> BlockActivations<T>::bf16_valued() {
-  return {&q, &k, &v, &h, &gate, &up, &n1, &att, &n2, &act};
+std::array<typename BlockActivations<T>::Named, 10> BlockActivations<T>::bf16_valued() {
+  return {{{&q, "q"}, {&k, "k"}, {&v, "v"}, {&h, "h"}, {&gate, "gate"}, {&up, "up"}, {&n1, "n1"}, {&att, "att"},
+           {&n2, "n2"}, {&act, "act"}}};
 }
 
 template <class T>
 void BlockActivations<T>::park_bf16(MemoryTracker* m) {
-  const std::array<Buffer<T>*, 10> values = bf16_valued();
-  for (size_t i = 0; i < values.size(); ++i) llama4d::park_bf16(*values[i], parked[i], m, kBf16ValuedNames[i]);
+  const std::array<Named, 10> tensors = bf16_valued();
+  for (size_t i = 0; i < tensors.size(); ++i) llama4d::park_bf16(*tensors[i].values, parked[i], m, tensors[i].name);
 }
 
 template <class T>
 void BlockActivations<T>::unpark_bf16(MemoryTracker* m) {
-  const std::array<Buffer<T>*, 10> values = bf16_valued();
-  for (size_t i = 0; i < values.size(); ++i) llama4d::unpark_bf16(*values[i], parked[i], m, kBf16ValuedNames[i]);
+  const std::array<Named, 10> tensors = bf16_valued();
+  for (size_t i = 0; i < tensors.size(); ++i) llama4d::unpark_bf16(*tensors[i].values, parked[i], m, tensors[i].name);
 }
 
 template <class T>

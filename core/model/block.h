@@ -90,7 +90,8 @@ struct BlockActivations {
   Buffer<T> act;                 // [B,T,I] silu(gate) * up
 
   // bf16 mixed precision (core/model/bf16_parking.h): after the block's forward every held
-  // tensor but rstd1, lse, rstd2 waits as bf16; unpark_bf16 restores them before the backward.
+  // tensor but rstd1, lse, rstd2 waits as bf16, in the order of bf16_valued(); unpark_bf16
+  // restores them before the backward.
   std::array<Buffer<bf16>, 10> parked;  // q, k, v, h, gate, up, n1, att, n2, act
 
   void allocate(MemoryTracker* memory, const BlockDims& d);               // every tensor
@@ -99,13 +100,17 @@ struct BlockActivations {
   void park_bf16(MemoryTracker* memory);
   void unpark_bf16(MemoryTracker* memory);
   void reset();
-  // Both are asked after unpark_bf16 (a parked block holds nothing in T).
-  bool holds_anything() const { return !q.empty(); }
-  bool complete() const { return !n1.empty(); }
+  // Whether q (kept by every policy) or n1 (only by a complete block) is held, in T or parked.
+  bool holds_anything() const { return !q.empty() || !parked[0].empty(); }
+  bool complete() const { return !n1.empty() || !parked[6].empty(); }
   int64_t bytes() const;  // in T and parked
 
  private:
-  std::array<Buffer<T>*, 10> bf16_valued();
+  struct Named {
+    Buffer<T>* values;
+    const char* name;
+  };
+  std::array<Named, 10> bf16_valued();  // the order of `parked`
 };
 
 // Backward temporaries, shared by all blocks of one backward pass (scratch category).

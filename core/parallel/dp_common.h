@@ -6,6 +6,7 @@
 
 #include "core/comm/process_group.h"
 #include "core/comm/trace.h"
+#include "core/model/bf16_parking.h"
 #include "core/model/head.h"
 #include "core/model/llama.h"
 #include "core/optim/segmented_norm.h"
@@ -66,9 +67,7 @@ double pipeline_sum_squares(ProcessGroup* pipeline, const Llama<T>& model, const
 // new buffer, the one a collective then moves and sums. Charged to `memory` as a comm buffer.
 template <class T>
 Buffer<bf16> bf16_wire(MemoryTracker& memory, const T* g, int64_t n, const std::string& what) {
-  Buffer<bf16> wire(&memory, MemoryCategory::comm_buffers, n, what);
-  ops::to_bf16(wire.data(), g, n);
-  return wire;
+  return bf16_copy(&memory, MemoryCategory::comm_buffers, g, n, what);
 }
 
 // Pipeline parallelism with tied embeddings: g[n], this rank's part of the embedding's gradient

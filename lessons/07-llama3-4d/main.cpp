@@ -91,24 +91,7 @@ int run(LessonOptions o, const FourDArgs& a) {
   say.pause();
 
   // ---- 3. The same plan on 16 virtual GPUs ---------------------------------------------------------
-  RunSetup s;
-  s.model = LlamaConfig::preset(o.preset);
-  s.plan = ParallelPlan::parse(a.mesh);
-  s.plan.zero = ZeroStage(a.zero);
-  s.plan.ac = Checkpointing::parse(a.ac, int(s.model.num_hidden_layers));
-  s.plan.algo = o.reduce_algo();
-  s.plan.validate();
-  s.train = o.train_options();
-  s.train.batch_size = int64_t(s.plan.dp()) * o.micro_batches * o.rows;
-  s.train.micro_batch_size = o.rows;
-  s.plan.check_model(s.model, int(o.micro_batches));
-  s.plan.check_sequence(o.seq_len);
-  if (o.seq_len > s.model.max_position_embeddings)
-    throw InputError("--seq-len " + std::to_string(o.seq_len) + " exceeds preset '" + o.preset +
-                     "''s max_position_embeddings " + std::to_string(s.model.max_position_embeddings));
-  o.ranks = s.plan.world_size();
-  s.cluster = o.cluster_options();
-  s.cluster.ranks = s.plan.world_size();
+  const RunSetup s = mesh_run_setup(o, a.mesh, a.zero, a.ac);
   StepShape shape;
   shape.model = s.model;
   shape.plan = s.plan;

@@ -3,8 +3,9 @@
 // chosen at run time. The program shows which backends this build has and can use here, what
 // bf16 does to a number, then trains the same plan three ways on virtual GPUs (fp32; bf16 compute
 // with fp32 gradient reductions, as Llama 3 trained; bf16 on the wire too) and measures what
-// changes (the numbers, the bytes of the gradient reductions) and what does not (the collectives,
-// the memory). Where a GPU is usable it trains the same plan there and compares; then it runs the
+// changes (the numbers, the activations kept, the bytes of the gradient reductions) and what does
+// not (the collectives, what a rank keeps between steps). Where a GPU is usable it trains the same
+// plan there and compares; then it runs the
 // torchrun-style rendezvous a multi-GPU job starts with, and ends with the bf16 run against one
 // device.
 //   lesson08_graduating_to_gpus [--mesh dp=4] [--zero 2] [--gpu auto|off] [--steps 2] [--step] [--json]
@@ -298,25 +299,9 @@ int run(LessonOptions o, const GpuArgs& a) {
   say.pause();
 
   // ---- 2. bf16, the number -----------------------------------------------------------------------
-  RunSetup base;
-  base.model = LlamaConfig::preset(o.preset);
-  base.plan = ParallelPlan::parse(a.mesh);
-  base.plan.zero = ZeroStage(a.zero);
-  base.plan.algo = o.reduce_algo();
-  base.plan.validate();
-  base.train = o.train_options();
-  base.train.batch_size = int64_t(base.plan.dp()) * o.micro_batches * o.rows;
-  base.train.micro_batch_size = o.rows;
-  base.plan.check_model(base.model, int(o.micro_batches));
-  base.plan.check_sequence(o.seq_len);
-  if (o.seq_len > base.model.max_position_embeddings)
-    throw InputError("--seq-len " + std::to_string(o.seq_len) + " exceeds preset '" + o.preset +
-                     "''s max_position_embeddings " + std::to_string(base.model.max_position_embeddings));
+  const RunSetup base = mesh_run_setup(o, a.mesh, a.zero, "none");
   if (base.plan.dp() * base.plan.size("cp") < 2)
     throw InputError("--mesh " + a.mesh + ": the lesson reduces gradients in bf16, which needs dp x cp > 1");
-  o.ranks = base.plan.world_size();
-  base.cluster = o.cluster_options();
-  base.cluster.ranks = base.plan.world_size();
 
   say.phase("bf16: fp32's range, 8 significant bits", "core/tensor/bf16_rounding.h (nearest_bf16)");
   say.ask("P1", "The largest relative change rounding a weight to bf16 can make?");
@@ -429,7 +414,8 @@ int run(LessonOptions o, const GpuArgs& a) {
     gpu_json["why_not"] = why;
     say.say("Not run here (" + why + ").\nOn a machine with a GPU this phase trains the fp32 and bf16 runs above with "
             "--device cuda and checks\nthat every collective is the CPU's, call for call and byte for byte, and that "
-            "the fp32 losses agree\nwithin 1e-5 relative. The same from the command line:\n\n"
+            "the losses agree\n(fp32: within 1e-5 relative; bf16: within the equivalence harness's bounds). To train on the\n"
+            "GPU by hand, with its ranks checked against a replay on the same GPU:\n\n"
             "  llama4d verify --device cuda --mesh " + a.mesh + " --zero " + std::to_string(a.zero) + " --dtype bf16\n");
   } else {
     Variant gf32 = f32, gbf16 = bf16;
@@ -457,7 +443,30 @@ int run(LessonOptions o, const GpuArgs& a) {
     e.pass = worst <= 1e-5;
     e.note = "measured, worst step: " + sci(worst);
     sheet.add(e);
-    gpu_json = {{"ran", true}, {"fp32", variant_json(gf32)}, {"bf16", variant_json(gbf16)}, {"fp32_worst_relative", worst}};
+    // bf16: one last-bit difference can move a rounding by a whole bf16 step, and the runs drift
+    // apart. The bound is the loosest the equivalence harness holds a bf16 run's loss to (gradients
+    // rounded to bf16 and summed in another order; ring_tolerance in core/verify/equivalence.cpp):
+    // 2.6e-3 relative at step 1, 1.7e-2 later. It is a consistency check; that the GPU rounds where
+    // the CPU does is tests/cuda's (CudaModel.TinyStepMatchesTheCpuBf16).
+    Exercise b;
+    b.id = "G4";
+    b.question = "How far apart are the bf16 losses on the CPU and on the GPU?";
+    b.formula = "within 2.6e-3 relative at step 1 and 1.7e-2 later: the harness's loosest bounds for bf16";
+    b.pass = true;
+    double worst_bf16 = 0;
+    for (size_t k = 1; k < bf16.phases.size(); ++k) {
+      const double rel = std::abs(gbf16.phases[k].stats.loss - bf16.phases[k].stats.loss) / bf16.phases[k].stats.loss;
+      b.pass = b.pass && rel <= (k == 1 ? 2.6e-3 : 1.7e-2);
+      worst_bf16 = std::max(worst_bf16, rel);
+    }
+    b.value = worst_bf16;
+    b.note = "measured, worst step: " + sci(worst_bf16);
+    sheet.add(b);
+    gpu_json = {{"ran", true},
+                {"fp32", variant_json(gf32)},
+                {"bf16", variant_json(gbf16)},
+                {"fp32_worst_relative", worst},
+                {"bf16_worst_relative", worst_bf16}};
   }
   say.pause();
 

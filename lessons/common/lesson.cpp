@@ -138,6 +138,28 @@ namespace {
 
 }  // namespace
 
+RunSetup mesh_run_setup(LessonOptions& o, const std::string& mesh, int zero, const std::string& ac) {
+  RunSetup s;
+  s.model = LlamaConfig::preset(o.preset);
+  s.plan = ParallelPlan::parse(mesh);
+  s.plan.zero = ZeroStage(zero);
+  s.plan.ac = Checkpointing::parse(ac, int(s.model.num_hidden_layers));
+  s.plan.algo = o.reduce_algo();
+  s.plan.validate();
+  s.train = o.train_options();
+  s.train.batch_size = int64_t(s.plan.dp()) * o.micro_batches * o.rows;
+  s.train.micro_batch_size = o.rows;
+  s.plan.check_model(s.model, int(o.micro_batches));
+  s.plan.check_sequence(o.seq_len);
+  if (o.seq_len > s.model.max_position_embeddings)
+    throw InputError("--seq-len " + std::to_string(o.seq_len) + " exceeds preset '" + o.preset +
+                     "''s max_position_embeddings " + std::to_string(s.model.max_position_embeddings));
+  o.ranks = s.plan.world_size();
+  s.cluster = o.cluster_options();
+  s.cluster.ranks = s.plan.world_size();
+  return s;
+}
+
 std::vector<PhaseView> run_phases(const RunSetup& s, const TextDataset& data,
                                   const std::function<void(const PhaseView&)>& on_phase) {
   if (s.cluster.ranks != s.plan.world_size()) throw Error("run_phases: cluster and mesh sizes differ");

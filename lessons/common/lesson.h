@@ -104,6 +104,12 @@ struct RunSetup {
   VirtualClusterOptions cluster;
 };
 
+// The run of a lesson whose ranks follow from a mesh (07, 08): the preset, the mesh (innermost
+// first) with its ZeRO stage and checkpointing policy, each data rank taking --micro-batches
+// micro-batches of --rows rows. InputError for a mesh the model or the sequence cannot be cut
+// into, or a sequence longer than the preset's positions. Sets o.ranks to the mesh's size.
+RunSetup mesh_run_setup(LessonOptions& o, const std::string& mesh, int zero, const std::string& ac);
+
 // Trains setup.train.steps steps on a VirtualCluster of setup.plan.world_size() ranks. After
 // construction and after every step all ranks stop; on_phase runs on rank 0's thread with every
 // rank's snapshot while the others wait (so it may print and pause). Returns every phase.

@@ -55,6 +55,19 @@ def commands(path):
     return out
 
 
+def gpus_present():
+    """The GPUs the driver shows (/dev/nvidia0, /dev/nvidia1, ...)."""
+    return sum(1 for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)) if os.path.isdir("/dev") else 0
+
+
+def gpus_needed(argv):
+    """One GPU per process: mpirun's -np or torchrun's --nproc-per-node (1 without a launcher)."""
+    for flag in ("-np", "-n", "--nproc-per-node", "--nproc_per_node"):
+        if flag in argv[:-1]:
+            return int(argv[argv.index(flag) + 1])
+    return 1
+
+
 def skip(argv, as_written):
     """Why a command is not run, or None."""
     prog = argv[0]
@@ -65,6 +78,8 @@ def skip(argv, as_written):
     gpu_only = ("--device", "cuda") in zip(argv, argv[1:]) or ("--backend", "nccl") in zip(argv, argv[1:])
     if gpu_only and not os.path.exists("/dev/nvidia0"):
         return "needs a CUDA GPU, and this machine has none (tests/cuda, tests/nccl and CliArgs cover it)"
+    if gpu_only and gpus_needed(argv) > gpus_present():
+        return f"needs {gpus_needed(argv)} GPUs, and this machine has {gpus_present()}"
     if prog == "bench/compare_torch.sh" and not as_written:
         return "minutes: times PyTorch's training step against ours; run with --as-written"
     return None
