@@ -5,6 +5,8 @@
 // backward reads it. Both directions are exact for bf16 values, so the bits do not change; the
 // memory of what waits between forward and backward halves. Statistics that are not bf16 values
 // (1/rms, attention's log-sum-exp) stay in T.
+#include <array>
+#include <cstddef>
 #include <string>
 
 #include "core/ops.h"
@@ -37,6 +39,25 @@ void unpark_bf16(Buffer<T>& values, Buffer<bf16>& parked, MemoryTracker* memory,
   values = Buffer<T>(memory, MemoryCategory::activations, parked.size(), what);
   ops::from_bf16(values.data(), parked.data(), parked.size(), false);
   parked.reset();
+}
+
+// A struct's bf16-valued tensors, each with its name, in the order of its `parked` array.
+template <class T>
+struct NamedTensor {
+  Buffer<T>* values;
+  const char* name;
+};
+
+template <class T, size_t N>
+void park_all_bf16(const std::array<NamedTensor<T>, N>& tensors, std::array<Buffer<bf16>, N>& parked,
+                   MemoryTracker* memory) {
+  for (size_t i = 0; i < N; ++i) park_bf16(*tensors[i].values, parked[i], memory, tensors[i].name);
+}
+
+template <class T, size_t N>
+void unpark_all_bf16(const std::array<NamedTensor<T>, N>& tensors, std::array<Buffer<bf16>, N>& parked,
+                     MemoryTracker* memory) {
+  for (size_t i = 0; i < N; ++i) unpark_bf16(*tensors[i].values, parked[i], memory, tensors[i].name);
 }
 
 }  // namespace llama4d

@@ -51,21 +51,19 @@ void BlockActivations<T>::release_recomputable() {
 }
 
 template <class T>
-std::array<typename BlockActivations<T>::Named, 10> BlockActivations<T>::bf16_valued() {
+std::array<NamedTensor<T>, 10> BlockActivations<T>::bf16_valued() {
   return {{{&q, "q"}, {&k, "k"}, {&v, "v"}, {&h, "h"}, {&gate, "gate"}, {&up, "up"}, {&n1, "n1"}, {&att, "att"},
            {&n2, "n2"}, {&act, "act"}}};
 }
 
 template <class T>
 void BlockActivations<T>::park_bf16(MemoryTracker* m) {
-  const std::array<Named, 10> tensors = bf16_valued();
-  for (size_t i = 0; i < tensors.size(); ++i) llama4d::park_bf16(*tensors[i].values, parked[i], m, tensors[i].name);
+  park_all_bf16(bf16_valued(), parked, m);
 }
 
 template <class T>
 void BlockActivations<T>::unpark_bf16(MemoryTracker* m) {
-  const std::array<Named, 10> tensors = bf16_valued();
-  for (size_t i = 0; i < tensors.size(); ++i) llama4d::unpark_bf16(*tensors[i].values, parked[i], m, tensors[i].name);
+  unpark_all_bf16(bf16_valued(), parked, m);
 }
 
 template <class T>
@@ -135,6 +133,7 @@ void BlockWeightGradInputs<T>::reset() {
   for (Buffer<T>* b : {&ddown, &dgate, &dup, &dn2, &dattn, &dq, &dk, &dv, &dn1, &act, &n2, &att, &n1, &h, &rstd2,
                        &x, &rstd1})
     b->reset();
+  for (Buffer<bf16>& b : parked) b.reset();
 }
 
 template <class T>
@@ -143,6 +142,7 @@ int64_t BlockWeightGradInputs<T>::bytes() const {
   for (const Buffer<T>* b : {&ddown, &dgate, &dup, &dn2, &dattn, &dq, &dk, &dv, &dn1, &act, &n2, &att, &n1, &h,
                              &rstd2, &x, &rstd1})
     n += b->bytes();
+  for (const Buffer<bf16>& b : parked) n += b.bytes();
   return n;
 }
 

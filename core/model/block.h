@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/model/bf16_parking.h"
 #include "core/model/rope.h"
 #include "core/tensor/buffer.h"
 #include "core/tensor/dtype.h"
@@ -106,11 +107,7 @@ struct BlockActivations {
   int64_t bytes() const;  // in T and parked
 
  private:
-  struct Named {
-    Buffer<T>* values;
-    const char* name;
-  };
-  std::array<Named, 10> bf16_valued();  // the order of `parked`
+  std::array<NamedTensor<T>, 10> bf16_valued();  // the order of `parked`
 };
 
 // Backward temporaries, shared by all blocks of one backward pass (scratch category).
@@ -148,13 +145,26 @@ struct BlockWeightGradInputs {
   Buffer<T> act, n2, att, n1;  // [B,T,I], [B,T,C], [B,T,nh*hd], [B,T,C]: of down, gate/up, o, q/k/v
   Buffer<T> h, rstd2, x, rstd1;  // [rows,C], [rows] x2, [rows,C]: the two RMSNorms' inputs, 1/rms
 
+  // bf16 mixed precision: between the input and the weight pass all but rstd2 and rstd1 wait as
+  // bf16, in the order of bf16_valued() (core/model/bf16_parking.h).
+  std::array<Buffer<bf16>, 15> parked;
+
   // The output gradients (owner names them for out-of-memory messages: "layer 3").
   void allocate(MemoryTracker* memory, const BlockDims& d, const std::string& owner);
   // Moves the matmul and norm inputs out of a (whose other tensors the caller frees) and x.
   void take_inputs(BlockActivations<T>& a, Buffer<T>& x);
+  void park_bf16(MemoryTracker* memory) { park_all_bf16(bf16_valued(), parked, memory); }
+  void unpark_bf16(MemoryTracker* memory) { unpark_all_bf16(bf16_valued(), parked, memory); }
   void reset();
-  bool holds_anything() const { return !ddown.empty(); }
-  int64_t bytes() const;
+  bool holds_anything() const { return !ddown.empty() || !parked[0].empty(); }
+  int64_t bytes() const;  // in T and parked
+
+ private:
+  std::array<NamedTensor<T>, 15> bf16_valued() {
+    return {{{&ddown, "d(down_proj out)"}, {&dgate, "d(gate_proj out)"}, {&dup, "d(up_proj out)"}, {&dn2, "dn2"},
+             {&dattn, "d(o_proj out)"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}, {&dn1, "dn1"}, {&act, "act"},
+             {&n2, "n2"}, {&att, "att"}, {&n1, "n1"}, {&h, "h"}, {&x, "x"}}};
+  }
 };
 
 // Named communication points inside a block, no-ops here. Tensor and sequence parallelism

@@ -88,11 +88,14 @@ void HeadWeightGradInputs<T>::take_inputs(HeadActivations<T>& a, Buffer<T>& head
 template <class T>
 void HeadWeightGradInputs<T>::reset() {
   for (Buffer<T>* b : {&dlogits, &dn, &n, &x, &rstd}) b->reset();
+  for (Buffer<bf16>& b : parked) b.reset();
 }
 
 template <class T>
 int64_t HeadWeightGradInputs<T>::bytes() const {
-  return dlogits.bytes() + dn.bytes() + n.bytes() + x.bytes() + rstd.bytes();
+  int64_t bytes = dlogits.bytes() + dn.bytes() + n.bytes() + x.bytes() + rstd.bytes();
+  for (const Buffer<bf16>& b : parked) bytes += b.bytes();
+  return bytes;
 }
 
 namespace {

@@ -2,8 +2,10 @@
 // The model's last unit: final RMSNorm, LM head, cross-entropy against next-token targets.
 //   n = rmsnorm(x) [BT, C];  logits = n @ W^T [BT, V];  loss_i = logsumexp(logits_i) - logits_i[target_i]
 // W is lm_head.weight, or the embedding matrix when the embeddings are tied.
+#include <array>
 #include <cstdint>
 
+#include "core/model/bf16_parking.h"
 #include "core/tensor/buffer.h"
 
 namespace llama4d {
@@ -78,11 +80,21 @@ struct HeadWeightGradInputs {
   Buffer<T> dn;       // [rows, C] d(final norm output), summed over the vocabulary slices: this rank's rows
   Buffer<T> n;        // [BT, C] the LM head's input (moved from HeadActivations)
   Buffer<T> x, rstd;  // [rows, C], [rows] the final norm's input and 1/rms
+  // bf16 mixed precision: between the input and the weight pass all but rstd wait as bf16, in
+  // the order of bf16_valued() (core/model/bf16_parking.h).
+  std::array<Buffer<bf16>, 4> parked;
   void allocate(MemoryTracker* memory, int64_t BT, int64_t rows, int64_t C, int64_t V);  // dlogits, dn
   // Moves the LM head's and the norm's inputs out of a (whose other tensors the caller frees) and x.
   void take_inputs(HeadActivations<T>& a, Buffer<T>& x);
+  void park_bf16(MemoryTracker* memory) { park_all_bf16(bf16_valued(), parked, memory); }
+  void unpark_bf16(MemoryTracker* memory) { unpark_all_bf16(bf16_valued(), parked, memory); }
   void reset();
-  int64_t bytes() const;
+  int64_t bytes() const;  // in T and parked
+
+ private:
+  std::array<NamedTensor<T>, 4> bf16_valued() {
+    return {{{&dlogits, "dlogits"}, {&dn, "d(final norm out)"}, {&n, "n"}, {&x, "x_L"}}};
+  }
 };
 
 // head_backward split in two. The input pass: dx as head_backward (the same bits), no gradient

@@ -551,6 +551,7 @@ void Llama<T>::backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, Backwa
     keep.allocate(memory_, BT, block_dims(st).rows(), C, V);
     head_backward_input(dx, keep, st.head, x, norm_w, lm_w, st.targets.data(), loss_scale, BT, C, V, vocab_comm());
     keep.take_inputs(st.head, st.x[size_t(L)]);
+    if (bf16_ && park_bf16_) keep.park_bf16(memory_);  // until the weight pass, as bf16
   }
   st.head.reset();
   st.targets.reset();
@@ -572,6 +573,7 @@ void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch
     keep.allocate(memory_, d, unit_name(block_unit(l), num_layers()));
     block_backward_input(dx, keep, dx, a, w, x, d, rope_, 0, scratch, comm_);
     keep.take_inputs(a, st.x[size_t(l)]);
+    if (bf16_ && park_bf16_) keep.park_bf16(memory_);  // until the weight pass, as bf16
   }
   a.reset();
 }
@@ -671,12 +673,14 @@ void Llama<T>::backward_weight(MicroBatchState<T>& st, UnitHooks& h) {
     if (u == head) {
       T* g_head = ensure_unit_grads(head);
       T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + d.C;
+      st.head_weight_inputs.unpark_bf16(memory_);
       head_backward_weight(g_head, g_lm, st.head_weight_inputs, d.BT(), d.C, vocab_rows(), memory_, vocab_comm());
       st.head_weight_inputs.reset();
     } else if (u == embedding_unit()) {
       embedding_weight_grads(st, st.embedding_weight_input.data());
       st.embedding_weight_input.reset();
     } else {
+      st.block_weight_inputs[size_t(u - 1)].unpark_bf16(memory_);
       block_backward_weight(block_grads(u - 1), st.block_weight_inputs[size_t(u - 1)], d, scratch, comm_);
       st.block_weight_inputs[size_t(u - 1)].reset();
     }

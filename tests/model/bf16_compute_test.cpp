@@ -185,6 +185,43 @@ TEST(Bf16Compute, KeptActivationsWaitAsBf16WithTheSameBits) {
   }
 }
 
+// Between a zero-bubble input pass and its weight pass, what the weight gradients are computed
+// from waits as bf16 too: per block d(down_proj out), d(gate_proj out), d(up_proj out), dn2,
+// d(o_proj out), dq, dk, dv, dn1 and the inputs act, n2, att, n1, h, x; for the head dlogits,
+// d(final norm out), n and x_L; 1/rms stays f32. Same bits after the weight pass.
+TEST(Bf16Compute, WeightPassInputsWaitAsBf16WithTheSameBits) {
+  const LlamaConfig cfg = test::tiny_config(false, false);
+  const int64_t B = 2, T = 7, BT = B * T, C = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers;
+  const int64_t V = cfg.vocab_size, qd = cfg.num_attention_heads * cfg.head_dim;
+  const int64_t kvd = cfg.num_key_value_heads * cfg.head_dim;
+  const int64_t parked = L * BT * (8 * C + 3 * I + 2 * qd + 2 * kvd) + BT * (V + 3 * C);
+  const test::Batch b = test::make_batch(B, T, cfg.vocab_size, 6, true);
+  struct Run {
+    int64_t activations = 0;  // live between the two passes
+    std::vector<float> grads;
+  };
+  auto run = [&](bool park) {
+    MemoryTracker memory(0, 0);
+    Llama<float> m(cfg, &memory);
+    m.set_bf16_compute(true);
+    m.set_bf16_parking(park);
+    m.init_weights(5);
+    test::perturb_params(m, 9);
+    m.zero_grad();
+    MicroBatchState<float> st;
+    const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, B, T);
+    m.backward(st, 1.0f / float(loss.tokens), nullptr, BackwardPass::input);
+    Run r;
+    r.activations = memory.live(MemoryCategory::activations);
+    m.backward(st, 0.0f, nullptr, BackwardPass::weight);
+    r.grads.assign(m.grads(), m.grads() + m.num_params());
+    return r;
+  };
+  const Run with = run(true), without = run(false);
+  EXPECT_EQ(without.activations - with.activations, 2 * parked);
+  EXPECT_EQ(std::memcmp(with.grads.data(), without.grads.data(), with.grads.size() * sizeof(float)), 0);
+}
+
 TEST(Bf16Compute, IsAModeOfTheF32Model) {
   Llama<double> m(test::tiny_config(false, false));
   EXPECT_THROW(m.set_bf16_compute(true), InputError);
