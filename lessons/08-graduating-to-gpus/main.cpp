@@ -418,8 +418,7 @@ int run(LessonOptions o, const GpuArgs& a) {
             "GPU by hand, with its ranks checked against a replay on the same GPU:\n\n"
             "  llama4d verify --device cuda --mesh " + a.mesh + " --zero " + std::to_string(a.zero) + " --dtype bf16\n");
   } else {
-    Variant gf32 = f32, gbf16 = bf16;
-    gf32.name = "fp32 GPU", gbf16.name = "bf16 GPU";
+    Variant gf32{"fp32 GPU", f32.what, f32.setup, {}}, gbf16{"bf16 GPU", bf16.what, bf16.setup, {}};
     ops::select_compute_backend("cuda");
     try {
       gf32.phases = run_phases(gf32.setup, data, nullptr);

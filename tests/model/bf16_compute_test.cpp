@@ -136,6 +136,38 @@ TEST(Bf16Compute, AgreesWithFp64ToBf16Rounding) {
   EXPECT_GT(grad16, 10 * grad32);
 }
 
+// A bf16 model's forward and backward on b, with parking on or off: the live activation bytes
+// after the forward (split: between the input and the weight pass, where a zero-bubble schedule
+// holds them), the loss and the gradients.
+struct ParkingRun {
+  int64_t activations = 0;
+  double loss = 0;
+  std::vector<float> grads;
+};
+ParkingRun run_bf16(const LlamaConfig& cfg, const test::Batch& b, bool park, const char* ac, bool split) {
+  MemoryTracker memory(0, 0);
+  Llama<float> m(cfg, &memory);
+  m.set_bf16_compute(true);
+  m.set_bf16_parking(park);
+  m.set_checkpointing(Checkpointing::parse(ac, int(cfg.num_hidden_layers)));
+  m.init_weights(5);
+  test::perturb_params(m, 9);
+  m.zero_grad();
+  MicroBatchState<float> st;
+  const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+  ParkingRun r;
+  r.loss = loss.loss_sum;
+  const float scale = 1.0f / float(loss.tokens);
+  if (split) m.backward(st, scale, nullptr, BackwardPass::input);
+  r.activations = memory.live(MemoryCategory::activations);
+  if (split)
+    m.backward(st, 0.0f, nullptr, BackwardPass::weight);
+  else
+    m.backward(st, scale);
+  r.grads.assign(m.grads(), m.grads() + m.num_params());
+  return r;
+}
+
 // The forward's kept tensors wait for the backward as bf16: the allocator holds 2 bytes less per
 // element of every bf16-valued tensor kept (the block inputs x_0 .. x_{L-1}; per block q, k, v, h,
 // gate, up and, where the policy keeps them, n1, att, n2, act), and the same bytes of statistics;
@@ -155,30 +187,7 @@ TEST(Bf16Compute, KeptActivationsWaitAsBf16WithTheSameBits) {
   for (const Policy& p : {Policy{"none", L * (all_ten + BT * C)}, Policy{"selective", L * (kept_six + BT * C)},
                           Policy{"full", L * BT * C}}) {
     SCOPED_TRACE(p.ac);
-    struct Run {
-      int64_t activations = 0;  // live after the forward
-      double loss = 0;
-      std::vector<float> grads;
-    };
-    auto run = [&](bool park) {
-      MemoryTracker memory(0, 0);
-      Llama<float> m(cfg, &memory);
-      m.set_bf16_compute(true);
-      m.set_bf16_parking(park);
-      m.set_checkpointing(Checkpointing::parse(p.ac, int(L)));
-      m.init_weights(5);
-      test::perturb_params(m, 9);
-      m.zero_grad();
-      MicroBatchState<float> st;
-      const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, B, T);
-      Run r;
-      r.activations = memory.live(MemoryCategory::activations);
-      r.loss = loss.loss_sum;
-      m.backward(st, 1.0f / float(loss.tokens));
-      r.grads.assign(m.grads(), m.grads() + m.num_params());
-      return r;
-    };
-    const Run parked = run(true), in_f32 = run(false);
+    const ParkingRun parked = run_bf16(cfg, b, true, p.ac, false), in_f32 = run_bf16(cfg, b, false, p.ac, false);
     EXPECT_EQ(in_f32.activations - parked.activations, 2 * p.parked);
     EXPECT_EQ(parked.loss, in_f32.loss);
     EXPECT_EQ(std::memcmp(parked.grads.data(), in_f32.grads.data(), parked.grads.size() * sizeof(float)), 0);
@@ -196,28 +205,7 @@ TEST(Bf16Compute, WeightPassInputsWaitAsBf16WithTheSameBits) {
   const int64_t kvd = cfg.num_key_value_heads * cfg.head_dim;
   const int64_t parked = L * BT * (8 * C + 3 * I + 2 * qd + 2 * kvd) + BT * (V + 3 * C);
   const test::Batch b = test::make_batch(B, T, cfg.vocab_size, 6, true);
-  struct Run {
-    int64_t activations = 0;  // live between the two passes
-    std::vector<float> grads;
-  };
-  auto run = [&](bool park) {
-    MemoryTracker memory(0, 0);
-    Llama<float> m(cfg, &memory);
-    m.set_bf16_compute(true);
-    m.set_bf16_parking(park);
-    m.init_weights(5);
-    test::perturb_params(m, 9);
-    m.zero_grad();
-    MicroBatchState<float> st;
-    const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, B, T);
-    m.backward(st, 1.0f / float(loss.tokens), nullptr, BackwardPass::input);
-    Run r;
-    r.activations = memory.live(MemoryCategory::activations);
-    m.backward(st, 0.0f, nullptr, BackwardPass::weight);
-    r.grads.assign(m.grads(), m.grads() + m.num_params());
-    return r;
-  };
-  const Run with = run(true), without = run(false);
+  const ParkingRun with = run_bf16(cfg, b, true, "none", true), without = run_bf16(cfg, b, false, "none", true);
   EXPECT_EQ(without.activations - with.activations, 2 * parked);
   EXPECT_EQ(std::memcmp(with.grads.data(), without.grads.data(), with.grads.size() * sizeof(float)), 0);
 }

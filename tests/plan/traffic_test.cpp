@@ -199,7 +199,7 @@ std::vector<Case> cases() {
   v.back().micro = 2;
   v.push_back(make("tp4_sp_dp2_zero1_replicated_kv", "tp=4,dp=2", Z::zero1));
   // bf16 gradient reductions halve the data group's bytes, not the tp group's norm-gain sums.
-  v.push_back(make("tp2_sp_dp2_zero2_bf16_grads", "tp=2,dp=2", Z::zero2));
+  v.push_back(make("tp2_sp_dp2_zero2_bf16_grad_reduce", "tp=2,dp=2", Z::zero2));
   v.back().micro = 2, v.back().bf16_grad_reduce = true;
   // Pipeline parallelism: every schedule, tied embeddings, keep-params.
   v.push_back(make("pp2_1f1b_dp2_zero1", "pp=2,dp=2", Z::zero1));
