@@ -1,15 +1,21 @@
 // `llama4d bench`: times full training steps (forward, backward, AdamW) and reports tokens/s
 // and achieved model FLOP/s as a fraction of this machine's peak GEMM FLOP/s: the better of the
-// engine's own GEMM path and a reference BLAS sgemm (bench/reference_blas.h) on the same shape
-// and thread count, both measured here. `--threads-sweep` repeats the step and both GEMMs for
+// engine's own GEMM path and a reference on the same shape and thread count, both measured here:
+// a BLAS sgemm on the CPU (bench/reference_blas.h), cuBLAS on a GPU (bench/reference_cublas.h,
+// with bf16 inputs in a bf16 run, as the engine's own products then are). `--threads-sweep` repeats the step and both GEMMs for
 // 1, 2, 4, ... threads. `llama4d bench comm` lives in bench_comm_command.cpp.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "bench/reference_blas.h"
+#ifdef LLAMA4D_HAVE_CUDA
+#include "bench/reference_cublas.h"
+#endif
 #include "cli/common.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
@@ -119,12 +125,47 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
           {"backend", a.launch.backend}};
 }
 
-// The engine's GEMM and the reference BLAS (when one loaded) on the same n^3 products and the
-// same thread count; the peak is the better of the two.
-nlohmann::json measure_gemm(const BenchArgs& a, const bench::ReferenceBlas* reference, int threads) {
+// What the engine's GEMM is measured against (a CPU BLAS, or cuBLAS on a GPU), kept loaded by
+// `library`; `measure(n, threads, seconds)` gives its best FLOP/s on the products bench times.
+struct ReferenceGemm {
+  std::string path, config;
+  std::function<double(int64_t, int, double)> measure;
+  std::shared_ptr<void> library;
+};
+
+// The reference for the active backend, or null when none loads. On the CPU a BLAS sgemm (its
+// products are fp32 whatever the run's dtype: so are the CPU backend's); on a GPU cuBLAS, with bf16
+// inputs when `bf16` (the engine's products then read bf16 operands on tensor cores).
+std::unique_ptr<ReferenceGemm> open_reference(const BenchArgs& a, bool bf16) {
+  if (std::string(ops::backend_name()) == "cpu") {
+    std::shared_ptr<bench::ReferenceBlas> blas = bench::ReferenceBlas::open(a.reference_blas);
+    if (!blas) return nullptr;
+    return std::make_unique<ReferenceGemm>(ReferenceGemm{
+        blas->path(), blas->config(),
+        [blas](int64_t n, int threads, double seconds) { return blas->measure_sgemm_flops(n, threads, seconds); },
+        blas});
+  }
+#ifdef LLAMA4D_HAVE_CUDA
+  if (std::string(ops::backend_name()) == "cuda") {
+    std::shared_ptr<bench::ReferenceCublas> cublas = bench::ReferenceCublas::open();
+    if (!cublas) return nullptr;
+    return std::make_unique<ReferenceGemm>(ReferenceGemm{
+        cublas->path(), cublas->config(),
+        [cublas, bf16](int64_t n, int, double seconds) { return cublas->measure_gemm_flops(n, bf16, seconds); },
+        cublas});
+  }
+#endif
+  (void)bf16;
+  return nullptr;
+}
+
+// The engine's GEMM and the reference (when one loaded) on the same n^3 products and the same
+// thread count; the peak is the better of the two. `operands`: what the run's products read.
+nlohmann::json measure_gemm(const BenchArgs& a, const ReferenceGemm* reference, int threads,
+                            ops::GemmOperands operands) {
   ops::set_backend_threads(threads);
-  const double ours = ops::measure_peak_gemm_flops(a.gemm_n, a.gemm_seconds);
-  const double theirs = reference ? reference->measure_sgemm_flops(a.gemm_n, threads, a.gemm_seconds) : 0.0;
+  const double ours = ops::measure_peak_gemm_flops(a.gemm_n, a.gemm_seconds, operands);
+  const double theirs = reference ? reference->measure(a.gemm_n, threads, a.gemm_seconds) : 0.0;
   return {{"n", a.gemm_n},
           {"threads", threads},
           {"llama4d_flops_per_s", ours},
@@ -133,18 +174,20 @@ nlohmann::json measure_gemm(const BenchArgs& a, const bench::ReferenceBlas* refe
           {"peak_flops_per_s", std::max(ours, theirs)}};
 }
 
-nlohmann::json reference_json(const bench::ReferenceBlas* reference) {
+nlohmann::json reference_json(const ReferenceGemm* reference) {
   if (reference == nullptr) return nullptr;
-  return {{"path", reference->path()}, {"config", reference->config()}};
+  return {{"path", reference->path}, {"config", reference->config}};
 }
 
-void report_reference(const bench::ReferenceBlas* reference) {
+void report_reference(const ReferenceGemm* reference, bool on_cpu) {
   if (reference == nullptr) {
-    progress("bench: no reference BLAS found (apt install libopenblas0-pthread, or --reference-blas PATH): the "
-             "peak is the engine's own GEMM, which hides how far that GEMM is from a tuned BLAS\n");
+    progress(on_cpu ? "bench: no reference BLAS found (apt install libopenblas0-pthread, or --reference-blas PATH): "
+                      "the peak is the engine's own GEMM, which hides how far that GEMM is from a tuned BLAS\n"
+                    : "bench: no cuBLAS found (libcublas.so.13 or .12): the peak is the engine's own GEMM, which "
+                      "hides how far that GEMM is from NVIDIA's\n");
   } else {
-    progress("bench: reference BLAS %s%s%s\n", reference->path().c_str(), reference->config().empty() ? "" : ": ",
-             reference->config().c_str());
+    progress("bench: reference GEMM %s%s%s\n", reference->path.c_str(), reference->config.empty() ? "" : ": ",
+             reference->config.c_str());
   }
 }
 
@@ -168,7 +211,7 @@ std::vector<int> sweep_counts(int most) {
 // --threads-sweep: the single-rank step and both GEMMs at each thread count, as a table.
 template <class T>
 nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const TrainOptions& opt,
-                                 const bench::ReferenceBlas* reference, int most) {
+                                 const ReferenceGemm* reference, int most) {
   nlohmann::json rows = nlohmann::json::array();
   double two_threads = 0;
   progress("%8s %12s %10s %16s %18s %8s\n", "threads", "tokens/s", "vs 2 thr", "llama4d GFLOP/s",
@@ -177,7 +220,7 @@ nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const 
     ops::set_backend_threads(threads);
     const double tokens_per_s = double(opt.tokens_per_step()) / median(time_steps(trainer, a.warmup, a.iters));
     if (threads == 2) two_threads = tokens_per_s;
-    nlohmann::json row = measure_gemm(a, reference, threads);
+    nlohmann::json row = measure_gemm(a, reference, threads, gemm_operands(opt.bf16_compute));
     row["tokens_per_s"] = tokens_per_s;
     row["tokens_per_s_over_two_threads"] = two_threads > 0 ? nlohmann::json(tokens_per_s / two_threads) : nullptr;
     // "-" where a column has no value (no reference BLAS; the 2-thread row not reached yet).
@@ -212,15 +255,13 @@ nlohmann::json run_bench(const BenchArgs& a) {
   model.init_weights(opt.seed);
   Trainer<T> trainer(model, data, opt);
 
-  // The reference BLAS is a CPU library: beside a GPU's GEMM its rate says nothing, so on
-  // another device the peak is that backend's own GEMM (core/ops.h measure_peak_gemm_flops).
   const bool on_cpu = std::string(ops::backend_name()) == "cpu";
-  std::unique_ptr<bench::ReferenceBlas> reference = on_cpu ? bench::ReferenceBlas::open(a.reference_blas) : nullptr;
+  const std::unique_ptr<ReferenceGemm> reference = open_reference(a, opt.bf16_compute);
   const int threads = ops::backend_threads();
   progress("bench: %lld parameters, batch %lld x %lld, %d threads; %lld warm-up + %lld timed steps\n",
            (long long)model.num_params(), (long long)opt.batch_size, (long long)opt.seq_len, threads,
            (long long)a.warmup, (long long)a.iters);
-  if (on_cpu) report_reference(reference.get());
+  report_reference(reference.get(), on_cpu);
   if (a.threads_sweep) {
     return {{"threads_sweep", run_threads_sweep(a, trainer, opt, reference.get(), threads)},
             {"reference_blas", reference_json(reference.get())},
@@ -238,9 +279,9 @@ nlohmann::json run_bench(const BenchArgs& a) {
   const double recompute_per_token = recompute_flops_per_token(cfg, opt.seq_len, plan.ac);
   const double hardware_flops = tokens * (flops_per_token + recompute_per_token) / median;
 
-  progress("bench: measuring fp32 GEMM (%lld^3) for %.1f s%s\n", (long long)a.gemm_n, a.gemm_seconds,
-           reference ? ", and the reference BLAS for as long" : "");
-  const nlohmann::json gemm = measure_gemm(a, reference.get(), threads);
+  progress("bench: measuring %s GEMM (%lld^3) for %.1f s%s\n", opt.bf16_compute ? "bf16-operand" : "fp32",
+           (long long)a.gemm_n, a.gemm_seconds, reference ? ", and the reference for as long" : "");
+  const nlohmann::json gemm = measure_gemm(a, reference.get(), threads, gemm_operands(opt.bf16_compute));
   const double peak = gemm.at("peak_flops_per_s").get<double>();
   const double fraction = model_flops / peak, hfu = hardware_flops / peak;
   if (reference)
@@ -319,7 +360,10 @@ CLI::App* add_bench_command(CLI::App& app) {
   add_micro_batches_option(*cmd, a->micro_batches);
   cmd->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--iters", a->iters, "timed steps")->capture_default_str();
-  cmd->add_option("--gemm-n", a->gemm_n, "size of the square GEMM for the peak measurement")->capture_default_str();
+  cmd->add_option("--gemm-n", a->gemm_n,
+                  "size of the square GEMM for the peak measurement (with --device cuda 8192 unless given: a smaller "
+                  "product cannot fill a GPU)")
+      ->capture_default_str();
   cmd->add_option("--gemm-seconds", a->gemm_seconds, "time spent measuring peak GEMM")->capture_default_str();
   add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--threads-sweep", a->threads_sweep,
@@ -335,6 +379,7 @@ CLI::App* add_bench_command(CLI::App& app) {
     // Off the CPU the peak is the device's own GEMM; a CPU BLAS beside it would measure nothing.
     if (cmd->count("--reference-blas") > 0 && a->compute.device != "cpu")
       throw InputError("--reference-blas is the CPU backend's yardstick; it does not take --device " + a->compute.device);
+    if (cmd->count("--gemm-n") == 0 && a->compute.device == "cuda") a->gemm_n = 8192;
     use_compute(a->compute);
     a->launch.validate(a->parallel.parallel());
     if (a->threads_sweep && a->parallel.parallel())

@@ -72,20 +72,33 @@ inline double matmul_backward_flops(bool dinp, bool dweight, int64_t BT, int64_t
 }
 
 // ---- Linear layer without bias, nn.Linear layout (weight is [OC, C]) -----------------------
+// What a product's operands hold, and so how a backend may read them.
+// - as_stored: any T. Each element is summed as backends/cpu/gemm.h documents (K in blocks of
+//   256, one fused multiply-add per k), on every backend.
+// - bf16: every element of every operand holds a bf16 value (bf16 mixed precision rounds them
+//   before they are read, Llama::set_bf16_compute). A backend may then read them as bf16 (half
+//   the bytes; tensor cores on a GPU): each product of two bf16 values is exact in fp32, so only
+//   the order and precision of the sum over K change, in an order the backend fixes from K
+//   alone, so that a slice of the rows or columns has the bits of the whole product's slice.
+//   The CPU backend sums them as as_stored. An element that is not a bf16 value may be rounded
+//   to one first (the CUDA backend does), so callers must round.
+enum class GemmOperands { as_stored, bf16 };
+
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>
-inline void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC) {
+inline void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC,
+                           GemmOperands operands = GemmOperands::as_stored) {
   report_flops(matmul_forward_flops(BT, C, OC));
-  kernels<T>().matmul_forward(out, inp, weight, BT, C, OC);
+  kernels<T>().matmul_forward(out, inp, weight, BT, C, OC, operands);
 }
 // dinp[BT, C] += dout[BT, OC] @ weight[OC, C];  dweight[OC, C] += dout^T @ inp[BT, C].
 // Either of dinp / dweight may be null to skip it (e.g. no input gradient for layer 0's input);
 // weight is read only for dinp, inp only for dweight, and the other keeps its bits.
 template <class T>
 inline void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
-                            int64_t C, int64_t OC) {
+                            int64_t C, int64_t OC, GemmOperands operands = GemmOperands::as_stored) {
   report_flops(matmul_backward_flops(dinp != nullptr, dweight != nullptr, BT, C, OC));
-  kernels<T>().matmul_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
+  kernels<T>().matmul_backward(dinp, dweight, dout, inp, weight, BT, C, OC, operands);
 }
 
 // ---- RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight ---------------------------------
@@ -436,8 +449,8 @@ inline bool all_finite(const T* x, int64_t N) {
 // contracts (a backend that cannot meet one must not register).
 template <class T>
 struct Kernels {
-  void (*matmul_forward)(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC);
-  void (*matmul_backward)(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC);
+  void (*matmul_forward)(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC, GemmOperands operands);
+  void (*matmul_backward)(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC, GemmOperands operands);
   void (*rmsnorm_forward)(T* out, T* rstd, const T* inp, const T* weight, int64_t BT, int64_t C, T eps);
   void (*rmsnorm_backward)(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const T* rstd, int64_t BT, int64_t C);
   void (*rope_forward)(T* x, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd, int64_t pos_start);
@@ -498,10 +511,12 @@ struct ComputeBackend {
   // from the host, checkpoints go out to it). The ranges must not overlap.
   void (*device_memcpy)(void* dst, const void* src, int64_t bytes) = nullptr;
 
-  // Measures the peak fp32 GEMM rate: times the three products of a linear layer (forward,
-  // input gradient, weight gradient) at n x n x n for about `seconds` in all and returns the best
-  // FLOP/s seen (2*n^3 per product). `llama4d bench` reports model FLOP utilisation against it.
-  double (*measure_peak_gemm_flops)(int64_t n, double seconds) = nullptr;
+  // Measures the peak GEMM rate of fp32 products whose operands hold what `operands` says
+  // (bf16: the rate of bf16 mixed precision's products): times the three products of a linear
+  // layer (forward, input gradient, weight gradient) at n x n x n for about `seconds` in all and
+  // returns the best FLOP/s seen (2*n^3 per product). `llama4d bench` reports model FLOP
+  // utilisation against it.
+  double (*measure_peak_gemm_flops)(int64_t n, double seconds, GemmOperands operands) = nullptr;
 
   // Compute threads for ops called from the CALLING thread only (results never depend on it). A
   // virtual GPU is one thread of the process: each sets its own share of the cores, so N ranks
@@ -542,8 +557,8 @@ inline void device_release_cached() { compute_backend().device_release_cached();
 inline void device_memcpy(void* dst, const void* src, int64_t bytes) {
   compute_backend().device_memcpy(dst, src, bytes);
 }
-inline double measure_peak_gemm_flops(int64_t n, double seconds) {
-  return compute_backend().measure_peak_gemm_flops(n, seconds);
+inline double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands = GemmOperands::as_stored) {
+  return compute_backend().measure_peak_gemm_flops(n, seconds, operands);
 }
 // Name of the active compute backend ("cpu", "cuda") and its thread count, for reports.
 inline const char* backend_name() { return compute_backend().name; }

@@ -1,7 +1,8 @@
 // Linear layer without bias (nn.Linear layout): three GEMMs on the row-major buffers, as
 // strided views, through the backend's packed GEMM (gemm.h). Its tasks are fixed by the shapes
 // and each element is summed in a fixed K order, so the results are bitwise the same for any
-// thread count.
+// thread count. bf16 operands (GemmOperands::bf16) are summed the same way: each of their
+// products is exact in T, so reading them as bf16 would change only how the sum is done.
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/gemm.h"
 #include "core/ops.h"
@@ -16,7 +17,7 @@ constexpr int64_t kParallelWork = 1 << 21;
 
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>
-void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC) {
+void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC, GemmOperands) {
   const cpu::GemmOperand<T> x{inp, C, 1};     // (token, c)
   const cpu::GemmOperand<T> w{weight, C, 1};  // (oc, c): the transpose of the right operand
   cpu::gemm(out, OC, x, w, BT, OC, C, false, false, BT * C * OC >= kParallelWork);
@@ -24,7 +25,7 @@ void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C
 
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
-                     int64_t C, int64_t OC) {
+                     int64_t C, int64_t OC, GemmOperands) {
   const bool parallel = BT * C * OC >= kParallelWork;
   // dinp[BT, C] += dout[BT, OC] @ weight[OC, C]
   if (dinp != nullptr) {
@@ -40,12 +41,13 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
   }
 }
 
-template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
+template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                    GemmOperands);
 template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t,
-                                     int64_t);
+                                     int64_t, GemmOperands);
 template void matmul_backward<float>(float*, float*, const float*, const float*, const float*,
-                                     int64_t, int64_t, int64_t);
+                                     int64_t, int64_t, int64_t, GemmOperands);
 template void matmul_backward<double>(double*, double*, const double*, const double*, const double*,
-                                      int64_t, int64_t, int64_t);
+                                      int64_t, int64_t, int64_t, GemmOperands);
 
 }  // namespace llama4d::cpu

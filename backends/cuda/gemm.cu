@@ -10,17 +10,23 @@
 // element. Its forward and input-gradient products are therefore bitwise the CPU backend's
 // wherever the CPU build fuses (every x86-64 with FMA); the weight gradient is summed over the
 // tokens without the CPU's depth chunks (which exist to give CPU threads work, gemm_tiling.h),
-// so it agrees to rounding. cuBLAS remains the route for bf16 tensor-core GEMMs, where the
-// harness compares with a tolerance anyway.
+// so it agrees to rounding. The products of bf16 mixed precision (GemmOperands::bf16) run on
+// the tensor cores instead, with their own fixed order (gemm_bf16.cu); cuBLAS's choice of kernel
+// by shape would break the same slicing argument there.
 //
 // The kernel: 64 x 64 output tiles, 256 threads each computing 4 x 4 elements from K slices of
 // 16 staged in shared memory (a slice never straddles a 256-block: 256 = 16 x 16).
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "backends/cpu/gemm.h"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/gemm.cuh"
+#include "core/tensor/bf16_rounding.h"
 
 namespace llama4d::cuda {
 namespace {
@@ -32,16 +38,6 @@ static_assert(kDepthBlock % kSlice == 0, "a K slice must not straddle a depth bl
 
 __device__ inline float fused(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ inline double fused(double a, double b, double c) { return fma(a, b, c); }
-
-// Element (i, k) of the left operand at a[i * a_rows + k * a_depth]; element (k, j) of the right
-// one at b[k * b_depth + j * b_cols]: every transpose the linear layer needs, without copies.
-template <class T>
-struct Operands {
-  const T* a;
-  int64_t a_rows, a_depth;
-  const T* b;
-  int64_t b_depth, b_cols;
-};
 
 // out[M, N] (row-major) = or += A[M, K] * B[K, N].
 template <class T>
@@ -101,13 +97,23 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(T* out, Operands<T> 
     }
 }
 
+// bf16 operands of fp32 products go to the tensor cores; f64 has no bf16 mode (the model refuses
+// it) and reads them as stored.
 template <class T>
-void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool accumulate, const char* op) {
+void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool accumulate, GemmOperands operands,
+          const char* op) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // an empty sum: zeros, or the element unchanged
     if (!accumulate) check(cudaMemsetAsync(out, 0, size_t(M * N) * sizeof(T), stream()), op);
     finish_op(op);
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (operands == GemmOperands::bf16) {
+      launch_gemm_bf16(out, x, M, N, K, accumulate);
+      finish_op(op);
+      return;
+    }
   }
   const dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
   if (grid.y > 65535) throw InputError(std::string(op) + ": more than 4 million rows in one product");
@@ -119,28 +125,42 @@ void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool ac
 
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>
-void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC) {
-  gemm<T>(out, {inp, C, 1, weight, 1, C}, BT, OC, C, false, "matmul_forward");
+void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC, GemmOperands operands) {
+  gemm<T>(out, {inp, C, 1, weight, 1, C}, BT, OC, C, false, operands, "matmul_forward");
 }
 
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT, int64_t C,
-                     int64_t OC) {
+                     int64_t OC, GemmOperands operands) {
   // dinp[BT, C] += dout[BT, OC] @ weight[OC, C]
-  if (dinp != nullptr) gemm<T>(dinp, {dout, OC, 1, weight, C, 1}, BT, C, OC, true, "matmul_backward (dinp)");
+  if (dinp != nullptr)
+    gemm<T>(dinp, {dout, OC, 1, weight, C, 1}, BT, C, OC, true, operands, "matmul_backward (dinp)");
   // dweight[OC, C] += dout[BT, OC]^T @ inp[BT, C]: a sum over the tokens
-  if (dweight != nullptr) gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, "matmul_backward (dweight)");
+  if (dweight != nullptr)
+    gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, operands, "matmul_backward (dweight)");
 }
 
 // The three products of an n x n linear layer, timed with CUDA events, repeated for about
-// `seconds`; the best rate seen (2 n^3 FLOPs per product).
-double measure_peak_gemm_flops(int64_t n, double seconds) {
+// `seconds`; the best rate seen (2 n^3 FLOPs per product). The operands are random bf16 values in
+// [-1, 1), not zeros: a tensor core multiplying zeros draws less power and may clock higher than
+// it would on a model's numbers.
+double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands) {
   if (n <= 0) throw InputError("measure_peak_gemm_flops: n must be > 0");
+  if (!(seconds >= 0)) throw InputError("measure_peak_gemm_flops: the budget must be >= 0 seconds");
   const int64_t elems = n * n;
   float *x = nullptr, *w = nullptr, *y = nullptr, *dx = nullptr, *dw = nullptr;
   for (float** p : {&x, &w, &y, &dx, &dw})
     check(cudaMalloc(p, size_t(elems) * sizeof(float)), "measure_peak_gemm_flops");
-  for (float* p : {x, w, y, dx, dw}) check(cudaMemset(p, 0, size_t(elems) * sizeof(float)), "measure_peak_gemm_flops");
+  std::vector<float> values(static_cast<size_t>(elems));
+  uint32_t state = 12345u;
+  for (float* p : {x, w}) {
+    for (float& v : values) {
+      state = state * 1664525u + 1013904223u;
+      v = nearest_bf16(static_cast<float>(state >> 8) / 8388608.0f - 1.0f);
+    }
+    check(cudaMemcpy(p, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice), "measure_peak_gemm_flops");
+  }
+  for (float* p : {y, dx, dw}) check(cudaMemset(p, 0, size_t(elems) * sizeof(float)), "measure_peak_gemm_flops");
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "measure_peak_gemm_flops");
   check(cudaEventCreate(&stop), "measure_peak_gemm_flops");
@@ -148,8 +168,8 @@ double measure_peak_gemm_flops(int64_t n, double seconds) {
   const auto begin = std::chrono::steady_clock::now();
   do {
     check(cudaEventRecord(start, stream()), "measure_peak_gemm_flops");
-    matmul_forward<float>(y, x, w, n, n, n);
-    matmul_backward<float>(dx, dw, y, x, w, n, n, n);
+    cuda::matmul_forward<float>(y, x, w, n, n, n, operands);
+    cuda::matmul_backward<float>(dx, dw, y, x, w, n, n, n, operands);
     check(cudaEventRecord(stop, stream()), "measure_peak_gemm_flops");
     check(cudaEventSynchronize(stop), "measure_peak_gemm_flops");
     float ms = 0;
@@ -163,11 +183,12 @@ double measure_peak_gemm_flops(int64_t n, double seconds) {
   return best;
 }
 
-template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
-template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t);
+template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t, GemmOperands);
+template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t,
+                                     GemmOperands);
 template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t,
-                                     int64_t);
+                                     int64_t, GemmOperands);
 template void matmul_backward<double>(double*, double*, const double*, const double*, const double*, int64_t,
-                                      int64_t, int64_t);
+                                      int64_t, int64_t, GemmOperands);
 
 }  // namespace llama4d::cuda

@@ -219,9 +219,9 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   ops::rmsnorm_forward(a.n1.data() + mine, a.rstd1.data(), x, w.ln1, rows, C, T(d.eps));
   round_if_bf16(a.n1.data() + mine, rows * C, d.bf16);
   comm.attention_input(a.n1.data(), d);
-  ops::matmul_forward(a.q.data(), a.n1.data(), w.wq, BT, C, qd);
-  ops::matmul_forward(a.k.data(), a.n1.data(), w.wk, BT, C, kvd);
-  ops::matmul_forward(a.v.data(), a.n1.data(), w.wv, BT, C, kvd);
+  ops::matmul_forward(a.q.data(), a.n1.data(), w.wq, BT, C, qd, d.operands());
+  ops::matmul_forward(a.k.data(), a.n1.data(), w.wk, BT, C, kvd, d.operands());
+  ops::matmul_forward(a.v.data(), a.n1.data(), w.wv, BT, C, kvd, d.operands());
   for (Buffer<T>* p : {&a.q, &a.k, &a.v}) round_if_bf16(p->data(), p->size(), d.bf16);
   rope_at_positions(a.q.data(), d.nh, d, rope, pos_start, false);
   rope_at_positions(a.k.data(), d.nkv, d, rope, pos_start, false);
@@ -251,7 +251,7 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
 
   // h = x + o_proj(att)
   T* y = d.sp > 1 ? partial.data() : a.h.data();
-  ops::matmul_forward(y, a.att.data(), w.wo, BT, qd, C);
+  ops::matmul_forward(y, a.att.data(), w.wo, BT, qd, C, d.operands());
   comm.attention_output(y, d);
   round_if_bf16(y + mine, rows * C, d.bf16);
   ops::add_forward(a.h.data(), y + mine, x, rows * C);
@@ -261,14 +261,14 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
   round_if_bf16(a.n2.data() + mine, rows * C, d.bf16);
   comm.mlp_input(a.n2.data(), d);
-  ops::matmul_forward(a.gate.data(), a.n2.data(), w.wgate, BT, C, I);
-  ops::matmul_forward(a.up.data(), a.n2.data(), w.wup, BT, C, I);
+  ops::matmul_forward(a.gate.data(), a.n2.data(), w.wgate, BT, C, I, d.operands());
+  ops::matmul_forward(a.up.data(), a.n2.data(), w.wup, BT, C, I, d.operands());
   for (Buffer<T>* p : {&a.gate, &a.up}) round_if_bf16(p->data(), p->size(), d.bf16);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
   round_if_bf16(a.act.data(), BT * I, d.bf16);
   if (!out) return;  // recompute: the backward needs act, not the output
   T* z = d.sp > 1 ? partial.data() : out;
-  ops::matmul_forward(z, a.act.data(), w.wdown, BT, I, C);
+  ops::matmul_forward(z, a.act.data(), w.wdown, BT, I, C, d.operands());
   comm.mlp_output(z, d);
   round_if_bf16(z + mine, rows * C, d.bf16);
   ops::add_forward(out, z + mine, a.h.data(), rows * C);
@@ -319,8 +319,8 @@ void key_value_projection_backward(T* dn, const BlockWeights<T>& g, const T* dk,
                                    BlockComm<T>& comm) {
   const int64_t BT = d.BT(), C = d.C, kvd = d.nkv * d.hd;
   if (!g.wk || !comm.sums_key_value_weight_grads()) {
-    ops::matmul_backward(dn, g.wk, dk, n1, w.wk, BT, C, kvd);
-    ops::matmul_backward(dn, g.wv, dv, n1, w.wv, BT, C, kvd);
+    ops::matmul_backward(dn, g.wk, dk, n1, w.wk, BT, C, kvd, d.operands());
+    ops::matmul_backward(dn, g.wv, dv, n1, w.wv, BT, C, kvd, d.operands());
     return;
   }
   // This micro-batch's k/v weight gradients apart, summed over the head's replicas, then added.
@@ -330,8 +330,8 @@ void key_value_projection_backward(T* dn, const BlockWeights<T>& g, const T* dk,
   }
   ops::fill(s.gk.data(), T(0), kvd * C);
   ops::fill(s.gv.data(), T(0), kvd * C);
-  ops::matmul_backward(dn, s.gk.data(), dk, n1, w.wk, BT, C, kvd);
-  ops::matmul_backward(dn, s.gv.data(), dv, n1, w.wv, BT, C, kvd);
+  ops::matmul_backward(dn, s.gk.data(), dk, n1, w.wk, BT, C, kvd, d.operands());
+  ops::matmul_backward(dn, s.gv.data(), dv, n1, w.wv, BT, C, kvd, d.operands());
   comm.key_value_weight_grads(s.gk.data(), s.gv.data(), d);
   ops::accumulate(g.wk, s.gk.data(), kvd * C);
   ops::accumulate(g.wv, s.gv.data(), kvd * C);
@@ -362,7 +362,7 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   ops::copy(b.ddown + mine, dout, rows * C);  // d(mlp output): the down_proj output's gradient
   comm.mlp_output_backward(b.ddown, d);
   ops::fill(b.dact, T(0), BT * I);
-  ops::matmul_backward(b.dact, g.wdown, b.ddown, a.act.data(), w.wdown, BT, I, C);
+  ops::matmul_backward(b.dact, g.wdown, b.ddown, a.act.data(), w.wdown, BT, I, C, d.operands());
   round_if_bf16(b.dact, BT * I, d.bf16);
   ops::fill(b.dgate, T(0), BT * I);
   ops::fill(b.dup, T(0), BT * I);
@@ -370,8 +370,8 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   round_if_bf16(b.dgate, BT * I, d.bf16);
   round_if_bf16(b.dup, BT * I, d.bf16);
   ops::fill(b.dn2, T(0), BT * C);
-  ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I);
-  ops::matmul_backward(b.dn2, g.wup, b.dup, a.n2.data(), w.wup, BT, C, I);
+  ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I, d.operands());
+  ops::matmul_backward(b.dn2, g.wup, b.dup, a.n2.data(), w.wup, BT, C, I, d.operands());
   comm.mlp_input_backward(b.dn2, d);
   round_if_bf16(b.dn2 + mine, rows * C, d.bf16);
   if (b.kept_dn2) ops::copy(b.kept_dn2, b.dn2 + mine, rows * C);
@@ -382,7 +382,7 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   ops::copy(dx, dh, rows * C);
   comm.attention_output_backward(b.dh, d);
   ops::fill(b.datt, T(0), BT * qd);
-  ops::matmul_backward(b.datt, g.wo, b.dh, a.att.data(), w.wo, BT, qd, C);
+  ops::matmul_backward(b.datt, g.wo, b.dh, a.att.data(), w.wo, BT, qd, C, d.operands());
   round_if_bf16(b.datt, BT * qd, d.bf16);
   ops::fill(b.dq, T(0), BT * qd);
   ops::fill(b.dk, T(0), BT * kvd);
@@ -400,7 +400,7 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   round_if_bf16(b.dq, BT * qd, d.bf16);
   round_if_bf16(b.dk, BT * kvd, d.bf16);
   ops::fill(b.dn1, T(0), BT * C);
-  ops::matmul_backward(b.dn1, g.wq, b.dq, a.n1.data(), w.wq, BT, C, qd);
+  ops::matmul_backward(b.dn1, g.wq, b.dq, a.n1.data(), w.wq, BT, C, qd, d.operands());
   key_value_projection_backward(b.dn1, g, b.dk, b.dv, a.n1.data(), w, d, s, comm);
   comm.attention_input_backward(b.dn1, d);
   round_if_bf16(b.dn1 + mine, rows * C, d.bf16);
@@ -441,12 +441,12 @@ void block_backward_weight(const BlockWeights<T>& g, const BlockWeightGradInputs
   BlockComm<T>& comm = comm_or_none(comm_ptr);
   const BlockWeights<T> none{};  // no input gradient: the parameters are not read
   // block_backward's weight-gradient calls, in its order.
-  ops::matmul_backward<T>(nullptr, g.wdown, in.ddown.data(), in.act.data(), nullptr, BT, I, C);
-  ops::matmul_backward<T>(nullptr, g.wgate, in.dgate.data(), in.n2.data(), nullptr, BT, C, I);
-  ops::matmul_backward<T>(nullptr, g.wup, in.dup.data(), in.n2.data(), nullptr, BT, C, I);
+  ops::matmul_backward<T>(nullptr, g.wdown, in.ddown.data(), in.act.data(), nullptr, BT, I, C, d.operands());
+  ops::matmul_backward<T>(nullptr, g.wgate, in.dgate.data(), in.n2.data(), nullptr, BT, C, I, d.operands());
+  ops::matmul_backward<T>(nullptr, g.wup, in.dup.data(), in.n2.data(), nullptr, BT, C, I, d.operands());
   norm_backward<T>(nullptr, g.ln2, in.dn2.data(), in.h.data(), nullptr, in.rstd2.data(), d, s, comm);
-  ops::matmul_backward<T>(nullptr, g.wo, in.dattn.data(), in.att.data(), nullptr, BT, qd, C);
-  ops::matmul_backward<T>(nullptr, g.wq, in.dq.data(), in.n1.data(), nullptr, BT, C, qd);
+  ops::matmul_backward<T>(nullptr, g.wo, in.dattn.data(), in.att.data(), nullptr, BT, qd, C, d.operands());
+  ops::matmul_backward<T>(nullptr, g.wq, in.dq.data(), in.n1.data(), nullptr, BT, C, qd, d.operands());
   key_value_projection_backward<T>(nullptr, g, in.dk.data(), in.dv.data(), in.n1.data(), none, d, s, comm);
   norm_backward<T>(nullptr, g.ln1, in.dn1.data(), in.x.data(), nullptr, in.rstd1.data(), d, s, comm);
 }

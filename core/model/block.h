@@ -14,6 +14,10 @@
 
 namespace llama4d {
 
+// What the products of a model read: under bf16 mixed precision every operand is rounded to bf16
+// first (the rounding points below), so a backend may read them as bf16 (tensor cores).
+inline ops::GemmOperands gemm_operands(bool bf16) { return bf16 ? ops::GemmOperands::bf16 : ops::GemmOperands::as_stored; }
+
 // Sizes one block works with, and where its tokens sit in their sequences. Tensor/context
 // parallelism shrink nh, nkv, I (or T) to the local shard and keep everything else.
 struct BlockDims {
@@ -42,6 +46,7 @@ struct BlockDims {
   // communication point), so it holds what a bf16 tensor would. The statistics kept for the
   // backward (rstd, lse) and the weight gradients stay in T, as fp32 does in Llama 3's recipe.
   bool bf16 = false;
+  ops::GemmOperands operands() const { return gemm_operands(bf16); }
   int64_t BT() const { return B * T; }
   int64_t cp_chunk() const { return T / 2; }  // tokens per chunk (cp > 1)
   // The first true position of this rank's part (0 or 1) of a row.

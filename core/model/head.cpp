@@ -47,7 +47,7 @@ LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T
   ops::rmsnorm_forward(a.n.data() + mine, a.rstd.data(), x, norm_w, rows, C, T(eps));
   round_if_bf16(a.n.data() + mine, rows * C, a.bf16);
   if (shards > 1) vocab->gather_rows(a.n.data(), BT, C, "sequence-parallel head input: gather");
-  ops::matmul_forward(a.logits.data(), a.n.data(), lm_w, BT, C, V);
+  ops::matmul_forward(a.logits.data(), a.n.data(), lm_w, BT, C, V, gemm_operands(a.bf16));
   round_if_bf16(a.logits.data(), BT * V, a.bf16);
   if (!targets) return {};
   if (vocab) {
@@ -83,6 +83,7 @@ void HeadWeightGradInputs<T>::allocate(MemoryTracker* m, int64_t BT, int64_t row
 template <class T>
 void HeadWeightGradInputs<T>::take_inputs(HeadActivations<T>& a, Buffer<T>& head_input) {
   n = std::move(a.n), rstd = std::move(a.rstd), x = std::move(head_input);
+  bf16_compute = a.bf16;
 }
 
 template <class T>
@@ -134,7 +135,7 @@ void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const He
     ops::cross_entropy_backward(dlogits, a.logits.data(), targets, loss_scale, BT, V);
   round_if_bf16(dlogits, BT * V, a.bf16);
   ops::fill(dn, T(0), BT * C);
-  ops::matmul_backward(dn, dlm_w, dlogits, a.n.data(), lm_w, BT, C, V);
+  ops::matmul_backward(dn, dlm_w, dlogits, a.n.data(), lm_w, BT, C, V, gemm_operands(a.bf16));
   const BlockDims d = sequence_rows(BT, C, vocab);
   ops::fill(dx, T(0), d.rows() * C);
   // Sequence parallelism: the partial input gradients are reduce-scattered to the rows' owners.
@@ -178,7 +179,7 @@ template <class T>
 void head_backward_weight(T* dnorm_w, T* dlm_w, const HeadWeightGradInputs<T>& in, int64_t BT, int64_t C, int64_t V,
                           MemoryTracker* memory, VocabComm<T>* vocab) {
   // head_backward's weight-gradient calls, in its order; no input gradient, so no parameter read.
-  ops::matmul_backward<T>(nullptr, dlm_w, in.dlogits.data(), in.n.data(), nullptr, BT, C, V);
+  ops::matmul_backward<T>(nullptr, dlm_w, in.dlogits.data(), in.n.data(), nullptr, BT, C, V, gemm_operands(in.bf16_compute));
   final_norm_backward<T>(nullptr, dnorm_w, in.dn.data(), in.x.data(), nullptr, in.rstd.data(), BT, C, memory, vocab);
 }
 

@@ -83,6 +83,7 @@ struct HeadWeightGradInputs {
   // bf16 mixed precision: between the input and the weight pass all but rstd wait as bf16, in
   // the order of bf16_valued() (core/model/bf16_parking.h).
   std::array<Buffer<bf16>, 4> parked;
+  bool bf16_compute = false;  // bf16 mixed precision: the weight pass's product reads bf16 operands
   void allocate(MemoryTracker* memory, int64_t BT, int64_t rows, int64_t C, int64_t V);  // dlogits, dn
   // Moves the LM head's and the norm's inputs out of a (whose other tensors the caller frees) and x.
   void take_inputs(HeadActivations<T>& a, Buffer<T>& x);

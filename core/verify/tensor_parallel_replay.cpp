@@ -206,9 +206,9 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       const int64_t qd = s.nh * hd, kvd = s.nkv * hd;
       ra.q.resize(size_t(BT * qd)), ra.k.resize(size_t(BT * kvd)), ra.v.resize(size_t(BT * kvd));
       ra.att.resize(size_t(BT * qd)), ra.lse.resize(size_t(BT * s.nh));
-      ops::matmul_forward(ra.q.data(), a.n1.data(), w.wq + s.h0 * hd * C, BT, C, qd);
-      ops::matmul_forward(ra.k.data(), a.n1.data(), w.wk + s.k0 * hd * C, BT, C, kvd);
-      ops::matmul_forward(ra.v.data(), a.n1.data(), w.wv + s.k0 * hd * C, BT, C, kvd);
+      ops::matmul_forward(ra.q.data(), a.n1.data(), w.wq + s.h0 * hd * C, BT, C, qd, gemm_operands(bf16_));
+      ops::matmul_forward(ra.k.data(), a.n1.data(), w.wk + s.k0 * hd * C, BT, C, kvd, gemm_operands(bf16_));
+      ops::matmul_forward(ra.v.data(), a.n1.data(), w.wv + s.k0 * hd * C, BT, C, kvd, gemm_operands(bf16_));
       rounded_all({&ra.q, &ra.k, &ra.v});
       ops::rope_forward(ra.q.data(), rope_.cos.data(), rope_.sin.data(), B, Tn, s.nh, hd, 0);
       ops::rope_forward(ra.k.data(), rope_.cos.data(), rope_.sin.data(), B, Tn, s.nkv, hd, 0);
@@ -216,7 +216,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       ops::attention_forward(ra.att.data(), ra.lse.data(), ra.q.data(), ra.k.data(), ra.v.data(), shape(s));
       rounded_all({&ra.att});
       const std::vector<T> wo = columns(w.wo, C, nh * hd, s.h0 * hd, qd);
-      ops::matmul_forward(parts[size_t(r)].data(), ra.att.data(), wo.data(), BT, qd, C);
+      ops::matmul_forward(parts[size_t(r)].data(), ra.att.data(), wo.data(), BT, qd, C, gemm_operands(bf16_));
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // g: the o_proj partial sums
     rounded_all({&sum});
@@ -230,13 +230,13 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       const Slice& s = slices_[size_t(r)];
       RankActivations& ra = a.ranks[size_t(r)];
       ra.gate.resize(size_t(BT * s.I)), ra.up.resize(size_t(BT * s.I)), ra.act.resize(size_t(BT * s.I));
-      ops::matmul_forward(ra.gate.data(), a.n2.data(), w.wgate + s.f0 * C, BT, C, s.I);
-      ops::matmul_forward(ra.up.data(), a.n2.data(), w.wup + s.f0 * C, BT, C, s.I);
+      ops::matmul_forward(ra.gate.data(), a.n2.data(), w.wgate + s.f0 * C, BT, C, s.I, gemm_operands(bf16_));
+      ops::matmul_forward(ra.up.data(), a.n2.data(), w.wup + s.f0 * C, BT, C, s.I, gemm_operands(bf16_));
       rounded_all({&ra.gate, &ra.up});
       ops::swiglu_forward(ra.act.data(), ra.gate.data(), ra.up.data(), BT * s.I);
       rounded_all({&ra.act});
       const std::vector<T> wdown = columns(w.wdown, C, I, s.f0, s.I);
-      ops::matmul_forward(parts[size_t(r)].data(), ra.act.data(), wdown.data(), BT, s.I, C);
+      ops::matmul_forward(parts[size_t(r)].data(), ra.act.data(), wdown.data(), BT, s.I, C, gemm_operands(bf16_));
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // g: the down_proj partial sums
     rounded_all({&sum});
@@ -261,7 +261,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
     const Slice& s = slices_[size_t(r)];
     logits[size_t(r)].resize(size_t(BT * s.V)), maxes[size_t(r)].resize(size_t(BT));
     target_parts[size_t(r)].resize(size_t(BT)), sums[size_t(r)].resize(size_t(BT));
-    ops::matmul_forward(logits[size_t(r)].data(), n.data(), lm + s.v0 * C, BT, C, s.V);
+    ops::matmul_forward(logits[size_t(r)].data(), n.data(), lm + s.v0 * C, BT, C, s.V, gemm_operands(bf16_));
     rounded_all({&logits[size_t(r)]});
     ops::vocab_slice_max_and_target(maxes[size_t(r)].data(), target_parts[size_t(r)].data(), logits[size_t(r)].data(),
                                     targets, BT, s.V, s.v0);
@@ -287,7 +287,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
                                       s.v0);
     rounded_all({&dlogits});
     zero(parts[size_t(r)], BT * C);
-    ops::matmul_backward(parts[size_t(r)].data(), g_lm + s.v0 * C, dlogits.data(), n.data(), lm + s.v0 * C, BT, C, s.V);
+    ops::matmul_backward(parts[size_t(r)].data(), g_lm + s.v0 * C, dlogits.data(), n.data(), lm + s.v0 * C, BT, C, s.V, gemm_operands(bf16_));
   }
   add_in_rank_order(sum.data(), parts, BT * C);  // f backward: the head's input gradient
   rounded_all({&sum});
@@ -308,15 +308,15 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       zero(dact, BT * s.I), zero(dgate, BT * s.I), zero(dup, BT * s.I);
       const std::vector<T> wdown = columns(w.wdown, C, I, s.f0, s.I);
       ops::matmul_backward(dact.data(), wdown_grads_[size_t(l * tp_ + r)].data(), dx.data(), ra.act.data(), wdown.data(),
-                           BT, s.I, C);
+                           BT, s.I, C, gemm_operands(bf16_));
       rounded_all({&dact});
       ops::swiglu_backward(dgate.data(), dup.data(), dact.data(), ra.gate.data(), ra.up.data(), BT * s.I);
       rounded_all({&dgate, &dup});
       zero(parts[size_t(r)], BT * C);
       ops::matmul_backward(parts[size_t(r)].data(), g.wgate + s.f0 * C, dgate.data(), a.n2.data(), w.wgate + s.f0 * C, BT,
-                           C, s.I);
+                           C, s.I, gemm_operands(bf16_));
       ops::matmul_backward(parts[size_t(r)].data(), g.wup + s.f0 * C, dup.data(), a.n2.data(), w.wup + s.f0 * C, BT, C,
-                           s.I);
+                           s.I, gemm_operands(bf16_));
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // f backward: the MLP's input gradient
     rounded_all({&sum});
@@ -335,7 +335,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       zero(datt, BT * qd), zero(dq, BT * qd), zero(dk, BT * kvd), zero(dv, BT * kvd);
       const std::vector<T> wo = columns(w.wo, C, nh * hd, s.h0 * hd, qd);
       ops::matmul_backward(datt.data(), wo_grads_[size_t(l * tp_ + r)].data(), dh.data(), ra.att.data(), wo.data(), BT,
-                           qd, C);
+                           qd, C, gemm_operands(bf16_));
       rounded_all({&datt});
       ops::attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), ra.q.data(), ra.k.data(), ra.v.data(),
                               ra.att.data(), ra.lse.data(), shape(s));
@@ -345,17 +345,17 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       rounded_all({&dq, &dk});
       zero(parts[size_t(r)], BT * C);
       T* dn = parts[size_t(r)].data();
-      ops::matmul_backward(dn, g.wq + s.h0 * hd * C, dq.data(), a.n1.data(), w.wq + s.h0 * hd * C, BT, C, qd);
+      ops::matmul_backward(dn, g.wq + s.h0 * hd * C, dq.data(), a.n1.data(), w.wq + s.h0 * hd * C, BT, C, qd, gemm_operands(bf16_));
       const int64_t at = s.k0 * hd * C;
       if (!replicated_kv) {
-        ops::matmul_backward(dn, g.wk + at, dk.data(), a.n1.data(), w.wk + at, BT, C, kvd);
-        ops::matmul_backward(dn, g.wv + at, dv.data(), a.n1.data(), w.wv + at, BT, C, kvd);
+        ops::matmul_backward(dn, g.wk + at, dk.data(), a.n1.data(), w.wk + at, BT, C, kvd, gemm_operands(bf16_));
+        ops::matmul_backward(dn, g.wv + at, dv.data(), a.n1.data(), w.wv + at, BT, C, kvd, gemm_operands(bf16_));
         continue;
       }
       std::vector<T> gk, gv;
       zero(gk, kvd * C), zero(gv, kvd * C);
-      ops::matmul_backward(dn, gk.data(), dk.data(), a.n1.data(), w.wk + at, BT, C, kvd);
-      ops::matmul_backward(dn, gv.data(), dv.data(), a.n1.data(), w.wv + at, BT, C, kvd);
+      ops::matmul_backward(dn, gk.data(), dk.data(), a.n1.data(), w.wk + at, BT, C, kvd, gemm_operands(bf16_));
+      ops::matmul_backward(dn, gv.data(), dv.data(), a.n1.data(), w.wv + at, BT, C, kvd, gemm_operands(bf16_));
       zero(kv_parts[size_t(r)], 2 * kv_whole);
       std::copy(gk.begin(), gk.end(), kv_parts[size_t(r)].begin() + at);
       std::copy(gv.begin(), gv.end(), kv_parts[size_t(r)].begin() + kv_whole + at);

@@ -210,6 +210,84 @@ TEST(Bf16Compute, WeightPassInputsWaitAsBf16WithTheSameBits) {
   EXPECT_EQ(std::memcmp(with.grads.data(), without.grads.data(), with.grads.size() * sizeof(float)), 0);
 }
 
+// Every product the model runs in bf16 mode tells the backend its operands are bf16
+// (GemmOperands::bf16, so the CUDA backend runs it on tensor cores), and they are: each element
+// of every operand it reads is a bf16 value, in the forward, the backward, the recomputation of
+// selective checkpointing and a zero-bubble weight pass. In f32 every product reads as stored.
+// The CPU's table with the two products wrapped, so the test sees what the model passes.
+struct ProductLog {
+  int bf16 = 0, as_stored = 0;
+  std::vector<std::string> not_bf16;  // operands flagged bf16 that are not
+};
+ProductLog product_log;
+ops::Kernels<float> cpu_f32;
+
+void log_product(ops::GemmOperands operands, std::initializer_list<std::pair<const float*, int64_t>> read,
+                 const char* what) {
+  if (operands == ops::GemmOperands::as_stored) {
+    ++product_log.as_stored;
+    return;
+  }
+  ++product_log.bf16;
+  int i = 0;
+  for (const auto& [x, n] : read) {
+    if (x && !all_bf16(x, n)) product_log.not_bf16.push_back(std::string(what) + " operand " + std::to_string(i));
+    ++i;
+  }
+}
+void logged_forward(float* out, const float* inp, const float* w, int64_t BT, int64_t C, int64_t OC,
+                    ops::GemmOperands operands) {
+  log_product(operands, {{inp, BT * C}, {w, OC * C}}, "matmul_forward");
+  cpu_f32.matmul_forward(out, inp, w, BT, C, OC, operands);
+}
+void logged_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t BT,
+                     int64_t C, int64_t OC, ops::GemmOperands operands) {
+  log_product(operands, {{dout, BT * OC}, {dw ? inp : nullptr, BT * C}, {dinp ? w : nullptr, OC * C}},
+              "matmul_backward");
+  cpu_f32.matmul_backward(dinp, dw, dout, inp, w, BT, C, OC, operands);
+}
+
+TEST(Bf16Compute, EveryProductReadsBf16Operands) {
+  static ops::ComputeBackend logging = ops::compute_backend();
+  static const bool registered = [] {
+    cpu_f32 = logging.f32;
+    logging.name = "cpu-logging-products";
+    logging.f32.matmul_forward = &logged_forward;
+    logging.f32.matmul_backward = &logged_backward;
+    ops::register_compute_backend(&logging);
+    return true;
+  }();
+  ASSERT_TRUE(registered);
+  ops::select_compute_backend("cpu-logging-products");
+  const test::Batch b = test::make_batch(2, 7, test::tiny_config(false, false).vocab_size, 6, true);
+  for (bool tied : {false, true})
+    for (const char* ac : {"none", "selective"})
+      for (bool split : {false, true}) {
+        SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + ac + (split ? " split" : ""));
+        const LlamaConfig cfg = test::tiny_config(tied, false);
+        product_log = {};
+        run_bf16(cfg, b, true, ac, split);
+        // Per block 7 forward products and 7 backward calls (14 when split: input, then weight),
+        // the head's 1 + 1 (+ 1); selective recomputation runs no product.
+        const int backward = split ? 2 : 1;
+        EXPECT_EQ(product_log.bf16, (7 + 7 * backward) * cfg.num_hidden_layers + 1 + backward);
+        EXPECT_EQ(product_log.as_stored, 0);
+        EXPECT_TRUE(product_log.not_bf16.empty()) << product_log.not_bf16.front();
+      }
+  product_log = {};
+  {
+    const LlamaConfig cfg = test::tiny_config(false, false);
+    Llama<float> m(cfg);
+    m.init_weights(5);
+    MicroBatchState<float> st;
+    const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+    m.backward(st, 1.0f / float(loss.tokens));
+  }
+  ops::select_compute_backend("cpu");
+  EXPECT_EQ(product_log.bf16, 0);
+  EXPECT_GT(product_log.as_stored, 0);
+}
+
 TEST(Bf16Compute, IsAModeOfTheF32Model) {
   Llama<double> m(test::tiny_config(false, false));
   EXPECT_THROW(m.set_bf16_compute(true), InputError);

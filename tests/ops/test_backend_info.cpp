@@ -36,12 +36,13 @@ TEST(BackendInfo, PeakGemmProbeReportsAPlausibleRate) {
 // A second backend: the CPU's table with matmul_forward and fill counted, so the test can see which
 // backend an op reached.
 int counted_matmuls = 0, counted_fills = 0;
-void (*cpu_matmul)(float*, const float*, const float*, int64_t, int64_t, int64_t) = nullptr;
+void (*cpu_matmul)(float*, const float*, const float*, int64_t, int64_t, int64_t, ops::GemmOperands) = nullptr;
 void (*cpu_fill)(float*, float, int64_t) = nullptr;
 
-void counting_matmul(float* out, const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC) {
+void counting_matmul(float* out, const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
+                     ops::GemmOperands operands) {
   ++counted_matmuls;
-  cpu_matmul(out, inp, weight, BT, C, OC);
+  cpu_matmul(out, inp, weight, BT, C, OC, operands);
 }
 void counting_fill(float* x, float value, int64_t N) {
   ++counted_fills;
