@@ -119,13 +119,16 @@ double ReferenceCublas::measure_gemm_flops(int64_t n, bool bf16, double seconds)
   check_cuda(cudaMemset(out, 0, count * 4), "cudaMemset");
   const cudaDataType in_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   const int ni = int(n);
-  cudaEvent_t start, stop;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  struct EventGuard {
-    cudaEvent_t a, b;
-    ~EventGuard() { cudaEventDestroy(a), cudaEventDestroy(b); }
-  } events{start, stop};
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Events() {
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+    }
+  } events;
+  check_cuda(cudaEventCreate(&events.start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&events.stop), "cudaEventCreate");
+  const cudaEvent_t start = events.start, stop = events.stop;
 
   // Row-major out = op(a) op(b) is column-major out^T = op(b)^T op(a)^T: cuBLAS gets the
   // operands swapped with the same transposes.

@@ -151,6 +151,10 @@ struct AttentionShape {
   int64_t kv_batch_stride = 0;
   const int32_t* q_doc = nullptr;  // [B, Tq] document id of each query row, or null
   const int32_t* k_doc = nullptr;  // [B, Tk] document id of each key row, or null
+  // bf16: q, k, v (and in the backward dout and out) hold bf16 values, so a backend may run the
+  // score and weighted-sum products on bf16 operands (tensor cores), as GemmOperands says for a
+  // linear layer; the softmax and its statistics stay in T.
+  GemmOperands operands = GemmOperands::as_stored;
 };
 // Keys causally visible to query row i: [0, min(Tk, q_start + i - k_start + 1)).
 inline int64_t attention_causal_keys(const AttentionShape& s, int64_t i) {

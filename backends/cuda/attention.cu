@@ -3,6 +3,9 @@
 // (Dao et al. 2022), the forward saves only each softmax row's log-sum-exp and the backward
 // recomputes the probabilities from it. Everything is computed in T, as on the CPU.
 //
+// Calls with bf16 operands (AttentionShape::operands) and a head_dim of 16..128 in 16s run their
+// forward on tensor cores instead (attention_bf16.cu).
+//
 // Design: one warp per row, no atomics, deterministic.
 // - A row is a query row (b, h, i) in the forward and in dq, or a key row (b, g, j) of KV head g
 //   in dk/dv. Lane l holds elements d = l, l + 32, ... of the row's vectors in registers (Slots
@@ -24,6 +27,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backends/cuda/attention.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "core/error.h"
@@ -106,33 +110,6 @@ __device__ void add_into_row(T* dst, const T (&acc)[S], int64_t hd, int lane) {
     if (d < hd) dst[d] += acc[t];
   }
 }
-
-// Geometry of one call (core/ops.h): q/out/dout/dq [B, Tq, nh, hd]; k/v/dk/dv [B, Tk, nkv, hd]
-// with batch items kv_stride elements apart; lse and D [B, nh, Tq]; document ids [B, Tq] and
-// [B, Tk] in device memory, or both null.
-struct Geometry {
-  int64_t B, Tq, Tk, nh, nkv, hd, q_start, k_start, kv_stride, group;
-  const int32_t* q_doc;
-  const int32_t* k_doc;
-
-  __device__ int64_t q_index(int64_t b, int64_t i, int64_t h) const { return ((b * Tq + i) * nh + h) * hd; }
-  __device__ int64_t kv_index(int64_t b, int64_t j, int64_t g) const { return b * kv_stride + (j * nkv + g) * hd; }
-  __device__ int64_t lse_index(int64_t b, int64_t h, int64_t i) const { return (b * nh + h) * Tq + i; }
-  // Keys [0, n) are causally visible to query row i (k_start + j <= q_start + i), as the CPU's
-  // visible_keys.
-  __device__ int64_t visible_keys(int64_t i) const {
-    const int64_t n = q_start + i - k_start + 1;
-    return n < 0 ? 0 : (n > Tk ? Tk : n);
-  }
-  // Query rows [first, Tq) see key j causally: q_start + i >= k_start + j.
-  __device__ int64_t first_query(int64_t j) const {
-    const int64_t first = k_start + j - q_start;
-    return first < 0 ? 0 : (first > Tq ? Tq : first);
-  }
-  __device__ bool same_document(int64_t b, int64_t i, int64_t j) const {
-    return q_doc == nullptr || q_doc[b * Tq + i] == k_doc[b * Tk + j];
-  }
-};
 
 // out, lse of every query row (b, h, i); rows are numbered with i fastest, so the warps of a
 // block share (b, h) and read the same keys.
@@ -352,6 +329,13 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const DeviceIds k_doc(s.k_doc, s.B * s.Tk, "attention_forward: k_doc");
   const Geometry G = geometry(s, q_doc, k_doc);
   const T scale = softmax_scale<T>(s.hd);
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.operands == GemmOperands::bf16 && attention_bf16_fits(s.hd)) {  // tensor cores (attention_bf16.cu)
+      launch_attention_forward_bf16(out, lse, q, k, v, G, scale);
+      finish_op("attention_forward");
+      return;
+    }
+  }
   with_slots(s.hd, [&](auto slots) {
     constexpr int S = decltype(slots)::value;
     forward_kernel<T, S><<<warp_grid(rows), kBlockThreads, 0, stream()>>>(out, lse, q, k, v, G, scale);

@@ -140,47 +140,57 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
     gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, operands, "matmul_backward (dweight)");
 }
 
-// The three products of an n x n linear layer, timed with CUDA events, repeated for about
-// `seconds`; the best rate seen (2 n^3 FLOPs per product). The operands are random bf16 values in
-// [-1, 1), not zeros: a tensor core multiplying zeros draws less power and may clock higher than
-// it would on a model's numbers.
+// The three products of an n x n linear layer, each timed with CUDA events for a third of
+// `seconds` after a warm-up, as the CPU backend and bench's references time them; the best rate
+// seen (2 n^3 FLOPs per product). The operands are random bf16 values in [-1, 1), not zeros: a
+// tensor core multiplying zeros draws less power and may clock higher than on a model's numbers.
 double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands) {
   if (n <= 0) throw InputError("measure_peak_gemm_flops: n must be > 0");
   if (!(seconds >= 0)) throw InputError("measure_peak_gemm_flops: the budget must be >= 0 seconds");
-  const int64_t elems = n * n;
-  float *x = nullptr, *w = nullptr, *y = nullptr, *dx = nullptr, *dw = nullptr;
-  for (float** p : {&x, &w, &y, &dx, &dw})
-    check(cudaMalloc(p, size_t(elems) * sizeof(float)), "measure_peak_gemm_flops");
-  std::vector<float> values(static_cast<size_t>(elems));
+  const char* op = "measure_peak_gemm_flops";
+  const size_t elems = size_t(n) * size_t(n);
+  // x, w, dy (random), then y, dx, dw; freed and the events destroyed however this returns.
+  struct Arrays {
+    float* p[6] = {};
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Arrays() {
+      for (float* q : p) cudaFree(q);
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+    }
+  } a;
+  for (float*& q : a.p) check(cudaMalloc(&q, elems * sizeof(float)), op);
+  std::vector<float> values(elems);
   uint32_t state = 12345u;
-  for (float* p : {x, w}) {
+  for (int i = 0; i < 3; ++i) {
     for (float& v : values) {
       state = state * 1664525u + 1013904223u;
       v = nearest_bf16(static_cast<float>(state >> 8) / 8388608.0f - 1.0f);
     }
-    check(cudaMemcpy(p, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice), "measure_peak_gemm_flops");
+    check(cudaMemcpy(a.p[i], values.data(), elems * sizeof(float), cudaMemcpyHostToDevice), op);
   }
-  for (float* p : {y, dx, dw}) check(cudaMemset(p, 0, size_t(elems) * sizeof(float)), "measure_peak_gemm_flops");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "measure_peak_gemm_flops");
-  check(cudaEventCreate(&stop), "measure_peak_gemm_flops");
-  double best = 0, spent = 0;
-  const auto begin = std::chrono::steady_clock::now();
-  do {
-    check(cudaEventRecord(start, stream()), "measure_peak_gemm_flops");
-    cuda::matmul_forward<float>(y, x, w, n, n, n, operands);
-    cuda::matmul_backward<float>(dx, dw, y, x, w, n, n, n, operands);
-    check(cudaEventRecord(stop, stream()), "measure_peak_gemm_flops");
-    check(cudaEventSynchronize(stop), "measure_peak_gemm_flops");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "measure_peak_gemm_flops");
-    if (ms > 0) best = std::max(best, 3.0 * 2.0 * double(n) * double(n) * double(n) / (double(ms) * 1e-3));
-    spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  } while (spent < seconds);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  for (float* p : {x, w, y, dx, dw}) cudaFree(p);
-  return best;
+  for (int i = 3; i < 6; ++i) check(cudaMemset(a.p[i], 0, elems * sizeof(float)), op);
+  check(cudaEventCreate(&a.start), op);
+  check(cudaEventCreate(&a.stop), op);
+  float *x = a.p[0], *w = a.p[1], *dy = a.p[2], *y = a.p[3], *dx = a.p[4], *dw = a.p[5];
+  auto rate = [&](auto&& product) {
+    product();  // warm-up
+    double best = 0;
+    const auto begin = std::chrono::steady_clock::now();
+    do {
+      check(cudaEventRecord(a.start, stream()), op);
+      product();
+      check(cudaEventRecord(a.stop, stream()), op);
+      check(cudaEventSynchronize(a.stop), op);
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, a.start, a.stop), op);
+      if (ms > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / (double(ms) * 1e-3));
+    } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count() < seconds / 3);
+    return best;
+  };
+  return std::max({rate([&] { cuda::matmul_forward<float>(y, x, w, n, n, n, operands); }),
+                   rate([&] { cuda::matmul_backward<float>(dx, nullptr, dy, nullptr, w, n, n, n, operands); }),
+                   rate([&] { cuda::matmul_backward<float>(nullptr, dw, dy, x, nullptr, n, n, n, operands); })});
 }
 
 template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t, GemmOperands);

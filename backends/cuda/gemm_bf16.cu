@@ -29,6 +29,11 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/gemm.cuh"
 
+// WMMA's bf16 steps need sm_80 or later; the build targets sm_90 (CMAKE_CUDA_ARCHITECTURES).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "bf16 tensor-core kernels need CMAKE_CUDA_ARCHITECTURES of 80 or later"
+#endif
+
 namespace llama4d::cuda {
 namespace {
 

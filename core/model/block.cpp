@@ -152,7 +152,7 @@ template <class T>
 ops::AttentionShape attention_shape(const BlockDims& d, int64_t pos_start) {
   // Without context parallelism this rank's rows are the whole rows, so d.doc serves queries and keys.
   return {.B = d.B, .Tq = d.T, .Tk = d.T, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = pos_start,
-          .k_start = pos_start, .q_doc = d.doc, .k_doc = d.doc};
+          .k_start = pos_start, .q_doc = d.doc, .k_doc = d.doc, .operands = d.operands()};
 }
 
 template <class T>

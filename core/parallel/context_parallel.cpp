@@ -129,7 +129,7 @@ ops::AttentionShape part_shape(const BlockDims& d, int64_t b, int64_t part) {
   const int64_t c = d.cp_chunk(), start = d.cp_part_start(part);
   const int32_t* row_doc = d.doc ? d.doc + b * d.T * d.cp : nullptr;
   return {.B = 1, .Tq = c, .Tk = start + c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = start, .k_start = 0,
-          .q_doc = row_doc ? row_doc + start : nullptr, .k_doc = row_doc};
+          .q_doc = row_doc ? row_doc + start : nullptr, .k_doc = row_doc, .operands = d.operands()};
 }
 
 }  // namespace
@@ -220,7 +220,7 @@ struct ChunkPair {
 ChunkPair chunk_pair(const BlockDims& d, int64_t b, int64_t src, int64_t qp, int64_t kp) {
   const int64_t c = d.cp_chunk(), gq = global_chunk(d.cp_rank, qp, d.cp), gk = global_chunk(src, kp, d.cp);
   ChunkPair pair{gk > gq, {.B = 1, .Tq = c, .Tk = c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = gq * c,
-                           .k_start = gk * c}};
+                           .k_start = gk * c, .operands = d.operands()}};
   if (d.doc) {
     const int32_t* row_doc = d.doc + b * d.T * d.cp;
     pair.shape.q_doc = row_doc + gq * c;

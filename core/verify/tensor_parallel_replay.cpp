@@ -148,7 +148,8 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
   };
   auto grads = [&](int64_t l) { return block_weights(grads_.data() + layer_param_range(specs, int(l)).begin, whole); };
   auto shape = [&](const Slice& s) {
-    return ops::AttentionShape{.B = B, .Tq = Tn, .Tk = Tn, .nh = s.nh, .nkv = s.nkv, .hd = hd, .q_doc = doc, .k_doc = doc};
+    return ops::AttentionShape{.B = B, .Tq = Tn, .Tk = Tn, .nh = s.nh, .nkv = s.nkv, .hd = hd, .q_doc = doc, .k_doc = doc,
+                               .operands = gemm_operands(bf16_)};
   };
   // Row-wise work (norms, residual adds): under SP each rank runs it on its rows; fn(r0, rows).
   auto for_rows = [&](auto&& fn) {

@@ -213,10 +213,13 @@ TEST(Bf16Compute, WeightPassInputsWaitAsBf16WithTheSameBits) {
 // Every product the model runs in bf16 mode tells the backend its operands are bf16
 // (GemmOperands::bf16, so the CUDA backend runs it on tensor cores), and they are: each element
 // of every operand it reads is a bf16 value, in the forward, the backward, the recomputation of
-// selective checkpointing and a zero-bubble weight pass. In f32 every product reads as stored.
-// The CPU's table with the two products wrapped, so the test sees what the model passes.
+// selective checkpointing and a zero-bubble weight pass; attention's calls say so too
+// (AttentionShape::operands) for q, k, v, and in the backward dout and out. In f32 every product
+// reads as stored. The CPU's table with the products and attention wrapped, so the test sees what
+// the model passes.
 struct ProductLog {
   int bf16 = 0, as_stored = 0;
+  int attention_bf16 = 0, attention_as_stored = 0;
   std::vector<std::string> not_bf16;  // operands flagged bf16 that are not
 };
 ProductLog product_log;
@@ -246,14 +249,36 @@ void logged_backward(float* dinp, float* dw, const float* dout, const float* inp
               "matmul_backward");
   cpu_f32.matmul_backward(dinp, dw, dout, inp, w, BT, C, OC, operands);
 }
+// Attention's operands: q-shaped [B, Tq, nh, hd] and k-shaped [B, Tk, nkv, hd] (no cache here).
+void log_attention(const ops::AttentionShape& s, std::initializer_list<const float*> q_shaped,
+                   std::initializer_list<const float*> k_shaped, const char* what) {
+  (s.operands == ops::GemmOperands::bf16 ? product_log.attention_bf16 : product_log.attention_as_stored)++;
+  if (s.operands != ops::GemmOperands::bf16) return;
+  for (const float* x : q_shaped)
+    if (!all_bf16(x, s.B * s.Tq * s.nh * s.hd)) product_log.not_bf16.push_back(std::string(what) + " q-shaped operand");
+  for (const float* x : k_shaped)
+    if (!all_bf16(x, s.B * s.Tk * s.nkv * s.hd)) product_log.not_bf16.push_back(std::string(what) + " k-shaped operand");
+}
+void logged_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                              const ops::AttentionShape& s) {
+  log_attention(s, {q}, {k, v}, "attention_forward");
+  cpu_f32.attention_forward(out, lse, q, k, v, s);
+}
+void logged_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                               const float* v, const float* out, const float* lse, const ops::AttentionShape& s) {
+  log_attention(s, {dout, q, out}, {k, v}, "attention_backward");
+  cpu_f32.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+}
 
-TEST(Bf16Compute, EveryProductReadsBf16Operands) {
+TEST(Bf16Compute, EveryProductAndAttentionReadsBf16Operands) {
   static ops::ComputeBackend logging = ops::compute_backend();
   static const bool registered = [] {
     cpu_f32 = logging.f32;
     logging.name = "cpu-logging-products";
     logging.f32.matmul_forward = &logged_forward;
     logging.f32.matmul_backward = &logged_backward;
+    logging.f32.attention_forward = &logged_attention_forward;
+    logging.f32.attention_backward = &logged_attention_backward;
     ops::register_compute_backend(&logging);
     return true;
   }();
@@ -272,6 +297,10 @@ TEST(Bf16Compute, EveryProductReadsBf16Operands) {
         const int backward = split ? 2 : 1;
         EXPECT_EQ(product_log.bf16, (7 + 7 * backward) * cfg.num_hidden_layers + 1 + backward);
         EXPECT_EQ(product_log.as_stored, 0);
+        // Per block one forward (again when selective recomputes it) and one backward.
+        const int forwards = std::string(ac) == "selective" ? 2 : 1;
+        EXPECT_EQ(product_log.attention_bf16, (forwards + 1) * cfg.num_hidden_layers);
+        EXPECT_EQ(product_log.attention_as_stored, 0);
         EXPECT_TRUE(product_log.not_bf16.empty()) << product_log.not_bf16.front();
       }
   product_log = {};
@@ -286,6 +315,8 @@ TEST(Bf16Compute, EveryProductReadsBf16Operands) {
   ops::select_compute_backend("cpu");
   EXPECT_EQ(product_log.bf16, 0);
   EXPECT_GT(product_log.as_stored, 0);
+  EXPECT_EQ(product_log.attention_bf16, 0);
+  EXPECT_GT(product_log.attention_as_stored, 0);
 }
 
 TEST(Bf16Compute, IsAModeOfTheF32Model) {

@@ -1,0 +1,168 @@
+// Attention with bf16 operands (AttentionShape::operands, bf16 mixed precision) on the GPU: the
+// forward on tensor cores (backends/cuda/attention_bf16.cu) against the CPU's fp32 attention on
+// the same bf16 values, within what summing in another order and carrying the probabilities in
+// two bf16 parts (about 16 significant bits) allow; the backward (CUDA cores) from the GPU's own
+// out and lse. Rows see the same bits whichever rows share their call (what context and data
+// parallelism rely on), and the GPU repeats a call bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/tensor/bf16_rounding.h"
+#include "cuda_test_util.h"
+
+namespace llama4d {
+namespace {
+
+using ops::AttentionShape;
+using ops::GemmOperands;
+using test::DeviceBuffer;
+using test::OnGpu;
+
+// Probabilities carried to ~2^-17 and fp32 sums in another order: 1e-4 of the tensor's largest
+// value (about 13 units of the probabilities' rounding); the lse within 1e-5 of max(1, |lse|).
+constexpr double kOutTolerance = 1e-4, kLseTolerance = 1e-5;
+
+struct Case {
+  const char* name;
+  int64_t B, Tq, Tk, nh, nkv, hd;
+  int64_t q_start = 0, k_start = 0;
+  int docs = 0;  // > 0: packed documents of this many positions
+};
+// head_dim 16..128 in 16s (what the tensor cores take), several 64-row tiles and a partial one,
+// grouped-query heads, context-parallel offsets with rows that see nothing, packed documents.
+const Case kCases[] = {
+    {.name = "tiles_gqa_hd64", .B = 2, .Tq = 150, .Tk = 150, .nh = 4, .nkv = 2, .hd = 64},
+    {.name = "hd128_one_kv_head", .B = 1, .Tq = 70, .Tk = 70, .nh = 2, .nkv = 1, .hd = 128},
+    {.name = "cp_hd16_queries_after_keys", .B = 2, .Tq = 40, .Tk = 100, .nh = 4, .nkv = 2, .hd = 16, .q_start = 60},
+    {.name = "cp_hd48_rows_see_nothing", .B = 1, .Tq = 80, .Tk = 50, .nh = 3, .nkv = 3, .hd = 48, .q_start = 10,
+     .k_start = 40},
+    {.name = "documents_hd32", .B = 2, .Tq = 130, .Tk = 130, .nh = 4, .nkv = 2, .hd = 32, .docs = 37},
+};
+
+struct Inputs {
+  AttentionShape shape;  // document ids in host memory
+  std::vector<float> q, k, v, dout;
+  std::vector<int32_t> q_doc, k_doc;
+};
+
+std::vector<float> bf16_values(size_t n, uint64_t seed, double lo, double hi) {
+  std::vector<float> x = test::random_values<float>(n, seed, lo, hi);
+  for (float& e : x) e = nearest_bf16(e);
+  return x;
+}
+
+Inputs make_inputs(const Case& c, uint64_t seed) {
+  Inputs in;
+  AttentionShape& s = in.shape;
+  s.B = c.B, s.Tq = c.Tq, s.Tk = c.Tk, s.nh = c.nh, s.nkv = c.nkv, s.hd = c.hd, s.q_start = c.q_start,
+  s.k_start = c.k_start;
+  const size_t nq = size_t(c.B * c.Tq * c.nh * c.hd), nkv = size_t(c.B * c.Tk * c.nkv * c.hd);
+  in.q = bf16_values(nq, seed, -2, 2);  // scores of a few units: rows far from uniform
+  in.k = bf16_values(nkv, seed + 1, -2, 2);
+  in.v = bf16_values(nkv, seed + 2, -1, 1);
+  in.dout = bf16_values(nq, seed + 3, -1, 1);
+  if (c.docs > 0) {
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t i = 0; i < c.Tq; ++i) in.q_doc.push_back(int32_t((c.q_start + i + 3 * b) / c.docs));
+      for (int64_t j = 0; j < c.Tk; ++j) in.k_doc.push_back(int32_t((c.k_start + j + 3 * b) / c.docs));
+    }
+    s.q_doc = in.q_doc.data(), s.k_doc = in.k_doc.data();
+  }
+  return in;
+}
+
+struct Result {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+// Forward then backward on the active backend (gradients start at zero).
+Result run(const Inputs& in, GemmOperands operands) {
+  AttentionShape s = in.shape;
+  s.operands = operands;
+  const size_t nq = in.q.size(), nkv = in.k.size(), nlse = size_t(s.B * s.nh * s.Tq);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer<float> q(in.q), k(in.k), v(in.v), dout(in.dout), out(std::vector<float>(nq, nan)),
+      lse(std::vector<float>(nlse, nan)), dq(static_cast<int64_t>(nq)), dk(static_cast<int64_t>(nkv)),
+      dv(static_cast<int64_t>(nkv));
+  ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                          lse.data(), s);
+  return {out.host(), lse.host(), dq.host(), dk.host(), dv.host()};
+}
+
+void expect_lse_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t r = 0; r < want.size(); ++r) {
+    const bool want_none = std::isinf(want[r]) && want[r] < 0, got_none = std::isinf(got[r]) && got[r] < 0;
+    const bool ok = want_none ? got_none
+                              : std::abs(double(got[r]) - double(want[r])) <=
+                                    kLseTolerance * std::max(1.0, std::abs(double(want[r])));
+    if (!ok) {
+      ADD_FAILURE() << what << ": row " << r << " is " << got[r] << ", the CPU backend gives " << want[r];
+      return;
+    }
+  }
+}
+
+TEST(CudaAttentionBf16, TensorCoreForwardAgreesWithTheCpu) {
+  LLAMA4D_REQUIRE_GPU();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, 500);
+    const Result want = run(in, GemmOperands::as_stored);  // the CPU: fp32 sums of the same values
+    Result got;
+    {
+      OnGpu gpu;
+      got = run(in, GemmOperands::bf16);
+    }
+    test::expect_close(got.out, want.out, "out", kOutTolerance);
+    expect_lse_close(got.lse, want.lse, "lse");
+    test::expect_close(got.dq, want.dq, "dq", kOutTolerance);
+    test::expect_close(got.dk, want.dk, "dk", kOutTolerance);
+    test::expect_close(got.dv, want.dv, "dv", kOutTolerance);
+  }
+}
+
+// Rows [lo, Tq) of a call, as a call of their own (queries moved by lo positions, the same keys),
+// have the bits of those rows of the whole call; and a second run repeats the first.
+TEST(CudaAttentionBf16, RowsDoNotDependOnTheirCall) {
+  LLAMA4D_REQUIRE_GPU();
+  const Case c{.name = "rows", .B = 2, .Tq = 150, .Tk = 150, .nh = 4, .nkv = 2, .hd = 64, .docs = 29};
+  const Inputs whole = make_inputs(c, 600);
+  const int64_t lo = 37, rows = c.Tq - lo, row = c.nh * c.hd;
+  Inputs part = whole;
+  part.shape.Tq = rows, part.shape.q_start = lo;
+  part.q.clear(), part.dout.clear(), part.q_doc.clear();
+  for (int64_t b = 0; b < c.B; ++b) {
+    const auto at = [&](const std::vector<float>& x) { return x.begin() + (b * c.Tq + lo) * row; };
+    part.q.insert(part.q.end(), at(whole.q), at(whole.q) + rows * row);
+    part.dout.insert(part.dout.end(), at(whole.dout), at(whole.dout) + rows * row);
+    part.q_doc.insert(part.q_doc.end(), whole.q_doc.begin() + b * c.Tq + lo, whole.q_doc.begin() + (b + 1) * c.Tq);
+  }
+  part.shape.q_doc = part.q_doc.data(), part.shape.k_doc = part.k_doc.data();
+  OnGpu gpu;
+  const Result a = run(whole, GemmOperands::bf16), again = run(whole, GemmOperands::bf16),
+               p = run(part, GemmOperands::bf16);
+  test::expect_bitwise(again.out, a.out, "repeated out");
+  test::expect_bitwise(again.lse, a.lse, "repeated lse");
+  test::expect_bitwise(again.dq, a.dq, "repeated dq");
+  std::vector<float> out_rows, lse_rows;
+  for (int64_t b = 0; b < c.B; ++b) {
+    out_rows.insert(out_rows.end(), a.out.begin() + (b * c.Tq + lo) * row, a.out.begin() + (b + 1) * c.Tq * row);
+    for (int64_t h = 0; h < c.nh; ++h)
+      lse_rows.insert(lse_rows.end(), a.lse.begin() + (b * c.nh + h) * c.Tq + lo,
+                      a.lse.begin() + (b * c.nh + h + 1) * c.Tq);
+  }
+  test::expect_bitwise(p.out, out_rows, "out of rows called apart");
+  test::expect_bitwise(p.lse, lse_rows, "lse of rows called apart");
+}
+
+}  // namespace
+}  // namespace llama4d
