@@ -3,8 +3,8 @@
 // (Dao et al. 2022), the forward saves only each softmax row's log-sum-exp and the backward
 // recomputes the probabilities from it. Everything is computed in T, as on the CPU.
 //
-// Calls with bf16 operands (AttentionShape::operands) and a head_dim of 16..128 in 16s run their
-// forward on tensor cores instead (attention_bf16.cu).
+// Calls with bf16 operands (AttentionShape::operands) and a head_dim of 16..128 in 16s run on
+// tensor cores instead (attention_bf16.cu).
 //
 // Design: one warp per row, no atomics, deterministic.
 // - A row is a query row (b, h, i) in the forward and in dq, or a key row (b, g, j) of KV head g
@@ -354,6 +354,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const Geometry G = geometry(s, q_doc, k_doc);
   const T scale = softmax_scale<T>(s.hd);
   const StreamScratch<T> D(rows, "attention_backward: D");  // [B, nh, Tq]
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.operands == GemmOperands::bf16 && attention_bf16_fits(s.hd)) {  // tensor cores (attention_bf16.cu)
+      launch_attention_backward_bf16(dq, dk, dv, D.get(), dout, q, k, v, out, lse, G, scale);
+      finish_op("attention_backward");
+      return;
+    }
+  }
   with_slots(s.hd, [&](auto slots) {
     constexpr int S = decltype(slots)::value;
     backward_query_kernel<T, S><<<warp_grid(rows), kBlockThreads, 0, stream()>>>(dq, D.get(), dout, q, k, v, out,

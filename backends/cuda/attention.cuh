@@ -34,9 +34,13 @@ struct Geometry {
 
 // Whether the tensor-core kernels take this head_dim (a multiple of 16, at most 128).
 bool attention_bf16_fits(int64_t hd);
-// Queue the forward of a call whose q, k, v hold bf16 values on the tensor cores (attention_bf16.cu):
-// out [B, Tq, nh, hd] and lse [B, nh, Tq] as attention.cu's forward defines them.
+// Queue a call whose q, k, v (dout, out) hold bf16 values on the tensor cores (attention_bf16.cu),
+// with the outputs attention.cu's kernels define: out [B, Tq, nh, hd] and lse [B, nh, Tq]; dq,
+// dk, dv accumulated, D [B, nh, Tq] scratch.
 void launch_attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
                                    const Geometry& G, float scale);
+void launch_attention_backward_bf16(float* dq, float* dk, float* dv, float* D, const float* dout, const float* q,
+                                    const float* k, const float* v, const float* out, const float* lse,
+                                    const Geometry& G, float scale);
 
 }  // namespace llama4d::cuda

@@ -1,9 +1,9 @@
-// Attention with bf16 operands (AttentionShape::operands, bf16 mixed precision) on the GPU: the
-// forward on tensor cores (backends/cuda/attention_bf16.cu) against the CPU's fp32 attention on
-// the same bf16 values, within what summing in another order and carrying the probabilities in
-// two bf16 parts (about 16 significant bits) allow; the backward (CUDA cores) from the GPU's own
-// out and lse. Rows see the same bits whichever rows share their call (what context and data
-// parallelism rely on), and the GPU repeats a call bit for bit.
+// Attention with bf16 operands (AttentionShape::operands, bf16 mixed precision) on the GPU's
+// tensor cores (backends/cuda/attention_bf16.cu): forward and backward against the CPU's fp32
+// attention on the same bf16 values, within what summing in another order and carrying
+// probabilities and score gradients in two bf16 parts (about 16 significant bits) allow. A query
+// row's out, lse and dq, and a key's dk and dv, have the same bits whichever rows share the call
+// (what context and data parallelism rely on), and the GPU repeats a call bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -82,8 +82,10 @@ struct Result {
   std::vector<float> out, lse, dq, dk, dv;
 };
 
-// Forward then backward on the active backend (gradients start at zero).
-Result run(const Inputs& in, GemmOperands operands) {
+// Forward then backward on the active backend (gradients start at zero). With `given` the
+// backward reads its out and lse instead of the forward's, as ring attention's backward reads
+// the final ones on each block of keys.
+Result run(const Inputs& in, GemmOperands operands, const Result* given = nullptr) {
   AttentionShape s = in.shape;
   s.operands = operands;
   const size_t nq = in.q.size(), nkv = in.k.size(), nlse = size_t(s.B * s.nh * s.Tq);
@@ -92,9 +94,15 @@ Result run(const Inputs& in, GemmOperands operands) {
       lse(std::vector<float>(nlse, nan)), dq(static_cast<int64_t>(nq)), dk(static_cast<int64_t>(nkv)),
       dv(static_cast<int64_t>(nkv));
   ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+  Result r{out.host(), lse.host(), {}, {}, {}};
+  if (given) {
+    ops::device_memcpy(out.data(), given->out.data(), int64_t(nq * sizeof(float)));
+    ops::device_memcpy(lse.data(), given->lse.data(), int64_t(nlse * sizeof(float)));
+  }
   ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
                           lse.data(), s);
-  return {out.host(), lse.host(), dq.host(), dk.host(), dv.host()};
+  r.dq = dq.host(), r.dk = dk.host(), r.dv = dv.host();
+  return r;
 }
 
 void expect_lse_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
@@ -111,7 +119,7 @@ void expect_lse_close(const std::vector<float>& got, const std::vector<float>& w
   }
 }
 
-TEST(CudaAttentionBf16, TensorCoreForwardAgreesWithTheCpu) {
+TEST(CudaAttentionBf16, TensorCoresAgreeWithTheCpu) {
   LLAMA4D_REQUIRE_GPU();
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
@@ -162,6 +170,39 @@ TEST(CudaAttentionBf16, RowsDoNotDependOnTheirCall) {
   }
   test::expect_bitwise(p.out, out_rows, "out of rows called apart");
   test::expect_bitwise(p.lse, lse_rows, "lse of rows called apart");
+  std::vector<float> dq_rows;
+  for (int64_t b = 0; b < c.B; ++b)
+    dq_rows.insert(dq_rows.end(), a.dq.begin() + (b * c.Tq + lo) * row, a.dq.begin() + (b + 1) * c.Tq * row);
+  test::expect_bitwise(p.dq, dq_rows, "dq of rows called apart");
+}
+
+// Keys [lo, Tk) as a call of their own (keys moved by lo positions, all the queries), its
+// backward given the whole call's out and lse (ring attention's step): their dk and dv have the
+// bits of those keys' rows of the whole call.
+TEST(CudaAttentionBf16, KeysDoNotDependOnTheirCall) {
+  LLAMA4D_REQUIRE_GPU();
+  const Case c{.name = "keys", .B = 2, .Tq = 150, .Tk = 150, .nh = 4, .nkv = 2, .hd = 32, .docs = 41};
+  const Inputs whole = make_inputs(c, 700);
+  const int64_t lo = 53, keys = c.Tk - lo, row = c.nkv * c.hd;
+  Inputs part = whole;
+  part.shape.Tk = keys, part.shape.k_start = lo;
+  part.k.clear(), part.v.clear(), part.k_doc.clear();
+  for (int64_t b = 0; b < c.B; ++b) {
+    const auto at = [&](const std::vector<float>& x) { return x.begin() + (b * c.Tk + lo) * row; };
+    part.k.insert(part.k.end(), at(whole.k), at(whole.k) + keys * row);
+    part.v.insert(part.v.end(), at(whole.v), at(whole.v) + keys * row);
+    part.k_doc.insert(part.k_doc.end(), whole.k_doc.begin() + b * c.Tk + lo, whole.k_doc.begin() + (b + 1) * c.Tk);
+  }
+  part.shape.q_doc = part.q_doc.data(), part.shape.k_doc = part.k_doc.data();
+  OnGpu gpu;
+  const Result a = run(whole, GemmOperands::bf16), p = run(part, GemmOperands::bf16, &a);
+  std::vector<float> dk_rows, dv_rows;
+  for (int64_t b = 0; b < c.B; ++b) {
+    dk_rows.insert(dk_rows.end(), a.dk.begin() + (b * c.Tk + lo) * row, a.dk.begin() + (b + 1) * c.Tk * row);
+    dv_rows.insert(dv_rows.end(), a.dv.begin() + (b * c.Tk + lo) * row, a.dv.begin() + (b + 1) * c.Tk * row);
+  }
+  test::expect_bitwise(p.dk, dk_rows, "dk of keys called apart");
+  test::expect_bitwise(p.dv, dv_rows, "dv of keys called apart");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../ops/operand_log.h"
 #include "core/error.h"
 #include "core/model/checkpointing.h"
 #include "core/ops.h"
@@ -24,15 +25,7 @@
 namespace llama4d {
 namespace {
 
-// True when every element of x[n] is a bf16 value: the low 16 bits of each float are zero.
-bool all_bf16(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, x + i, 4);
-    if ((u & 0xffffu) != 0) return false;
-  }
-  return true;
-}
+using test::all_bf16;
 bool all_bf16(const Buffer<float>& b) { return all_bf16(b.data(), b.size()); }
 
 TEST(Bf16Compute, KeptTensorsAreBf16ValuesAndTheMasterWeightsAreNot) {
@@ -215,108 +208,40 @@ TEST(Bf16Compute, WeightPassInputsWaitAsBf16WithTheSameBits) {
 // of every operand it reads is a bf16 value, in the forward, the backward, the recomputation of
 // selective checkpointing and a zero-bubble weight pass; attention's calls say so too
 // (AttentionShape::operands) for q, k, v, and in the backward dout and out. In f32 every product
-// reads as stored. The CPU's table with the products and attention wrapped, so the test sees what
-// the model passes.
-struct ProductLog {
-  int bf16 = 0, as_stored = 0;
-  int attention_bf16 = 0, attention_as_stored = 0;
-  std::vector<std::string> not_bf16;  // operands flagged bf16 that are not
-};
-ProductLog product_log;
-ops::Kernels<float> cpu_f32;
-
-void log_product(ops::GemmOperands operands, std::initializer_list<std::pair<const float*, int64_t>> read,
-                 const char* what) {
-  if (operands == ops::GemmOperands::as_stored) {
-    ++product_log.as_stored;
-    return;
-  }
-  ++product_log.bf16;
-  int i = 0;
-  for (const auto& [x, n] : read) {
-    if (x && !all_bf16(x, n)) product_log.not_bf16.push_back(std::string(what) + " operand " + std::to_string(i));
-    ++i;
-  }
-}
-void logged_forward(float* out, const float* inp, const float* w, int64_t BT, int64_t C, int64_t OC,
-                    ops::GemmOperands operands) {
-  log_product(operands, {{inp, BT * C}, {w, OC * C}}, "matmul_forward");
-  cpu_f32.matmul_forward(out, inp, w, BT, C, OC, operands);
-}
-void logged_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t BT,
-                     int64_t C, int64_t OC, ops::GemmOperands operands) {
-  log_product(operands, {{dout, BT * OC}, {dw ? inp : nullptr, BT * C}, {dinp ? w : nullptr, OC * C}},
-              "matmul_backward");
-  cpu_f32.matmul_backward(dinp, dw, dout, inp, w, BT, C, OC, operands);
-}
-// Attention's operands: q-shaped [B, Tq, nh, hd] and k-shaped [B, Tk, nkv, hd] (no cache here).
-void log_attention(const ops::AttentionShape& s, std::initializer_list<const float*> q_shaped,
-                   std::initializer_list<const float*> k_shaped, const char* what) {
-  (s.operands == ops::GemmOperands::bf16 ? product_log.attention_bf16 : product_log.attention_as_stored)++;
-  if (s.operands != ops::GemmOperands::bf16) return;
-  for (const float* x : q_shaped)
-    if (!all_bf16(x, s.B * s.Tq * s.nh * s.hd)) product_log.not_bf16.push_back(std::string(what) + " q-shaped operand");
-  for (const float* x : k_shaped)
-    if (!all_bf16(x, s.B * s.Tk * s.nkv * s.hd)) product_log.not_bf16.push_back(std::string(what) + " k-shaped operand");
-}
-void logged_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                              const ops::AttentionShape& s) {
-  log_attention(s, {q}, {k, v}, "attention_forward");
-  cpu_f32.attention_forward(out, lse, q, k, v, s);
-}
-void logged_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                               const float* v, const float* out, const float* lse, const ops::AttentionShape& s) {
-  log_attention(s, {dout, q, out}, {k, v}, "attention_backward");
-  cpu_f32.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
-}
-
+// reads as stored. tests/parallel/bf16_equivalence_test.cpp checks the same under the strategies.
 TEST(Bf16Compute, EveryProductAndAttentionReadsBf16Operands) {
-  static ops::ComputeBackend logging = ops::compute_backend();
-  static const bool registered = [] {
-    cpu_f32 = logging.f32;
-    logging.name = "cpu-logging-products";
-    logging.f32.matmul_forward = &logged_forward;
-    logging.f32.matmul_backward = &logged_backward;
-    logging.f32.attention_forward = &logged_attention_forward;
-    logging.f32.attention_backward = &logged_attention_backward;
-    ops::register_compute_backend(&logging);
-    return true;
-  }();
-  ASSERT_TRUE(registered);
-  ops::select_compute_backend("cpu-logging-products");
   const test::Batch b = test::make_batch(2, 7, test::tiny_config(false, false).vocab_size, 6, true);
   for (bool tied : {false, true})
     for (const char* ac : {"none", "selective"})
       for (bool split : {false, true}) {
         SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + ac + (split ? " split" : ""));
         const LlamaConfig cfg = test::tiny_config(tied, false);
-        product_log = {};
+        test::LoggingOperands logging;
         run_bf16(cfg, b, true, ac, split);
+        const test::OperandLog log = logging.log();
         // Per block 7 forward products and 7 backward calls (14 when split: input, then weight),
         // the head's 1 + 1 (+ 1); selective recomputation runs no product.
         const int backward = split ? 2 : 1;
-        EXPECT_EQ(product_log.bf16, (7 + 7 * backward) * cfg.num_hidden_layers + 1 + backward);
-        EXPECT_EQ(product_log.as_stored, 0);
-        // Per block one forward (again when selective recomputes it) and one backward.
+        EXPECT_EQ(log.products_bf16, (7 + 7 * backward) * cfg.num_hidden_layers + 1 + backward);
+        EXPECT_EQ(log.products_as_stored, 0);
+        // Per block one attention forward (again when selective recomputes it) and one backward.
         const int forwards = std::string(ac) == "selective" ? 2 : 1;
-        EXPECT_EQ(product_log.attention_bf16, (forwards + 1) * cfg.num_hidden_layers);
-        EXPECT_EQ(product_log.attention_as_stored, 0);
-        EXPECT_TRUE(product_log.not_bf16.empty()) << product_log.not_bf16.front();
+        EXPECT_EQ(log.attention_bf16, (forwards + 1) * cfg.num_hidden_layers);
+        EXPECT_EQ(log.attention_as_stored, 0);
+        EXPECT_TRUE(log.not_bf16.empty()) << log.not_bf16.front();
       }
-  product_log = {};
-  {
-    const LlamaConfig cfg = test::tiny_config(false, false);
-    Llama<float> m(cfg);
-    m.init_weights(5);
-    MicroBatchState<float> st;
-    const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
-    m.backward(st, 1.0f / float(loss.tokens));
-  }
-  ops::select_compute_backend("cpu");
-  EXPECT_EQ(product_log.bf16, 0);
-  EXPECT_GT(product_log.as_stored, 0);
-  EXPECT_EQ(product_log.attention_bf16, 0);
-  EXPECT_GT(product_log.attention_as_stored, 0);
+  test::LoggingOperands logging;
+  const LlamaConfig cfg = test::tiny_config(false, false);
+  Llama<float> m(cfg);
+  m.init_weights(5);
+  MicroBatchState<float> st;
+  const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+  m.backward(st, 1.0f / float(loss.tokens));
+  const test::OperandLog log = logging.log();
+  EXPECT_EQ(log.products_bf16, 0);
+  EXPECT_GT(log.products_as_stored, 0);
+  EXPECT_EQ(log.attention_bf16, 0);
+  EXPECT_GT(log.attention_as_stored, 0);
 }
 
 TEST(Bf16Compute, IsAModeOfTheF32Model) {

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "../ops/operand_log.h"
 #include "core/tensor/bf16_rounding.h"
 #include "parallel_test_util.h"
 
@@ -22,7 +23,8 @@ namespace llama4d {
 namespace {
 
 EquivalenceReport verify_bf16(const char* mesh, ZeroStage zero, const char* ac = "none", bool bf16_grads = false,
-                              bool tied = false, ReduceAlgo algo = ReduceAlgo::ordered) {
+                              bool tied = false, ReduceAlgo algo = ReduceAlgo::ordered,
+                              ContextAlgo cp_algo = ContextAlgo::allgather) {
   EquivalenceOptions o;
   o.model = LlamaConfig::preset("tiny");
   o.model.tie_word_embeddings = tied;
@@ -35,6 +37,7 @@ EquivalenceReport verify_bf16(const char* mesh, ZeroStage zero, const char* ac =
   o.plan.ac = Checkpointing::parse(ac, int(o.model.num_hidden_layers));
   o.plan.bf16_grad_reduce = bf16_grads;
   o.plan.algo = algo;
+  o.plan.cp_algo = cp_algo;
   return verify_plan<float>(o, test::corpus(), test::virtual_launcher(o.plan.world_size(), algo));
 }
 
@@ -65,6 +68,33 @@ TEST(Bf16Equivalence, ContextParallelismWithinTheBf16Bounds) {
     EXPECT_TRUE(r.ok) << r.table();
     ASSERT_EQ(r.bounds_per_step.size(), 3u);
     EXPECT_LT(r.bounds_per_step[0].grad_tensor, 1.0) << "the first step's gradients are bounded";
+  }
+}
+
+// Under each strategy, and in the one-device replays the harness compares with (tensor
+// parallelism's own included), every product and attention call of a bf16 run says its operands
+// are bf16, and they are (tests/ops/operand_log.h): what lets a GPU run them on tensor cores.
+TEST(Bf16Equivalence, EveryProductReadsBf16OperandsUnderEveryStrategy) {
+  const struct {
+    const char* mesh;
+    ContextAlgo cp_algo;
+  } cases[] = {{"dp=2", ContextAlgo::allgather},
+               {"tp=2", ContextAlgo::allgather},
+               {"pp=2", ContextAlgo::allgather},
+               {"tp=2,cp=2", ContextAlgo::allgather},
+               {"cp=2", ContextAlgo::ring}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.mesh) + (c.cp_algo == ContextAlgo::ring ? " ring" : ""));
+    test::LoggingOperands logging;
+    const EquivalenceReport r = verify_bf16(c.mesh, ZeroStage::none, "selective", false, false, ReduceAlgo::ordered,
+                                            c.cp_algo);
+    const test::OperandLog log = logging.log();
+    EXPECT_TRUE(r.ok) << r.table();
+    EXPECT_GT(log.products_bf16, 0);
+    EXPECT_EQ(log.products_as_stored, 0);
+    EXPECT_GT(log.attention_bf16, 0);
+    EXPECT_EQ(log.attention_as_stored, 0);
+    EXPECT_TRUE(log.not_bf16.empty()) << log.not_bf16.front();
   }
 }
 

@@ -1,0 +1,127 @@
+#pragma once
+// A compute backend for tests of bf16 mixed precision: the CPU's kernels, with the products
+// (matmul_forward, matmul_backward) and attention (forward, backward) wrapped to count what their
+// callers say the operands hold (ops::GemmOperands; AttentionShape::operands) and to check that
+// operands said to be bf16 are: every element a bf16 value. That is the contract which lets the
+// CUDA backend read them as bf16 on tensor cores, and a CPU run cannot see it broken otherwise
+// (the CPU sums bf16 operands as fp32). Thread-safe: virtual GPUs are threads of one process.
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/ops.h"
+
+namespace llama4d::test {
+
+// True when every element of x[n] is a bf16 value: the low 16 bits of each float are zero.
+inline bool all_bf16(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    if ((u & 0xffffu) != 0) return false;
+  }
+  return true;
+}
+
+struct OperandLog {
+  int products_bf16 = 0, products_as_stored = 0;    // matmul_forward and matmul_backward calls
+  int attention_bf16 = 0, attention_as_stored = 0;  // attention_forward and attention_backward calls
+  std::vector<std::string> not_bf16;                // operands said to be bf16 that are not
+};
+
+namespace operand_log_detail {
+inline std::mutex mutex;
+inline OperandLog log;
+inline ops::Kernels<float> cpu;
+
+inline void product(ops::GemmOperands operands, std::initializer_list<std::pair<const float*, int64_t>> read,
+                    const char* what) {
+  std::vector<std::string> bad;
+  int i = 0;
+  for (const auto& [x, n] : read) {
+    if (operands == ops::GemmOperands::bf16 && x && !all_bf16(x, n))
+      bad.push_back(std::string(what) + " operand " + std::to_string(i));
+    ++i;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  (operands == ops::GemmOperands::bf16 ? log.products_bf16 : log.products_as_stored)++;
+  log.not_bf16.insert(log.not_bf16.end(), bad.begin(), bad.end());
+}
+// q-shaped operands [B, Tq, nh, hd], k-shaped [B, kv rows, nkv, hd] (a cache's rows included).
+inline void attention(const ops::AttentionShape& s, std::initializer_list<const float*> q_shaped,
+                      std::initializer_list<const float*> k_shaped, const char* what) {
+  const bool bf16 = s.operands == ops::GemmOperands::bf16;
+  const int64_t kv = s.B * (s.kv_batch_stride != 0 ? s.kv_batch_stride : s.Tk * s.nkv * s.hd);
+  std::vector<std::string> bad;
+  for (const float* x : q_shaped)
+    if (bf16 && !all_bf16(x, s.B * s.Tq * s.nh * s.hd)) bad.push_back(std::string(what) + " q-shaped operand");
+  for (const float* x : k_shaped)
+    if (bf16 && !all_bf16(x, kv)) bad.push_back(std::string(what) + " k-shaped operand");
+  std::lock_guard<std::mutex> lock(mutex);
+  (bf16 ? log.attention_bf16 : log.attention_as_stored)++;
+  log.not_bf16.insert(log.not_bf16.end(), bad.begin(), bad.end());
+}
+
+inline void matmul_forward(float* out, const float* inp, const float* w, int64_t BT, int64_t C, int64_t OC,
+                           ops::GemmOperands operands) {
+  product(operands, {{inp, BT * C}, {w, OC * C}}, "matmul_forward");
+  cpu.matmul_forward(out, inp, w, BT, C, OC, operands);
+}
+inline void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t BT,
+                            int64_t C, int64_t OC, ops::GemmOperands operands) {
+  product(operands, {{dout, BT * OC}, {dw ? inp : nullptr, BT * C}, {dinp ? w : nullptr, OC * C}}, "matmul_backward");
+  cpu.matmul_backward(dinp, dw, dout, inp, w, BT, C, OC, operands);
+}
+inline void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                              const ops::AttentionShape& s) {
+  attention(s, {q}, {k, v}, "attention_forward");
+  cpu.attention_forward(out, lse, q, k, v, s);
+}
+inline void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                               const float* v, const float* out, const float* lse, const ops::AttentionShape& s) {
+  attention(s, {dout, q, out}, {k, v}, "attention_backward");
+  cpu.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+}
+}  // namespace operand_log_detail
+
+// While it lives, the logging backend ("cpu-logging-operands") is active and the log starts
+// empty; the CPU backend is active again after. Create it before the buffers of the run it logs
+// (its memory is the CPU's, so buffers outlive the switch either way).
+class LoggingOperands {
+ public:
+  LoggingOperands() {
+    ops::select_compute_backend("cpu");  // the table it wraps
+    static ops::ComputeBackend logging = ops::compute_backend();
+    static const bool registered = [] {
+      namespace d = operand_log_detail;
+      d::cpu = logging.f32;
+      logging.name = "cpu-logging-operands";
+      logging.f32.matmul_forward = &d::matmul_forward;
+      logging.f32.matmul_backward = &d::matmul_backward;
+      logging.f32.attention_forward = &d::attention_forward;
+      logging.f32.attention_backward = &d::attention_backward;
+      ops::register_compute_backend(&logging);
+      return true;
+    }();
+    (void)registered;
+    {
+      std::lock_guard<std::mutex> lock(operand_log_detail::mutex);
+      operand_log_detail::log = {};
+    }
+    ops::select_compute_backend("cpu-logging-operands");
+  }
+  ~LoggingOperands() { ops::select_compute_backend("cpu"); }
+  LoggingOperands(const LoggingOperands&) = delete;
+  LoggingOperands& operator=(const LoggingOperands&) = delete;
+
+  OperandLog log() const {
+    std::lock_guard<std::mutex> lock(operand_log_detail::mutex);
+    return operand_log_detail::log;
+  }
+};
+
+}  // namespace llama4d::test
