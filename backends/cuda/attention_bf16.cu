@@ -24,13 +24,18 @@
 //   see them and each query head of the group, dV += P^T dO and dK += dS^T Q.
 //
 // Bits: a score depends only on its query and key vectors; a row's sums see its keys in blocks
-// of 64 from key 0, ascending, and a key's sums its query rows in blocks of 64 from query 0,
-// whichever rows share the block; a pair that cannot see each other adds exact zeros (p = 0),
-// which changes nothing but a -0 to +0. So a row's result does not depend on the call's other
-// rows, and a run repeats bit for bit.
+// of 64 counted from key 0, ascending, and a key's sums its query rows in blocks of 64 counted
+// from query 0 (those before the first block that can see the key are skipped: they would add
+// zeros), whichever rows share the block; a pair that cannot see each other adds exact zeros
+// (p = 0), which changes nothing but a -0 to +0. So a row's result does not depend on the call's
+// other rows, and a run repeats bit for bit.
+//
+// Shared memory: up to 205 KB a block (the key blocks at head_dim 128), within an H100's 227 KB;
+// a GPU that offers a block less runs the call on CUDA cores (attention_bf16_fits).
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -421,7 +426,23 @@ void check_grid(const Geometry& G, const char* op) {
 
 }  // namespace
 
-bool attention_bf16_fits(int64_t hd) { return hd > 0 && hd % 16 == 0 && hd <= kMaxHeadDim; }
+bool attention_bf16_fits(int64_t hd) {
+  if (hd <= 0 || hd % 16 != 0 || hd > kMaxHeadDim) return false;
+  // The most shared memory a block of this GPU may opt into (one GPU per process).
+  static const int limit = [] {
+    int device = 0, bytes = 0;
+    check(cudaGetDevice(&device), "attention (bf16): cudaGetDevice");
+    check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+          "attention (bf16): shared memory per block");
+    return bytes;
+  }();
+  size_t needed = 0;
+  with_head_blocks(hd, "attention", [&](auto blocks) {
+    using Z = Sizes<decltype(blocks)::value>;
+    needed = std::max({Z::forward, Z::query, Z::key});
+  });
+  return needed <= size_t(limit);
+}
 
 void launch_attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
                                    const Geometry& G, float scale) {

@@ -44,6 +44,11 @@ const Case kCases[] = {
     {.name = "cp_hd48_rows_see_nothing", .B = 1, .Tq = 80, .Tk = 50, .nh = 3, .nkv = 3, .hd = 48, .q_start = 10,
      .k_start = 40},
     {.name = "documents_hd32", .B = 2, .Tq = 130, .Tk = 130, .nh = 4, .nkv = 2, .hd = 32, .docs = 37},
+    // Whole tiles, a group of 4 query heads, head_dim 80.
+    {.name = "whole_tiles_group4_hd80", .B = 1, .Tq = 128, .Tk = 192, .nh = 8, .nkv = 2, .hd = 80, .q_start = 64},
+    // Queries at 64..127 after keys at 0..63, documents of 50 positions: rows from position 100
+    // have causal keys, but all of other documents (lse = -inf).
+    {.name = "cp_documents_hd96", .B = 2, .Tq = 64, .Tk = 64, .nh = 2, .nkv = 1, .hd = 96, .q_start = 64, .docs = 50},
 };
 
 struct Inputs {
@@ -161,6 +166,8 @@ TEST(CudaAttentionBf16, RowsDoNotDependOnTheirCall) {
   test::expect_bitwise(again.out, a.out, "repeated out");
   test::expect_bitwise(again.lse, a.lse, "repeated lse");
   test::expect_bitwise(again.dq, a.dq, "repeated dq");
+  test::expect_bitwise(again.dk, a.dk, "repeated dk");
+  test::expect_bitwise(again.dv, a.dv, "repeated dv");
   std::vector<float> out_rows, lse_rows;
   for (int64_t b = 0; b < c.B; ++b) {
     out_rows.insert(out_rows.end(), a.out.begin() + (b * c.Tq + lo) * row, a.out.begin() + (b + 1) * c.Tq * row);
