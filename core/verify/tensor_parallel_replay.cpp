@@ -13,6 +13,7 @@
 #include "core/optim/segmented_norm.h"
 #include "core/parallel/dp_common.h"
 #include "core/parallel/shard_layout.h"
+#include "core/tensor/backend_array.h"
 
 namespace llama4d {
 
@@ -28,7 +29,7 @@ namespace {
 
 // out[n] = parts[0] + parts[1] + ... element-wise, left to right: an ordered reduction's order.
 template <class T>
-void add_in_rank_order(T* out, const std::vector<std::vector<T>>& parts, int64_t n) {
+void add_in_rank_order(T* out, const std::vector<BackendArray<T>>& parts, int64_t n) {
   std::copy_n(parts[0].data(), n, out);
   for (size_t r = 1; r < parts.size(); ++r)
     for (int64_t i = 0; i < n; ++i) out[i] += parts[r][size_t(i)];
@@ -36,14 +37,14 @@ void add_in_rank_order(T* out, const std::vector<std::vector<T>>& parts, int64_t
 
 // Columns [c0, c0 + n) of w[rows, cols], contiguous [rows, n]: a row-parallel rank's weight.
 template <class T>
-std::vector<T> columns(const T* w, int64_t rows, int64_t cols, int64_t c0, int64_t n) {
-  std::vector<T> out(size_t(rows * n));
+BackendArray<T> columns(const T* w, int64_t rows, int64_t cols, int64_t c0, int64_t n) {
+  BackendArray<T> out(size_t(rows * n));
   for (int64_t i = 0; i < rows; ++i) std::copy_n(w + i * cols + c0, n, out.data() + i * n);
   return out;
 }
 
 template <class T>
-void zero(std::vector<T>& v, int64_t n) {
+void zero(BackendArray<T>& v, int64_t n) {
   v.assign(size_t(n), T(0));
 }
 
@@ -87,12 +88,12 @@ void TensorParallelReplay<T>::zero_grad() {
   std::fill(grads_.begin(), grads_.end(), T(0));
   std::fill(head_part_.begin(), head_part_.end(), T(0));
   for (auto* all : {&wo_grads_, &wdown_grads_})
-    for (std::vector<T>& g : *all) std::fill(g.begin(), g.end(), T(0));
+    for (BackendArray<T>& g : *all) std::fill(g.begin(), g.end(), T(0));
 }
 
 template <class T>
 std::vector<T> TensorParallelReplay<T>::grads() const {
-  std::vector<T> out = grads_;
+  std::vector<T> out = grads_.host();
   const int64_t C = cfg_.hidden_size, hd = cfg_.head_dim, qd = cfg_.num_attention_heads * hd, I = cfg_.intermediate_size;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string layer = "model.layers." + std::to_string(l);
@@ -100,8 +101,8 @@ std::vector<T> TensorParallelReplay<T>::grads() const {
     T* wdown = out.data() + find_param(specs_, layer + ".mlp.down_proj.weight").offset;
     for (int r = 0; r < tp_; ++r) {
       const Slice& s = slices_[size_t(r)];
-      const std::vector<T>& go = wo_grads_[size_t(l * tp_ + r)];
-      const std::vector<T>& gd = wdown_grads_[size_t(l * tp_ + r)];
+      const BackendArray<T>& go = wo_grads_[size_t(l * tp_ + r)];
+      const BackendArray<T>& gd = wdown_grads_[size_t(l * tp_ + r)];
       for (int64_t i = 0; i < C; ++i) {
         std::copy_n(go.data() + i * s.nh * hd, s.nh * hd, wo + i * qd + s.h0 * hd);
         std::copy_n(gd.data() + i * s.I, s.I, wdown + i * I + s.f0);
@@ -116,22 +117,24 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
   const int64_t B = b.B, Tn = b.T, BT = B * Tn, C = cfg_.hidden_size, hd = cfg_.head_dim, L = cfg_.num_hidden_layers;
   const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, I = cfg_.intermediate_size;
   const T eps = T(cfg_.rms_norm_eps);
-  const int32_t* tokens = b.tokens.data();
-  const int32_t* targets = b.targets.data();
+  // The kernels read the backend's memory (core/ops.h): the batch's ids are copied there.
+  const BackendArray<int32_t> token_ids(b.tokens), target_ids(b.targets);
+  const int32_t* tokens = token_ids.data();
+  const int32_t* targets = target_ids.data();
   const int32_t* doc = b.documents();
   const bool replicated_kv = nkv < tp_;
   const std::vector<ParamSpec>& specs = specs_;
   const BlockDims whole{.C = C, .nh = nh, .nkv = nkv, .hd = hd, .I = I};
   // A tensor as bf16 would hold it (bf16 mixed precision), else as it is.
   auto rounded = [&](T* p, int64_t n) { round_if_bf16(p, n, bf16_); };
-  auto rounded_all = [&](std::initializer_list<std::vector<T>*> tensors) {
-    for (std::vector<T>* t : tensors) rounded(t->data(), int64_t(t->size()));
+  auto rounded_all = [&](std::initializer_list<BackendArray<T>*> tensors) {
+    for (BackendArray<T>* t : tensors) rounded(t->data(), int64_t(t->size()));
   };
   // The weights as the ops read them: under bf16 a rounded copy of the whole flat buffer.
-  std::vector<T> bf16_params;
+  BackendArray<T> bf16_params;
   const T* params = params_;
   if (bf16_) {
-    bf16_params.assign(params_, params_ + flat_numel(specs));
+    bf16_params = BackendArray<T>(params_, size_t(flat_numel(specs)));
     rounded(bf16_params.data(), int64_t(bf16_params.size()));
     params = bf16_params.data();
   }
@@ -160,19 +163,19 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
   // give a partial gain gradient, summed in rank order before it is added.
   auto norm_backward = [&](T* dinp, T* g_gain, const T* dn, const T* inp, const T* gain, const T* rstd) {
     if (!sp_) return ops::rmsnorm_backward(dinp, g_gain, dn, inp, gain, rstd, BT, C);
-    std::vector<std::vector<T>> part(size_t(tp_), std::vector<T>(size_t(C), T(0)));
+    std::vector<BackendArray<T>> part(size_t(tp_), BackendArray<T>(size_t(C), T(0)));
     int r = 0;
     for_rows([&](int64_t r0, int64_t rows) {
       ops::rmsnorm_backward(dinp + r0 * C, part[size_t(r++)].data(), dn + r0 * C, inp + r0 * C, gain, rstd + r0, rows, C);
     });
-    std::vector<T> sum(static_cast<size_t>(C));
+    BackendArray<T> sum(static_cast<size_t>(C));
     add_in_rank_order(sum.data(), part, C);
     ops::accumulate(g_gain, sum.data(), C);
   };
-  std::vector<std::vector<T>> parts(static_cast<size_t>(tp_));  // each rank's partial [BT, C]
+  std::vector<BackendArray<T>> parts(static_cast<size_t>(tp_));  // each rank's partial [BT, C]
 
   // ---- Forward ----
-  std::vector<std::vector<T>> x(size_t(L + 1), std::vector<T>(size_t(BT * C)));
+  std::vector<BackendArray<T>> x(size_t(L + 1), BackendArray<T>(size_t(BT * C)));
   for (int r = 0; r < tp_; ++r) {
     const Slice& s = slices_[size_t(r)];
     parts[size_t(r)].resize(size_t(BT * C));
@@ -182,14 +185,14 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
   rounded_all({&x[0]});
 
   struct RankActivations {
-    std::vector<T> q, k, v, att, lse, gate, up, act;
+    BackendArray<T> q, k, v, att, lse, gate, up, act;
   };
   struct LayerActivations {
-    std::vector<T> n1, rstd1, h, n2, rstd2;
+    BackendArray<T> n1, rstd1, h, n2, rstd2;
     std::vector<RankActivations> ranks;
   };
   std::vector<LayerActivations> acts(static_cast<size_t>(L));
-  std::vector<T> sum(size_t(BT * C));
+  BackendArray<T> sum(size_t(BT * C));
   for (int64_t l = 0; l < L; ++l) {
     const BlockWeights<T> w = weights(l);
     LayerActivations& a = acts[size_t(l)];
@@ -216,7 +219,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       rounded_all({&ra.q, &ra.k});
       ops::attention_forward(ra.att.data(), ra.lse.data(), ra.q.data(), ra.k.data(), ra.v.data(), shape(s));
       rounded_all({&ra.att});
-      const std::vector<T> wo = columns(w.wo, C, nh * hd, s.h0 * hd, qd);
+      const BackendArray<T> wo = columns(w.wo, C, nh * hd, s.h0 * hd, qd);
       ops::matmul_forward(parts[size_t(r)].data(), ra.att.data(), wo.data(), BT, qd, C, gemm_operands(bf16_));
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // g: the o_proj partial sums
@@ -236,7 +239,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       rounded_all({&ra.gate, &ra.up});
       ops::swiglu_forward(ra.act.data(), ra.gate.data(), ra.up.data(), BT * s.I);
       rounded_all({&ra.act});
-      const std::vector<T> wdown = columns(w.wdown, C, I, s.f0, s.I);
+      const BackendArray<T> wdown = columns(w.wdown, C, I, s.f0, s.I);
       ops::matmul_forward(parts[size_t(r)].data(), ra.act.data(), wdown.data(), BT, s.I, C, gemm_operands(bf16_));
     }
     add_in_rank_order(sum.data(), parts, BT * C);  // g: the down_proj partial sums
@@ -249,15 +252,15 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
 
   // The head: final norm, each rank's logits slice, the loss from the combined statistics.
   const T* norm_w = params + norm_spec.offset;
-  std::vector<T> n(static_cast<size_t>(BT * C)), rstd(static_cast<size_t>(BT));
+  BackendArray<T> n(static_cast<size_t>(BT * C)), rstd(static_cast<size_t>(BT));
   for_rows([&](int64_t r0, int64_t rows) {
     ops::rmsnorm_forward(n.data() + r0 * C, rstd.data() + r0, x[size_t(L)].data() + r0 * C, norm_w, rows, C, eps);
   });
   rounded_all({&n});
   // Per rank: its logits slice [BT, V_r] and its part of each token's statistics [BT].
   const size_t ranks = size_t(tp_), tokens_n = size_t(BT);
-  std::vector<std::vector<T>> logits(ranks), maxes(ranks), sums(ranks), target_parts(ranks);
-  std::vector<T> row_max(tokens_n), sum_exp(tokens_n), target(tokens_n), losses(tokens_n), lse(tokens_n);
+  std::vector<BackendArray<T>> logits(ranks), maxes(ranks), sums(ranks), target_parts(ranks);
+  BackendArray<T> row_max(tokens_n), sum_exp(tokens_n), target(tokens_n), losses(tokens_n), lse(tokens_n);
   for (int r = 0; r < tp_; ++r) {
     const Slice& s = slices_[size_t(r)];
     logits[size_t(r)].resize(size_t(BT * s.V)), maxes[size_t(r)].resize(size_t(BT));
@@ -282,7 +285,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
   // ---- Backward ----
   for (int r = 0; r < tp_; ++r) {
     const Slice& s = slices_[size_t(r)];
-    std::vector<T> dlogits;
+    BackendArray<T> dlogits;
     zero(dlogits, BT * s.V);
     ops::cross_entropy_backward_slice(dlogits.data(), logits[size_t(r)].data(), lse.data(), targets, loss_scale, BT, s.V,
                                       s.v0);
@@ -292,11 +295,11 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
   }
   add_in_rank_order(sum.data(), parts, BT * C);  // f backward: the head's input gradient
   rounded_all({&sum});
-  std::vector<T> dx(size_t(BT * C), T(0));
+  BackendArray<T> dx(size_t(BT * C), T(0));
   norm_backward(dx.data(), grads_.data() + norm_spec.offset, sum.data(), x[size_t(L)].data(), norm_w, rstd.data());
   rounded_all({&dx});
 
-  std::vector<T> dh(size_t(BT * C));
+  BackendArray<T> dh(size_t(BT * C));
   for (int64_t l = L - 1; l >= 0; --l) {
     const BlockWeights<T> w = weights(l), g = grads(l);
     const LayerActivations& a = acts[size_t(l)];
@@ -305,9 +308,9 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
     for (int r = 0; r < tp_; ++r) {
       const Slice& s = slices_[size_t(r)];
       const RankActivations& ra = a.ranks[size_t(r)];
-      std::vector<T> dact, dgate, dup;
+      BackendArray<T> dact, dgate, dup;
       zero(dact, BT * s.I), zero(dgate, BT * s.I), zero(dup, BT * s.I);
-      const std::vector<T> wdown = columns(w.wdown, C, I, s.f0, s.I);
+      const BackendArray<T> wdown = columns(w.wdown, C, I, s.f0, s.I);
       ops::matmul_backward(dact.data(), wdown_grads_[size_t(l * tp_ + r)].data(), dx.data(), ra.act.data(), wdown.data(),
                            BT, s.I, C, gemm_operands(bf16_));
       rounded_all({&dact});
@@ -327,14 +330,14 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
     // Attention half.
     dx = dh;
     const int64_t kv_whole = nkv * hd * C;
-    std::vector<std::vector<T>> kv_parts(static_cast<size_t>(tp_));  // replicated heads: [2, nkv·hd, C] per rank
+    std::vector<BackendArray<T>> kv_parts(static_cast<size_t>(tp_));  // replicated heads: [2, nkv·hd, C] per rank
     for (int r = 0; r < tp_; ++r) {
       const Slice& s = slices_[size_t(r)];
       const RankActivations& ra = a.ranks[size_t(r)];
       const int64_t qd = s.nh * hd, kvd = s.nkv * hd;
-      std::vector<T> datt, dq, dk, dv;
+      BackendArray<T> datt, dq, dk, dv;
       zero(datt, BT * qd), zero(dq, BT * qd), zero(dk, BT * kvd), zero(dv, BT * kvd);
-      const std::vector<T> wo = columns(w.wo, C, nh * hd, s.h0 * hd, qd);
+      const BackendArray<T> wo = columns(w.wo, C, nh * hd, s.h0 * hd, qd);
       ops::matmul_backward(datt.data(), wo_grads_[size_t(l * tp_ + r)].data(), dh.data(), ra.att.data(), wo.data(), BT,
                            qd, C, gemm_operands(bf16_));
       rounded_all({&datt});
@@ -353,7 +356,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
         ops::matmul_backward(dn, g.wv + at, dv.data(), a.n1.data(), w.wv + at, BT, C, kvd, gemm_operands(bf16_));
         continue;
       }
-      std::vector<T> gk, gv;
+      BackendArray<T> gk, gv;
       zero(gk, kvd * C), zero(gv, kvd * C);
       ops::matmul_backward(dn, gk.data(), dk.data(), a.n1.data(), w.wk + at, BT, C, kvd, gemm_operands(bf16_));
       ops::matmul_backward(dn, gv.data(), dv.data(), a.n1.data(), w.wv + at, BT, C, kvd, gemm_operands(bf16_));
@@ -362,7 +365,7 @@ double TensorParallelReplay<T>::forward_backward(const Batch& b, T loss_scale) {
       std::copy(gv.begin(), gv.end(), kv_parts[size_t(r)].begin() + kv_whole + at);
     }
     if (replicated_kv) {  // the replicas' k/v weight gradients, summed, then added
-      std::vector<T> both(size_t(2 * kv_whole));
+      BackendArray<T> both(size_t(2 * kv_whole));
       add_in_rank_order(both.data(), kv_parts, 2 * kv_whole);
       ops::accumulate(g.wk, both.data(), kv_whole);
       ops::accumulate(g.wv, both.data() + kv_whole, kv_whole);

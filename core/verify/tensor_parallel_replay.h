@@ -31,6 +31,7 @@
 #include "core/data/batch_sampler.h"
 #include "core/model/config.h"
 #include "core/model/params.h"
+#include "core/tensor/backend_array.h"
 #include "core/model/rope.h"
 #include "core/parallel/plan.h"
 
@@ -59,7 +60,7 @@ class TensorParallelReplay {
   double forward_backward(const Batch& b, T loss_scale);
   // The accumulated gradient in the whole flat layout.
   std::vector<T> grads() const;
-  const std::vector<T>& tied_head_part() const { return head_part_; }
+  const BackendArray<T>& tied_head_part() const { return head_part_; }
 
   struct Slice;  // what tp rank r holds (tensor_parallel_replay.cpp)
 
@@ -72,9 +73,9 @@ class TensorParallelReplay {
   std::vector<ParamSpec> specs_;  // the whole model's (llama_param_specs(cfg))
   RopeTables<T> rope_;
   std::vector<Slice> slices_;
-  std::vector<T> grads_;      // whole flat layout; o_proj's and down_proj's columns live apart:
-  std::vector<std::vector<T>> wo_grads_, wdown_grads_;  // [layer * tp + r]: rank r's [C, cols]
-  std::vector<T> head_part_;  // [V, C] (separate_tied_head only)
+  BackendArray<T> grads_;      // whole flat layout; o_proj's and down_proj's columns live apart:
+  std::vector<BackendArray<T>> wo_grads_, wdown_grads_;  // [layer * tp + r]: rank r's [C, cols]
+  BackendArray<T> head_part_;  // [V, C] (separate_tied_head only)
 };
 
 // What a rank holds of a whole flat buffer (laid out by whole_specs), in the rank's own flat

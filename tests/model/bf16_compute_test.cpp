@@ -208,7 +208,8 @@ TEST(Bf16Compute, WeightPassInputsWaitAsBf16WithTheSameBits) {
 // of every operand it reads is a bf16 value, in the forward, the backward, the recomputation of
 // selective checkpointing and a zero-bubble weight pass; attention's calls say so too
 // (AttentionShape::operands) for q, k, v, and in the backward dout and out. In f32 every product
-// reads as stored. tests/parallel/bf16_equivalence_test.cpp checks the same under the strategies.
+// reads as stored. Every tensor they touch is the backend's memory. tests/parallel/bf16_equivalence_test.cpp
+// checks the same under the strategies.
 TEST(Bf16Compute, EveryProductAndAttentionReadsBf16Operands) {
   const test::Batch b = test::make_batch(2, 7, test::tiny_config(false, false).vocab_size, 6, true);
   for (bool tied : {false, true})
@@ -229,6 +230,7 @@ TEST(Bf16Compute, EveryProductAndAttentionReadsBf16Operands) {
         EXPECT_EQ(log.attention_bf16, (forwards + 1) * cfg.num_hidden_layers);
         EXPECT_EQ(log.attention_as_stored, 0);
         EXPECT_TRUE(log.not_bf16.empty()) << log.not_bf16.front();
+        EXPECT_TRUE(log.not_backend_memory.empty()) << log.not_backend_memory.front();
       }
   test::LoggingOperands logging;
   const LlamaConfig cfg = test::tiny_config(false, false);
@@ -242,6 +244,7 @@ TEST(Bf16Compute, EveryProductAndAttentionReadsBf16Operands) {
   EXPECT_GT(log.products_as_stored, 0);
   EXPECT_EQ(log.attention_bf16, 0);
   EXPECT_GT(log.attention_as_stored, 0);
+  EXPECT_TRUE(log.not_backend_memory.empty()) << log.not_backend_memory.front();
 }
 
 TEST(Bf16Compute, IsAModeOfTheF32Model) {

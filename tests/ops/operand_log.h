@@ -1,13 +1,16 @@
 #pragma once
-// A compute backend for tests of bf16 mixed precision: the CPU's kernels, with the products
-// (matmul_forward, matmul_backward) and attention (forward, backward) wrapped to count what their
-// callers say the operands hold (ops::GemmOperands; AttentionShape::operands) and to check that
-// operands said to be bf16 are: every element a bf16 value. That is the contract which lets the
-// CUDA backend read them as bf16 on tensor cores, and a CPU run cannot see it broken otherwise
-// (the CPU sums bf16 operands as fp32). Thread-safe: virtual GPUs are threads of one process.
+// A compute backend for tests of what a GPU needs from the code that calls ops: the CPU's
+// kernels, with the products (matmul_forward, matmul_backward) and attention (forward, backward)
+// wrapped to count what their callers say the operands hold (ops::GemmOperands;
+// AttentionShape::operands), to check that operands said to be bf16 are (every element a bf16
+// value: the contract that lets the CUDA backend read them as bf16 on tensor cores), and to
+// check that every tensor they touch is the backend's memory (device_alloc; on a GPU the host's
+// heap is not). A CPU run cannot see either broken otherwise: the CPU sums bf16 operands as fp32
+// and its memory is the host's. Thread-safe: virtual GPUs are threads of one process.
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -31,12 +34,45 @@ struct OperandLog {
   int products_bf16 = 0, products_as_stored = 0;    // matmul_forward and matmul_backward calls
   int attention_bf16 = 0, attention_as_stored = 0;  // attention_forward and attention_backward calls
   std::vector<std::string> not_bf16;                // operands said to be bf16 that are not
+  std::vector<std::string> not_backend_memory;      // tensors outside every device_alloc block
 };
 
 namespace operand_log_detail {
 inline std::mutex mutex;
 inline OperandLog log;
-inline ops::Kernels<float> cpu;
+inline ops::ComputeBackend cpu;
+inline std::map<uintptr_t, uintptr_t> blocks;  // live device_alloc blocks: begin -> end
+
+inline void* device_alloc(int64_t bytes) {
+  void* p = cpu.device_alloc(bytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (p) blocks[uintptr_t(p)] = uintptr_t(p) + uintptr_t(bytes);
+  return p;
+}
+inline void device_free(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    blocks.erase(uintptr_t(p));
+  }
+  cpu.device_free(p);
+}
+// Whether [p, p + bytes) lies in one live block (call with the mutex held).
+inline bool in_backend_memory(const void* p, int64_t bytes) {
+  auto it = blocks.upper_bound(uintptr_t(p));
+  if (it == blocks.begin()) return false;
+  --it;
+  return uintptr_t(p) >= it->first && uintptr_t(p) + uintptr_t(bytes) <= it->second;
+}
+// Records the tensors (pointer, elements) of one call that are not backend memory (null: unused).
+inline void check_memory(std::initializer_list<std::pair<const void*, int64_t>> tensors, size_t element,
+                         const char* what) {
+  int i = 0;
+  for (const auto& [p, n] : tensors) {
+    if (p && n > 0 && !in_backend_memory(p, n * int64_t(element)))
+      log.not_backend_memory.push_back(std::string(what) + " tensor " + std::to_string(i));
+    ++i;
+  }
+}
 
 inline void product(ops::GemmOperands operands, std::initializer_list<std::pair<const float*, int64_t>> read,
                     const char* what) {
@@ -51,40 +87,58 @@ inline void product(ops::GemmOperands operands, std::initializer_list<std::pair<
   (operands == ops::GemmOperands::bf16 ? log.products_bf16 : log.products_as_stored)++;
   log.not_bf16.insert(log.not_bf16.end(), bad.begin(), bad.end());
 }
-// q-shaped operands [B, Tq, nh, hd], k-shaped [B, kv rows, nkv, hd] (a cache's rows included).
+inline void products_memory(std::initializer_list<std::pair<const void*, int64_t>> tensors, const char* what) {
+  std::lock_guard<std::mutex> lock(mutex);
+  check_memory(tensors, sizeof(float), what);
+}
+// q-shaped operands [B, Tq, nh, hd], k-shaped [B, kv rows, nkv, hd] (a cache's rows included);
+// `written`: the call's outputs (q-shaped, k-shaped or lse-shaped [B, nh, Tq]), checked for
+// memory only.
+struct AttentionOutputs {
+  std::initializer_list<const float*> q_shaped, k_shaped, lse_shaped;
+};
 inline void attention(const ops::AttentionShape& s, std::initializer_list<const float*> q_shaped,
-                      std::initializer_list<const float*> k_shaped, const char* what) {
+                      std::initializer_list<const float*> k_shaped, AttentionOutputs written, const char* what) {
   const bool bf16 = s.operands == ops::GemmOperands::bf16;
+  const int64_t q = s.B * s.Tq * s.nh * s.hd, lse = s.B * s.nh * s.Tq;
   const int64_t kv = s.B * (s.kv_batch_stride != 0 ? s.kv_batch_stride : s.Tk * s.nkv * s.hd);
   std::vector<std::string> bad;
   for (const float* x : q_shaped)
-    if (bf16 && !all_bf16(x, s.B * s.Tq * s.nh * s.hd)) bad.push_back(std::string(what) + " q-shaped operand");
+    if (bf16 && !all_bf16(x, q)) bad.push_back(std::string(what) + " q-shaped operand");
   for (const float* x : k_shaped)
     if (bf16 && !all_bf16(x, kv)) bad.push_back(std::string(what) + " k-shaped operand");
   std::lock_guard<std::mutex> lock(mutex);
   (bf16 ? log.attention_bf16 : log.attention_as_stored)++;
   log.not_bf16.insert(log.not_bf16.end(), bad.begin(), bad.end());
+  for (auto [list, n] : {std::pair{q_shaped, q}, {k_shaped, kv}, {written.q_shaped, q}, {written.k_shaped, kv},
+                         {written.lse_shaped, lse}})
+    for (const float* x : list) check_memory({{x, n}}, sizeof(float), what);
 }
 
 inline void matmul_forward(float* out, const float* inp, const float* w, int64_t BT, int64_t C, int64_t OC,
                            ops::GemmOperands operands) {
   product(operands, {{inp, BT * C}, {w, OC * C}}, "matmul_forward");
-  cpu.matmul_forward(out, inp, w, BT, C, OC, operands);
+  products_memory({{out, BT * OC}, {inp, BT * C}, {w, OC * C}}, "matmul_forward");
+  cpu.f32.matmul_forward(out, inp, w, BT, C, OC, operands);
 }
 inline void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t BT,
                             int64_t C, int64_t OC, ops::GemmOperands operands) {
   product(operands, {{dout, BT * OC}, {dw ? inp : nullptr, BT * C}, {dinp ? w : nullptr, OC * C}}, "matmul_backward");
-  cpu.matmul_backward(dinp, dw, dout, inp, w, BT, C, OC, operands);
+  products_memory({{dinp, BT * C}, {dw, OC * C}, {dout, BT * OC}, {dw ? inp : nullptr, BT * C},
+                   {dinp ? w : nullptr, OC * C}},
+                  "matmul_backward");
+  cpu.f32.matmul_backward(dinp, dw, dout, inp, w, BT, C, OC, operands);
 }
 inline void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                               const ops::AttentionShape& s) {
-  attention(s, {q}, {k, v}, "attention_forward");
-  cpu.attention_forward(out, lse, q, k, v, s);
+  attention(s, {q}, {k, v}, {.q_shaped = {out}, .k_shaped = {}, .lse_shaped = {lse}}, "attention_forward");
+  cpu.f32.attention_forward(out, lse, q, k, v, s);
 }
 inline void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                                const float* v, const float* out, const float* lse, const ops::AttentionShape& s) {
-  attention(s, {dout, q, out}, {k, v}, "attention_backward");
-  cpu.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+  attention(s, {dout, q, out}, {k, v}, {.q_shaped = {dq}, .k_shaped = {dk, dv}, .lse_shaped = {lse}},
+            "attention_backward");
+  cpu.f32.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 }  // namespace operand_log_detail
 
@@ -98,8 +152,10 @@ class LoggingOperands {
     static ops::ComputeBackend logging = ops::compute_backend();
     static const bool registered = [] {
       namespace d = operand_log_detail;
-      d::cpu = logging.f32;
+      d::cpu = logging;
       logging.name = "cpu-logging-operands";
+      logging.device_alloc = &d::device_alloc;
+      logging.device_free = &d::device_free;
       logging.f32.matmul_forward = &d::matmul_forward;
       logging.f32.matmul_backward = &d::matmul_backward;
       logging.f32.attention_forward = &d::attention_forward;

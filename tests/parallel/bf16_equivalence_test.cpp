@@ -73,8 +73,9 @@ TEST(Bf16Equivalence, ContextParallelismWithinTheBf16Bounds) {
 
 // Under each strategy, and in the one-device replays the harness compares with (tensor
 // parallelism's own included), every product and attention call of a bf16 run says its operands
-// are bf16, and they are (tests/ops/operand_log.h): what lets a GPU run them on tensor cores.
-TEST(Bf16Equivalence, EveryProductReadsBf16OperandsUnderEveryStrategy) {
+// are bf16, and they are, and every tensor they touch is the backend's memory
+// (tests/ops/operand_log.h): what lets a GPU run them, on tensor cores.
+TEST(Bf16Equivalence, EveryProductReadsBf16BackendOperandsUnderEveryStrategy) {
   const struct {
     const char* mesh;
     ContextAlgo cp_algo;
@@ -95,6 +96,7 @@ TEST(Bf16Equivalence, EveryProductReadsBf16OperandsUnderEveryStrategy) {
     EXPECT_GT(log.attention_bf16, 0);
     EXPECT_EQ(log.attention_as_stored, 0);
     EXPECT_TRUE(log.not_bf16.empty()) << log.not_bf16.front();
+    EXPECT_TRUE(log.not_backend_memory.empty()) << log.not_backend_memory.front();
   }
 }
 
