@@ -25,6 +25,13 @@
 namespace llama4d::test {
 namespace {
 
+// The CLI these tests start: the build's (LLAMA4D_BIN), or $LLAMA4D_BIN where the binaries were
+// copied to another machine (scripts/gpu_session.sh).
+std::string llama4d_bin() {
+  const char* moved = std::getenv("LLAMA4D_BIN");
+  return moved != nullptr && *moved != '\0' ? moved : LLAMA4D_BIN;
+}
+
 using namespace std::chrono_literals;
 
 // Why libnccl cannot be used here ("" when it can).
@@ -346,7 +353,7 @@ TEST_P(NcclTwoProcesses, VerifyEveryStrategy) {
   if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs (one per process)";
   for (const std::string mesh : {"dp=2", "dp=2 --zero 3", "tp=2", "pp=2", "cp=2"}) {
     const std::vector<RankRun> runs =
-        run_two_ranks(std::string(LLAMA4D_BIN) + " verify --device cuda --backend nccl --algo " +
+        run_two_ranks(llama4d_bin() + " verify --device cuda --backend nccl --algo " +
                       std::string(reduce_algo_name(GetParam())) + " --mesh " + mesh + " --steps 2 --seq-len 32");
     for (int r = 0; r < 2; ++r)
       EXPECT_EQ(runs[size_t(r)].code, 0) << mesh << ", rank " << r << ":\n" << runs[size_t(r)].err;
@@ -363,7 +370,7 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, NcclTwoProcesses, ::testing::Values(ReduceA
 TEST(NcclCli, VerifyOnAWorldOfOne) {
   REQUIRE_NCCL_GPU();
   const std::string cmd =
-      std::string(LLAMA4D_BIN) + " verify --device cuda --backend nccl --mesh dp=1 --steps 2 --seq-len 32";
+      llama4d_bin() + " verify --device cuda --backend nccl --mesh dp=1 --steps 2 --seq-len 32";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;

@@ -161,9 +161,11 @@ def linear(n_in, n_out, dtype):
 
 
 class Attention(torch.nn.Module):
-    def __init__(self, C, nh, nkv, hd, dtype):
+    # attention: "eager" (the scores written out, softmax, weighted sum: the reference's) or
+    # "sdpa" (torch's scaled_dot_product_attention, for benchmarks).
+    def __init__(self, C, nh, nkv, hd, dtype, attention="eager"):
         super().__init__()
-        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.nh, self.nkv, self.hd, self.attention = nh, nkv, hd, attention
         self.q_proj = linear(C, nh * hd, dtype)
         self.k_proj = linear(C, nkv * hd, dtype)
         self.v_proj = linear(C, nkv * hd, dtype)
@@ -180,10 +182,13 @@ class Attention(torch.nn.Module):
         rep = self.nh // self.nkv
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.hd)             # [B, nh, T, T]
-        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        scores = scores.masked_fill(future, float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v                           # [B, nh, T, hd]
+        if self.attention == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, nh, T, hd]
+        else:
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.hd)         # [B, nh, T, T]
+            future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=scores.device), diagonal=1)
+            scores = scores.masked_fill(future, float("-inf"))
+            out = torch.softmax(scores, dim=-1) @ v                       # [B, nh, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
 
@@ -199,10 +204,10 @@ class MLP(torch.nn.Module):
 
 
 class DecoderLayer(torch.nn.Module):
-    def __init__(self, C, I, nh, nkv, hd, eps, dtype):
+    def __init__(self, C, I, nh, nkv, hd, eps, dtype, attention="eager"):
         super().__init__()
         self.input_layernorm = RMSNorm(C, eps, dtype)
-        self.self_attn = Attention(C, nh, nkv, hd, dtype)
+        self.self_attn = Attention(C, nh, nkv, hd, dtype, attention)
         self.post_attention_layernorm = RMSNorm(C, eps, dtype)
         self.mlp = MLP(C, I, dtype)
 
@@ -214,7 +219,7 @@ class DecoderLayer(torch.nn.Module):
 class Backbone(torch.nn.Module):
     """Named `model` inside LlamaForCausalLM, so parameter names match HF's."""
 
-    def __init__(self, cfg, dtype):
+    def __init__(self, cfg, dtype, attention="eager"):
         super().__init__()
         V, C = need(cfg, "vocab_size"), need(cfg, "hidden_size")
         nh = need(cfg, "num_attention_heads")
@@ -225,7 +230,7 @@ class Backbone(torch.nn.Module):
         if nh % nkv:
             fail(f"num_attention_heads {nh} is not a multiple of num_key_value_heads {nkv}")
         self.embed_tokens = torch.nn.Embedding(V, C, dtype=dtype)
-        self.layers = torch.nn.ModuleList(DecoderLayer(C, I, nh, nkv, hd, eps, dtype) for _ in range(L))
+        self.layers = torch.nn.ModuleList(DecoderLayer(C, I, nh, nkv, hd, eps, dtype, attention) for _ in range(L))
         self.norm = RMSNorm(C, eps, dtype)
         self.hd = hd
 
@@ -237,7 +242,7 @@ class Backbone(torch.nn.Module):
 
 
 class LlamaForCausalLM(torch.nn.Module):
-    def __init__(self, cfg, dtype):
+    def __init__(self, cfg, dtype, attention="eager"):
         super().__init__()
         for key, want in (("model_type", "llama"), ("hidden_act", "silu"), ("attention_bias", False),
                           ("mlp_bias", False)):
@@ -245,7 +250,7 @@ class LlamaForCausalLM(torch.nn.Module):
                 fail(f"config.json {key}={cfg.get(key)!r}, this reference models only {want!r}")
         self.cfg = cfg
         self.dtype = dtype
-        self.model = Backbone(cfg, dtype)
+        self.model = Backbone(cfg, dtype, attention)
         self.tied = bool(cfg.get("tie_word_embeddings", False))
         if not self.tied:
             self.lm_head = linear(need(cfg, "hidden_size"), need(cfg, "vocab_size"), dtype)
@@ -258,7 +263,7 @@ class LlamaForCausalLM(torch.nn.Module):
         inv = inverse_frequencies(self.cfg, self.model.hd)
         angles = torch.outer(torch.arange(T, dtype=torch.float64), inv)     # [T, hd/2]
         emb = torch.cat((angles, angles), dim=-1)                            # [T, hd]
-        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        cos, sin = emb.cos().to(tokens.device, self.dtype), emb.sin().to(tokens.device, self.dtype)
         n = self.model(tokens, cos, sin)
         w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
         return n @ w.t()                                                     # [B, T, V]
