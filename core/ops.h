@@ -491,7 +491,8 @@ struct Kernels {
 
 // A compute device's kernels, memory and identity. Pointers the kernels take are the backend's
 // memory (device_alloc), except the host outputs documented as such (sum_squares_chunks'
-// partials, sum_losses' loss_sum and count) and the document ids of AttentionShape.
+// partials, sum_losses' loss_sum and count), the document ids of AttentionShape and either side
+// of copy (a memcpy). tests/ops/operand_log.h holds the model, the strategies and the harness to it.
 struct ComputeBackend {
   const char* name = nullptr;  // "cpu", "cuda": the value of --device
   // Why this backend cannot run on this machine (no GPU, no driver), or an empty string when

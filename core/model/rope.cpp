@@ -36,14 +36,14 @@ RopeTables<T> make_rope_tables(const LlamaConfig& cfg, int64_t max_pos) {
   t.max_pos = max_pos;
   t.half = cfg.head_dim / 2;
   const std::vector<double> inv_freq = rope_inverse_frequencies(cfg);
-  t.cos.resize(size_t(max_pos * t.half));
-  t.sin.resize(size_t(max_pos * t.half));
+  std::vector<T> cos(size_t(max_pos * t.half)), sin(cos.size());
   for (int64_t p = 0; p < max_pos; ++p)
     for (int64_t i = 0; i < t.half; ++i) {
       const double angle = double(p) * inv_freq[size_t(i)];
-      t.cos[size_t(p * t.half + i)] = T(std::cos(angle));
-      t.sin[size_t(p * t.half + i)] = T(std::sin(angle));
+      cos[size_t(p * t.half + i)] = T(std::cos(angle));
+      sin[size_t(p * t.half + i)] = T(std::sin(angle));
     }
+  t.cos = BackendArray<T>(cos), t.sin = BackendArray<T>(sin);  // where the rope kernels read them
   return t;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/model/config.h"
+#include "core/tensor/backend_array.h"
 
 namespace llama4d {
 
@@ -15,10 +16,12 @@ namespace llama4d {
 // interpolated smoothly. (Llama 3.1 model card / HF `rope_type: "llama3"`.)
 std::vector<double> rope_inverse_frequencies(const LlamaConfig& cfg);
 
+// The tables live in the compute backend's memory, which the rope kernels read (on a GPU, not
+// the host's heap); made when the model is, so after the backend is chosen.
 template <class T>
 struct RopeTables {
   int64_t max_pos = 0, half = 0;  // half = hd / 2
-  std::vector<T> cos, sin;        // [max_pos, half]
+  BackendArray<T> cos, sin;       // [max_pos, half]
 };
 
 template <class T>

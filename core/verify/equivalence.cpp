@@ -15,6 +15,7 @@
 #include "core/optim/grad_clip.h"
 #include "core/optim/lr_schedule.h"
 #include "core/optim/segmented_norm.h"
+#include "core/tensor/backend_array.h"
 #include "core/tensor/bf16_rounding.h"
 #include "core/train/checkpoint_state.h"
 #include "core/train/trainer.h"
@@ -359,12 +360,14 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
     out.losses.push_back(loss_sum / double(opt.tokens_per_step()));
     out.tokens.push_back(global.counted_targets());
 
+    // The reduced gradient where the optimizer's ops read it (the backend's memory).
+    BackendArray<T> reduced(total);
     const double sum_sq = tp ? tensor_parallel_grad_sum_squares(o.model, o.plan, total)
-                             : segmented_grad_sum_squares(segments, total.data());
+                             : segmented_grad_sum_squares(segments, reduced.data());
     out.grad_norms.push_back(std::sqrt(sum_sq));
-    if (opt.grad_clip > 0) apply_grad_clip(total.data(), n, clip_coefficient(sum_sq, opt.grad_clip));
-    adamw.step(model.params(), total.data(), lr_at_step(schedule, s + 1));
-    out.grads.push_back(std::move(total));
+    if (opt.grad_clip > 0) apply_grad_clip(reduced.data(), n, clip_coefficient(sum_sq, opt.grad_clip));
+    adamw.step(model.params(), reduced.data(), lr_at_step(schedule, s + 1));
+    out.grads.push_back(reduced.host());
     out.params.emplace_back(model.params(), model.params() + n);
   }
   return out;

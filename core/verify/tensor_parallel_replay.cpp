@@ -409,11 +409,11 @@ double tensor_parallel_grad_sum_squares(const LlamaConfig& cfg, const ParallelPl
   double total = 0;
   for (int r = 0; r < tp; ++r) {
     std::vector<std::unique_ptr<Llama<T>>> stages;  // layouts only: no storage is allocated
-    std::vector<std::vector<T>> g;
+    std::vector<BackendArray<T>> g;  // in the backend's memory, which sum_squares_chunks reads
     for (int p = 0; p < pp; ++p) {
       const int w = rank_of[size_t(r * pp + p)];
       stages.push_back(std::make_unique<Llama<T>>(cfg, nullptr, plan.tp_layout(cfg, w), plan.held_units(cfg, w)));
-      g.push_back(slice_of_whole(stages.back()->param_specs(), whole_specs, whole));
+      g.push_back(BackendArray<T>(slice_of_whole(stages.back()->param_specs(), whole_specs, whole)));
     }
     // The slices' chunk partials in unit order, each unit from the stage that counts it.
     std::vector<double> partials;
@@ -429,7 +429,7 @@ double tensor_parallel_grad_sum_squares(const LlamaConfig& cfg, const ParallelPl
     double replicas = 0;
     for (int p = 0; p < pp; ++p) {
       const Llama<T>& m = *stages[size_t(p)];
-      const std::vector<T>& gp = g[size_t(p)];
+      const BackendArray<T>& gp = g[size_t(p)];
       double stage = 0;
       if (plan.zero == ZeroStage::none) {
         stage = replica_sum_squares(m.param_specs(), 0, int64_t(gp.size()), gp.data());

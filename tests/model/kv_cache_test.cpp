@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/model/llama.h"
+#include "tests/ops/operand_log.h"
 #include "tests/model/model_test_util.h"
 
 namespace llama4d {
@@ -80,6 +81,23 @@ TEST(KvCache, BatchRowsAreIndependent) {
   m.decode(c.data(), 2, 3, kc, lc.data());
   for (int64_t v = 0; v < V; ++v) EXPECT_EQ(la[size_t(V + v)], lc[size_t(V + v)]);
   EXPECT_GT(test::rel_error(la.data(), lc.data(), V), 1e-6);  // row 0 did change
+}
+
+// Decoding, as `generate` runs it on a GPU: every kernel takes the backend's memory (the
+// prompt's ids and the returned logits are the host's; decode moves them).
+TEST(KvCache, DecodeTakesBackendMemory) {
+  test::LoggingOperands logging;
+  const LlamaConfig cfg = test::tiny_config(false, true);
+  Llama<float> m(cfg);
+  m.init_weights(17);
+  KVCache<float> cache = m.make_kv_cache(2, 4);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6};
+  std::vector<float> logits(size_t(2 * cfg.vocab_size));
+  m.decode(prompt.data(), 2, 3, cache, logits.data());
+  m.decode(prompt.data(), 2, 1, cache, logits.data());
+  const test::OperandLog log = logging.log();
+  EXPECT_GT(log.products_as_stored, 0);
+  EXPECT_TRUE(log.not_backend_memory.empty()) << log.not_backend_memory.front();
 }
 
 TEST(KvCache, RejectsBadInput) {

@@ -5,14 +5,17 @@
 // AttentionShape::operands), to check that operands said to be bf16 are (every element a bf16
 // value: the contract that lets the CUDA backend read them as bf16 on tensor cores), and to
 // check that every tensor they touch is the backend's memory (device_alloc; on a GPU the host's
-// heap is not). A CPU run cannot see either broken otherwise: the CPU sums bf16 operands as fp32
-// and its memory is the host's. Thread-safe: virtual GPUs are threads of one process.
+// heap is not): whole tensors for the products and attention, and the first element of every
+// pointer any other kernel takes. A CPU run cannot see either broken otherwise: the CPU sums
+// bf16 operands as fp32 and its memory is the host's. Thread-safe: virtual GPUs are threads of
+// one process.
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -56,11 +59,13 @@ inline void device_free(void* p) {
   }
   cpu.device_free(p);
 }
-// Whether [p, p + bytes) lies in one live block (call with the mutex held).
+// Whether [p, p + bytes) lies in one live block (call with the mutex held). With bytes = 0 the
+// block's end itself counts (where an empty tensor may point).
 inline bool in_backend_memory(const void* p, int64_t bytes) {
   auto it = blocks.upper_bound(uintptr_t(p));
   if (it == blocks.begin()) return false;
   --it;
+  if (bytes == 0 && uintptr_t(p) == it->second) return true;
   return uintptr_t(p) >= it->first && uintptr_t(p) + uintptr_t(bytes) <= it->second;
 }
 // Records the tensors (pointer, elements) of one call that are not backend memory (null: unused).
@@ -140,6 +145,52 @@ inline void attention_backward(float* dq, float* dk, float* dv, const float* dou
             "attention_backward");
   cpu.f32.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
+
+// Every kernel but copy (a memcpy: either side may be host memory, core/ops.h) wrapped once more:
+// each pointer argument must start inside a live device_alloc block, or be null. The host
+// outputs core/ops.h allows (sum_squares_chunks' double partials, sum_losses' double sum and
+// int64_t count) and AttentionShape's document ids (passed inside the shape) are not checked.
+inline ops::Kernels<float> logged;  // the table with the products and attention logged (above)
+
+template <class P>
+void check_argument(const P& arg, int index, const char* kernel) {
+  if constexpr (std::is_pointer_v<P>) {
+    using E = std::remove_cv_t<std::remove_pointer_t<P>>;
+    if constexpr (!std::is_same_v<E, double> && !std::is_same_v<E, int64_t>) {
+      // Zero bytes: an empty tensor may point just past a block's end (an empty shard's piece).
+      if (arg != nullptr && !in_backend_memory(arg, 0))
+        log.not_backend_memory.push_back(std::string(kernel) + " argument " + std::to_string(index));
+    }
+  }
+}
+
+template <class F>
+struct Checked;
+template <class R, class... A>
+struct Checked<R (*)(A...)> {
+  template <auto Member, const char* Name>
+  static R call(A... args) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      int index = 0;
+      (check_argument(args, index++, Name), ...);
+    }
+    return (logged.*Member)(args...);
+  }
+};
+
+#define LLAMA4D_CHECKED_KERNELS(X)                                                                              \
+  X(matmul_forward) X(matmul_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(rope_forward) X(rope_backward) \
+  X(attention_forward) X(attention_backward) X(attention_merge) X(swiglu_forward) X(swiglu_backward)            \
+  X(embedding_forward) X(embedding_backward) X(add_forward) X(accumulate) X(cross_entropy_forward)            \
+  X(cross_entropy_backward) X(vocab_slice_max_and_target) X(vocab_slice_sum_exp) X(cross_entropy_from_stats)  \
+  X(cross_entropy_backward_slice) X(scale) X(fill) X(add_scaled) X(adamw_update) X(sum_squares_chunks)        \
+  X(sum_losses) X(embedding_forward_rows) X(embedding_backward_rows) X(round_to_bf16) X(to_bf16) X(from_bf16) \
+  X(all_finite)
+#define LLAMA4D_KERNEL_NAME(name) inline constexpr char name##_name[] = #name;
+LLAMA4D_CHECKED_KERNELS(LLAMA4D_KERNEL_NAME)
+#undef LLAMA4D_KERNEL_NAME
+
 }  // namespace operand_log_detail
 
 // While it lives, the logging backend ("cpu-logging-operands") is active and the log starts
@@ -160,6 +211,12 @@ class LoggingOperands {
       logging.f32.matmul_backward = &d::matmul_backward;
       logging.f32.attention_forward = &d::attention_forward;
       logging.f32.attention_backward = &d::attention_backward;
+      d::logged = logging.f32;
+#define LLAMA4D_CHECK_KERNEL(name)                                                                       \
+  logging.f32.name = &d::Checked<decltype(ops::Kernels<float>::name)>::template call<&ops::Kernels<float>::name, \
+                                                                                      d::name##_name>;
+      LLAMA4D_CHECKED_KERNELS(LLAMA4D_CHECK_KERNEL)
+#undef LLAMA4D_CHECK_KERNEL
       ops::register_compute_backend(&logging);
       return true;
     }();
