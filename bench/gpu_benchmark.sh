@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU benchmark of the CUDA issue: `llama4d bench --device cuda --dtype bf16` against PyTorch
-# on the same GPU, model and batch, for the two Llama shapes the issue names:
+# The GPU benchmark: `llama4d bench --device cuda --dtype bf16` against PyTorch on the same GPU,
+# model and batch, for two Llama shapes, a small one and one of 1.5B parameters:
 #   124m: hidden 768, 12 layers, 12 heads / 4 KV heads, FFN 2048, vocab 32000, seq 1024, batch 16
 #   1.5b: hidden 2048, 16 layers, 32 heads / 8 KV heads, FFN 8192, vocab 128256, seq 2048, batch 4
 # PyTorch runs the usual recipe (fp32 weights under bf16 autocast, scaled_dot_product_attention,
@@ -38,6 +38,7 @@ for shape in "${shapes[@]}"; do
     *) echo "gpu_benchmark.sh: unknown shape '$shape' (124m, 1.5b)" >&2; exit 2 ;;
   esac
   cfg="$out/$shape.json"
+  rm -f "$out/$shape".*.json  # no result of an earlier run is reported as this one's
   "$bin" bench --device cuda --dtype bf16 --config "$cfg" --batch-size "$batch" --seq-len "$seq" --json \
     > "$out/$shape.llama4d.json"
   "$python" bench/torch_train_step.py "$cfg" --device cuda --dtype bf16 --attention sdpa \
@@ -56,7 +57,7 @@ def load(name):
     path = os.path.join(out, name)
     return json.load(open(path)) if os.path.exists(path) else None
 rows = {}
-print(f"{'shape':6} {'run':16} {'tokens/s':>10} {'MFU':>6}  vs llama4d")
+print(f"{'shape':6} {'run':16} {'tokens/s':>10} {'MFU':>6}  llama4d / run")
 for shape in shapes:
     ours = load(f"{shape}.llama4d.json")
     peak, flops = ours["peak_gemm_flops_per_s"], ours["flops_per_token"]

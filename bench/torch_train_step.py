@@ -5,7 +5,7 @@ step (forward, cross-entropy, backward, gradient clipping, AdamW) timed the same
 The model is the independent PyTorch Llama of the test suite (tests/torch/torch_llama.py), built
 from a Hugging Face config.json. Run by Debian's /usr/bin/python3; install libopenblas0-pthread
 first, or PyTorch falls back to a very slow reference BLAS. On a GPU (--device cuda) it is the
-usual PyTorch recipe the issue's H100 figures were measured with: fp32 weights under bf16
+usual PyTorch recipe for bf16 training: fp32 weights under bf16
 autocast (--dtype bf16), scaled_dot_product_attention (--attention sdpa), fused AdamW, and
 optionally torch.compile (--compile); the step is timed after torch.cuda.synchronize.
 
@@ -26,6 +26,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_llama import LlamaForCausalLM  # noqa: E402
 
 
+def fail(msg):
+    """Bad input: a message naming it, exit 2."""
+    sys.stderr.write("torch_train_step.py: " + msg + "\n")
+    sys.exit(2)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config")
@@ -44,9 +50,9 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     if a.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("torch_train_step.py: --device cuda, but torch sees no GPU")
+        fail("--device cuda, but torch sees no GPU")
     if a.attention == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
-        sys.exit(f"torch_train_step.py: --attention sdpa needs PyTorch 2.0 or later (this is {torch.__version__})")
+        fail(f"--attention sdpa needs PyTorch 2.0 or later (this is {torch.__version__})")
     device = torch.device(a.device)
     with open(a.config) as f:
         cfg = json.load(f)

@@ -376,7 +376,7 @@ CLI::App* add_bench_command(CLI::App& app) {
     if (cmd->get_subcommands().size() > 0) return;  // `bench comm` ran instead
     if (a->threads_sweep && a->compute.device != "cpu")
       throw InputError("--threads-sweep sweeps the CPU backend's threads; it does not take --device " + a->compute.device);
-    // Off the CPU the peak is the device's own GEMM; a CPU BLAS beside it would measure nothing.
+    // A CPU BLAS beside a GPU's GEMM would measure nothing: there the yardstick is cuBLAS.
     if (cmd->count("--reference-blas") > 0 && a->compute.device != "cpu")
       throw InputError("--reference-blas is the CPU backend's yardstick; it does not take --device " + a->compute.device);
     if (cmd->count("--gemm-n") == 0 && a->compute.device == "cuda") a->gemm_n = 8192;

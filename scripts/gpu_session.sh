@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of the CUDA backend in four parts, for a machine with a GPU reached from a
 # machine without one: build here (scripts/build.sh release), carry the binaries there, run a part
-# per call (each within 10 minutes on one H100), read what it wrote.
+# per call (each meant to fit 10 minutes on one H100; not yet timed), read what it wrote.
 #   scripts/gpu_session.sh tests|verify|launch|bench
 #     tests   tests/cuda (every op against the CPU, fp32 and bf16, tensor cores) and tests/nccl
 #     verify  `verify --device cuda` on virtual GPUs over one GPU: dp, ZeRO-3, tp, pp, cp (both
@@ -15,6 +15,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 part=${1:-}
+case "$part" in
+  tests | verify | launch | bench) ;;
+  *)
+    echo "usage: scripts/gpu_session.sh tests|verify|launch|bench" >&2
+    exit 2
+    ;;
+esac
 out=${OUT:-runs/gpu}
 bin=build/release/bin/llama4d
 mkdir -p "$out"
@@ -64,13 +71,9 @@ PLANS
     step lesson08 build/release/bin/lesson08_graduating_to_gpus --gpu auto --json
     ;;
   bench)
-    step gpu_benchmark env OUT="$out/gpu_benchmark" bench/gpu_benchmark.sh "$bin"
+    step gpu_benchmark env OUT="$out/gpu_benchmark" SHAPES="124m 1.5b" bench/gpu_benchmark.sh "$bin"
     step bench_fp32_124m "$bin" bench --device cuda --config "$out/gpu_benchmark/124m.json" --batch-size 16 \
       --seq-len 1024 --json
-    ;;
-  *)
-    echo "usage: scripts/gpu_session.sh tests|verify|launch|bench" >&2
-    exit 2
     ;;
 esac
 exit "$failed"

@@ -43,11 +43,6 @@
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/cuda_common.cuh"
 
-// WMMA's bf16 steps need sm_80 or later; the build targets sm_90 (CMAKE_CUDA_ARCHITECTURES).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "bf16 tensor-core kernels need CMAKE_CUDA_ARCHITECTURES of 80 or later"
-#endif
-
 namespace llama4d::cuda {
 namespace {
 
@@ -164,6 +159,7 @@ template <int KD>
 __global__ void __launch_bounds__(kTileThreads)
     forward_bf16_kernel(float* out, float* lse, const float* q, const float* k, const float* v, Geometry G,
                         float scale) {
+#if LLAMA4D_BF16_TENSOR_CORES
   using Z = Sizes<KD>;
   extern __shared__ __align__(128) unsigned char smem[];
   Carver carve{smem};
@@ -235,6 +231,9 @@ __global__ void __launch_bounds__(kTileThreads)
     for (int d = lane; d < Z::hd; d += 32) o[d] = any ? Os[(r0 + rr) * Z::ld_o + d] * inv : 0.0f;
     if (lane == 0) lse[G.lse_index(b, h, i)] = any ? m[rr] + logf(l[rr]) : -INFINITY;
   }
+#else
+  __trap();  // never launched on this architecture (has_bf16_tensor_cores)
+#endif
 }
 
 // Query blocks of the backward: D = rowsum(dO * O) into D [B, nh, Tq], and dq += dS K.
@@ -242,6 +241,7 @@ template <int KD>
 __global__ void __launch_bounds__(kTileThreads)
     backward_query_bf16_kernel(float* dq, float* D, const float* dout, const float* q, const float* k, const float* v,
                                const float* out, const float* lse, Geometry G, float scale) {
+#if LLAMA4D_BF16_TENSOR_CORES
   using Z = Sizes<KD>;
   extern __shared__ __align__(128) unsigned char smem[];
   Carver carve{smem};
@@ -314,6 +314,9 @@ __global__ void __launch_bounds__(kTileThreads)
     if (r >= rows) break;
     for (int d = lane; d < Z::hd; d += 32) dq[q_at(r) + d] += dQs[r * Z::ld_o + d];
   }
+#else
+  __trap();  // never launched on this architecture (has_bf16_tensor_cores)
+#endif
 }
 
 // Key blocks of the backward (after the query blocks: they read D): dk += dS^T Q and
@@ -322,6 +325,7 @@ template <int KD>
 __global__ void __launch_bounds__(kTileThreads)
     backward_key_bf16_kernel(float* dk, float* dv, const float* D, const float* dout, const float* q, const float* k,
                              const float* v, const float* lse, Geometry G, float scale) {
+#if LLAMA4D_BF16_TENSOR_CORES
   using Z = Sizes<KD>;
   extern __shared__ __align__(128) unsigned char smem[];
   Carver carve{smem};
@@ -396,6 +400,9 @@ __global__ void __launch_bounds__(kTileThreads)
       dv[kv_at(r) + d] += dVs[r * Z::ld_o + d];
     }
   }
+#else
+  __trap();  // never launched on this architecture (has_bf16_tensor_cores)
+#endif
 }
 
 // Past 48 KB a kernel must ask for its dynamic shared memory, once per kernel (and device).
@@ -427,7 +434,7 @@ void check_grid(const Geometry& G, const char* op) {
 }  // namespace
 
 bool attention_bf16_fits(int64_t hd) {
-  if (hd <= 0 || hd % 16 != 0 || hd > kMaxHeadDim) return false;
+  if (hd <= 0 || hd % 16 != 0 || hd > kMaxHeadDim || !has_bf16_tensor_cores()) return false;
   // The most shared memory a block of this GPU may opt into (one GPU per process).
   static const int limit = [] {
     int device = 0, bytes = 0;

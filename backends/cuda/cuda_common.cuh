@@ -29,6 +29,28 @@ inline void check(cudaError_t e, const char* what) {
 
 inline cudaStream_t stream() { return cudaStreamPerThread; }
 
+// Whether this process's GPU has bf16 tensor cores (compute capability 8.0 or later, where the
+// kernels of gemm_bf16.cu and attention_bf16.cu are built); older GPUs run bf16 operands on CUDA
+// cores. One GPU per process, so asked once.
+inline bool has_bf16_tensor_cores() {
+  static const bool has = [] {
+    int device = 0, major = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "compute capability");
+    return major >= 8;
+  }();
+  return has;
+}
+
+// Kernels of WMMA's bf16 steps compile for sm_80 and later only: their bodies are wrapped in
+// #if LLAMA4D_BF16_TENSOR_CORES ... #else __trap(); #endif, and the dispatch never launches them
+// on an older GPU (has_bf16_tensor_cores), so a build for several architectures still works.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define LLAMA4D_BF16_TENSOR_CORES 1
+#else
+#define LLAMA4D_BF16_TENSOR_CORES 0
+#endif
+
 // Checks that the op's launches were accepted, then waits for them (see the header comment).
 inline void finish_op(const char* op) {
   check(cudaGetLastError(), op);

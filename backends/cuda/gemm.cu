@@ -97,8 +97,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(T* out, Operands<T> 
     }
 }
 
-// bf16 operands of fp32 products go to the tensor cores; f64 has no bf16 mode (the model refuses
-// it) and reads them as stored.
+// bf16 operands of fp32 products go to the tensor cores (where the GPU has bf16 ones); f64 has no
+// bf16 mode (the model refuses it) and reads them as stored.
 template <class T>
 void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool accumulate, GemmOperands operands,
           const char* op) {
@@ -109,7 +109,7 @@ void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool ac
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (operands == GemmOperands::bf16) {
+    if (operands == GemmOperands::bf16 && has_bf16_tensor_cores()) {
       launch_gemm_bf16(out, x, M, N, K, accumulate);
       finish_op(op);
       return;

@@ -26,8 +26,10 @@ class BackendArray {
   explicit BackendArray(size_t n, T value = T(0)) { assign(n, value); }
   // A copy of host or backend memory [first, first + n).
   BackendArray(const T* first, size_t n) {
-    allocate(n);
-    copy_in_at(0, first, n);
+    BackendArray fresh;  // freed if the copy throws
+    fresh.allocate(n);
+    fresh.copy_in_at(0, first, n);
+    swap(fresh);
   }
   explicit BackendArray(const std::vector<T>& host) : BackendArray(host.data(), host.size()) {}
   BackendArray(const BackendArray& o) : BackendArray(o.data(), o.size()) {}
@@ -82,7 +84,8 @@ class BackendArray {
 
  private:
   void allocate(size_t n) {
-    data_ = static_cast<T*>(ops::device_alloc(int64_t(n * sizeof(T))));
+    owner_ = &ops::compute_backend();
+    data_ = static_cast<T*>(owner_->device_alloc(int64_t(n * sizeof(T))));
     size_ = n;
   }
   // [begin, end) = value: the backend's fill for its element types, else through the host.
@@ -98,15 +101,18 @@ class BackendArray {
   void copy_in_at(size_t at, const T* src, size_t n) {
     if (n > 0) ops::device_memcpy(data_ + at, src, int64_t(n * sizeof(T)));
   }
+  // Freed by the backend that allocated it, whichever is active now.
   void release() {
-    ops::device_free(data_);
+    if (data_ != nullptr) owner_->device_free(data_);
     data_ = nullptr, size_ = 0;
   }
   void swap(BackendArray& o) noexcept {
+    std::swap(owner_, o.owner_);
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
   }
 
+  const ops::ComputeBackend* owner_ = nullptr;
   T* data_ = nullptr;
   size_t size_ = 0;
 };

@@ -6,7 +6,7 @@
 // value: the contract that lets the CUDA backend read them as bf16 on tensor cores), and to
 // check that every tensor they touch is the backend's memory (device_alloc; on a GPU the host's
 // heap is not): whole tensors for the products and attention, and the first element of every
-// pointer any other kernel takes. A CPU run cannot see either broken otherwise: the CPU sums
+// pointer any other fp32 kernel takes. A CPU run cannot see either broken otherwise: the CPU sums
 // bf16 operands as fp32 and its memory is the host's. Thread-safe: virtual GPUs are threads of
 // one process.
 #include <cstdint>
@@ -222,8 +222,10 @@ class LoggingOperands {
     }();
     (void)registered;
     {
+      // Blocks a previous logger saw allocated may have been freed since, unseen: forget them.
       std::lock_guard<std::mutex> lock(operand_log_detail::mutex);
       operand_log_detail::log = {};
+      operand_log_detail::blocks.clear();
     }
     ops::select_compute_backend("cpu-logging-operands");
   }
