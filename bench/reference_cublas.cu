@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/tensor/bf16_rounding.h"
+#include "core/gemm_timing.h"
 #include "core/tensor/dtype.h"
 
 namespace llama4d::bench {
@@ -94,26 +94,25 @@ double ReferenceCublas::measure_gemm_flops(int64_t n, bool bf16, double seconds)
   const auto gemm = reinterpret_cast<GemmEx>(gemm_);
   const auto h = static_cast<cublasHandle_t>(cublas_);
 
-  // Random values in [-1, 1), as bf16 bits or floats: a tensor core multiplying zeros draws less
-  // power and may clock higher than on a model's numbers.
+  // The CPU's timing operands (core/gemm_timing.h), as bf16 bits or floats: not zeros, which a
+  // tensor core multiplies drawing less power and perhaps clocking higher than on a model's numbers.
   const size_t count = size_t(n) * size_t(n), in_bytes = count * (bf16 ? 2 : 4);
+  const GemmTimingOperands g(n);
   std::vector<unsigned char> host(in_bytes);
-  uint32_t state = 12345u;
   DeviceArrays mem;
   void* in[2];
-  for (void*& d : in) {
+  for (int o = 0; o < 2; ++o) {
+    const std::vector<float>& values = o == 0 ? g.a : g.b;
     for (size_t i = 0; i < count; ++i) {
-      state = state * 1664525u + 1013904223u;
-      const float v = nearest_bf16(static_cast<float>(state >> 8) / 8388608.0f - 1.0f);
       if (bf16) {
-        const uint16_t bits = float_to_bf16(v).bits;
+        const uint16_t bits = float_to_bf16(values[i]).bits;  // rounded to the nearest bf16
         std::memcpy(&host[2 * i], &bits, 2);
       } else {
-        std::memcpy(&host[4 * i], &v, 4);
+        std::memcpy(&host[4 * i], &values[i], 4);
       }
     }
-    d = mem.alloc(in_bytes);
-    check_cuda(cudaMemcpy(d, host.data(), in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    in[o] = mem.alloc(in_bytes);
+    check_cuda(cudaMemcpy(in[o], host.data(), in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
   void* out = mem.alloc(count * 4);
   check_cuda(cudaMemset(out, 0, count * 4), "cudaMemset");

@@ -26,6 +26,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/gemm.cuh"
+#include "core/gemm_timing.h"
 #include "core/tensor/bf16_rounding.h"
 
 namespace llama4d::cuda {
@@ -160,15 +161,13 @@ double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands)
     }
   } a;
   for (float*& q : a.p) check(cudaMalloc(&q, elems * sizeof(float)), op);
-  std::vector<float> values(elems);
-  uint32_t state = 12345u;
-  for (int i = 0; i < 3; ++i) {
-    for (float& v : values) {
-      state = state * 1664525u + 1013904223u;
-      v = nearest_bf16(static_cast<float>(state >> 8) / 8388608.0f - 1.0f);
-    }
-    check(cudaMemcpy(a.p[i], values.data(), elems * sizeof(float), cudaMemcpyHostToDevice), op);
-  }
+  // The CPU's timing operands (core/gemm_timing.h), rounded to bf16 values: dy reads a's.
+  GemmTimingOperands g(n);
+  for (std::vector<float>* values : {&g.a, &g.b})
+    for (float& v : *values) v = nearest_bf16(v);
+  const float* host[3] = {g.a.data(), g.b.data(), g.a.data()};
+  for (int i = 0; i < 3; ++i)
+    check(cudaMemcpy(a.p[i], host[i], elems * sizeof(float), cudaMemcpyHostToDevice), op);
   for (int i = 3; i < 6; ++i) check(cudaMemset(a.p[i], 0, elems * sizeof(float)), op);
   check(cudaEventCreate(&a.start), op);
   check(cudaEventCreate(&a.stop), op);

@@ -12,6 +12,7 @@
 #include "../ops/op_test_util.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/tensor/bf16_rounding.h"
 
 namespace llama4d::test {
 
@@ -76,6 +77,13 @@ class DeviceBuffer {
 template <class T>
 std::vector<T> random_values(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
   return cast_to<T>(random_vector(n, seed, lo, hi));
+}
+
+// Random values in [lo, hi) rounded to bf16 values (what bf16 mixed precision's products read).
+inline std::vector<float> bf16_values(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  std::vector<float> x = random_values<float>(n, seed, lo, hi);
+  for (float& e : x) e = nearest_bf16(e);
+  return x;
 }
 
 // The tolerances against the CPU backend: fp32 within 1e-5, fp64 within 1e-12, relative

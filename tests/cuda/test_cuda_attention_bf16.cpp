@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "core/ops.h"
-#include "core/tensor/bf16_rounding.h"
 #include "cuda_test_util.h"
 
 namespace llama4d {
@@ -24,6 +23,7 @@ using ops::AttentionShape;
 using ops::GemmOperands;
 using test::DeviceBuffer;
 using test::OnGpu;
+using test::bf16_values;
 
 // Probabilities carried to ~2^-17 and fp32 sums in another order: 1e-4 of the tensor's largest
 // value (about 13 units of the probabilities' rounding); the lse within 1e-5 of max(1, |lse|).
@@ -56,12 +56,6 @@ struct Inputs {
   std::vector<float> q, k, v, dout;
   std::vector<int32_t> q_doc, k_doc;
 };
-
-std::vector<float> bf16_values(size_t n, uint64_t seed, double lo, double hi) {
-  std::vector<float> x = test::random_values<float>(n, seed, lo, hi);
-  for (float& e : x) e = nearest_bf16(e);
-  return x;
-}
 
 Inputs make_inputs(const Case& c, uint64_t seed) {
   Inputs in;

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "core/ops.h"
-#include "core/tensor/bf16_rounding.h"
 #include "cuda_test_util.h"
 
 namespace llama4d {
@@ -21,6 +20,7 @@ namespace {
 using ops::GemmOperands;
 using test::DeviceBuffer;
 using test::OnGpu;
+using test::bf16_values;
 
 struct Shape {
   int64_t BT, C, OC;
@@ -28,12 +28,6 @@ struct Shape {
 // Odd sizes; tile edges on every side (128 rows, 64 columns); K inside one 16-step, past one
 // and several 256-blocks, and ending mid-slice.
 const Shape kShapes[] = {{1, 1, 1}, {7, 33, 65}, {130, 257, 63}, {129, 768, 288}, {1000, 96, 513}, {64, 1000, 200}};
-
-std::vector<float> bf16_values(size_t n, uint64_t seed) {
-  std::vector<float> v = test::random_values<float>(n, seed);
-  for (float& x : v) x = nearest_bf16(x);
-  return v;
-}
 
 // |a| @ |b| in double, for the same three products: the scale each element's rounding is held to.
 struct Magnitudes {
