@@ -20,7 +20,9 @@
 #include <vector>
 
 namespace llama4d {
-struct bf16;  // core/tensor/dtype.h: bfloat16 as raw bits
+struct bf16;                   // core/tensor/dtype.h: bfloat16 as raw bits
+enum class DType : uint8_t;    // core/tensor/dtype.h
+enum class ReduceOp : uint8_t; // core/comm/comm_types.h
 }
 
 namespace llama4d::ops {
@@ -516,6 +518,16 @@ struct ComputeBackend {
   // dst[bytes] = src[bytes]; each side is this backend's memory or host memory (tokens come in
   // from the host, checkpoints go out to it). The ranges must not overlap.
   void (*device_memcpy)(void* dst, const void* src, int64_t bytes) = nullptr;
+  // The reduction of a collective whose ranks share this backend's memory (the virtual process
+  // group: virtual GPUs as threads of one process, over one GPU). For every o < n_outs,
+  //   outs[o][count] = ((inputs[0] op inputs[1]) op ...) op inputs[n-1]
+  // element-wise, with the bits of core/comm/reduce_kernels.h's reduce_sequence (same order, bf16
+  // accumulated in fp32 or rounded at every step, avg divided by group_size at the end). Any
+  // output may be any input. Each pointer is this backend's memory or host memory, and the call
+  // returns with the outputs written. Null: this backend computes in host memory, where the
+  // process group reduces with reduce_sequence itself (the CPU).
+  void (*collective_reduce)(void* const* outs, int n_outs, const void* const* inputs, int n, int64_t count,
+                            DType dtype, ReduceOp op, int group_size, bool step_rounding) = nullptr;
 
   // Measures the peak GEMM rate of fp32 products whose operands hold what `operands` says
   // (bf16: the rate of bf16 mixed precision's products): times the three products of a linear
@@ -547,6 +559,9 @@ void select_compute_backend(const std::string& name);
 std::vector<std::string> compute_backend_names();
 // The active backend. Error if no backend library is linked into the program.
 const ComputeBackend& compute_backend();
+// The active backend, or null in a program that links none (the communication layer's own
+// programs, whose buffers are host memory).
+const ComputeBackend* compute_backend_if_linked();
 
 template <>
 inline const Kernels<float>& kernels<float>() {

@@ -54,6 +54,7 @@ const ops::ComputeBackend kCuda = {
     .device_free = &device_free,
     .device_release_cached = &device_release_cached,
     .device_memcpy = &device_memcpy,
+    .collective_reduce = &collective_reduce,
     .measure_peak_gemm_flops = &measure_peak_gemm_flops,
     .threads = &threads,
     .set_threads = &set_threads,

@@ -11,4 +11,9 @@ namespace llama4d::cuda {
 
 #include "backends/backend_kernels.inc"
 
+// ComputeBackend::collective_reduce (core/ops.h): the virtual process group's reductions between
+// ranks sharing this GPU, on the GPU (collective_reduce.cu).
+void collective_reduce(void* const* outs, int n_outs, const void* const* inputs, int n, int64_t count, DType dtype,
+                       ReduceOp op, int group_size, bool step_rounding);
+
 }  // namespace llama4d::cuda

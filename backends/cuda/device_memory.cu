@@ -2,9 +2,10 @@
 //
 // Why managed memory: the model, the optimizer and the strategies run the same code on every
 // backend (core/ops.h), and some host code reads buffers directly: the equivalence harness
-// comparing gradients, checkpoints, the virtual backend's reductions between ranks that share a
-// GPU. Managed pages migrate to whichever side touches them, so that code stays correct on the
-// GPU, and the hot loop (kernels reading what kernels wrote) keeps its pages on the device.
+// comparing gradients, checkpoints, tests. Managed pages migrate to whichever side touches them,
+// so that code stays correct on the GPU, and the hot loop (kernels reading what kernels wrote,
+// and the virtual backend's collectives between ranks that share the GPU, collective_reduce.cu)
+// keeps its pages on the device.
 //
 // Why a cache: cudaFree synchronises the whole device and cudaMallocManaged costs far more than
 // a kernel launch, while a training step asks for the same sizes every time (PyTorch's CUDA

@@ -1,7 +1,6 @@
 #include "backends/virtual/virtual_process_group.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "backends/virtual/data_movement.h"
 #include "core/error.h"
@@ -67,12 +66,11 @@ double VirtualProcessGroup::run_collective(const CommCall& call, int64_t seq, do
   // An all_to_all that reads and writes one buffer must publish a private copy of its input,
   // because peers read it while this member overwrites the buffer.
   Publication mine{call, call.out, call.in, ready};
-  std::vector<unsigned char> input_copy;
+  StagedBytes input_copy;
   if (call.op == CommOp::all_to_all && call.in == call.out) {
     int64_t total = 0;
     for (int64_t x : call.counts) total += x;
-    input_copy.assign(static_cast<const unsigned char*>(call.in),
-                      static_cast<const unsigned char*>(call.in) + total * int64_t(dtype_size(call.dtype)));
+    input_copy = StagedBytes(w.device, call.in, total * int64_t(dtype_size(call.dtype)));
     mine.in = input_copy.data();
   }
 
@@ -182,7 +180,7 @@ double VirtualProcessGroup::run_collective(const CommCall& call, int64_t seq, do
   // Move this member's share of the data, without the lock.
   s.started[size_t(me)] = 1;
   lock.unlock();
-  move_data(s, me, w.algo);
+  move_data(s, me, w.algo, w.device);
   lock.lock();
   s.done[size_t(me)] = 1;
   // Wake waiters only when it matters: everyone is done, or an abort is waiting for us to finish.
@@ -222,7 +220,7 @@ double VirtualProcessGroup::run_send(const CommCall& call, double issue_us) {
   Message m;
   m.reservation = MemoryReservation(memory(), MemoryCategory::comm_buffers, bytes,
                                     "send buffer for " + rank_label(call.peer));
-  m.payload.assign(static_cast<const unsigned char*>(call.in), static_cast<const unsigned char*>(call.in) + bytes);
+  m.payload = StagedBytes(w.device, call.in, bytes);
   m.call = call;
   m.depart_us = ready;
   {
@@ -271,7 +269,7 @@ double VirtualProcessGroup::run_recv(const CommCall& call, double issue_us) {
       throw_aborted(lock, context);
     }
   }
-  if (bytes > 0) std::memcpy(call.out, m.payload.data(), size_t(bytes));
+  copy_bytes(w.device, call.out, m.payload.data(), bytes);
   m.reservation.reset();
 
   const CommPlan plan = plan_p2p(cluster(), world_ranks(), call.peer, rank(), bytes);

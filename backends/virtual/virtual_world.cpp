@@ -11,6 +11,7 @@ World::World(const VirtualClusterOptions& options, std::vector<RankAccounting*> 
       timeout(options.timeout),
       fault_hook(options.fault_hook),
       accounting(std::move(accounting_)),
+      device(ops::compute_backend_if_linked()),
       exited(size_t(options.ranks), 0),
       creations(size_t(options.ranks)) {
   std::vector<int> all(static_cast<size_t>(size));

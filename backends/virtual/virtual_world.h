@@ -20,6 +20,7 @@
 #include "core/comm/comm_model.h"
 #include "core/tensor/memory_tracker.h"
 #include "core/comm/process_group.h"
+#include "core/ops.h"
 
 namespace llama4d::virt {
 
@@ -53,9 +54,30 @@ struct GroupState {
   std::map<int64_t, Slot> slots;  // by call sequence number
 };
 
+// A world's own copy of some bytes (a send's payload, an in-place all_to_all's input), kept in
+// the memory its ranks compute in: the compute backend's (device_alloc), so ranks sharing a GPU
+// copy device to device, or the heap where no backend is linked.
+class StagedBytes {
+ public:
+  StagedBytes() = default;
+  StagedBytes(const ops::ComputeBackend* device, const void* src, int64_t bytes);
+  ~StagedBytes();
+  StagedBytes(StagedBytes&& o) noexcept;
+  StagedBytes& operator=(StagedBytes&& o) noexcept;
+  StagedBytes(const StagedBytes&) = delete;
+  StagedBytes& operator=(const StagedBytes&) = delete;
+  const void* data() const { return data_; }
+
+ private:
+  void release();
+
+  const ops::ComputeBackend* device_ = nullptr;  // the backend that allocated data_; null: heap
+  void* data_ = nullptr;
+};
+
 // A buffered send waiting for its recv.
 struct Message {
-  std::vector<unsigned char> payload;
+  StagedBytes payload;
   CommCall call;               // the sender's call (for mismatch messages)
   double depart_us = 0;        // simulated time the data left the sender
   MemoryReservation reservation;  // the sender's comm buffer, released when received
@@ -70,6 +92,9 @@ struct World {
   const std::chrono::milliseconds timeout;
   const std::function<void(int, CommOp, int64_t)> fault_hook;
   const std::vector<RankAccounting*> accounting;  // by world rank
+  // The compute backend the ranks run on, which moves and reduces their buffers (data_movement.h);
+  // null in a program that links none.
+  const ops::ComputeBackend* const device;
 
   std::mutex mu;
   std::condition_variable cv;

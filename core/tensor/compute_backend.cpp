@@ -77,8 +77,10 @@ std::vector<std::string> compute_backend_names() {
   return names;
 }
 
+const ComputeBackend* compute_backend_if_linked() { return registry().active.load(std::memory_order_acquire); }
+
 const ComputeBackend& compute_backend() {
-  const ComputeBackend* b = registry().active.load(std::memory_order_acquire);
+  const ComputeBackend* b = compute_backend_if_linked();
   if (!b) throw Error("no compute backend is linked into this program (link llama4d_backend_cpu)");
   return *b;
 }

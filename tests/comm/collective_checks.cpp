@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/comm/traffic_log.h"
+#include "core/ops.h"
 
 namespace llama4d::test {
 
@@ -15,15 +16,23 @@ namespace {
 
 // ---- typed buffers ------------------------------------------------------------------------
 
-// Where new Buffers live: the calling thread's private heap, or the symmetric memory of a group
-// (set by SymmetricBuffers for the duration of a check; every rank then makes the same sequence
-// of Buffers, as allocate_symmetric requires).
+// Where new Buffers live: the calling thread's private heap, the symmetric memory of a group
+// (set by with_symmetric_buffers for the duration of a check; every rank then makes the same
+// sequence of Buffers, as allocate_symmetric requires), or the compute backend's memory (set by
+// with_backend_buffers; the host reads and writes it below, which a GPU's managed memory allows).
 thread_local ProcessGroup* t_symmetric_group = nullptr;
+thread_local const ops::ComputeBackend* t_backend = nullptr;
+
+std::shared_ptr<void> new_memory(size_t size) {
+  if (t_symmetric_group) return t_symmetric_group->allocate_symmetric(int64_t(size));
+  if (const ops::ComputeBackend* b = t_backend)
+    return std::shared_ptr<void>(b->device_alloc(int64_t(size + 1)), [b](void* p) { b->device_free(p); });
+  return std::shared_ptr<void>(new unsigned char[size + 1], std::default_delete<unsigned char[]>());
+}
 
 struct Buffer {
   Buffer(DType t, int64_t n) : dtype(t), count(n), size(size_t(n) * dtype_size(t)) {
-    memory = t_symmetric_group ? t_symmetric_group->allocate_symmetric(int64_t(size))
-                               : std::shared_ptr<void>(new unsigned char[size + 1], std::default_delete<unsigned char[]>());
+    memory = new_memory(size);
     std::memset(memory.get(), 0xA5, size);
   }
   // Copies are private snapshots.
@@ -426,6 +435,7 @@ void check_send_recv(ProcessGroup& pg) {
     // Three messages to the right: tag 1, tag 2, tag 1 again. The receiver takes tag 2 first,
     // then the two tag-1 messages in the order they were sent.
     std::vector<Buffer> out;
+    out.reserve(3);  // no reallocation: see check_barrier_and_async
     for (int m = 0; m < 3; ++m) {
       out.emplace_back(t, count);
       for (int64_t i = 0; i < count; ++i) out.back().set(i, int_value(t, me, i + 10 * m));
@@ -513,6 +523,7 @@ void check_barrier_and_async(ProcessGroup& pg) {
   // Several async operations in flight at once, waited in reverse order.
   const int64_t count = 257;
   std::vector<Buffer> bufs;
+  bufs.reserve(4);  // no reallocation: a Buffer's copy is a private snapshot on the heap
   for (int k = 0; k < 4; ++k) {
     bufs.emplace_back(DType::i64, count);
     for (int64_t i = 0; i < count; ++i) bufs.back().set(i, int_value(DType::i64, me, i + k));
@@ -555,6 +566,13 @@ void with_symmetric_buffers(ProcessGroup& pg, const std::function<void(ProcessGr
   t_symmetric_group = &pg;
   check(pg);
   t_symmetric_group = nullptr;
+}
+
+void with_backend_buffers(ProcessGroup& pg, const std::function<void(ProcessGroup&)>& check) {
+  ASSERT_EQ(t_backend, nullptr);
+  t_backend = &ops::compute_backend();
+  check(pg);
+  t_backend = nullptr;
 }
 
 namespace {

@@ -25,6 +25,9 @@ void check_barrier_and_async(ProcessGroup& pg);
 // Runs `check` with every buffer it makes in pg's symmetric memory (ProcessGroup::
 // allocate_symmetric), the route MPI groups on one node take without staging copies.
 void with_symmetric_buffers(ProcessGroup& pg, const std::function<void(ProcessGroup&)>& check);
+// Runs `check` with every buffer it makes in the active compute backend's memory (device_alloc):
+// with the CUDA backend, virtual GPUs over one real GPU whose process group moves device memory.
+void with_backend_buffers(ProcessGroup& pg, const std::function<void(ProcessGroup&)>& check);
 // allocate_symmetric itself: alignment, sizes that differ by member, memory one member keeps
 // while the others dropped it, and recycling of memory everyone dropped.
 void check_symmetric_allocation(ProcessGroup& pg);

@@ -11,6 +11,8 @@
 
 #include "backends/virtual/virtual_cluster.h"
 #include "tests/comm/collective_checks.h"
+#include "tests/comm/host_collective_reduce.h"
+#include "tests/ops/operand_log.h"
 #ifdef LLAMA4D_HAVE_MPI
 #include "backends/mpi/mpi_session.h"
 #endif
@@ -65,6 +67,22 @@ TEST_P(Collectives, SymmetricMemory) {
     with_symmetric_buffers(pg, check_all_gather);
     with_symmetric_buffers(pg, check_broadcast);
   });
+}
+
+// Virtual GPUs whose buffers are the compute backend's memory hand every reduction to the
+// backend (ComputeBackend::collective_reduce: the CUDA backend reduces on the GPU) and every copy
+// to its device_memcpy. The logging backend (tests/ops/operand_log.h) takes the reductions, on
+// the host, and logs what memory they touch: every buffer here is the backend's, and every
+// collective still gives the values and bits the checks derive.
+TEST_P(Collectives, ThroughTheComputeBackend) {
+#ifdef LLAMA4D_HAVE_MPI
+  if (g_mpi) GTEST_SKIP() << "virtual GPUs only";
+#endif
+  LoggingOperands logging(&host_collective_reduce);
+  on_groups(GetParam(), [](ProcessGroup& pg) { with_backend_buffers(pg, check_everything); });
+  const OperandLog log = logging.log();
+  EXPECT_GT(log.collective_reductions_on_backend, 0);
+  for (const auto& x : log.collective_reductions_touching_host) ADD_FAILURE() << x.describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Collectives, ::testing::Values(ReduceAlgo::ordered, ReduceAlgo::ring),

@@ -7,8 +7,9 @@
 // check that every tensor they touch is the backend's memory (device_alloc; on a GPU the host's
 // heap is not): whole tensors for the products and attention, and the first element of every
 // pointer any other fp32 kernel takes. A CPU run cannot see either broken otherwise: the CPU sums
-// bf16 operands as fp32 and its memory is the host's. Thread-safe: virtual GPUs are threads of
-// one process.
+// bf16 operands as fp32 and its memory is the host's. Given a host reduction, it also takes the
+// virtual process group's reductions (ComputeBackend::collective_reduce, as a GPU does) and logs
+// what memory they touch. Thread-safe: virtual GPUs are threads of one process.
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/tensor/dtype.h"
 
 namespace llama4d::test {
 
@@ -38,13 +40,32 @@ struct OperandLog {
   int attention_bf16 = 0, attention_as_stored = 0;  // attention_forward and attention_backward calls
   std::vector<std::string> not_bf16;                // operands said to be bf16 that are not
   std::vector<std::string> not_backend_memory;      // tensors outside every device_alloc block
+  // collective_reduce calls (when the logger was given a host reduction): those whose pointers
+  // all lie in backend memory, and the others.
+  int collective_reductions_on_backend = 0;
+  struct HostReduction {
+    DType dtype;
+    int64_t count;
+    int host_pointers, pointers;  // inputs and outputs
+    std::string describe() const {
+      return std::string(dtype_name(dtype)) + " x" + std::to_string(count) + ": " + std::to_string(host_pointers) +
+             " of its " + std::to_string(pointers) + " pointers are host memory";
+    }
+  };
+  std::vector<HostReduction> collective_reductions_touching_host;
 };
+
+// ComputeBackend::collective_reduce computed on the host (the logging backend runs the CPU's
+// kernels). The communication layer's reduce_sequence is one; passed in by tests that link it.
+using HostCollectiveReduce = void (*)(void* const* outs, int n_outs, const void* const* inputs, int n, int64_t count,
+                                      DType dtype, ReduceOp op, int group_size, bool step_rounding);
 
 namespace operand_log_detail {
 inline std::mutex mutex;
 inline OperandLog log;
 inline ops::ComputeBackend cpu;
 inline std::map<uintptr_t, uintptr_t> blocks;  // live device_alloc blocks: begin -> end
+inline HostCollectiveReduce host_reduce = nullptr;
 
 inline void* device_alloc(int64_t bytes) {
   void* p = cpu.device_alloc(bytes);
@@ -77,6 +98,22 @@ inline void check_memory(std::initializer_list<std::pair<const void*, int64_t>> 
       log.not_backend_memory.push_back(std::string(what) + " tensor " + std::to_string(i));
     ++i;
   }
+}
+
+inline void collective_reduce(void* const* outs, int n_outs, const void* const* inputs, int n, int64_t count,
+                              DType dtype, ReduceOp op, int group_size, bool step_rounding) {
+  {
+    const int64_t bytes = count * int64_t(dtype_size(dtype));
+    std::lock_guard<std::mutex> lock(mutex);
+    int host = 0;
+    for (int j = 0; j < n; ++j) host += !in_backend_memory(inputs[j], bytes);
+    for (int o = 0; o < n_outs; ++o) host += !in_backend_memory(outs[o], bytes);
+    if (host == 0)
+      ++log.collective_reductions_on_backend;
+    else
+      log.collective_reductions_touching_host.push_back({dtype, count, host, n + n_outs});
+  }
+  host_reduce(outs, n_outs, inputs, n, count, dtype, op, group_size, step_rounding);
 }
 
 inline void product(ops::GemmOperands operands, std::initializer_list<std::pair<const float*, int64_t>> read,
@@ -195,10 +232,12 @@ LLAMA4D_CHECKED_KERNELS(LLAMA4D_KERNEL_NAME)
 
 // While it lives, the logging backend ("cpu-logging-operands") is active and the log starts
 // empty; the CPU backend is active again after. Create it before the buffers of the run it logs
-// (its memory is the CPU's, so buffers outlive the switch either way).
+// (its memory is the CPU's, so buffers outlive the switch either way). With `host_reduce` it
+// takes the virtual process group's reductions too (collective_reduce); without, it leaves them
+// to the process group, as the CPU backend does.
 class LoggingOperands {
  public:
-  LoggingOperands() {
+  explicit LoggingOperands(HostCollectiveReduce host_reduce = nullptr) {
     ops::select_compute_backend("cpu");  // the table it wraps
     static ops::ComputeBackend logging = ops::compute_backend();
     static const bool registered = [] {
@@ -226,7 +265,10 @@ class LoggingOperands {
       std::lock_guard<std::mutex> lock(operand_log_detail::mutex);
       operand_log_detail::log = {};
       operand_log_detail::blocks.clear();
+      operand_log_detail::host_reduce = host_reduce;
     }
+    // No run uses the table now: the virtual process group reads it when a run starts.
+    logging.collective_reduce = host_reduce ? &operand_log_detail::collective_reduce : nullptr;
     ops::select_compute_backend("cpu-logging-operands");
   }
   ~LoggingOperands() { ops::select_compute_backend("cpu"); }

@@ -9,12 +9,14 @@
 // each rank's contribution and each sum itself (equivalence.cpp, add_into / round_sum): bitwise
 // on every kind of gradient reduction (DP buckets, ZeRO-1 once per step, ZeRO-2/3 per
 // micro-batch, HSDP across replicas, the tied embedding's sum across pipeline stages), and the
-// reduced gradients are bf16 values, which f32 reductions' are not.
+// reduced gradients are bf16 values, which f32 reductions' are not. The bitwise cases reduce
+// through the compute backend, as virtual GPUs over one real GPU do.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <mutex>
 
+#include "../comm/host_collective_reduce.h"
 #include "../ops/operand_log.h"
 #include "core/tensor/bf16_rounding.h"
 #include "parallel_test_util.h"
@@ -116,7 +118,10 @@ TEST(Bf16GradReduce, BitwiseWithTheReplayOnEveryKindOfReduction) {
                {"dp=2", ZeroStage::zero2, false, ReduceAlgo::ring}};         // two addends commute
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.mesh) + " ZeRO-" + std::to_string(int(c.zero)) + (c.tied ? " tied" : ""));
+    // The backend takes the process group's reductions, as a GPU does (tests/ops/operand_log.h).
+    test::LoggingOperands logging(&test::host_collective_reduce);
     const EquivalenceReport r = verify_bf16(c.mesh, c.zero, "none", true, c.tied, c.algo);
+    EXPECT_GT(logging.log().collective_reductions_on_backend, 0);
     EXPECT_NE(r.strategy.find("bf16 gradients"), std::string::npos) << r.strategy;
     EXPECT_TRUE(r.bitwise) << r.table();
     EXPECT_TRUE(r.ok) << r.table();

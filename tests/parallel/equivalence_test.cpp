@@ -4,6 +4,7 @@
 // be BITWISE identical with ordered reductions at every step.
 #include <gtest/gtest.h>
 
+#include "../comm/host_collective_reduce.h"
 #include "../ops/operand_log.h"
 #include "parallel_test_util.h"
 
@@ -83,7 +84,7 @@ TEST(Equivalence, EveryKernelTakesBackendMemory) {
                {"tp=2,cp=2,pp=2,dp=2", ZeroStage::zero1, PipelineScheduleKind::one_f_one_b, ContextAlgo::allgather}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.mesh);
-    test::LoggingOperands logging;
+    test::LoggingOperands logging(&test::host_collective_reduce);
     EquivalenceOptions o;
     o.model = LlamaConfig::preset("tiny");
     o.model.tie_word_embeddings = true;  // the head's part of the embedding's gradient across stages
@@ -96,6 +97,16 @@ TEST(Equivalence, EveryKernelTakesBackendMemory) {
     EXPECT_TRUE(r.ok) << r.table();
     EXPECT_GT(log.products_as_stored, 0);
     EXPECT_TRUE(log.not_backend_memory.empty()) << log.not_backend_memory.front();
+    // The process group hands every reduction to the backend (a GPU reduces on the device), on
+    // the backend's memory, but for the host's own f64 sums (losses, token counts and the
+    // gradient norm's partial sums of squares, which sum_squares_chunks returns to the host).
+    EXPECT_GT(log.collective_reductions_on_backend, 0);
+    for (const auto& x : log.collective_reductions_touching_host)
+      EXPECT_TRUE(x.dtype == DType::f64 && x.host_pointers == x.pointers) << x.describe();
+    // Ordered reductions keep every bit, here through the process group's path for a backend that
+    // reduces (as the CUDA backend does), wherever the plan is bitwise: not with cp, whose weight
+    // gradients add the tokens of each rank's chunks apart (four_d_test.cpp).
+    if (o.plan.size("cp") == 1) EXPECT_TRUE(r.bitwise) << r.table();
   }
 }
 
