@@ -6,8 +6,9 @@ The model is the independent PyTorch Llama of the test suite (tests/torch/torch_
 from a Hugging Face config.json. Run by Debian's /usr/bin/python3; install libopenblas0-pthread
 first, or PyTorch falls back to a very slow reference BLAS. On a GPU (--device cuda) it is the
 usual PyTorch recipe for bf16 training: fp32 weights under bf16
-autocast (--dtype bf16), scaled_dot_product_attention (--attention sdpa), fused AdamW, and
-optionally torch.compile (--compile); the step is timed after torch.cuda.synchronize.
+autocast (--dtype bf16), scaled_dot_product_attention (--attention sdpa; grouped kv heads read
+in place on PyTorch 2.5+), fused AdamW, and optionally torch.compile (--compile); the step is
+timed after torch.cuda.synchronize. The RoPE tables are made once, on the device, before timing.
 
 Usage: torch_train_step.py CONFIG_JSON [--batch-size 8] [--seq-len 256] [--threads 2]
                            [--device cpu|cuda] [--dtype f32|bf16] [--attention eager|sdpa]
@@ -56,7 +57,7 @@ def main():
     device = torch.device(a.device)
     with open(a.config) as f:
         cfg = json.load(f)
-    model = LlamaForCausalLM(cfg, torch.float32, a.attention).to(device)
+    model = LlamaForCausalLM(cfg, torch.float32, a.attention, rope_positions=a.seq_len).to(device)
     with torch.no_grad():
         for name, w in model.named_parameters():
             if w.dim() == 1:

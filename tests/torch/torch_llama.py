@@ -160,9 +160,16 @@ def linear(n_in, n_out, dtype):
     return torch.nn.Linear(n_in, n_out, bias=False, dtype=dtype)
 
 
+def sdpa_groups_heads():
+    """Whether scaled_dot_product_attention reads grouped kv heads itself (enable_gqa, PyTorch 2.5+)."""
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
 class Attention(torch.nn.Module):
     # attention: "eager" (the scores written out, softmax, weighted sum: the reference's) or
-    # "sdpa" (torch's scaled_dot_product_attention, for benchmarks).
+    # "sdpa" (torch's scaled_dot_product_attention, for benchmarks; it reads the grouped kv heads
+    # without copies where the PyTorch is recent enough).
     def __init__(self, C, nh, nkv, hd, dtype, attention="eager"):
         super().__init__()
         self.nh, self.nkv, self.hd, self.attention = nh, nkv, hd, attention
@@ -180,6 +187,9 @@ class Attention(torch.nn.Module):
         k = k * cos + rotate_half(k) * sin
         # GQA: query head h reads kv head h // (nh / nkv); repeat each kv head that many times.
         rep = self.nh // self.nkv
+        if self.attention == "sdpa" and rep > 1 and sdpa_groups_heads():
+            return self.o_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                               .transpose(1, 2).reshape(B, T, self.nh * self.hd))
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
         if self.attention == "sdpa":
@@ -242,7 +252,10 @@ class Backbone(torch.nn.Module):
 
 
 class LlamaForCausalLM(torch.nn.Module):
-    def __init__(self, cfg, dtype, attention="eager"):
+    # rope_positions: the RoPE tables for that many positions are made once, as buffers that move
+    # with the model (what a benchmark wants: no host work per step); otherwise every forward
+    # makes them for its own length.
+    def __init__(self, cfg, dtype, attention="eager", rope_positions=None):
         super().__init__()
         for key, want in (("model_type", "llama"), ("hidden_act", "silu"), ("attention_bias", False),
                           ("mlp_bias", False)):
@@ -255,15 +268,29 @@ class LlamaForCausalLM(torch.nn.Module):
         if not self.tied:
             self.lm_head = linear(need(cfg, "hidden_size"), need(cfg, "vocab_size"), dtype)
         self.max_pos = need(cfg, "max_position_embeddings")
+        cos = sin = None
+        if rope_positions is not None:
+            if rope_positions > self.max_pos:
+                fail(f"{rope_positions} positions exceed max_position_embeddings {self.max_pos}")
+            cos, sin = self.rope_tables(rope_positions)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def rope_tables(self, T):
+        """cos and sin [T, hd] of the rotary angles, computed in fp64 and rounded to the model's dtype."""
+        inv = inverse_frequencies(self.cfg, self.model.hd)
+        angles = torch.outer(torch.arange(T, dtype=torch.float64), inv)     # [T, hd/2]
+        emb = torch.cat((angles, angles), dim=-1)                            # [T, hd]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     def forward(self, tokens):
         T = tokens.shape[1]
         if T > self.max_pos:
             fail(f"sequence of {T} tokens exceeds max_position_embeddings {self.max_pos}")
-        inv = inverse_frequencies(self.cfg, self.model.hd)
-        angles = torch.outer(torch.arange(T, dtype=torch.float64), inv)     # [T, hd/2]
-        emb = torch.cat((angles, angles), dim=-1)                            # [T, hd]
-        cos, sin = emb.cos().to(tokens.device, self.dtype), emb.sin().to(tokens.device, self.dtype)
+        if self.rope_cos is not None and T <= self.rope_cos.shape[0]:
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        else:
+            cos, sin = (t.to(tokens.device) for t in self.rope_tables(T))
         n = self.model(tokens, cos, sin)
         w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
         return n @ w.t()                                                     # [B, T, V]
