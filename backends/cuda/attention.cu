@@ -35,6 +35,8 @@
 namespace llama4d::cuda {
 namespace {
 
+UnitCallCounters attention_calls;
+
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;                    // 128 threads per block
 constexpr int kBlockThreads = kWarp * kWarpsPerBlock;
@@ -319,6 +321,8 @@ void with_slots(int64_t hd, F&& launch) {
 
 }  // namespace
 
+UnitCalls attention_unit_calls() { return {attention_calls.tensor_cores.load(), attention_calls.cuda_cores.load()}; }
+
 // The shape was checked by the forwarder (core/ops.h check_attention_shape).
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
@@ -331,11 +335,13 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const T scale = softmax_scale<T>(s.hd);
   if constexpr (std::is_same_v<T, float>) {
     if (s.operands == GemmOperands::bf16 && attention_bf16_fits(s.hd)) {  // tensor cores (attention_bf16.cu)
+      ++attention_calls.tensor_cores;
       launch_attention_forward_bf16(out, lse, q, k, v, G, scale);
       finish_op("attention_forward");
       return;
     }
   }
+  ++attention_calls.cuda_cores;
   with_slots(s.hd, [&](auto slots) {
     constexpr int S = decltype(slots)::value;
     forward_kernel<T, S><<<warp_grid(rows), kBlockThreads, 0, stream()>>>(out, lse, q, k, v, G, scale);
@@ -356,11 +362,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const StreamScratch<T> D(rows, "attention_backward: D");  // [B, nh, Tq]
   if constexpr (std::is_same_v<T, float>) {
     if (s.operands == GemmOperands::bf16 && attention_bf16_fits(s.hd)) {  // tensor cores (attention_bf16.cu)
+      ++attention_calls.tensor_cores;
       launch_attention_backward_bf16(dq, dk, dv, D.get(), dout, q, k, v, out, lse, G, scale);
       finish_op("attention_backward");
       return;
     }
   }
+  ++attention_calls.cuda_cores;
   with_slots(s.hd, [&](auto slots) {
     constexpr int S = decltype(slots)::value;
     backward_query_kernel<T, S><<<warp_grid(rows), kBlockThreads, 0, stream()>>>(dq, D.get(), dout, q, k, v, out,

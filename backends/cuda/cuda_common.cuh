@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -56,6 +57,12 @@ inline void finish_op(const char* op) {
   check(cudaGetLastError(), op);
   check(cudaStreamSynchronize(stream()), op);
 }
+
+// A tally of calls by the unit they ran on (cuda_kernels.h's UnitCalls), kept by gemm.cu and
+// attention.cu: atomic, since virtual GPUs are threads of one process.
+struct UnitCallCounters {
+  std::atomic<int64_t> tensor_cores{0}, cuda_cores{0};
+};
 
 // Threads per block of the element-wise kernels and of the one-block-per-row reductions (a
 // power of two: block_reduce halves it).

@@ -11,6 +11,17 @@ namespace llama4d::cuda {
 
 #include "backends/backend_kernels.inc"
 
+// Calls of the products (matmul_forward, matmul_backward) and of attention (forward, backward)
+// by the units they ran on, since the process started. bf16 operands go to the tensor cores on a
+// GPU that has bf16 ones (sm_80 and later; attention also needs the shared memory its head
+// dimension takes), everything else to CUDA cores. Both give right answers, so tests read these
+// to see which ran.
+struct UnitCalls {
+  int64_t tensor_cores = 0, cuda_cores = 0;
+};
+UnitCalls gemm_unit_calls();
+UnitCalls attention_unit_calls();
+
 // ComputeBackend::collective_reduce (core/ops.h): the virtual process group's reductions between
 // ranks sharing this GPU, on the GPU (collective_reduce.cu).
 void collective_reduce(void* const* outs, int n_outs, const void* const* inputs, int n, int64_t count, DType dtype,

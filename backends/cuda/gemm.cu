@@ -32,6 +32,8 @@
 namespace llama4d::cuda {
 namespace {
 
+UnitCallCounters gemm_calls;
+
 constexpr int kTile = 64, kSlice = 16, kPerThread = 4;
 constexpr int kGemmThreads = (kTile / kPerThread) * (kTile / kPerThread);  // 256
 constexpr int64_t kDepthBlock = cpu::kGemmDepthBlock;
@@ -111,11 +113,13 @@ void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool ac
   }
   if constexpr (std::is_same_v<T, float>) {
     if (operands == GemmOperands::bf16 && has_bf16_tensor_cores()) {
+      ++gemm_calls.tensor_cores;
       launch_gemm_bf16(out, x, M, N, K, accumulate);
       finish_op(op);
       return;
     }
   }
+  ++gemm_calls.cuda_cores;
   const dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
   if (grid.y > 65535) throw InputError(std::string(op) + ": more than 4 million rows in one product");
   gemm_kernel<T><<<grid, kGemmThreads, 0, stream()>>>(out, x, M, N, K, accumulate);
@@ -123,6 +127,8 @@ void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool ac
 }
 
 }  // namespace
+
+UnitCalls gemm_unit_calls() { return {gemm_calls.tensor_cores.load(), gemm_calls.cuda_cores.load()}; }
 
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>

@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "../ops/op_test_util.h"
+#include "backends/cuda/cuda_kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor/bf16_rounding.h"
@@ -32,6 +35,22 @@ inline std::string gpu_unusable() {
     const std::string why = ::llama4d::test::gpu_unusable();          \
     if (!why.empty()) GTEST_SKIP() << "no GPU to test on: " << why;   \
   } while (0)
+
+// The compute capability's major number of the process's GPU (8: A100, 9: H100).
+inline int gpu_major() {
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major;
+}
+
+// The `calls` calls made between the two tallies (cuda::gemm_unit_calls or attention_unit_calls)
+// ran on the tensor cores if `tensor_cores`, else on CUDA cores: right results alone cannot tell.
+inline void expect_unit_calls(cuda::UnitCalls before, cuda::UnitCalls after, int64_t calls, bool tensor_cores,
+                              const std::string& what) {
+  EXPECT_EQ(after.tensor_cores - before.tensor_cores, tensor_cores ? calls : 0) << what << ": calls on tensor cores";
+  EXPECT_EQ(after.cuda_cores - before.cuda_cores, tensor_cores ? 0 : calls) << what << ": calls on CUDA cores";
+}
 
 // The CUDA backend is active for the guard's lifetime, the CPU backend after.
 class OnGpu {

@@ -127,7 +127,15 @@ TEST(CudaAttentionBf16, TensorCoresAgreeWithTheCpu) {
     Result got;
     {
       OnGpu gpu;
+      const cuda::UnitCalls before = cuda::attention_unit_calls();
       got = run(in, GemmOperands::bf16);
+      // The forward and the backward, on the tensor cores where the shared memory their head
+      // dimension needs is there: every case's on an H100 (sm_90), some on an A100.
+      const cuda::UnitCalls after = cuda::attention_unit_calls();
+      if (test::gpu_major() >= 9)
+        test::expect_unit_calls(before, after, 2, true, "bf16");
+      else
+        EXPECT_EQ(after.tensor_cores + after.cuda_cores - before.tensor_cores - before.cuda_cores, 2);
     }
     test::expect_close(got.out, want.out, "out", kOutTolerance);
     expect_lse_close(got.lse, want.lse, "lse");

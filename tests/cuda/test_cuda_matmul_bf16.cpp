@@ -84,6 +84,7 @@ TEST(CudaMatmulBf16, TensorCoreProductsAgreeWithTheCpuToRounding) {
 
     OnGpu gpu;
     DeviceBuffer<float> gx(x), gw(w), gdy(dy), gy(s.BT * s.OC), gdx(dx0), gdw(dw0);
+    const cuda::UnitCalls before = cuda::gemm_unit_calls();
     ops::matmul_forward(gy.data(), gx.data(), gw.data(), s.BT, s.C, s.OC, GemmOperands::bf16);
     ops::matmul_backward(gdx.data(), gdw.data(), gdy.data(), gx.data(), gw.data(), s.BT, s.C, s.OC,
                          GemmOperands::bf16);
@@ -95,6 +96,12 @@ TEST(CudaMatmulBf16, TensorCoreProductsAgreeWithTheCpuToRounding) {
     const std::vector<float> first = gy.host();
     ops::matmul_forward(gy.data(), gx.data(), gw.data(), s.BT, s.C, s.OC, GemmOperands::bf16);
     test::expect_bitwise(gy.host(), first, "repeat " + name);
+    // Four products (the backward's two, the forward twice), on the tensor cores from sm_80 on;
+    // operands as stored go to CUDA cores.
+    const cuda::UnitCalls bf16_calls = cuda::gemm_unit_calls();
+    test::expect_unit_calls(before, bf16_calls, 4, test::gpu_major() >= 8, "bf16 " + name);
+    ops::matmul_forward(gy.data(), gx.data(), gw.data(), s.BT, s.C, s.OC, GemmOperands::as_stored);
+    test::expect_unit_calls(bf16_calls, cuda::gemm_unit_calls(), 1, false, "as stored " + name);
   }
 }
 
