@@ -5,9 +5,9 @@
 // Streams and completion. Every op launches on cudaStreamPerThread: each virtual GPU is one
 // thread of the process, so ranks sharing a GPU queue their kernels on streams of their own.
 // Every op waits for its kernels before it returns (finish_op), and the memory is managed
-// (device_memory.cu), so host code that reads a buffer after an op (the harness, a checkpoint,
-// the virtual backend's reductions) sees its result, exactly as on the CPU backend. The price is
-// one stream synchronization per op; `llama4d bench --device cuda` measures what it costs.
+// (device_memory.cu), so host code that reads a buffer after an op (the harness, a checkpoint)
+// sees its result, exactly as on the CPU backend, and so do the other ranks' streams, which read
+// it in the virtual backend's collectives. The price is one stream synchronization per op.
 //
 // Determinism. No floating-point atomics: every output element is written by one thread that
 // sums in a fixed order, or by one block through block_reduce's fixed tree. The grid size
@@ -52,11 +52,34 @@ inline bool has_bf16_tensor_cores() {
 #define LLAMA4D_BF16_TENSOR_CORES 0
 #endif
 
-// Checks that the op's launches were accepted, then waits for them (see the header comment).
+// Whether ops on this thread return once their kernels are queued instead of waiting for them
+// (QueueOnly below).
+inline bool& queue_only() {
+  static thread_local bool on = false;
+  return on;
+}
+
+// Checks that the op's launches were accepted, then waits for them (see the header comment),
+// unless a QueueOnly guard lives on this thread.
 inline void finish_op(const char* op) {
   check(cudaGetLastError(), op);
-  check(cudaStreamSynchronize(stream()), op);
+  if (!queue_only()) check(cudaStreamSynchronize(stream()), op);
 }
+
+// While it lives, this thread's ops return as soon as their kernels are queued: a timing with
+// CUDA events around back-to-back ops then measures the GPU, not the host's wake-up after each
+// wait (the peak GEMM probe; cuBLAS's reference is timed the same way). Only for ops whose
+// results no host code reads before the stream is synchronized.
+class QueueOnly {
+ public:
+  QueueOnly() : previous_(queue_only()) { queue_only() = true; }
+  ~QueueOnly() { queue_only() = previous_; }
+  QueueOnly(const QueueOnly&) = delete;
+  QueueOnly& operator=(const QueueOnly&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // A tally of calls by the unit they ran on (cuda_kernels.h's UnitCalls), kept by gemm.cu and
 // attention.cu: atomic, since virtual GPUs are threads of one process.

@@ -147,8 +147,9 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
     gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, operands, "matmul_backward (dweight)");
 }
 
-// The three products of an n x n linear layer, each timed with CUDA events for a third of
-// `seconds` after a warm-up, as the CPU backend and bench's references time them; the best rate
+// The three products of an n x n linear layer, each timed with CUDA events (around the kernels
+// alone: QueueOnly) for a third of `seconds` after a warm-up, as the CPU backend and bench's
+// references time them; the best rate
 // seen (2 n^3 FLOPs per product). The operands are random bf16 values in [-1, 1), not zeros: a
 // tensor core multiplying zeros draws less power and may clock higher than on a model's numbers.
 double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands) {
@@ -184,7 +185,10 @@ double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands)
     const auto begin = std::chrono::steady_clock::now();
     do {
       check(cudaEventRecord(a.start, stream()), op);
-      product();
+      {
+        const QueueOnly queued;  // the events time the kernels, not the host's wait for them
+        product();
+      }
       check(cudaEventRecord(a.stop, stream()), op);
       check(cudaEventSynchronize(a.stop), op);
       float ms = 0;
