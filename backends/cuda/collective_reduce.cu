@@ -25,12 +25,13 @@ __global__ void collective_reduce_kernel(T* const* outs, int n_outs, const T* co
   }
 }
 
-// Whether a kernel may read p: device, managed or pinned host memory. Pageable host memory
-// (a std::vector of the host's, such as a loss summed over ranks) it may not.
-bool kernel_reads(const void* p) {
+// The address a kernel reads p at: p itself for device and managed memory, the mapped address
+// for pinned host memory; null for pageable host memory (a std::vector of the host's, such as a
+// loss summed over ranks), which a kernel may not read.
+void* kernel_address(const void* p) {
   cudaPointerAttributes a{};
   check(cudaPointerGetAttributes(&a, p), "collective_reduce (cudaPointerGetAttributes)");
-  return a.type != cudaMemoryTypeUnregistered;
+  return a.type == cudaMemoryTypeUnregistered ? nullptr : a.devicePointer;
 }
 
 // The call's device scratch (staged host buffers, the pointer tables), returned to the cache
@@ -59,18 +60,18 @@ void reduce_on_device(void* const* outs, int n_outs, const void* const* inputs, 
   const int64_t bytes = count * int64_t(sizeof(T));
   Scratch scratch;
   // [inputs..., outputs...] as the kernel reads them; pageable host buffers are staged.
-  std::vector<void*> table(size_t(n + n_outs));  // the kernel only reads the inputs
+  std::vector<void*> table(size_t(n + n_outs));
   std::vector<std::pair<void*, const void*>> copy_back;  // (pageable output, its staging)
   for (int j = 0; j < n; ++j) {
-    table[size_t(j)] = const_cast<void*>(inputs[j]);
-    if (kernel_reads(inputs[j])) continue;
+    table[size_t(j)] = kernel_address(inputs[j]);
+    if (table[size_t(j)]) continue;
     void* staged = scratch.take(bytes);
     check(cudaMemcpyAsync(staged, inputs[j], size_t(bytes), cudaMemcpyHostToDevice, stream()), "collective_reduce");
     table[size_t(j)] = staged;
   }
   for (int o = 0; o < n_outs; ++o) {
-    table[size_t(n + o)] = outs[o];
-    if (kernel_reads(outs[o])) continue;
+    table[size_t(n + o)] = kernel_address(outs[o]);
+    if (table[size_t(n + o)]) continue;
     void* staged = scratch.take(bytes);
     copy_back.emplace_back(outs[o], staged);
     table[size_t(n + o)] = staged;

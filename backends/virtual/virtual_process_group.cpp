@@ -180,16 +180,30 @@ double VirtualProcessGroup::run_collective(const CommCall& call, int64_t seq, do
   // Move this member's share of the data, without the lock.
   s.started[size_t(me)] = 1;
   lock.unlock();
-  move_data(s, me, w.algo, w.device);
+  std::exception_ptr failed;  // a copy or reduction the backend refused (a GPU error, its memory)
+  try {
+    move_data(s, me, w.algo, w.device);
+  } catch (...) {
+    failed = std::current_exception();
+  }
   lock.lock();
   s.done[size_t(me)] = 1;
   // Wake waiters only when it matters: everyone is done, or an abort is waiting for us to finish.
-  if (++s.n_done == n || w.aborted) w.cv.notify_all();
+  if (++s.n_done == n || w.aborted || failed) w.cv.notify_all();
+  if (failed) {
+    // Stop the world, so no peer waits for this member, and wait for the peers still moving data
+    // in this member's buffers before unwinding frees them.
+    w.abort_locked(rank_label(me) + " failed moving its share of " + context + ": " + what_of(failed), failed);
+    leave_slot(lock, seq, s);
+    lock.unlock();
+    std::rethrow_exception(failed);
+  }
 
   // Peers may still be reading or writing this member's buffers: wait until all are done.
   deadline = Clock::now() + call.timeout;
   w.cv.wait_until(lock, deadline, [&] { return s.n_done == n || w.aborted; });
-  if (s.n_done != n) {
+  // Aborted with every share done: one may have failed (its chunk was never reduced).
+  if (s.n_done != n || w.aborted) {
     if (!w.aborted)
       w.abort_locked("timeout after " + std::to_string(call.timeout.count()) + " ms: " + missing(s.done) +
                          " stopped in the middle of " + context,

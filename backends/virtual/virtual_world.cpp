@@ -27,8 +27,6 @@ void World::abort_locked(const std::string& reason, std::exception_ptr error) {
   cv.notify_all();
 }
 
-namespace {
-
 std::string what_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -38,6 +36,8 @@ std::string what_of(const std::exception_ptr& e) {
     return "unknown exception";
   }
 }
+
+namespace {
 
 bool is_llama4d_error(const std::exception_ptr& e) {
   try {

@@ -83,6 +83,9 @@ struct Message {
   MemoryReservation reservation;  // the sender's comm buffer, released when received
 };
 
+// The message of a failure (what() of a std::exception, else "unknown exception").
+std::string what_of(const std::exception_ptr& e);
+
 struct World {
   World(const VirtualClusterOptions& options, std::vector<RankAccounting*> accounting);
 

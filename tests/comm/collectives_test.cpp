@@ -4,6 +4,8 @@
 // where the groups are the MPI world (4 ranks) and its sub-groups of 1, 2 and 3 ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -71,9 +73,10 @@ TEST_P(Collectives, SymmetricMemory) {
 
 // Virtual GPUs whose buffers are the compute backend's memory hand every reduction to the
 // backend (ComputeBackend::collective_reduce: the CUDA backend reduces on the GPU) and every copy
-// to its device_memcpy. The logging backend (tests/ops/operand_log.h) takes the reductions, on
-// the host, and logs what memory they touch: every buffer here is the backend's, and every
-// collective still gives the values and bits the checks derive.
+// to its device_memcpy (device to device on a GPU), send payloads included. The logging backend
+// (tests/ops/operand_log.h) takes the reductions, on the host, and logs what memory they and the
+// copies touch: every buffer here is the backend's, and every collective still gives the values
+// and bits the checks derive.
 TEST_P(Collectives, ThroughTheComputeBackend) {
 #ifdef LLAMA4D_HAVE_MPI
   if (g_mpi) GTEST_SKIP() << "virtual GPUs only";
@@ -81,8 +84,45 @@ TEST_P(Collectives, ThroughTheComputeBackend) {
   LoggingOperands logging(&host_collective_reduce);
   on_groups(GetParam(), [](ProcessGroup& pg) { with_backend_buffers(pg, check_everything); });
   const OperandLog log = logging.log();
+  EXPECT_GT(log.copies_on_backend, 0);
+  EXPECT_EQ(log.copies_touching_host, 0);
   EXPECT_GT(log.collective_reductions_on_backend, 0);
   for (const auto& x : log.collective_reductions_touching_host) ADD_FAILURE() << x.describe();
+}
+
+std::atomic<int> g_reductions{0};
+// host_collective_reduce, but the second call fails as a GPU's could.
+void reduce_failing_once(void* const* outs, int n_outs, const void* const* inputs, int n, int64_t count, DType dtype,
+                         ReduceOp op, int group_size, bool step_rounding) {
+  if (g_reductions++ == 1) throw Error("collective_reduce: the device was lost");
+  host_collective_reduce(outs, n_outs, inputs, n, count, dtype, op, group_size, step_rounding);
+}
+
+// A member whose share of a collective fails in the backend (a GPU error, its memory) stops the
+// world: the run ends with that error on every rank, no peer waits for the member, and none
+// reads its buffers after it unwound (its peers' shares finish before it frees them).
+TEST(VirtualCollectives, AFailedReductionStopsEveryRank) {
+#ifdef LLAMA4D_HAVE_MPI
+  if (g_mpi) GTEST_SKIP() << "virtual GPUs only";
+#endif
+  LoggingOperands logging(&reduce_failing_once);
+  g_reductions = 0;
+  VirtualClusterOptions o;
+  o.ranks = 4;
+  VirtualCluster cluster(o);
+  try {
+    cluster.run([](ProcessGroup& pg) {
+      const ops::ComputeBackend& backend = ops::compute_backend();
+      std::unique_ptr<float, std::function<void(float*)>> x(static_cast<float*>(backend.device_alloc(1024 * 4)),
+                                                            [&](float* p) { backend.device_free(p); });
+      std::fill(x.get(), x.get() + 1024, 1.0f);
+      pg.all_reduce(x.get(), 1024, DType::f32, ReduceOp::sum);
+    });
+    ADD_FAILURE() << "the run should have failed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the device was lost"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cluster.failures().size(), 4u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Collectives, ::testing::Values(ReduceAlgo::ordered, ReduceAlgo::ring),

@@ -9,7 +9,7 @@
 // pointer any other fp32 kernel takes. A CPU run cannot see either broken otherwise: the CPU sums
 // bf16 operands as fp32 and its memory is the host's. Given a host reduction, it also takes the
 // virtual process group's reductions (ComputeBackend::collective_reduce, as a GPU does) and logs
-// what memory they touch. Thread-safe: virtual GPUs are threads of one process.
+// what memory they and the copies (device_memcpy) touch. Thread-safe: virtual GPUs are threads of one process.
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -53,6 +53,8 @@ struct OperandLog {
     }
   };
   std::vector<HostReduction> collective_reductions_touching_host;
+  // device_memcpy calls with both sides in backend memory, and the others (host <-> device).
+  int copies_on_backend = 0, copies_touching_host = 0;
 };
 
 // ComputeBackend::collective_reduce computed on the host (the logging backend runs the CPU's
@@ -98,6 +100,15 @@ inline void check_memory(std::initializer_list<std::pair<const void*, int64_t>> 
       log.not_backend_memory.push_back(std::string(what) + " tensor " + std::to_string(i));
     ++i;
   }
+}
+
+inline void device_memcpy(void* dst, const void* src, int64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    (in_backend_memory(dst, bytes) && in_backend_memory(src, bytes) ? log.copies_on_backend
+                                                                     : log.copies_touching_host)++;
+  }
+  cpu.device_memcpy(dst, src, bytes);
 }
 
 inline void collective_reduce(void* const* outs, int n_outs, const void* const* inputs, int n, int64_t count,
@@ -246,6 +257,7 @@ class LoggingOperands {
       logging.name = "cpu-logging-operands";
       logging.device_alloc = &d::device_alloc;
       logging.device_free = &d::device_free;
+      logging.device_memcpy = &d::device_memcpy;
       logging.f32.matmul_forward = &d::matmul_forward;
       logging.f32.matmul_backward = &d::matmul_backward;
       logging.f32.attention_forward = &d::attention_forward;
@@ -267,7 +279,7 @@ class LoggingOperands {
       operand_log_detail::blocks.clear();
       operand_log_detail::host_reduce = host_reduce;
     }
-    // No run uses the table now: the virtual process group reads it when a run starts.
+    // No run uses the table now (a virtual world made after this reads the entry at each reduction).
     logging.collective_reduce = host_reduce ? &operand_log_detail::collective_reduce : nullptr;
     ops::select_compute_backend("cpu-logging-operands");
   }

@@ -106,7 +106,9 @@ TEST(Equivalence, EveryKernelTakesBackendMemory) {
     // Ordered reductions keep every bit, here through the process group's path for a backend that
     // reduces (as the CUDA backend does), wherever the plan is bitwise: not with cp, whose weight
     // gradients add the tokens of each rank's chunks apart (four_d_test.cpp).
-    if (o.plan.size("cp") == 1) EXPECT_TRUE(r.bitwise) << r.table();
+    if (o.plan.size("cp") == 1) {
+      EXPECT_TRUE(r.bitwise) << r.table();
+    }
   }
 }
 
