@@ -9,7 +9,8 @@
 // pointer any other fp32 kernel takes. A CPU run cannot see either broken otherwise: the CPU sums
 // bf16 operands as fp32 and its memory is the host's. Given a host reduction, it also takes the
 // virtual process group's reductions (ComputeBackend::collective_reduce, as a GPU does) and logs
-// what memory they and the copies (device_memcpy) touch. Thread-safe: virtual GPUs are threads of one process.
+// what memory they and the copies (device_memcpy) touch. Thread-safe: virtual GPUs are threads
+// of one process.
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
