@@ -115,9 +115,14 @@ Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& l
     own_memory_ = std::make_unique<MemoryTracker>(0, 0);
     memory_ = own_memory_.get();
   }
-  rope_ = make_rope_tables<T>(cfg_, cfg_.max_position_embeddings);
   unit_params_.resize(size_t(num_units()));
   unit_grads_.resize(size_t(num_units()));
+}
+
+template <class T>
+const RopeTables<T>& Llama<T>::rope() {
+  if (rope_.max_pos == 0) rope_ = make_rope_tables<T>(cfg_, cfg_.max_position_embeddings);
+  return rope_;
 }
 
 template <class T>
@@ -393,7 +398,7 @@ void Llama<T>::forward_block(MicroBatchState<T>& st, int layer, T* out) {
   BlockActivations<T>& a = st.blocks[size_t(layer)];
   a.allocate(memory_, d);
   Buffer<T> rounded;
-  block_forward(out, a, block_params(layer, rounded), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
+  block_forward(out, a, block_params(layer, rounded), st.x[size_t(layer)].data(), d, rope(), 0, comm_);
 }
 
 template <class T>
@@ -515,7 +520,7 @@ void Llama<T>::ensure_block_activations(MicroBatchState<T>& st, int layer, UnitH
   if (a.holds_anything()) {  // selective: rebuild the cheap tensors from the kept ones
     a.allocate_recomputable(memory_, d);
     Buffer<T> rounded;
-    block_recompute_selective(a, block_params(layer, rounded), st.x[size_t(layer)].data(), d, rope_, 0, comm_);
+    block_recompute_selective(a, block_params(layer, rounded), st.x[size_t(layer)].data(), d, rope(), 0, comm_);
     return;
   }
   // every:k: rerun the segment from the nearest kept input below, keeping every block's
@@ -567,11 +572,11 @@ void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch
   Buffer<T> rounded;
   const BlockWeights<T> w = block_params(l, rounded);
   if (pass == BackwardPass::full) {
-    block_backward(dx, block_grads(l), dx, a, w, x, d, rope_, 0, scratch, comm_);
+    block_backward(dx, block_grads(l), dx, a, w, x, d, rope(), 0, scratch, comm_);
   } else {
     BlockWeightGradInputs<T>& keep = st.block_weight_inputs[size_t(l)];
     keep.allocate(memory_, d, unit_name(block_unit(l), num_layers()));
-    block_backward_input(dx, keep, dx, a, w, x, d, rope_, 0, scratch, comm_);
+    block_backward_input(dx, keep, dx, a, w, x, d, rope(), 0, scratch, comm_);
     keep.take_inputs(a, st.x[size_t(l)]);
     if (bf16_ && park_bf16_) keep.park_bf16(memory_);  // until the weight pass, as bf16
   }
@@ -739,7 +744,7 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   for (int l = 0; l < num_layers(); ++l) {
     BlockKvCache<T> kv{cache.k[size_t(l)].data(), cache.v[size_t(l)].data(), cache.len, cache.max_len};
     Buffer<T> rounded;
-    block_forward(y.data(), a, block_params(l, rounded), x.data(), d, rope_, cache.len, comm_, &kv);
+    block_forward(y.data(), a, block_params(l, rounded), x.data(), d, rope(), cache.len, comm_, &kv);
     std::swap(x, y);
   }
   cache.len += Tn;

@@ -250,6 +250,10 @@ class Llama {
   VocabComm<T>* vocab_comm() const;  // null unless sliced; Error when sliced without one
   int64_t vocab_rows() const { return tp_.sliced() ? tp_.vocab_rows : cfg_.vocab_size; }
 
+  // The RoPE tables for max_position_embeddings positions, made when the first block computes:
+  // a model used for its layout only (the TP replay's norm) makes none.
+  const RopeTables<T>& rope();
+
   LlamaConfig cfg_;
   TpLayout tp_;
   std::vector<ParamSpec> specs_;
@@ -263,7 +267,7 @@ class Llama {
   Residency param_res_ = Residency::whole, grad_res_ = Residency::whole;
   Buffer<T> whole_params_, whole_grads_;
   std::vector<Buffer<T>> unit_params_, unit_grads_;  // per_unit residency
-  RopeTables<T> rope_;
+  RopeTables<T> rope_;  // rope()
   Checkpointing ac_;
   BlockComm<T>* comm_ = nullptr;
   int cp_ = 1, cp_rank_ = 0;

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/model/llama.h"
 #include "tests/model/model_test_util.h"
+#include "tests/ops/operand_log.h"
 
 namespace llama4d {
 namespace {
@@ -136,6 +137,16 @@ TEST(ModelBasics, Fp32AgreesWithFp64FromTheSameInit) {
     std::printf("fp32 vs fp64 (tied=%d): loss %.9g vs %.9g, worst grad rel error %.3g in %s\n", int(tied),
                 l32.loss_sum, l64.loss_sum, worst, worst_name.c_str());
   }
+}
+
+// A model made for its layout (the tensor-parallel replay's norm makes one per tensor rank and
+// stage) takes no backend memory: parameters come with init or a load, the RoPE tables with the
+// first block it computes.
+TEST(ModelBasics, AModelMadeForItsLayoutAllocatesNothing) {
+  test::LoggingOperands logging;
+  const Llama<float> m(test::tiny_config(true, false));
+  EXPECT_GT(m.num_params(), 0);
+  EXPECT_EQ(logging.log().allocations, 0);
 }
 
 TEST(ModelBasics, ForwardIsRepeatableAndBackwardAccumulates) {

@@ -37,6 +37,7 @@ inline bool all_bf16(const float* x, int64_t n) {
 }
 
 struct OperandLog {
+  int allocations = 0;                              // device_alloc calls that returned memory
   int products_bf16 = 0, products_as_stored = 0;    // matmul_forward and matmul_backward calls
   int attention_bf16 = 0, attention_as_stored = 0;  // attention_forward and attention_backward calls
   std::vector<std::string> not_bf16;                // operands said to be bf16 that are not
@@ -73,7 +74,10 @@ inline HostCollectiveReduce host_reduce = nullptr;
 inline void* device_alloc(int64_t bytes) {
   void* p = cpu.device_alloc(bytes);
   std::lock_guard<std::mutex> lock(mutex);
-  if (p) blocks[uintptr_t(p)] = uintptr_t(p) + uintptr_t(bytes);
+  if (p) {
+    blocks[uintptr_t(p)] = uintptr_t(p) + uintptr_t(bytes);
+    ++log.allocations;
+  }
   return p;
 }
 inline void device_free(void* p) {
