@@ -18,9 +18,9 @@ namespace {
 // i's contributions before it writes any output, so an output may be an input.
 template <class T>
 __global__ void collective_reduce_kernel(T* const* outs, int n_outs, const T* const* inputs, int n, int64_t count,
-                                         ReduceOp op, int group_size, bool round_steps) {
+                                         ReduceOp op, int group_size, bool step_rounding) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
-    const T r = reduce_element<T>([&](int j) { return inputs[j][i]; }, n, op, group_size, round_steps);
+    const T r = reduce_element<T>([&](int j) { return inputs[j][i]; }, n, op, group_size, step_rounding);
     for (int o = 0; o < n_outs; ++o) outs[o][i] = r;
   }
 }
@@ -79,10 +79,9 @@ void reduce_on_device(void* const* outs, int n_outs, const void* const* inputs, 
   auto* device_table = static_cast<void**>(scratch.take(int64_t(table.size() * sizeof(void*))));
   check(cudaMemcpyAsync(device_table, table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice, stream()),
         "collective_reduce");
-  const bool round_steps = step_rounding && std::is_same_v<T, bf16>;
   collective_reduce_kernel<T><<<grid_for(count), kThreads, 0, stream()>>>(
       reinterpret_cast<T* const*>(device_table + n), n_outs, reinterpret_cast<const T* const*>(device_table), n,
-      count, op, group_size, round_steps);
+      count, op, group_size, step_rounding);
   check(cudaGetLastError(), "collective_reduce");
   for (const auto& [host, staged] : copy_back)
     check(cudaMemcpyAsync(host, staged, size_t(bytes), cudaMemcpyDeviceToHost, stream()), "collective_reduce");

@@ -149,8 +149,7 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 
 // The three products of an n x n linear layer, each timed with CUDA events (around the kernels
 // alone: QueueOnly) for a third of `seconds` after a warm-up, as the CPU backend and bench's
-// references time them; the best rate
-// seen (2 n^3 FLOPs per product). The operands are random bf16 values in [-1, 1), not zeros: a
+// references time them; the best rate seen (2 n^3 FLOPs per product). The operands are random bf16 values in [-1, 1), not zeros: a
 // tensor core multiplying zeros draws less power and may clock higher than on a model's numbers.
 double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands) {
   if (n <= 0) throw InputError("measure_peak_gemm_flops: n must be > 0");

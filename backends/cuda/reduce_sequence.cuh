@@ -35,11 +35,12 @@ template <class A> __device__ A reduce_add(A a, A b) {
 }
 
 // ((x(0) op x(1)) op x(2)) ... op x(n-1) for one element, where x(j) reads contribution j.
-// round_steps: bf16 partial results are rounded after every step (a ring's partial sums travel
-// as bf16). avg divides the sum by group_size at the end.
+// step_rounding: bf16 partial results are rounded after every step (a ring's partial sums travel
+// as bf16; other types keep theirs). avg divides the sum by group_size at the end.
 template <class T, class Contribution>
-__device__ T reduce_element(const Contribution& x, int n, ReduceOp op, int group_size, bool round_steps) {
+__device__ T reduce_element(const Contribution& x, int n, ReduceOp op, int group_size, bool step_rounding) {
   using A = typename ReduceAcc<T>::type;
+  const bool round_steps = step_rounding && std::is_same_v<T, bf16>;
   A acc = reduce_load(x(0));
   for (int j = 1; j < n; ++j) {
     const A v = reduce_load(x(j));

@@ -13,10 +13,10 @@ namespace {
 
 template <class T>
 __global__ void reduce_sequence_kernel(T* out, const T* inputs, int64_t stride, int n, int64_t count, ReduceOp op,
-                                       int group_size, bool round_steps) {
+                                       int group_size, bool step_rounding) {
   for (int64_t i = first_index(); i < count; i += index_stride())
     out[i] = reduce_element<T>([&](int j) { return inputs[int64_t(j) * stride + i]; }, n, op, group_size,
-                               round_steps);
+                               step_rounding);
 }
 
 template <class T>
@@ -37,9 +37,8 @@ void reduce_sequence_on_device(void* out, const void* inputs, int64_t stride, in
   if (count <= 0 || n <= 0) return;
   dispatch_reduce_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const bool round_steps = step_rounding && std::is_same_v<T, bf16>;
     reduce_sequence_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(inputs), stride, n, count, op, group_size, round_steps);
+        static_cast<T*>(out), static_cast<const T*>(inputs), stride, n, count, op, group_size, step_rounding);
     check(cudaGetLastError(), "reduce_sequence_on_device");
   });
 }

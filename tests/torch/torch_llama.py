@@ -160,10 +160,8 @@ def linear(n_in, n_out, dtype):
     return torch.nn.Linear(n_in, n_out, bias=False, dtype=dtype)
 
 
-def sdpa_groups_heads():
-    """Whether scaled_dot_product_attention reads grouped kv heads itself (enable_gqa, PyTorch 2.5+)."""
-    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    return (major, minor) >= (2, 5)
+# Whether scaled_dot_product_attention reads grouped kv heads itself (enable_gqa, PyTorch 2.5+).
+SDPA_GROUPS_HEADS = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
 class Attention(torch.nn.Module):
@@ -187,19 +185,23 @@ class Attention(torch.nn.Module):
         k = k * cos + rotate_half(k) * sin
         # GQA: query head h reads kv head h // (nh / nkv); repeat each kv head that many times.
         rep = self.nh // self.nkv
-        if self.attention == "sdpa" and rep > 1 and sdpa_groups_heads():
-            return self.o_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-                               .transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        if self.attention == "sdpa" and SDPA_GROUPS_HEADS:
+            return self.o_proj(self.sdpa(q, k, v, enable_gqa=rep > 1))
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
         if self.attention == "sdpa":
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, nh, T, hd]
-        else:
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.hd)         # [B, nh, T, T]
-            future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=scores.device), diagonal=1)
-            scores = scores.masked_fill(future, float("-inf"))
-            out = torch.softmax(scores, dim=-1) @ v                       # [B, nh, T, hd]
+            return self.o_proj(self.sdpa(q, k, v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.hd)             # [B, nh, T, T]
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=scores.device), diagonal=1)
+        scores = scores.masked_fill(future, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v                           # [B, nh, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+    def sdpa(self, q, k, v, **kwargs):
+        """torch's fused causal attention, [B, nh, T, hd] back to [B, T, nh * hd]."""
+        B, _, T, _ = q.shape
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs)
+        return out.transpose(1, 2).reshape(B, T, self.nh * self.hd)
 
 
 class MLP(torch.nn.Module):
