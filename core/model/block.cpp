@@ -167,6 +167,9 @@ template <class T>
 void rope_at_positions(T* x, int64_t heads, const BlockDims& d, const RopeTables<T>& rope, int64_t pos_start,
                        bool backward) {
   auto apply = [&](T* p, int64_t B, int64_t T_, int64_t start) {
+    if (start < 0 || start + T_ > rope.max_pos)
+      throw Error("RoPE: positions [" + std::to_string(start) + ", " + std::to_string(start + T_) +
+                  ") are outside the tables' " + std::to_string(rope.max_pos));
     if (backward)
       ops::rope_backward(p, rope.cos.data(), rope.sin.data(), B, T_, heads, d.hd, start);
     else

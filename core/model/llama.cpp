@@ -120,8 +120,19 @@ Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& l
 }
 
 template <class T>
-const RopeTables<T>& Llama<T>::rope() {
-  if (rope_.max_pos == 0) rope_ = make_rope_tables<T>(cfg_, cfg_.max_position_embeddings);
+void Llama<T>::cover_positions(int64_t positions) {
+  if (positions <= rope_.max_pos) return;
+  // Release first: the old and the new tables are never both live, so the peak is the new size.
+  rope_ = RopeTables<T>{};
+  rope_memory_.reset();
+  const int64_t bytes = 2 * positions * (cfg_.head_dim / 2) * int64_t(sizeof(T));
+  rope_memory_ = MemoryReservation(*memory_, MemoryCategory::other, bytes, "RoPE tables");
+  rope_ = make_rope_tables<T>(cfg_, positions);
+}
+
+template <class T>
+const RopeTables<T>& Llama<T>::rope() const {
+  if (rope_.max_pos == 0) throw Error("Llama: a block computes before cover_positions made the RoPE tables");
   return rope_;
 }
 
@@ -426,6 +437,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
 
   st.reset();
   st.B = B, st.seq = T_, st.units = r;
+  if (std::max(r.begin, 1) < std::min(r.end, L + 1)) cover_positions(T_ * cp_);  // the range has a block
   st.x.resize(size_t(L + 1));
   st.x_parked.resize(size_t(L + 1));
   st.blocks.resize(size_t(L));
@@ -728,6 +740,7 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   if (tp_.sliced() || !holds_all_units())
     throw Error("Llama::decode runs on one device (whole model), not on a tensor- or pipeline-parallel part of it");
   check_ids(tokens, nullptr, B * Tn);
+  cover_positions(cache.max_len);  // every step of this cache reads the same tables
   const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
   const BlockDims d = block_dims(B, Tn);
   // Nothing is kept for a backward: one set of block activations and two residual buffers

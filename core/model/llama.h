@@ -32,6 +32,7 @@
 #include "core/model/tp_layout.h"
 #include "core/model/units.h"
 #include "core/tensor/buffer.h"
+#include "core/tensor/memory_tracker.h"
 
 namespace llama4d {
 
@@ -250,9 +251,12 @@ class Llama {
   VocabComm<T>* vocab_comm() const;  // null unless sliced; Error when sliced without one
   int64_t vocab_rows() const { return tp_.sliced() ? tp_.vocab_rows : cfg_.vocab_size; }
 
-  // The RoPE tables for max_position_embeddings positions, made when the first block computes:
-  // a model used for its layout only (the TP replay's norm) makes none.
-  const RopeTables<T>& rope();
+  // The RoPE tables, cos and sin [positions, hd/2] each, for the positions a forward or a KV cache
+  // reads: made (or grown) by cover_positions before the first block computes, charged to the
+  // rank's memory as `other`; a model used for its layout only (the TP replay's norm) makes none.
+  // Grown, never shrunk: a smaller micro-batch reads the same values from a longer table.
+  void cover_positions(int64_t positions);
+  const RopeTables<T>& rope() const;
 
   LlamaConfig cfg_;
   TpLayout tp_;
@@ -267,7 +271,8 @@ class Llama {
   Residency param_res_ = Residency::whole, grad_res_ = Residency::whole;
   Buffer<T> whole_params_, whole_grads_;
   std::vector<Buffer<T>> unit_params_, unit_grads_;  // per_unit residency
-  RopeTables<T> rope_;  // rope()
+  RopeTables<T> rope_;             // rope()
+  MemoryReservation rope_memory_;  // rope_'s bytes on memory_
   Checkpointing ac_;
   BlockComm<T>* comm_ = nullptr;
   int cp_ = 1, cp_rank_ = 0;

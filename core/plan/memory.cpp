@@ -19,6 +19,9 @@
 // prefetched behind it (consecutive units of a chunk), or every unit of the stage (all its
 // chunks) when parameters stay gathered from forward to backward (--keep-params).
 //
+// Other (exact): the RoPE tables, cos and sin [seq_len, hd/2] in fp32 (fp64 under fp64), on every
+// rank that runs a block.
+//
 // Activations, scratch and a pipeline's receive buffers (exact): one micro-batch's levels on
 // each chunk, pass by pass (core/plan/activations.cpp), played along the rank's schedule: the
 // pipeline schedule's action list (core/parallel/pipeline_schedule.h), or F B per micro-batch
@@ -255,6 +258,12 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
     m.grads_min = pr.grad * (stage >= 2 ? sh + largest : N);
     m.optimizer = pr.optimizer * (stage >= 1 ? sh : N);
     m.comm_buffers = stage >= 2 ? pr.grad * sh : 0;
+    // RoPE tables for every position of the sequence (a context-parallel rank reads positions
+    // from both ends of it), made by the rank's first block.
+    const bool has_block = std::any_of(chunks.begin(), chunks.end(), [&](const std::vector<int>& c) {
+      return std::any_of(c.begin(), c.end(), [&](int u) { return u >= 1 && u <= L; });
+    });
+    m.other = has_block ? pr.table * 2 * s.seq_len * (cfg.head_dim / 2) : 0;
 
     const std::pair<int, int> key{t, plan.coordinate("pp", w)};
     auto played = plays.find(key);

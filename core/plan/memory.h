@@ -20,9 +20,10 @@ struct MemoryPrediction {
   int world_rank = 0;
   int64_t params = 0, grads = 0, grads_min = 0, optimizer = 0, comm_buffers = 0, comm_buffers_min = 0;
   int64_t activations = 0, scratch = 0, scratch_min = 0;
+  int64_t other = 0;  // the RoPE tables: cos and sin [seq_len, hd/2], on a rank that holds a block
   int64_t weight_states() const { return params + grads + optimizer + comm_buffers; }
   // Upper bound of the rank's peak: every category at its own peak at once.
-  int64_t total() const { return weight_states() + activations + scratch; }
+  int64_t total() const { return weight_states() + activations + scratch + other; }
 };
 
 // Elements of each unit (embedding, block 0..L-1, norm + head) that tensor-parallel rank t of

@@ -49,9 +49,9 @@
 namespace llama4d {
 
 Precision Precision::parse(const std::string& name) {
-  if (name == "fp32") return Precision{"fp32", 4, 4, 8, 4};
-  if (name == "fp64") return Precision{"fp64", 8, 8, 16, 8};
-  if (name == "bf16") return Precision{"bf16", 2, 4, 12, 2};
+  if (name == "fp32") return Precision{"fp32", 4, 4, 8, 4, 4};
+  if (name == "fp64") return Precision{"fp64", 8, 8, 16, 8, 8};
+  if (name == "bf16") return Precision{"bf16", 2, 4, 12, 2, 4};
   throw InputError("--precision '" + name + "': expected fp32, fp64 or bf16 (Llama 3's mixed precision)");
 }
 
@@ -90,7 +90,8 @@ std::string dimension_of(const std::string& group) {
 const char* largest_category(const MemoryPrediction& m) {
   const std::pair<const char*, int64_t> c[] = {{"params", m.params},           {"grads", m.grads},
                                                {"optimizer", m.optimizer},     {"comm_buffers", m.comm_buffers},
-                                               {"activations", m.activations}, {"scratch", m.scratch}};
+                                               {"activations", m.activations}, {"scratch", m.scratch},
+                                               {"other", m.other}};
   return std::max_element(std::begin(c), std::end(c), [](auto& a, auto& b) { return a.second < b.second; })->first;
 }
 
@@ -181,7 +182,7 @@ nlohmann::json PlanReport::to_json() const {
                               {"grads_min", m.grads_min}, {"optimizer", m.optimizer}, {"comm_buffers", m.comm_buffers},
                               {"activations", m.activations}, {"scratch", m.scratch},
                               {"scratch_min", m.scratch_min}, {"comm_buffers_min", m.comm_buffers_min},
-                              {"total", m.total()}}},
+                              {"other", m.other},             {"total", m.total()}}},
           {"fits", fits},
           {"overflow", fits ? nlohmann::json(nullptr) : nlohmann::json(overflow)},
           {"traffic", traffic_json},
@@ -211,7 +212,7 @@ std::string PlanReport::table() const {
   const std::pair<const char*, int64_t> rows[] = {{"params", m.params},           {"grads", m.grads},
                                                   {"optimizer", m.optimizer},     {"comm buffers", m.comm_buffers},
                                                   {"activations", m.activations}, {"scratch", m.scratch},
-                                                  {"total", m.total()}};
+                                                  {"other (RoPE)", m.other},      {"total", m.total()}};
   for (const auto& [name, bytes] : rows) o << "  " << name << std::string(14 - std::string(name).size(), ' ') << format_bytes(bytes) << "\n";
   if (hbm > 0)
     o << (fits ? "  fits in " : "  DOES NOT FIT in ") << format_bytes(hbm) << (fits ? "" : " (largest: " + overflow + ")")

@@ -14,10 +14,11 @@ namespace llama4d {
 // Bytes per element of each kind of state. fp32 is what this engine trains in (the tests'
 // plans); bf16 is Llama 3's mixed precision (Dubey et al. 2024, section 3.3.4): bf16 weights
 // and activations for compute, fp32 gradients (accumulated and reduce-scattered in fp32) and an
-// fp32 master copy beside the two fp32 AdamW moments (optimizer 4 + 4 + 4 bytes).
+// fp32 master copy beside the two fp32 AdamW moments (optimizer 4 + 4 + 4 bytes). The RoPE
+// tables stay fp32 under bf16, as torchtitan's complex64 freqs_cis and this engine's fp32 containers.
 struct Precision {
   std::string name = "fp32";
-  int64_t param = 4, grad = 4, optimizer = 8, activation = 4;
+  int64_t param = 4, grad = 4, optimizer = 8, activation = 4, table = 4;
   static Precision parse(const std::string& name);  // "fp32", "fp64" or "bf16"; InputError otherwise
 };
 

@@ -160,6 +160,7 @@ RankMemory by_category(Read read, int64_t total) {
   m.activations = read(MemoryCategory::activations);
   m.scratch = read(MemoryCategory::scratch);
   m.comm_buffers = read(MemoryCategory::comm_buffers);
+  m.other = read(MemoryCategory::other);
   m.total = total;
   return m;
 }
@@ -179,7 +180,8 @@ nlohmann::json memory_json(const std::vector<RankMemory>& per_rank) {
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const RankMemory& m = per_rank[r];
     out.push_back({{"rank", r}, {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
-                   {"activations", m.activations}, {"scratch", m.scratch}, {"comm_buffers", m.comm_buffers}, {"total", m.total}});
+                   {"activations", m.activations}, {"scratch", m.scratch}, {"comm_buffers", m.comm_buffers}, {"other", m.other},
+                   {"total", m.total}});
   }
   return out;
 }

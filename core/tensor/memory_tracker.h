@@ -16,6 +16,8 @@
 namespace llama4d {
 
 // scratch: temporaries of one op or unit (backward work buffers), freed when it returns.
+// other: state that is neither trained nor per token: the model's RoPE tables (cos and sin,
+// [positions, hd/2] each, core/model/llama.h cover_positions).
 enum class MemoryCategory : uint8_t { params, grads, optimizer, activations, scratch, comm_buffers, other };
 constexpr int kMemoryCategories = 7;
 std::string_view memory_category_name(MemoryCategory c);
@@ -57,7 +59,7 @@ class MemoryTracker {
 
 // A rank's bytes by category: its peaks so far, or what is live now.
 struct RankMemory {
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0, comm_buffers = 0, total = 0;
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0, comm_buffers = 0, other = 0, total = 0;
 };
 RankMemory memory_peaks(const MemoryTracker& tracker);
 RankMemory memory_live(const MemoryTracker& tracker);

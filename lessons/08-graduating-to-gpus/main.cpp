@@ -189,7 +189,7 @@ std::string memory_by_run(const std::vector<const Variant*>& runs, int rank) {
       {"params", &RankMemory::params},           {"grads", &RankMemory::grads},
       {"optimizer", &RankMemory::optimizer},     {"activations", &RankMemory::activations},
       {"scratch", &RankMemory::scratch},         {"comm buffers", &RankMemory::comm_buffers},
-      {"total (peak of the sum)", &RankMemory::total}};
+      {"other (RoPE)", &RankMemory::other},      {"total (peak of the sum)", &RankMemory::total}};
   for (const auto& [name, field] : fields) {
     rows.push_back({name});
     for (const Variant* v : runs) rows.back().push_back(grouped(v->phases.back().ranks[size_t(rank)].peak.*field));

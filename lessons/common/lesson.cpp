@@ -424,11 +424,11 @@ std::string timeline_table(const std::vector<TrafficRecord>& records, size_t max
 
 std::string memory_table(const std::vector<RankMemory>& per_rank) {
   std::vector<std::vector<std::string>> rows;
-  rows.push_back({"rank", "params", "grads", "optimizer", "activations", "scratch", "comm buffers", "total", ""});
+  rows.push_back({"rank", "params", "grads", "optimizer", "activations", "scratch", "comm buffers", "other (RoPE)", "total", ""});
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const RankMemory& m = per_rank[r];
     rows.push_back({std::to_string(r), grouped(m.params), grouped(m.grads), grouped(m.optimizer), grouped(m.activations), grouped(m.scratch),
-                    grouped(m.comm_buffers), grouped(m.total), "(" + format_bytes(m.total) + ")"});
+                    grouped(m.comm_buffers), grouped(m.other), grouped(m.total), "(" + format_bytes(m.total) + ")"});
   }
   return format_table(rows);
 }

@@ -149,6 +149,31 @@ TEST(ModelBasics, AModelMadeForItsLayoutAllocatesNothing) {
   EXPECT_EQ(logging.log().allocations, 0);
 }
 
+// The RoPE tables are memory a real GPU allocates too: charged to the rank as `other`, sized to
+// the positions read (a forward's sequence, a KV cache's length), grown and never shrunk, and the
+// longer table gives the same bits.
+TEST(ModelBasics, RopeTablesAreChargedForThePositionsRead) {
+  const LlamaConfig cfg = test::tiny_config(true, false);
+  auto table_bytes = [&](int64_t positions) { return 2 * positions * (cfg.head_dim / 2) * int64_t(sizeof(float)); };
+  MemoryTracker memory(0, 0);
+  Llama<float> m(cfg, &memory);
+  m.init_weights(3);
+  EXPECT_EQ(memory.live(MemoryCategory::other), 0) << "made with the model";
+  const test::Batch b7 = test::make_batch(2, 7, cfg.vocab_size, 4, true), b5 = test::make_batch(2, 5, cfg.vocab_size, 5, true);
+  const LossSum first = m.forward(b7.tokens.data(), b7.targets.data(), b7.B, b7.T);
+  EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(7));
+  m.forward(b5.tokens.data(), b5.targets.data(), b5.B, b5.T);
+  EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(7)) << "a shorter sequence shrank the tables";
+
+  KVCache<float> cache = m.make_kv_cache(1, 12);
+  std::vector<float> logits(size_t(cfg.vocab_size));
+  m.decode(b5.tokens.data(), 1, 3, cache, logits.data());
+  EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(12));
+  EXPECT_EQ(memory.peak(MemoryCategory::other), table_bytes(12)) << "the old tables outlived the new ones";
+  const LossSum again = m.forward(b7.tokens.data(), b7.targets.data(), b7.B, b7.T);
+  EXPECT_EQ(first.loss_sum, again.loss_sum) << "a longer table changed the positions' values";
+}
+
 TEST(ModelBasics, ForwardIsRepeatableAndBackwardAccumulates) {
   const LlamaConfig cfg = test::tiny_config(true, false);
   Llama<double> m(cfg);

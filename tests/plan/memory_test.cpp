@@ -69,6 +69,7 @@ TEST_P(PlannerMemory, EqualsTheAllocatorOnEveryRank) {
     EXPECT_EQ(m.activations, p.activations);
     EXPECT_GE(m.scratch, p.scratch_min);
     EXPECT_LE(m.scratch, p.scratch);
+    EXPECT_EQ(m.other, p.other);
     // The ranges come from eager sends only: a pipeline's (gradients, activations) and a ring's.
     if (s.plan.size("pp") == 1) {
       EXPECT_EQ(p.scratch_min, p.scratch);
