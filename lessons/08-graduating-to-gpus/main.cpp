@@ -11,7 +11,9 @@
 //   lesson08_graduating_to_gpus [--mesh dp=4] [--zero 2] [--gpu auto|off] [--steps 2] [--step] [--json]
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -236,24 +238,22 @@ struct LaunchResult {
   std::vector<uint8_t> id;                              // what rank 0 published
 };
 
-LaunchResult rendezvous_on_threads(int world) {
-  LaunchResult out;
-  {
-    store::StoreServer probe(0);  // a port free right now; the job's store takes it next
-    out.port = probe.port();
-  }
-  // NCCL's unique id is 128 bytes (NCCL_UNIQUE_ID_BYTES in nccl.h); any bytes show the path.
-  for (int i = 0; i < 128; ++i) out.id.push_back(uint8_t((i * 73 + 41) & 0xff));
-  out.env.resize(size_t(world));
-  out.received.resize(size_t(world));
+// One launch on `port`. Rank 0 serves the store, so it starts first and the others only once its
+// server is up: false when the port was taken between the probe and rank 0's bind.
+bool launch_on_port(int world, int port, LaunchResult& out) {
+  out.port = port;
+  out.env.assign(size_t(world), {});
+  out.received.assign(size_t(world), {});
   for (int r = 0; r < world; ++r)
     out.env[size_t(r)] = {{"RANK", std::to_string(r)},         {"WORLD_SIZE", std::to_string(world)},
                           {"LOCAL_RANK", std::to_string(r)},   {"LOCAL_WORLD_SIZE", std::to_string(world)},
-                          {"MASTER_ADDR", "127.0.0.1"},       {"MASTER_PORT", std::to_string(out.port)}};
+                          {"MASTER_ADDR", "127.0.0.1"},       {"MASTER_PORT", std::to_string(port)}};
   std::vector<std::thread> procs;
   std::vector<std::string> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r)
+  std::promise<bool> serving;  // rank 0: true once its store listens, false if the port was taken
+  for (int r = 0; r < world; ++r) {
     procs.emplace_back([&, r] {
+      bool announced = r != 0;
       try {
         const std::map<std::string, std::string>& vars = out.env[size_t(r)];
         const std::optional<store::LaunchEnv> env = store::launch_env([&](const char* name) -> const char* {
@@ -261,18 +261,53 @@ LaunchResult rendezvous_on_threads(int world) {
           return it == vars.end() ? nullptr : it->second.c_str();
         });
         if (!env) throw Error("no launch variables");
-        store::Rendezvous rdzv(*env, std::chrono::seconds(30));
-        out.received[size_t(r)] = rdzv.broadcast("nccl_id/world", r == 0 ? out.id : std::vector<uint8_t>{});
-        rdzv.barrier("ready");
-        rdzv.finish();
+        std::unique_ptr<store::Rendezvous> rdzv;
+        try {
+          rdzv = std::make_unique<store::Rendezvous>(*env, std::chrono::seconds(30));
+        } catch (const IoError&) {
+          if (announced) throw;
+          announced = true;
+          serving.set_value(false);
+          return;
+        }
+        if (!announced) {
+          serving.set_value(true);
+          announced = true;
+        }
+        out.received[size_t(r)] = rdzv->broadcast("nccl_id/world", r == 0 ? out.id : std::vector<uint8_t>{});
+        rdzv->barrier("ready");
+        rdzv->finish();
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
+        if (!announced) serving.set_value(true);  // failed for another reason: reported below
       }
     });
+    if (r == 0 && !serving.get_future().get()) {
+      procs[0].join();
+      return false;
+    }
+  }
   for (std::thread& t : procs) t.join();
   for (int r = 0; r < world; ++r)
     if (!errors[size_t(r)].empty()) throw Error("rendezvous, rank " + std::to_string(r) + ": " + errors[size_t(r)]);
-  return out;
+  return true;
+}
+
+LaunchResult rendezvous_on_threads(int world) {
+  LaunchResult out;
+  // NCCL's unique id is 128 bytes (NCCL_UNIQUE_ID_BYTES in nccl.h); any bytes show the path.
+  for (int i = 0; i < 128; ++i) out.id.push_back(uint8_t((i * 73 + 41) & 0xff));
+  // A port free right now (the probe closes it); another process may take it before rank 0 binds
+  // it, so a taken port is probed again, as a launcher retries.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    int port = 0;
+    {
+      store::StoreServer probe(0);
+      port = probe.port();
+    }
+    if (launch_on_port(world, port, out)) return out;
+  }
+  throw Error("rendezvous: five free ports in a row were taken before the store could listen");
 }
 
 int run(LessonOptions o, const GpuArgs& a) {
