@@ -6,7 +6,8 @@
 # PyTorch runs the usual recipe (fp32 weights under bf16 autocast, scaled_dot_product_attention,
 # fused AdamW), eager and with torch.compile (bench/torch_train_step.py). Each side's MFU uses
 # llama4d's FLOPs per token (core/model/flops.h) against the peak llama4d's bench measured: the
-# better of its own bf16 GEMM and cuBLAS's on 8192^3 products.
+# better of its own bf16 GEMM and cuBLAS's on 8192^3 products. llama4d's step queues its ops on
+# the GPU's stream; on the small shape it also runs with every op waiting (--wait-every-op).
 #   bench/gpu_benchmark.sh [path/to/llama4d]
 # Environment: PYTHON (default python3: an interpreter whose PyTorch sees the GPU); SHAPES (default
 # "124m 1.5b"); COMPILE=0 skips torch.compile; OUT (default a temporary directory) keeps each
@@ -41,6 +42,11 @@ for shape in "${shapes[@]}"; do
   rm -f "$out/$shape".*.json  # no result of an earlier run is reported as this one's
   "$bin" bench --device cuda --dtype bf16 --config "$cfg" --batch-size "$batch" --seq-len "$seq" --json \
     > "$out/$shape.llama4d.json"
+  # What the per-op wait of training costs: the same step with every op waiting (small shape only).
+  if [ "$shape" = 124m ]; then
+    "$bin" bench --device cuda --dtype bf16 --config "$cfg" --batch-size "$batch" --seq-len "$seq" --wait-every-op \
+      --json > "$out/$shape.llama4d_wait_every_op.json"
+  fi
   "$python" bench/torch_train_step.py "$cfg" --device cuda --dtype bf16 --attention sdpa \
     --batch-size "$batch" --seq-len "$seq" --json > "$out/$shape.torch_eager.json"
   if [ "${COMPILE:-1}" != 0 ]; then
@@ -62,7 +68,7 @@ for shape in shapes:
     ours = load(f"{shape}.llama4d.json")
     peak, flops = ours["peak_gemm_flops_per_s"], ours["flops_per_token"]
     rows[shape] = {"llama4d": ours, "peak_gemm_flops_per_s": peak, "gemm": ours["gemm"]}
-    for run in ("llama4d", "torch_eager", "torch_compiled"):
+    for run in ("llama4d", "llama4d_wait_every_op", "torch_eager", "torch_compiled"):
         r = load(f"{shape}.{run}.json")
         if r is None:
             continue

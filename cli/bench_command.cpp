@@ -43,7 +43,7 @@ struct BenchArgs {
   int micro_batches = 0;
   ComputeChoice compute;
   std::string reference_blas;
-  bool json = false, force = false, threads_sweep = false;
+  bool json = false, force = false, threads_sweep = false, wait_every_op = false;
 };
 
 double median(std::vector<double> v) {
@@ -191,12 +191,24 @@ void report_reference(const ReferenceGemm* reference, bool on_cpu) {
   }
 }
 
-// Median step time of `iters` steps after `warmup` untimed ones.
+// One step, its ops queued on a GPU's stream (ops::QueuedOps: the step waits only where the host
+// reads a result, the losses, the gradient norm and the finite check) unless every op is to wait.
+// The single-rank step touches backend memory through ops alone, which QueuedOps needs.
 template <class T>
-std::vector<double> time_steps(Trainer<T>& trainer, int64_t warmup, int64_t iters) {
-  for (int64_t i = 0; i < warmup; ++i) trainer.step();
+double timed_step(Trainer<T>& trainer, bool wait_every_op) {
+  if (wait_every_op) return trainer.step().seconds;
+  ops::QueuedOps queued;
+  const double seconds = trainer.step().seconds;  // the step ends in a wait (the finite check)
+  queued.finish();
+  return seconds;
+}
+
+// Step times of `iters` steps after `warmup` untimed ones.
+template <class T>
+std::vector<double> time_steps(Trainer<T>& trainer, int64_t warmup, int64_t iters, bool wait_every_op) {
+  for (int64_t i = 0; i < warmup; ++i) timed_step(trainer, wait_every_op);
   std::vector<double> times;
-  for (int64_t i = 0; i < iters; ++i) times.push_back(trainer.step().seconds);
+  for (int64_t i = 0; i < iters; ++i) times.push_back(timed_step(trainer, wait_every_op));
   return times;
 }
 
@@ -218,7 +230,7 @@ nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const 
            "reference GFLOP/s", "ratio");
   for (int threads : sweep_counts(most)) {
     ops::set_backend_threads(threads);
-    const double tokens_per_s = double(opt.tokens_per_step()) / median(time_steps(trainer, a.warmup, a.iters));
+    const double tokens_per_s = double(opt.tokens_per_step()) / median(time_steps(trainer, a.warmup, a.iters, a.wait_every_op));
     if (threads == 2) two_threads = tokens_per_s;
     nlohmann::json row = measure_gemm(a, reference, threads, gemm_operands(opt.bf16_compute));
     row["tokens_per_s"] = tokens_per_s;
@@ -271,7 +283,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
             {"seq_len", opt.seq_len},
             {"tokens_per_step", opt.tokens_per_step()}};
   }
-  const std::vector<double> times = time_steps(trainer, a.warmup, a.iters);
+  const std::vector<double> times = time_steps(trainer, a.warmup, a.iters, a.wait_every_op);
   const double median = llama4d::cli::median(times), best = *std::min_element(times.begin(), times.end());
   const double tokens = double(opt.tokens_per_step());
   const double flops_per_token = training_flops_per_token(cfg, opt.seq_len);
@@ -290,6 +302,10 @@ nlohmann::json run_bench(const BenchArgs& a) {
              gemm.at("llama4d_over_reference").get<double>());
   progress("bench: step %.1f ms (median of %lld, best %.1f ms), %.0f tokens/s\n", median * 1e3, (long long)a.iters,
            best * 1e3, tokens / median);
+  if (!on_cpu)
+    progress("bench: %s\n", a.wait_every_op ? "every op waited for its kernels (--wait-every-op)"
+                                             : "the step's ops queued on the GPU's stream; it waited where the host reads "
+                                               "a result (losses, gradient norm, finite check)");
   progress("bench: model %.2f GFLOP/s (%.3g FLOP/token) = %.1f%% of the better measured GEMM, %.2f GFLOP/s (MFU)\n",
            model_flops / 1e9, flops_per_token, 100 * fraction, peak / 1e9);
   progress("bench: activation checkpointing %s: +%.3g FLOP/token recomputed, hardware %.2f GFLOP/s = %.1f%% (HFU)\n",
@@ -316,6 +332,8 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"peak_memory", memory_json({memory_peaks(model.memory())})[0]},
           {"parameters", model.num_params()},
           {"device", ops::backend_name()},
+          // cuda: whether every op waited for its kernels (--wait-every-op) or the step's ops queued
+          {"ops_wait", a.wait_every_op ? "every op" : "where the host reads"},
           {"threads", threads},
           {"dtype", a.model.dtype},
           {"batch_size", opt.batch_size},
@@ -370,6 +388,9 @@ CLI::App* add_bench_command(CLI::App& app) {
                 "time the step and both GEMMs on 1, 2, 4, ... threads up to --threads (default: all cores)");
   cmd->add_option("--reference-blas", a->reference_blas,
                   "library with cblas_sgemm to measure the peak against (default: Debian's libopenblas.so.0 if installed)");
+  cmd->add_flag("--wait-every-op", a->wait_every_op,
+                "with --device cuda: every op of the single-rank step waits for its kernels, as training does, "
+                "instead of queuing them and waiting where the host reads a result");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {
@@ -380,6 +401,8 @@ CLI::App* add_bench_command(CLI::App& app) {
     if (cmd->count("--reference-blas") > 0 && a->compute.device != "cpu")
       throw InputError("--reference-blas is the CPU backend's yardstick; it does not take --device " + a->compute.device);
     if (cmd->count("--gemm-n") == 0 && a->compute.device == "cuda") a->gemm_n = 8192;
+    if (a->wait_every_op && a->compute.device != "cuda")
+      throw InputError("--wait-every-op is about a GPU's stream; it does not take --device " + a->compute.device);
     use_compute(a->compute);
     a->launch.validate(a->parallel.parallel());
     if (a->threads_sweep && a->parallel.parallel())

@@ -536,6 +536,15 @@ struct ComputeBackend {
   // utilisation against it.
   double (*measure_peak_gemm_flops)(int64_t n, double seconds, GemmOperands operands) = nullptr;
 
+  // Stream order (a GPU). set_queue_only(true) lets the calling thread's ops return once their
+  // work is queued, which the device then runs in order; false (the default) makes each op wait
+  // for its work again. Returns the previous setting. Ops whose result the host reads at once
+  // wait whatever it says: the host outputs above, all_finite, a copy to or from host memory,
+  // device_memcpy and collective_reduce. synchronize() waits for what the calling thread queued.
+  // Null: every op is done when it returns (the CPU). Use them through QueuedOps.
+  bool (*set_queue_only)(bool on) = nullptr;
+  void (*synchronize)() = nullptr;
+
   // Compute threads for ops called from the CALLING thread only (results never depend on it). A
   // virtual GPU is one thread of the process: each sets its own share of the cores, so N ranks
   // do not start N full teams. InputError outside [1, kMaxBackendThreads].
@@ -581,6 +590,27 @@ inline void device_memcpy(void* dst, const void* src, int64_t bytes) {
 inline double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands = GemmOperands::as_stored) {
   return compute_backend().measure_peak_gemm_flops(n, seconds, operands);
 }
+// While it lives, the calling thread's ops may return before their work is done (a GPU runs it
+// in stream order); finish() waits for it. Only for a thread that touches backend memory through
+// ops alone and shares it with no other thread meanwhile: a single-rank training step, whose
+// host reads (loss, gradient norm) come from ops that wait (bench; tests/cuda holds the steps'
+// bits to those of ops that each wait). A no-op on a backend without stream order.
+class QueuedOps {
+ public:
+  QueuedOps();
+  // Restores the setting; waits for the queued work if finish() did not (an error then is lost:
+  // this path only runs when an exception is already unwinding).
+  ~QueuedOps();
+  QueuedOps(const QueuedOps&) = delete;
+  QueuedOps& operator=(const QueuedOps&) = delete;
+  // Waits for the queued work (throws the device's error) and restores the setting.
+  void finish();
+
+ private:
+  const ComputeBackend* backend_ = nullptr;  // null: nothing to do
+  bool previous_ = false;
+};
+
 // Name of the active compute backend ("cpu", "cuda") and its thread count, for reports.
 inline const char* backend_name() { return compute_backend().name; }
 inline int backend_threads() { return compute_backend().threads(); }

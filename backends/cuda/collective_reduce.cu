@@ -42,7 +42,7 @@ class Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   ~Scratch() {
-    cudaStreamSynchronize(stream());  // an error here is the launch's, reported by finish_op
+    cudaStreamSynchronize(stream());  // an error here is the launch's, reported by finish_op_for_host
     for (void* p : blocks_) device_free(p);
   }
   void* take(int64_t bytes) {
@@ -85,7 +85,7 @@ void reduce_on_device(void* const* outs, int n_outs, const void* const* inputs, 
   check(cudaGetLastError(), "collective_reduce");
   for (const auto& [host, staged] : copy_back)
     check(cudaMemcpyAsync(host, staged, size_t(bytes), cudaMemcpyDeviceToHost, stream()), "collective_reduce");
-  finish_op("collective_reduce");
+  finish_op_for_host("collective_reduce");  // other ranks read the outputs once it returns
 }
 
 }  // namespace

@@ -45,6 +45,23 @@ thread_local int host_threads = 1;
 int threads() { return host_threads; }
 void set_threads(int n) { host_threads = n; }
 
+// ops::QueuedOps (cuda_common.cuh's QueueOnly for the calling thread). Where the GPU cannot
+// share managed memory with the host while kernels run (concurrentManagedAccess 0: any host
+// touch of a managed page then faults), ops keep waiting: "may return early" allows that.
+bool set_queue_only(bool on) {
+  static const bool shares_managed_memory = [] {
+    int device = 0, concurrent = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, device), "concurrentManagedAccess");
+    return concurrent != 0;
+  }();
+  const bool was = queue_only();
+  queue_only() = on && shares_managed_memory;
+  return was;
+}
+
+void synchronize() { check(cudaStreamSynchronize(stream()), "synchronize"); }
+
 const ops::ComputeBackend kCuda = {
     .name = "cuda",
     .unusable_reason = &unusable_reason,
@@ -56,6 +73,8 @@ const ops::ComputeBackend kCuda = {
     .device_memcpy = &device_memcpy,
     .collective_reduce = &collective_reduce,
     .measure_peak_gemm_flops = &measure_peak_gemm_flops,
+    .set_queue_only = &set_queue_only,
+    .synchronize = &synchronize,
     .threads = &threads,
     .set_threads = &set_threads,
 };

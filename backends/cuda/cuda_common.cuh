@@ -4,10 +4,14 @@
 //
 // Streams and completion. Every op launches on cudaStreamPerThread: each virtual GPU is one
 // thread of the process, so ranks sharing a GPU queue their kernels on streams of their own.
-// Every op waits for its kernels before it returns (finish_op), and the memory is managed
-// (device_memory.cu), so host code that reads a buffer after an op (the harness, a checkpoint)
-// sees its result, exactly as on the CPU backend, and so do the other ranks' streams, which read
-// it in the virtual backend's collectives. The price is one stream synchronization per op.
+// By default every op waits for its kernels before it returns (finish_op), and the memory is
+// managed (device_memory.cu), so host code that reads a buffer after an op (the harness, a
+// checkpoint) sees its result, exactly as on the CPU backend, and so do the other ranks' streams,
+// which read it in the virtual backend's collectives. The price is one stream synchronization per
+// op. A thread that only touches backend memory through ops may drop that wait (QueueOnly, or
+// ops::QueuedOps through the backend table): its ops then run in stream order and it waits once,
+// at the end. Ops whose result the host reads as they return (host outputs, a copy to host
+// memory, collective_reduce) wait whatever the setting (finish_op_for_host).
 //
 // Determinism. No floating-point atomics: every output element is written by one thread that
 // sums in a fixed order, or by one block through block_reduce's fixed tree. The grid size
@@ -64,6 +68,21 @@ inline bool& queue_only() {
 inline void finish_op(const char* op) {
   check(cudaGetLastError(), op);
   if (!queue_only()) check(cudaStreamSynchronize(stream()), op);
+}
+
+// The end of an op whose result the host reads as soon as it returns: waits for its kernels
+// whatever QueueOnly says.
+inline void finish_op_for_host(const char* op) {
+  check(cudaGetLastError(), op);
+  check(cudaStreamSynchronize(stream()), op);
+}
+
+// Whether p is host memory (pageable or pinned) rather than device or managed memory: a copy to or
+// from it must be over before the op returns, since the host may read or reuse it at once.
+inline bool is_host_memory(const void* p) {
+  cudaPointerAttributes a{};
+  check(cudaPointerGetAttributes(&a, p), "cudaPointerGetAttributes");
+  return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
 }
 
 // While it lives, this thread's ops return as soon as their kernels are queued: a timing with

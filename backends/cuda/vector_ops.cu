@@ -97,7 +97,10 @@ template <class T>
 void copy(T* dst, const T* src, int64_t N) {
   if (N <= 0) return;
   check(cudaMemcpyAsync(dst, src, size_t(N) * sizeof(T), cudaMemcpyDefault, stream()), "copy");
-  finish_op("copy");
+  if (is_host_memory(dst) || is_host_memory(src))
+    finish_op_for_host("copy");
+  else
+    finish_op("copy");
 }
 
 template <class T>
@@ -117,7 +120,7 @@ void sum_squares_chunks(double* partials, const T* x, int64_t N, int64_t chunk) 
   sum_squares_kernel<<<grid_for(chunks, 128), 128, 0, stream()>>>(device_partials.get(), x, N, chunk, chunks);
   check(cudaMemcpyAsync(partials, device_partials.get(), size_t(chunks) * sizeof(double), cudaMemcpyDefault, stream()),
         "sum_squares_chunks");
-  finish_op("sum_squares_chunks");
+  finish_op_for_host("sum_squares_chunks");
 }
 
 // loss_sum and count are host memory, and ops.h fixes the row order of the sum: the BT losses
@@ -129,7 +132,7 @@ void sum_losses(double* loss_sum, int64_t* count, const T* losses, const int32_t
   if (BT > 0) {
     check(cudaMemcpyAsync(l.data(), losses, l.size() * sizeof(T), cudaMemcpyDefault, stream()), "sum_losses");
     check(cudaMemcpyAsync(t.data(), targets, t.size() * sizeof(int32_t), cudaMemcpyDefault, stream()), "sum_losses");
-    finish_op("sum_losses");
+    finish_op_for_host("sum_losses");
   }
   double sum = 0.0;
   int64_t n = 0;
@@ -171,7 +174,7 @@ bool all_finite(const T* x, int64_t N) {
   finite_kernel<<<grid_for(N), kThreads, 0, stream()>>>(bad.get(), x, N);
   int host_bad = 0;
   check(cudaMemcpyAsync(&host_bad, bad.get(), sizeof(int), cudaMemcpyDefault, stream()), "all_finite");
-  finish_op("all_finite");
+  finish_op_for_host("all_finite");
   return host_bad == 0;
 }
 

@@ -1,6 +1,7 @@
 // The registry of compute backends behind core/ops.h: which are linked, which is active.
 #include <atomic>
 #include <mutex>
+#include <utility>
 
 #include "core/error.h"
 #include "core/ops.h"
@@ -43,6 +44,8 @@ void register_compute_backend(const ComputeBackend* backend) {
       !backend->unusable_reason ||
       missing_kernel(backend->f32) || missing_kernel(backend->f64))
     throw InputError("compute backend '" + name + "' leaves an entry of its table empty");
+  if (!backend->set_queue_only != !backend->synchronize)
+    throw InputError("compute backend '" + name + "' has one of set_queue_only and synchronize without the other");
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (const ComputeBackend* b : r.backends)
@@ -90,6 +93,27 @@ void set_backend_threads(int n) {
     throw InputError("thread count must be in [1, " + std::to_string(kMaxBackendThreads) + "], got " +
                      std::to_string(n));
   compute_backend().set_threads(n);
+}
+
+QueuedOps::QueuedOps() {
+  const ComputeBackend& b = compute_backend();
+  if (!b.set_queue_only) return;  // registration: both or neither
+  previous_ = b.set_queue_only(true);
+  backend_ = &b;
+}
+
+void QueuedOps::finish() {
+  if (!backend_) return;
+  const ComputeBackend* b = std::exchange(backend_, nullptr);
+  b->set_queue_only(previous_);
+  b->synchronize();
+}
+
+QueuedOps::~QueuedOps() {
+  try {
+    finish();
+  } catch (...) {  // see the header: an exception is already on its way
+  }
 }
 
 }  // namespace llama4d::ops

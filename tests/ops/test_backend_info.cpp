@@ -2,6 +2,7 @@
 // the ops dispatch through (core/ops.h).
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -115,6 +116,62 @@ TEST(ComputeBackend, ARegistrationWithAHoleOrATakenNameIsRefused) {
   holed.device_memcpy = nullptr;
   EXPECT_THROW(ops::register_compute_backend(&holed), InputError);
   for (const std::string& name : ops::compute_backend_names()) EXPECT_NE(name, "holed");
+}
+
+// A stream-ordered backend's calls, as QueuedOps makes them.
+std::vector<std::string> queue_calls;
+bool queue_only_now = false;
+bool record_set_queue_only(bool on) {
+  queue_calls.push_back(on ? "queue" : "wait");
+  return std::exchange(queue_only_now, on);
+}
+void record_synchronize() { queue_calls.push_back("synchronize"); }
+
+TEST(ComputeBackend, QueuedOpsQueueUntilFinishedAndRestoreTheSetting) {
+  ASSERT_STREQ(ops::backend_name(), "cpu");
+  {
+    ops::QueuedOps on_cpu;  // no stream order: nothing to set, nothing to wait for
+    on_cpu.finish();
+  }
+  static ops::ComputeBackend queued = ops::compute_backend();
+  static bool registered = false;
+  if (!registered) {
+    queued.name = "queued";
+    queued.set_queue_only = &record_set_queue_only;
+    queued.synchronize = &record_synchronize;
+    ops::register_compute_backend(&queued);
+    registered = true;
+  }
+  ops::select_compute_backend("queued");
+  queue_calls.clear();
+  {
+    ops::QueuedOps outer;
+    EXPECT_TRUE(queue_only_now);
+    {
+      ops::QueuedOps inner;
+      inner.finish();
+      EXPECT_TRUE(queue_only_now) << "an inner finish() ended the outer queueing";
+      inner.finish();  // a second finish() does nothing
+    }
+    outer.finish();
+  }
+  EXPECT_FALSE(queue_only_now);
+  EXPECT_EQ(queue_calls, (std::vector<std::string>{"queue", "queue", "queue", "synchronize", "wait", "synchronize"}));
+  // Unwinding through one restores the setting and waits too.
+  queue_calls.clear();
+  try {
+    ops::QueuedOps guard;
+    throw InputError("an op failed");
+  } catch (const InputError&) {
+  }
+  EXPECT_FALSE(queue_only_now);
+  EXPECT_EQ(queue_calls, (std::vector<std::string>{"queue", "wait", "synchronize"}));
+  ops::select_compute_backend("cpu");
+
+  ops::ComputeBackend half = ops::compute_backend();
+  half.name = "half-queued";
+  half.set_queue_only = &record_set_queue_only;
+  EXPECT_THROW(ops::register_compute_backend(&half), InputError);
 }
 
 }  // namespace

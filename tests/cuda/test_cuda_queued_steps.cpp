@@ -1,0 +1,73 @@
+// Training steps whose ops queue on the GPU's stream (ops::QueuedOps, as `llama4d bench` runs
+// them) against steps whose every op waits for its kernels: the same losses, gradient norms and
+// parameters, bit for bit. A host read that raced a queued kernel (a buffer read or written by
+// host code before the kernels that use it ran) would change them.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "../train/train_test_util.h"
+#include "core/data/dataset.h"
+#include "core/model/llama.h"
+#include "core/ops.h"
+#include "core/train/trainer.h"
+#include "cuda_test_util.h"
+
+namespace llama4d {
+namespace {
+
+struct Run {
+  std::vector<StepStats> steps;
+  std::vector<float> params;
+};
+
+Run train(const TextDataset& data, bool bf16, bool queued, int64_t steps) {
+  test::OnGpu on;
+  const LlamaConfig cfg = test::tiny_config();
+  TrainOptions opt = test::tiny_options(steps);
+  opt.bf16_compute = bf16;
+  opt.grad_clip = 1.0;  // active: the untrained model's gradient norm is above 1
+  Llama<float> model(cfg);
+  model.init_weights(opt.seed);
+  Trainer<float> trainer(model, data, opt);
+  Run r;
+  for (int64_t s = 0; s < steps; ++s) {
+    if (!queued) {
+      r.steps.push_back(trainer.step());
+      continue;
+    }
+    ops::QueuedOps queue;
+    r.steps.push_back(trainer.step());
+    queue.finish();
+  }
+  r.params.resize(size_t(model.num_params()));
+  ops::device_memcpy(r.params.data(), model.params(), model.num_params() * int64_t(sizeof(float)));
+  return r;
+}
+
+void expect_queued_steps_keep_their_bits(bool bf16) {
+  const TextDataset data = make_dataset(test::small_corpus(), test::tiny_options(3).seq_len);
+  const Run waited = train(data, bf16, false, 3), queued = train(data, bf16, true, 3);
+  ASSERT_EQ(queued.steps.size(), waited.steps.size());
+  for (size_t s = 0; s < waited.steps.size(); ++s) {
+    EXPECT_EQ(queued.steps[s].loss, waited.steps[s].loss) << "step " << s + 1;
+    EXPECT_EQ(queued.steps[s].grad_norm, waited.steps[s].grad_norm) << "step " << s + 1;
+  }
+  ASSERT_EQ(queued.params.size(), waited.params.size());
+  EXPECT_EQ(std::memcmp(queued.params.data(), waited.params.data(), waited.params.size() * sizeof(float)), 0)
+      << "the parameters after 3 queued steps differ from those after 3 steps whose every op waited";
+}
+
+TEST(CudaQueuedSteps, KeepTheBitsOfStepsWhoseEveryOpWaitsFp32) {
+  LLAMA4D_REQUIRE_GPU();
+  expect_queued_steps_keep_their_bits(false);
+}
+
+TEST(CudaQueuedSteps, KeepTheBitsOfStepsWhoseEveryOpWaitsBf16) {
+  LLAMA4D_REQUIRE_GPU();
+  expect_queued_steps_keep_their_bits(true);
+}
+
+}  // namespace
+}  // namespace llama4d
