@@ -191,16 +191,10 @@ void report_reference(const ReferenceGemm* reference, bool on_cpu) {
   }
 }
 
-// One step, its ops queued on a GPU's stream (ops::QueuedOps: the step waits only where the host
-// reads a result, the losses, the gradient norm and the finite check) unless every op is to wait.
-// The single-rank step touches backend memory through ops alone, which QueuedOps needs.
+// One step: its ops queued on a GPU's stream (Trainer::step_queued) unless every op is to wait.
 template <class T>
 double timed_step(Trainer<T>& trainer, bool wait_every_op) {
-  if (wait_every_op) return trainer.step().seconds;
-  ops::QueuedOps queued;
-  const double seconds = trainer.step().seconds;  // the step ends in a wait (the finite check)
-  queued.finish();
-  return seconds;
+  return (wait_every_op ? trainer.step() : trainer.step_queued()).seconds;
 }
 
 // Step times of `iters` steps after `warmup` untimed ones.

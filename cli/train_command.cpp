@@ -252,7 +252,9 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
            (long long)data.train_size, (long long)data.validation().size());
   progress("train: batch %lld x %lld tokens (micro-batch %lld); unigram entropy of val %.3f nats\n",
            (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)a.opt.micro(), unigram.nats);
-  const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
+  // One rank: the step's ops may queue on a GPU's stream. A parallel run's steps share buffers
+  // with collectives and other ranks, so there every op waits.
+  const TrainerCalls calls{[&] { return trainer.step_queued(); }, [&] { return trainer.steps_done(); },
                            [&](int64_t w) { return trainer.validate(w).mean(); },
                            [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
   nlohmann::json j = train_loop(a, a.opt, calls, true);

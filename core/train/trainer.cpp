@@ -91,6 +91,14 @@ StepStats Trainer<T>::step() {
 }
 
 template <class T>
+StepStats Trainer<T>::step_queued() {
+  ops::QueuedOps queued;
+  const StepStats st = step();
+  queued.finish();
+  return st;
+}
+
+template <class T>
 LossSum Trainer<T>::validate(int64_t max_windows) const {
   return evaluate_loss(model_, data_.validation(), opt_.seq_len, opt_.micro(), max_windows, opt_.doc_mask);
 }

@@ -1,7 +1,7 @@
-// Training steps whose ops queue on the GPU's stream (ops::QueuedOps, as `llama4d bench` runs
-// them) against steps whose every op waits for its kernels: the same losses, gradient norms and
-// parameters, bit for bit. A host read that raced a queued kernel (a buffer read or written by
-// host code before the kernels that use it ran) would change them.
+// Training steps whose ops queue on the GPU's stream (Trainer::step_queued, as `llama4d train`
+// and `bench` run one rank) against steps whose every op waits for its kernels: the same losses,
+// gradient norms and parameters, bit for bit. A host read that raced a queued kernel (a buffer
+// read or written by host code before the kernels that use it ran) would change them.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -32,15 +32,7 @@ Run train(const TextDataset& data, bool bf16, bool queued, int64_t steps) {
   model.init_weights(opt.seed);
   Trainer<float> trainer(model, data, opt);
   Run r;
-  for (int64_t s = 0; s < steps; ++s) {
-    if (!queued) {
-      r.steps.push_back(trainer.step());
-      continue;
-    }
-    ops::QueuedOps queue;
-    r.steps.push_back(trainer.step());
-    queue.finish();
-  }
+  for (int64_t s = 0; s < steps; ++s) r.steps.push_back(queued ? trainer.step_queued() : trainer.step());
   r.params.resize(size_t(model.num_params()));
   ops::device_memcpy(r.params.data(), model.params(), model.num_params() * int64_t(sizeof(float)));
   return r;
