@@ -224,7 +224,8 @@ nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const 
            "reference GFLOP/s", "ratio");
   for (int threads : sweep_counts(most)) {
     ops::set_backend_threads(threads);
-    const double tokens_per_s = double(opt.tokens_per_step()) / median(time_steps(trainer, a.warmup, a.iters, a.wait_every_op));
+    const std::vector<double> times = time_steps(trainer, a.warmup, a.iters, a.wait_every_op);
+    const double tokens_per_s = double(opt.tokens_per_step()) / median(times);
     if (threads == 2) two_threads = tokens_per_s;
     nlohmann::json row = measure_gemm(a, reference, threads, gemm_operands(opt.bf16_compute));
     row["tokens_per_s"] = tokens_per_s;
@@ -296,10 +297,18 @@ nlohmann::json run_bench(const BenchArgs& a) {
              gemm.at("llama4d_over_reference").get<double>());
   progress("bench: step %.1f ms (median of %lld, best %.1f ms), %.0f tokens/s\n", median * 1e3, (long long)a.iters,
            best * 1e3, tokens / median);
-  if (!on_cpu)
-    progress("bench: %s\n", a.wait_every_op ? "every op waited for its kernels (--wait-every-op)"
-                                             : "the step's ops queued on the GPU's stream; it waited where the host reads "
-                                               "a result (losses, gradient norm, finite check)");
+  // On a GPU: whether the step's ops queued (Trainer::step_queued, where the device can) or each
+  // waited for its kernels; the CPU's ops are done when they return.
+  nlohmann::json ops_wait = nullptr;
+  if (!on_cpu) {
+    ops::QueuedOps probe;
+    const bool queued = !a.wait_every_op && probe.queuing();
+    probe.finish();
+    ops_wait = queued ? "where the host reads" : "every op";
+    progress("bench: %s\n", queued ? "the step's ops queued on the GPU's stream; it waited where the host reads a "
+                                     "result (uploads, losses, the target check, gradient norms, the finite check)"
+                                   : "every op waited for its kernels");
+  }
   progress("bench: model %.2f GFLOP/s (%.3g FLOP/token) = %.1f%% of the better measured GEMM, %.2f GFLOP/s (MFU)\n",
            model_flops / 1e9, flops_per_token, 100 * fraction, peak / 1e9);
   progress("bench: activation checkpointing %s: +%.3g FLOP/token recomputed, hardware %.2f GFLOP/s = %.1f%% (HFU)\n",
@@ -326,8 +335,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"peak_memory", memory_json({memory_peaks(model.memory())})[0]},
           {"parameters", model.num_params()},
           {"device", ops::backend_name()},
-          // cuda: whether every op waited for its kernels (--wait-every-op) or the step's ops queued
-          {"ops_wait", a.wait_every_op ? "every op" : "where the host reads"},
+          {"ops_wait", ops_wait},
           {"threads", threads},
           {"dtype", a.model.dtype},
           {"batch_size", opt.batch_size},

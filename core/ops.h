@@ -538,10 +538,12 @@ struct ComputeBackend {
 
   // Stream order (a GPU). set_queue_only(true) lets the calling thread's ops return once their
   // work is queued, which the device then runs in order; false (the default) makes each op wait
-  // for its work again. Returns the previous setting. Ops whose result the host reads at once
-  // wait whatever it says: the host outputs above, all_finite, a copy to or from host memory,
-  // device_memcpy and collective_reduce. synchronize() waits for what the calling thread queued.
-  // Null: every op is done when it returns (the CPU). Use them through QueuedOps.
+  // for its work again. Returns the previous setting in effect (a backend may keep waiting where
+  // its device cannot queue safely). Ops whose result the host reads at once wait whatever it
+  // says: the host outputs above, all_finite, cross-entropy (its target check), a copy to or
+  // from host memory (document ids of AttentionShape included), device_memcpy and
+  // collective_reduce. synchronize() waits for what the calling thread queued. Null: every op is
+  // done when it returns (the CPU). Use them through QueuedOps.
   bool (*set_queue_only)(bool on) = nullptr;
   void (*synchronize)() = nullptr;
 
@@ -593,14 +595,17 @@ inline double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands op
 // While it lives, the calling thread's ops may return before their work is done (a GPU runs it
 // in stream order); finish() waits for it. Only for a thread that touches backend memory through
 // ops alone and shares it with no other thread meanwhile: a single-rank training step, whose
-// host reads (loss, gradient norm) come from ops that wait (bench; tests/cuda holds the steps'
-// bits to those of ops that each wait). A no-op on a backend without stream order.
+// host reads (loss, gradient norm) come from ops that wait (Trainer::step_queued; tests/cuda
+// holds its bits to those of a step whose every op waits). A no-op on a backend without stream
+// order.
 class QueuedOps {
  public:
   QueuedOps();
-  // Restores the setting; waits for the queued work if finish() did not (an error then is lost:
-  // this path only runs when an exception is already unwinding).
+  // Without finish(): restores the setting and waits, dropping an error from the wait (a
+  // destructor cannot throw; on the path without an exception, call finish()).
   ~QueuedOps();
+  // Whether the calling thread's ops are queuing now (false on a backend or device that cannot).
+  bool queuing() const { return queuing_; }
   QueuedOps(const QueuedOps&) = delete;
   QueuedOps& operator=(const QueuedOps&) = delete;
   // Waits for the queued work (throws the device's error) and restores the setting.
@@ -608,7 +613,7 @@ class QueuedOps {
 
  private:
   const ComputeBackend* backend_ = nullptr;  // null: nothing to do
-  bool previous_ = false;
+  bool previous_ = false, queuing_ = false;
 };
 
 // Name of the active compute backend ("cpu", "cuda") and its thread count, for reports.

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Every GPU check of the CUDA backend in four parts, for a machine with a GPU reached from a
-# machine without one: build here (scripts/build.sh release), carry the binaries there, run a part
-# per call (each meant to fit 10 minutes on one H100; not yet timed), read what it wrote.
-#   scripts/gpu_session.sh tests|verify|launch|bench
+# Every GPU check of the CUDA backend in four parts, and the CPU backend's scaling on the GPU
+# machine's cores in a fifth, for a machine with a GPU reached from a machine without one: build
+# here (scripts/build.sh release), carry the binaries there, run a part per call (each meant to
+# fit 10 minutes on one H100 with 16 cores; not yet timed), read what it wrote.
+#   scripts/gpu_session.sh tests|verify|launch|bench|cpu
 #     tests   tests/cuda (every op against the CPU, fp32 and bf16, tensor cores) and tests/nccl
 #     verify  `verify --device cuda` on virtual GPUs over one GPU: dp, ZeRO-3, tp, pp, cp (both
 #             algorithms) and a 4D mesh, each in fp32 and in bf16 (--json per run)
 #     launch  NCCL on a world of one: bare, under mpirun and under torchrun; lesson 08's GPU phase
 #     bench   bench/gpu_benchmark.sh: llama4d against PyTorch (eager and compiled) on the 124M and
 #             1.5B shapes, and `bench --device cuda` in fp32
+#     cpu     the CPU backend on every core: `bench --threads-sweep` on small and medium (tokens/s and
+#             GEMM GFLOP/s beside the reference BLAS on 1, 2, 4, ... threads), and the same step in
+#             PyTorch (bench/compare_torch.sh) on 2 and all threads. REFERENCE_BLAS names a
+#             libopenblas.so.0 carried over when the machine has none on its library path.
 # The binaries it runs: build/release/bin/{llama4d,lesson08_graduating_to_gpus},
 # build/release/share (the corpus), build/release/tests/{cuda/test_cuda,nccl/test_nccl}.
 # Output: one file per step under $OUT (default runs/gpu), and summary.txt with each exit code.
@@ -16,9 +21,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 part=${1:-}
 case "$part" in
-  tests | verify | launch | bench) ;;
+  tests | verify | launch | bench | cpu) ;;
   *)
-    echo "usage: scripts/gpu_session.sh tests|verify|launch|bench" >&2
+    echo "usage: scripts/gpu_session.sh tests|verify|launch|bench|cpu" >&2
     exit 2
     ;;
 esac
@@ -74,6 +79,19 @@ PLANS
     step gpu_benchmark env OUT="$out/gpu_benchmark" SHAPES="124m 1.5b" bench/gpu_benchmark.sh "$bin"
     step bench_fp32_124m "$bin" bench --device cuda --config "$out/gpu_benchmark/124m.json" --batch-size 16 \
       --seq-len 1024 --json
+    ;;
+  cpu)
+    cores=$(nproc)
+    blas=()
+    [ -n "${REFERENCE_BLAS:-}" ] && blas=(--reference-blas "$REFERENCE_BLAS")
+    step cpu_sweep_small "$bin" bench --threads-sweep "${blas[@]}" --json
+    step cpu_sweep_medium "$bin" bench --preset medium --threads-sweep --warmup 1 --iters 3 "${blas[@]}" --json
+    python=${PYTHON:-python3}  # an interpreter with a current PyTorch
+    for threads in $(printf '%s\n' 2 "$cores" | sort -un); do
+      step "torch_small_${threads}_threads" env THREADS="$threads" PYTHON="$python" bench/compare_torch.sh "$bin"
+    done
+    step "torch_medium_${cores}_threads" env THREADS="$cores" PRESET=medium PYTHON="$python" \
+      bench/compare_torch.sh "$bin"
     ;;
 esac
 exit "$failed"

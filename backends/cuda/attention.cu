@@ -272,12 +272,15 @@ class StreamScratch {
 };
 
 // Document ids [n] on the device: core/ops.h lets them be host memory, so they are copied
-// (cudaMemcpyDefault takes host, device or managed memory). Null stays null.
+// (cudaMemcpyDefault takes host, device or managed memory). Null stays null. A copy from host
+// memory is waited for, even when the op's kernels are only queued (QueuedOps): the caller may
+// reuse its ids as soon as the op returns.
 class DeviceIds {
  public:
   DeviceIds(const int32_t* ids, int64_t n, const char* what) : buf_(ids != nullptr ? n : 0, what) {
-    if (buf_.get() != nullptr)
-      check(cudaMemcpyAsync(buf_.get(), ids, size_t(n) * sizeof(int32_t), cudaMemcpyDefault, stream()), what);
+    if (buf_.get() == nullptr) return;
+    check(cudaMemcpyAsync(buf_.get(), ids, size_t(n) * sizeof(int32_t), cudaMemcpyDefault, stream()), what);
+    if (is_host_memory(ids)) check(cudaStreamSynchronize(stream()), what);
   }
   const int32_t* get() const { return buf_.get(); }
 

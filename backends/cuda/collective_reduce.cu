@@ -29,8 +29,7 @@ __global__ void collective_reduce_kernel(T* const* outs, int n_outs, const T* co
 // for pinned host memory; null for pageable host memory (a std::vector of the host's, such as a
 // loss summed over ranks), which a kernel may not read.
 void* kernel_address(const void* p) {
-  cudaPointerAttributes a{};
-  check(cudaPointerGetAttributes(&a, p), "collective_reduce (cudaPointerGetAttributes)");
+  const cudaPointerAttributes a = pointer_attributes(p, "collective_reduce (cudaPointerGetAttributes)");
   return a.type == cudaMemoryTypeUnregistered ? nullptr : a.devicePointer;
 }
 

@@ -10,8 +10,9 @@
 // which read it in the virtual backend's collectives. The price is one stream synchronization per
 // op. A thread that only touches backend memory through ops may drop that wait (QueueOnly, or
 // ops::QueuedOps through the backend table): its ops then run in stream order and it waits once,
-// at the end. Ops whose result the host reads as they return (host outputs, a copy to host
-// memory, collective_reduce) wait whatever the setting (finish_op_for_host).
+// at the end. Ops whose result the host reads as they return (host outputs, a copy to or from
+// host memory, collective_reduce, cross-entropy's target check) wait whatever the setting
+// (finish_op_for_host), and so do copies from host memory (document ids).
 //
 // Determinism. No floating-point atomics: every output element is written by one thread that
 // sums in a fixed order, or by one block through block_reduce's fixed tree. The grid size
@@ -77,12 +78,18 @@ inline void finish_op_for_host(const char* op) {
   check(cudaStreamSynchronize(stream()), op);
 }
 
+// What the driver knows of p: device, managed, pinned host or (unregistered) pageable host memory.
+inline cudaPointerAttributes pointer_attributes(const void* p, const char* what) {
+  cudaPointerAttributes a{};
+  check(cudaPointerGetAttributes(&a, p), what);
+  return a;
+}
+
 // Whether p is host memory (pageable or pinned) rather than device or managed memory: a copy to or
 // from it must be over before the op returns, since the host may read or reuse it at once.
 inline bool is_host_memory(const void* p) {
-  cudaPointerAttributes a{};
-  check(cudaPointerGetAttributes(&a, p), "cudaPointerGetAttributes");
-  return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+  const cudaMemoryType type = pointer_attributes(p, "cudaPointerGetAttributes").type;
+  return type == cudaMemoryTypeUnregistered || type == cudaMemoryTypeHost;
 }
 
 // While it lives, this thread's ops return as soon as their kernels are queued: a timing with

@@ -21,7 +21,7 @@ namespace llama4d::store {
 
 class Rendezvous {
  public:
-  // Rank 0 starts serving at env.master_port (IoError if the port is taken); every rank then
+  // Rank 0 starts serving at env.master_port (PortInUseError if it is taken); every rank then
   // connects to env.master_addr:master_port, waiting up to `timeout` for the server.
   Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout);
   // Without finish(), rank 0 stops serving at once (on an error path, waiting would only delay it).

@@ -80,8 +80,8 @@ Fd listen_on(int port) {
     }
     if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       if (errno == EADDRINUSE)
-        throw IoError("the store cannot listen on port " + std::to_string(port) +
-                      ": it is in use (another job's MASTER_PORT?)");
+        throw PortInUseError("the store cannot listen on port " + std::to_string(port) +
+                             ": it is in use (another job's MASTER_PORT?)");
       continue;  // this family is not available here; try the next
     }
     if (::listen(fd.get(), 128) != 0) continue;

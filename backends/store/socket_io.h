@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/error.h"
+
 namespace llama4d::store {
 
 using Clock = std::chrono::steady_clock;
@@ -35,8 +37,14 @@ class Fd {
 // "host:port" as messages print it ([v6]:port for IPv6 literals).
 std::string endpoint_name(const std::string& host, int port);
 
-// Listens on every interface at `port` (0: the kernel picks a free one). IoError naming the port
-// if it is taken or cannot be bound.
+// Another process holds the port a store was to listen on: a launcher may pick another and retry.
+class PortInUseError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+// Listens on every interface at `port` (0: the kernel picks a free one). PortInUseError naming
+// the port if it is taken, IoError if it cannot be bound otherwise.
 Fd listen_on(int port);
 // The port a listening socket is bound to.
 int bound_port(int listen_fd);

@@ -27,7 +27,8 @@ namespace llama4d::store {
 // server does.
 class StoreServer {
  public:
-  // Listens on every interface at `port` (0: a free port, see port()). IoError if it is taken.
+  // Listens on every interface at `port` (0: a free port, see port()). PortInUseError if it is
+  // taken.
   explicit StoreServer(int port);
   ~StoreServer();  // stops serving; waiting clients see the connection close
   StoreServer(const StoreServer&) = delete;

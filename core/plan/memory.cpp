@@ -259,7 +259,7 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
     m.optimizer = pr.optimizer * (stage >= 1 ? sh : N);
     m.comm_buffers = stage >= 2 ? pr.grad * sh : 0;
     // RoPE tables for every position of the sequence (a context-parallel rank reads positions
-    // from both ends of it), made by the rank's first block.
+    // from both ends of it), made by the forward before its first block.
     const bool has_block = std::any_of(chunks.begin(), chunks.end(), [&](const std::vector<int>& c) {
       return std::any_of(c.begin(), c.end(), [&](int u) { return u >= 1 && u <= L; });
     });

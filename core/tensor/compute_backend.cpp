@@ -99,6 +99,7 @@ QueuedOps::QueuedOps() {
   const ComputeBackend& b = compute_backend();
   if (!b.set_queue_only) return;  // registration: both or neither
   previous_ = b.set_queue_only(true);
+  queuing_ = b.set_queue_only(true);  // the setting in effect after the first call
   backend_ = &b;
 }
 

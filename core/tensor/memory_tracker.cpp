@@ -180,8 +180,8 @@ nlohmann::json memory_json(const std::vector<RankMemory>& per_rank) {
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const RankMemory& m = per_rank[r];
     out.push_back({{"rank", r}, {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
-                   {"activations", m.activations}, {"scratch", m.scratch}, {"comm_buffers", m.comm_buffers}, {"other", m.other},
-                   {"total", m.total}});
+                   {"activations", m.activations}, {"scratch", m.scratch}, {"comm_buffers", m.comm_buffers},
+                   {"other", m.other}, {"total", m.total}});
   }
   return out;
 }

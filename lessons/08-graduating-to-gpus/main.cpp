@@ -239,7 +239,9 @@ struct LaunchResult {
 };
 
 // One launch on `port`. Rank 0 serves the store, so it starts first and the others only once its
-// server is up: false when the port was taken between the probe and rank 0's bind.
+// server is up: false when the port was taken between the probe and rank 0's bind. Any other
+// failure of rank 0 is reported at once, without starting the others (they would wait for a store
+// that never comes).
 bool launch_on_port(int world, int port, LaunchResult& out) {
   out.port = port;
   out.env.assign(size_t(world), {});
@@ -248,12 +250,13 @@ bool launch_on_port(int world, int port, LaunchResult& out) {
     out.env[size_t(r)] = {{"RANK", std::to_string(r)},         {"WORLD_SIZE", std::to_string(world)},
                           {"LOCAL_RANK", std::to_string(r)},   {"LOCAL_WORLD_SIZE", std::to_string(world)},
                           {"MASTER_ADDR", "127.0.0.1"},       {"MASTER_PORT", std::to_string(port)}};
+  enum class Store { serving, port_taken, failed };
+  std::promise<Store> store;  // what rank 0's attempt to serve came to; set once
   std::vector<std::thread> procs;
   std::vector<std::string> errors(static_cast<size_t>(world));
-  std::promise<bool> serving;  // rank 0: true once its store listens, false if the port was taken
   for (int r = 0; r < world; ++r) {
     procs.emplace_back([&, r] {
-      bool announced = r != 0;
+      bool told = r != 0;  // whether rank 0 has set `store`
       try {
         const std::map<std::string, std::string>& vars = out.env[size_t(r)];
         const std::optional<store::LaunchEnv> env = store::launch_env([&](const char* name) -> const char* {
@@ -264,27 +267,31 @@ bool launch_on_port(int world, int port, LaunchResult& out) {
         std::unique_ptr<store::Rendezvous> rdzv;
         try {
           rdzv = std::make_unique<store::Rendezvous>(*env, std::chrono::seconds(30));
-        } catch (const IoError&) {
-          if (announced) throw;
-          announced = true;
-          serving.set_value(false);
+        } catch (const store::PortInUseError&) {
+          if (told) throw;
+          told = true;
+          store.set_value(Store::port_taken);
           return;
         }
-        if (!announced) {
-          serving.set_value(true);
-          announced = true;
+        if (!told) {
+          told = true;
+          store.set_value(Store::serving);
         }
         out.received[size_t(r)] = rdzv->broadcast("nccl_id/world", r == 0 ? out.id : std::vector<uint8_t>{});
         rdzv->barrier("ready");
         rdzv->finish();
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
-        if (!announced) serving.set_value(true);  // failed for another reason: reported below
+        if (!told) store.set_value(Store::failed);
       }
     });
-    if (r == 0 && !serving.get_future().get()) {
-      procs[0].join();
-      return false;
+    if (r == 0) {
+      const Store s = store.get_future().get();
+      if (s == Store::port_taken) {
+        procs[0].join();
+        return false;
+      }
+      if (s == Store::failed) break;  // joined and reported below
     }
   }
   for (std::thread& t : procs) t.join();

@@ -424,7 +424,8 @@ std::string timeline_table(const std::vector<TrafficRecord>& records, size_t max
 
 std::string memory_table(const std::vector<RankMemory>& per_rank) {
   std::vector<std::vector<std::string>> rows;
-  rows.push_back({"rank", "params", "grads", "optimizer", "activations", "scratch", "comm buffers", "other (RoPE)", "total", ""});
+  rows.push_back({"rank", "params", "grads", "optimizer", "activations", "scratch", "comm buffers", "other (RoPE)",
+                  "total", ""});
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const RankMemory& m = per_rank[r];
     rows.push_back({std::to_string(r), grouped(m.params), grouped(m.grads), grouped(m.optimizer), grouped(m.activations), grouped(m.scratch),

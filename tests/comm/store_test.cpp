@@ -51,6 +51,18 @@ TEST(Store, SetGetAddAndCheck) {
   EXPECT_EQ(a.get("n").size(), 8u);
 }
 
+// A taken port is its own error, which a launcher can retry on another port, and it names the port.
+TEST(Store, ATakenPortIsAPortInUseErrorNamingIt) {
+  StoreServer first(0);
+  try {
+    StoreServer second(first.port());
+    FAIL() << "two stores listened on port " << first.port();
+  } catch (const PortInUseError& e) {
+    EXPECT_NE(std::string(e.what()).find("port " + std::to_string(first.port()) + ": it is in use"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Store, GetWaitsForALaterSet) {
   StoreServer server(0);
   StoreClient waiter("127.0.0.1", server.port(), 10s);

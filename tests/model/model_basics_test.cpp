@@ -159,7 +159,8 @@ TEST(ModelBasics, RopeTablesAreChargedForThePositionsRead) {
   Llama<float> m(cfg, &memory);
   m.init_weights(3);
   EXPECT_EQ(memory.live(MemoryCategory::other), 0) << "made with the model";
-  const test::Batch b7 = test::make_batch(2, 7, cfg.vocab_size, 4, true), b5 = test::make_batch(2, 5, cfg.vocab_size, 5, true);
+  const test::Batch b7 = test::make_batch(2, 7, cfg.vocab_size, 4, true);
+  const test::Batch b5 = test::make_batch(2, 5, cfg.vocab_size, 5, true);
   const LossSum first = m.forward(b7.tokens.data(), b7.targets.data(), b7.B, b7.T);
   EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(7));
   m.forward(b5.tokens.data(), b5.targets.data(), b5.B, b5.T);

@@ -131,6 +131,7 @@ TEST(ComputeBackend, QueuedOpsQueueUntilFinishedAndRestoreTheSetting) {
   ASSERT_STREQ(ops::backend_name(), "cpu");
   {
     ops::QueuedOps on_cpu;  // no stream order: nothing to set, nothing to wait for
+    EXPECT_FALSE(on_cpu.queuing());
     on_cpu.finish();
   }
   static ops::ComputeBackend queued = ops::compute_backend();
@@ -145,8 +146,9 @@ TEST(ComputeBackend, QueuedOpsQueueUntilFinishedAndRestoreTheSetting) {
   ops::select_compute_backend("queued");
   queue_calls.clear();
   {
-    ops::QueuedOps outer;
+    ops::QueuedOps outer;  // sets queuing on, then asks again to learn what is in effect
     EXPECT_TRUE(queue_only_now);
+    EXPECT_TRUE(outer.queuing());
     {
       ops::QueuedOps inner;
       inner.finish();
@@ -156,7 +158,8 @@ TEST(ComputeBackend, QueuedOpsQueueUntilFinishedAndRestoreTheSetting) {
     outer.finish();
   }
   EXPECT_FALSE(queue_only_now);
-  EXPECT_EQ(queue_calls, (std::vector<std::string>{"queue", "queue", "queue", "synchronize", "wait", "synchronize"}));
+  EXPECT_EQ(queue_calls, (std::vector<std::string>{"queue", "queue", "queue", "queue", "queue", "synchronize", "wait",
+                                                   "synchronize"}));
   // Unwinding through one restores the setting and waits too.
   queue_calls.clear();
   try {
@@ -165,7 +168,7 @@ TEST(ComputeBackend, QueuedOpsQueueUntilFinishedAndRestoreTheSetting) {
   } catch (const InputError&) {
   }
   EXPECT_FALSE(queue_only_now);
-  EXPECT_EQ(queue_calls, (std::vector<std::string>{"queue", "wait", "synchronize"}));
+  EXPECT_EQ(queue_calls, (std::vector<std::string>{"queue", "queue", "wait", "synchronize"}));
   ops::select_compute_backend("cpu");
 
   ops::ComputeBackend half = ops::compute_backend();
