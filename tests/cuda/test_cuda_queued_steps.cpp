@@ -9,6 +9,7 @@
 
 #include "../train/train_test_util.h"
 #include "core/data/dataset.h"
+#include "core/model/checkpointing.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
 #include "core/train/trainer.h"
@@ -22,13 +23,23 @@ struct Run {
   std::vector<float> params;
 };
 
-Run train(const TextDataset& data, bool bf16, bool queued, int64_t steps) {
+// What a step runs: bf16 mixed precision or fp32, a checkpointing policy (recomputation in the
+// backward), document masks (ids in backend memory read by attention).
+struct Setup {
+  bool bf16 = false;
+  const char* ac = "none";
+  bool doc_mask = false;
+};
+
+Run train(const TextDataset& data, const Setup& setup, bool queued, int64_t steps) {
   test::OnGpu on;
   const LlamaConfig cfg = test::tiny_config();
   TrainOptions opt = test::tiny_options(steps);
-  opt.bf16_compute = bf16;
+  opt.bf16_compute = setup.bf16;
+  opt.doc_mask = setup.doc_mask;
   opt.grad_clip = 1.0;  // active: the untrained model's gradient norm is above 1
   Llama<float> model(cfg);
+  model.set_checkpointing(Checkpointing::parse(setup.ac, int(cfg.num_hidden_layers)));
   model.init_weights(opt.seed);
   Trainer<float> trainer(model, data, opt);
   Run r;
@@ -38,9 +49,9 @@ Run train(const TextDataset& data, bool bf16, bool queued, int64_t steps) {
   return r;
 }
 
-void expect_queued_steps_keep_their_bits(bool bf16) {
+void expect_queued_steps_keep_their_bits(const Setup& setup) {
   const TextDataset data = make_dataset(test::small_corpus(), test::tiny_options(3).seq_len);
-  const Run waited = train(data, bf16, false, 3), queued = train(data, bf16, true, 3);
+  const Run waited = train(data, setup, false, 3), queued = train(data, setup, true, 3);
   ASSERT_EQ(queued.steps.size(), waited.steps.size());
   for (size_t s = 0; s < waited.steps.size(); ++s) {
     EXPECT_EQ(queued.steps[s].loss, waited.steps[s].loss) << "step " << s + 1;
@@ -53,12 +64,18 @@ void expect_queued_steps_keep_their_bits(bool bf16) {
 
 TEST(CudaQueuedSteps, KeepTheBitsOfStepsWhoseEveryOpWaitsFp32) {
   LLAMA4D_REQUIRE_GPU();
-  expect_queued_steps_keep_their_bits(false);
+  expect_queued_steps_keep_their_bits({});
 }
 
 TEST(CudaQueuedSteps, KeepTheBitsOfStepsWhoseEveryOpWaitsBf16) {
   LLAMA4D_REQUIRE_GPU();
-  expect_queued_steps_keep_their_bits(true);
+  expect_queued_steps_keep_their_bits({.bf16 = true});
+}
+
+TEST(CudaQueuedSteps, KeepTheBitsWithRecomputationAndDocumentMasks) {
+  LLAMA4D_REQUIRE_GPU();
+  expect_queued_steps_keep_their_bits({.bf16 = true, .ac = "selective", .doc_mask = true});
+  expect_queued_steps_keep_their_bits({.ac = "full"});
 }
 
 }  // namespace
