@@ -113,7 +113,7 @@ void QueuedOps::finish() {
 QueuedOps::~QueuedOps() {
   try {
     finish();
-  } catch (...) {  // see the header: an exception is already on its way
+  } catch (...) {  // a destructor cannot throw (see the header)
   }
 }
 
