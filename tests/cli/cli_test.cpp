@@ -473,6 +473,11 @@ TEST(Cli, ActivationCheckpointingFlag) {
   const auto jb = nlohmann::json::parse(b.out);
   EXPECT_GT(jb.at("hfu").get<double>(), jb.at("mfu").get<double>());
   EXPECT_GT(jb.at("recompute_flops_per_token").get<double>(), 0.0);
+  // The CPU's ops are done when they return: nothing queued, nothing to report.
+  EXPECT_TRUE(jb.at("ops_wait").is_null());
+  // tiny's RoPE tables for 64 positions: cos and sin, head_dim 64 / 4 heads = 16, 8 frequencies, fp32.
+  EXPECT_EQ(jb.at("peak_memory").at("other").get<int64_t>(), 2 * 64 * (16 / 2) * 4);
+  expect_bad_input(run("bench --preset tiny --wait-every-op"), "--wait-every-op");
 }
 
 // --threads-sweep: the step and both GEMMs (ours, and the reference BLAS that scripts/setup.sh
