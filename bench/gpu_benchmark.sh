@@ -63,7 +63,7 @@ def load(name):
     path = os.path.join(out, name)
     return json.load(open(path)) if os.path.exists(path) else None
 rows = {}
-print(f"{'shape':6} {'run':16} {'tokens/s':>10} {'MFU':>6}  llama4d / run")
+print(f"{'shape':6} {'run':21} {'tokens/s':>10} {'MFU':>6}  llama4d / run")
 for shape in shapes:
     ours = load(f"{shape}.llama4d.json")
     peak, flops = ours["peak_gemm_flops_per_s"], ours["flops_per_token"]
@@ -76,7 +76,7 @@ for shape in shapes:
         rows[shape][run] = r
         rows[shape][run + "_mfu"] = tps * flops / peak
         ratio = ours["tokens_per_s"] / tps
-        print(f"{shape:6} {run:16} {tps:10.0f} {100 * tps * flops / peak:5.1f}%  {ratio:.2f}x")
+        print(f"{shape:6} {run:21} {tps:10.0f} {100 * tps * flops / peak:5.1f}%  {ratio:.2f}x")
     g = ours["gemm"]
     print(f"{shape:6} peak {peak / 1e12:.0f} TFLOP/s: llama4d's GEMM {g['llama4d_flops_per_s'] / 1e12:.0f}, "
           f"reference {(g['reference_flops_per_s'] or 0) / 1e12:.0f}")

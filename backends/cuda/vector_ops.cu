@@ -97,7 +97,9 @@ template <class T>
 void copy(T* dst, const T* src, int64_t N) {
   if (N <= 0) return;
   check(cudaMemcpyAsync(dst, src, size_t(N) * sizeof(T), cudaMemcpyDefault, stream()), "copy");
-  if (is_host_memory(dst) || is_host_memory(src))
+  // Both wait when ops wait; queued, a copy touching host memory still must (ops.h), so only
+  // then is it worth asking the driver where the pointers live.
+  if (queue_only() && (is_host_memory(dst) || is_host_memory(src)))
     finish_op_for_host("copy");
   else
     finish_op("copy");

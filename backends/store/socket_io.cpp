@@ -78,14 +78,14 @@ Fd listen_on(int port) {
       a->sin_port = htons(uint16_t(port));
       len = sizeof(sockaddr_in);
     }
-    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-      if (errno == EADDRINUSE)
-        throw PortInUseError("the store cannot listen on port " + std::to_string(port) +
-                             ": it is in use (another job's MASTER_PORT?)");
-      continue;  // this family is not available here; try the next
-    }
-    if (::listen(fd.get(), 128) != 0) continue;
-    return fd;
+    // Two SO_REUSEADDR sockets may both bind a port that neither listens on yet; the second to
+    // listen is then refused with EADDRINUSE, which is the same taken port as a refused bind.
+    const bool bound = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0;
+    if (bound && ::listen(fd.get(), 128) == 0) return fd;
+    if (errno == EADDRINUSE)
+      throw PortInUseError("the store cannot listen on port " + std::to_string(port) +
+                           ": it is in use (another job's MASTER_PORT?)");
+    // Otherwise this family is not available here; try the next.
   }
   throw IoError("the store cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno));
 }

@@ -3,7 +3,7 @@
 // for host code that builds tensors as it would in a std::vector and hands them to ops: the
 // kernels take the backend's memory only (core/ops.h), and on a GPU that is not the host's heap.
 // Host code may index it too (the CUDA backend's memory is managed, and every op has finished
-// when it returns). Not charged to a MemoryTracker: for harness-side work such as the
+// when it returns, except on a thread inside ops::QueuedOps, which must not read it meanwhile). Not charged to a MemoryTracker: for harness-side work such as the
 // tensor-parallel replay, never for a rank's tensors (those are Buffers).
 //
 // Header-only, as Buffer: only programs that link a compute backend allocate.

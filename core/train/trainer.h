@@ -45,9 +45,10 @@ class Trainer {
 
   StepStats step();
   // step() with its ops queued on a GPU's stream (ops::QueuedOps): it waits only where the host
-  // hands data over or reads a result (each micro-batch's token and target uploads, the
-  // cross-entropy target check and the losses; the gradient norms; the finite check) and once at
-  // its end. step() touches the model's memory through ops alone, which that needs; on the CPU
+  // hands data over or reads a result (each micro-batch's token and target uploads, and its
+  // document ids under --doc-mask; the RoPE tables' upload when a forward first reaches a
+  // position; the cross-entropy's target checks, forward and backward, and the losses; the
+  // gradient norms; the finite check) and once at its end. step() touches the model's memory through ops alone, which that needs; on the CPU
   // the two are the same.
   StepStats step_queued();
   int64_t steps_done() const { return steps_done_; }
