@@ -3,7 +3,8 @@
 // engine's own GEMM path and a reference on the same shape and thread count, both measured here:
 // a BLAS sgemm on the CPU (bench/reference_blas.h), cuBLAS on a GPU (bench/reference_cublas.h,
 // with bf16 inputs in a bf16 run, as the engine's own products then are). `--threads-sweep` repeats the step and both GEMMs for
-// 1, 2, 4, ... threads. `llama4d bench comm` lives in bench_comm_command.cpp.
+// 1, 2, 4, ... threads. `--profile` adds the time per step in each op (core/tensor/op_profile.h), at
+// every thread count of a sweep. `llama4d bench comm` lives in bench_comm_command.cpp.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "core/model/flops.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
+#include "core/tensor/op_profile.h"
 #include "core/parallel/parallel_trainer.h"
 #include "core/parallel/pipeline_picture.h"
 #include "core/train/trainer.h"
@@ -43,7 +45,7 @@ struct BenchArgs {
   int micro_batches = 0;
   ComputeChoice compute;
   std::string reference_blas;
-  bool json = false, force = false, threads_sweep = false, wait_every_op = false;
+  bool json = false, force = false, threads_sweep = false, wait_every_op = false, profile = false;
 };
 
 double median(std::vector<double> v) {
@@ -206,6 +208,89 @@ std::vector<double> time_steps(Trainer<T>& trainer, int64_t warmup, int64_t iter
   return times;
 }
 
+// --profile: `iters` more steps with every op timed (each waits for its kernels on a GPU): per op,
+// its calls, seconds and FLOP/s per step, busiest first, and the step's time outside every op
+// (the host's own work: the loop, the data, the allocator), which no thread count shortens.
+template <class T>
+nlohmann::json profile_steps(Trainer<T>& trainer, int64_t iters) {
+  double step_seconds = 0;
+  std::vector<ops::OpTime> totals;
+  {
+    ops::OpProfile profile;
+    for (int64_t i = 0; i < iters; ++i) step_seconds += trainer.step().seconds;
+    totals = profile.take();
+  }
+  std::sort(totals.begin(), totals.end(), [](const ops::OpTime& x, const ops::OpTime& y) { return x.seconds > y.seconds; });
+  const double steps = double(iters);
+  step_seconds /= steps;
+  double in_ops = 0;
+  nlohmann::json by_op = nlohmann::json::array();
+  for (const ops::OpTime& t : totals) {
+    in_ops += t.seconds / steps;
+    by_op.push_back({{"op", t.op},
+                     {"calls_per_step", double(t.calls) / steps},
+                     {"seconds_per_step", t.seconds / steps},
+                     {"share_of_step", t.seconds / steps / step_seconds},
+                     {"flops_per_s", t.flops > 0 ? nlohmann::json(t.flops / t.seconds) : nlohmann::json(nullptr)}});
+  }
+  return {{"steps", iters},
+          {"step_seconds", step_seconds},
+          {"outside_ops_seconds_per_step", step_seconds - in_ops},
+          {"by_op", by_op}};
+}
+
+// The profile as a table on stderr: one line per op, then the time outside them.
+void print_profile(const nlohmann::json& p, int threads) {
+  progress("bench: time per step by op, over %lld more steps with every op timed on %d threads (step %.2f ms):\n",
+           (long long)p.at("steps").get<int64_t>(), threads, p.at("step_seconds").get<double>() * 1e3);
+  progress("  %-30s %8s %10s %7s %10s\n", "op", "calls", "ms/step", "share", "GFLOP/s");
+  for (const auto& o : p.at("by_op")) {
+    char rate[32] = "";
+    if (!o.at("flops_per_s").is_null()) std::snprintf(rate, sizeof rate, "%.1f", o.at("flops_per_s").get<double>() / 1e9);
+    progress("  %-30s %8.0f %10.3f %6.1f%% %10s\n", o.at("op").get<std::string>().c_str(),
+             o.at("calls_per_step").get<double>(), o.at("seconds_per_step").get<double>() * 1e3,
+             100 * o.at("share_of_step").get<double>(), rate);
+  }
+  const double outside = p.at("outside_ops_seconds_per_step").get<double>();
+  progress("  %-30s %8s %10.3f %6.1f%%\n", "(outside every op)", "", outside * 1e3,
+           100 * outside / p.at("step_seconds").get<double>());
+}
+
+// A sweep's profiles side by side: ms per step of each op at each thread count (busiest on one
+// thread first; "-" where an op was not called, such as the clipping's scale in a step whose norm
+// stayed under the limit), and its speedup from the first count to the last.
+void print_profile_sweep(const nlohmann::json& rows) {
+  std::vector<std::string> names;
+  for (const auto& r : rows)
+    for (const auto& o : r.at("profile").at("by_op"))
+      if (std::find(names.begin(), names.end(), o.at("op").get<std::string>()) == names.end())
+        names.push_back(o.at("op").get<std::string>());
+  names.push_back("(outside every op)");
+  names.push_back("(step)");
+  // ms per step, or a negative number where the op was not called.
+  auto ms = [](const nlohmann::json& profile, const std::string& name) {
+    if (name == "(outside every op)") return profile.at("outside_ops_seconds_per_step").get<double>() * 1e3;
+    if (name == "(step)") return profile.at("step_seconds").get<double>() * 1e3;
+    for (const auto& o : profile.at("by_op"))
+      if (o.at("op").get<std::string>() == name) return o.at("seconds_per_step").get<double>() * 1e3;
+    return -1.0;
+  };
+  progress("bench: ms per step by op and thread count (every op timed), and the speedup from %d to %d threads:\n",
+           rows.front().at("threads").get<int>(), rows.back().at("threads").get<int>());
+  progress("  %-30s", "op");
+  for (const auto& r : rows) progress(" %9d", r.at("threads").get<int>());
+  progress(" %9s\n", "speedup");
+  for (const std::string& name : names) {
+    progress("  %-30s", name.c_str());
+    for (const auto& r : rows) {
+      const double t = ms(r.at("profile"), name);
+      t < 0 ? progress(" %9s", "-") : progress(" %9.3f", t);
+    }
+    const double first = ms(rows.front().at("profile"), name), last = ms(rows.back().at("profile"), name);
+    first > 0 && last > 0 ? progress(" %8.2fx\n", first / last) : progress(" %9s\n", "-");
+  }
+}
+
 // Thread counts 1, 2, 4, ... below `most`, then `most`.
 std::vector<int> sweep_counts(int most) {
   std::vector<int> counts;
@@ -230,6 +315,7 @@ nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const 
     nlohmann::json row = measure_gemm(a, reference, threads, gemm_operands(opt.bf16_compute));
     row["tokens_per_s"] = tokens_per_s;
     row["tokens_per_s_over_two_threads"] = two_threads > 0 ? nlohmann::json(tokens_per_s / two_threads) : nullptr;
+    if (a.profile) row["profile"] = profile_steps(trainer, a.iters);
     // "-" where a column has no value (no reference BLAS; the 2-thread row not reached yet).
     auto cell = [](const nlohmann::json& v, const char* fmt, double scale) {
       char buf[32] = "-";
@@ -242,6 +328,7 @@ nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const 
              cell(row.at("llama4d_over_reference"), "%.2f", 1).c_str());
     rows.push_back(row);
   }
+  if (a.profile) print_profile_sweep(rows);
   return rows;
 }
 
@@ -316,6 +403,11 @@ nlohmann::json run_bench(const BenchArgs& a) {
   if (opt.doc_mask)
     progress("bench: --doc-mask: FLOP/token counts causal attention over whole rows (the usual MFU convention); the "
              "mask skips the pairs that cross documents, so the work done is less\n");
+  nlohmann::json profile = nullptr;
+  if (a.profile) {
+    profile = profile_steps(trainer, a.iters);
+    print_profile(profile, threads);
+  }
   nlohmann::json result = {{"tokens_per_s", tokens / median},
           {"step_seconds_median", median},
           {"step_seconds_best", best},
@@ -336,6 +428,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"parameters", model.num_params()},
           {"device", ops::backend_name()},
           {"ops_wait", ops_wait},
+          {"profile", profile},
           {"threads", threads},
           {"dtype", a.model.dtype},
           {"batch_size", opt.batch_size},
@@ -391,8 +484,11 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--reference-blas", a->reference_blas,
                   "library with cblas_sgemm to measure the peak against (default: Debian's libopenblas.so.0 if installed)");
   cmd->add_flag("--wait-every-op", a->wait_every_op,
-                "with --device cuda: every op of the single-rank step waits for its kernels, as training does, "
-                "instead of queuing them and waiting where the host reads a result");
+                "with --device cuda: every op of the single-rank step waits for its kernels, as parallel training "
+                "and verify run it, instead of queuing them and waiting where the host reads a result");
+  cmd->add_flag("--profile", a->profile,
+                "after the timed steps, run --iters more with every op timed (on a GPU each op then waits) and print "
+                "the time per step in each op and outside them; with --threads-sweep, at every thread count");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {
@@ -409,6 +505,8 @@ CLI::App* add_bench_command(CLI::App& app) {
     a->launch.validate(a->parallel.parallel());
     if (a->threads_sweep && a->parallel.parallel())
       throw InputError("--threads-sweep times the single-rank step; it does not take --mesh");
+    if (a->profile && a->parallel.parallel())
+      throw InputError("--profile times the single-rank step's ops; it does not take --mesh");
     const nlohmann::json result = a->model.fp64() ? run_bench<double>(*a) : run_bench<float>(*a);
     if (a->json && !result.is_null()) print_json(result);
   });

@@ -566,6 +566,11 @@ void register_compute_backend(const ComputeBackend* backend);
 // buffer is allocated: memory from one backend is not another's. InputError naming the linked
 // backends if `name` is not among them, and naming the reason when the backend cannot run here.
 void select_compute_backend(const std::string& name);
+// Makes `backend` active in place of the active one, which it returns, without registering it:
+// for a wrapper of the active backend's kernels that keeps its memory entries (OpProfile,
+// core/tensor/op_profile.h), so buffers allocated before stay valid. Not while other threads
+// call ops.
+const ComputeBackend* exchange_active_compute_backend(const ComputeBackend* backend);
 // The names of the linked backends, in registration order.
 std::vector<std::string> compute_backend_names();
 // The active backend. Error if no backend library is linked into the program.

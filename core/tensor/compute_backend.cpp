@@ -72,6 +72,11 @@ void select_compute_backend(const std::string& name) {
                    (linked.empty() ? "none" : linked) + ")");
 }
 
+const ComputeBackend* exchange_active_compute_backend(const ComputeBackend* backend) {
+  if (!backend) throw InputError("exchange_active_compute_backend needs a backend");
+  return registry().active.exchange(backend);
+}
+
 std::vector<std::string> compute_backend_names() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -506,6 +507,44 @@ TEST(Cli, BenchSweepsThreadCountsBesideTheReferenceBlas) {
   if (rows.size() > 1) {
     EXPECT_DOUBLE_EQ(rows[1].at("tokens_per_s_over_two_threads").get<double>(), 1.0);
   }
+}
+
+// --profile: the step's time by op. tiny has 2 blocks of 7 products (q, k, v, o, gate, up, down)
+// and the LM head's: 15 products forward and 15 backward per step, one attention each way per
+// block, and the ops' times and the time outside them add up to the step.
+TEST(Cli, BenchProfilesTheStepOpByOp) {
+  const std::string common = "bench --preset tiny --seq-len 64 --iters 2 --warmup 0 --gemm-n 64 --gemm-seconds 0.03 "
+                             "--profile --json";
+  const Result r = run(common);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto p = nlohmann::json::parse(r.out).at("profile");
+  EXPECT_EQ(p.at("steps").get<int>(), 2);
+  std::map<std::string, nlohmann::json> ops;
+  double in_ops = 0, previous = 1e300;
+  for (const auto& o : p.at("by_op")) {
+    ops[o.at("op").get<std::string>()] = o;
+    const double s = o.at("seconds_per_step").get<double>();
+    EXPECT_LE(s, previous) << "busiest first";
+    previous = s;
+    in_ops += s;
+  }
+  EXPECT_EQ(ops.at("matmul_forward").at("calls_per_step").get<double>(), 15.0);
+  EXPECT_EQ(ops.at("matmul_backward").at("calls_per_step").get<double>(), 15.0);
+  EXPECT_EQ(ops.at("attention_forward").at("calls_per_step").get<double>(), 2.0);
+  EXPECT_EQ(ops.at("attention_backward").at("calls_per_step").get<double>(), 2.0);
+  EXPECT_GT(ops.at("adamw_update").at("calls_per_step").get<double>(), 0.0);
+  EXPECT_GT(ops.at("matmul_forward").at("flops_per_s").get<double>(), 0.0);
+  EXPECT_TRUE(ops.at("rmsnorm_forward").at("flops_per_s").is_null());
+  const double step = p.at("step_seconds").get<double>(), outside = p.at("outside_ops_seconds_per_step").get<double>();
+  EXPECT_GE(outside, 0.0);
+  EXPECT_NEAR(in_ops + outside, step, 1e-9 * step);
+  // In a sweep, every thread count has its profile.
+  const Result sweep = run(common + " --threads 2 --threads-sweep");
+  ASSERT_EQ(sweep.code, 0) << sweep.err;
+  for (const auto& row : nlohmann::json::parse(sweep.out).at("threads_sweep"))
+    EXPECT_EQ(row.at("profile").at("steps").get<int>(), 2);
+  EXPECT_NE(sweep.err.find("speedup"), std::string::npos);
+  expect_bad_input(run("bench --preset tiny --profile --mesh dp=2"), "--profile");
 }
 
 // bench on a mesh also times the step on the simulated cluster: per rank, compute is exactly the
