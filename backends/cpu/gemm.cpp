@@ -3,6 +3,12 @@
 // reads with a fixed stride per k (read in place where the layout allows, else copied once),
 // then every task of gemm_tiling.h runs the micro-kernel over its tile, K block by K block.
 // The summation order per element is documented in gemm.h.
+//
+// The left operand is read in place in both of a matrix's layouts: the micro-kernel broadcasts
+// its values one at a time, so it needs them neither adjacent across rows nor across k. Copying
+// it would cost a pass over [M, K] at memory speed on the calling threads (measured on 2 cores
+// for `small`'s [2048, 288] inputs: about 140 us of a 0.6 ms product on one thread, and more, not
+// less, on two), which the products' arithmetic, split over the cores, does not hide.
 #include "backends/cpu/gemm.h"
 
 #include <algorithm>
@@ -35,42 +41,54 @@ void pack_panel(T* panel, const GemmOperand<T>& v, int64_t i0, int64_t n, int64_
   }
 }
 
-// Where the kernel reads one panel of an operand: W values of one k adjacent, consecutive k
-// `depth_stride` apart. A full panel of an operand whose rows are adjacent (row_stride 1) is
-// read in place; the others are packed (depth_stride W) into `pack_into` (null when in place).
+// Where the kernel reads one panel of an operand: element (i, k) at data[i * row_stride + k *
+// depth_stride]. Either the W values of one k are adjacent (row_stride 1: a packed panel, or an
+// operand whose rows are adjacent) or, for the left operand only, the K values of one row are
+// (depth_stride 1: a row-major matrix in place). `pack_into` is where a packed panel is copied
+// (null when read in place).
 template <class T>
 struct Panel {
   const T* data;
-  int64_t depth_stride;
+  int64_t row_stride, depth_stride;
   T* pack_into;
   int64_t first_row;
 };
 
-// A panel of operand v is read in place when its W rows are adjacent (row_stride 1) and whole;
-// the others are packed: all ceil(n / W) of them, or only a partial last one.
+// Whether a whole panel of operand v is read in place: its rows are adjacent, or (rows_in_place,
+// the left operand) each row's k are.
+template <class T>
+bool in_place(const GemmOperand<T>& v, bool rows_in_place) {
+  return v.row_stride == 1 || (rows_in_place && v.depth_stride == 1);
+}
+
+// The panels of operand v that are packed: all ceil(n / W) of them, or only a partial last one
+// (its missing rows are zeros, which an in-place read would take from past the matrix).
 template <int W, class T>
-int64_t packed_panels(const GemmOperand<T>& v, int64_t n) {
-  return v.row_stride == 1 ? int64_t(n % W != 0) : (n + W - 1) / W;
+int64_t packed_panels(const GemmOperand<T>& v, int64_t n, bool rows_in_place) {
+  return in_place(v, rows_in_place) ? int64_t(n % W != 0) : (n + W - 1) / W;
 }
 
 // Appends the ceil(n / W) panels of operand v (n rows, depth K); packed ones take consecutive
 // W x K pieces from `buffer` on.
 template <class T, int W>
-void plan_panels(std::vector<Panel<T>>& panels, const GemmOperand<T>& v, int64_t n, int64_t K, T*& buffer) {
+void plan_panels(std::vector<Panel<T>>& panels, const GemmOperand<T>& v, int64_t n, int64_t K, bool rows_in_place,
+                 T*& buffer) {
   for (int64_t i0 = 0; i0 < n; i0 += W) {
-    if (v.row_stride == 1 && i0 + W <= n) {
-      panels.push_back({v.data + i0, v.depth_stride, nullptr, i0});
+    if (in_place(v, rows_in_place) && i0 + W <= n) {
+      panels.push_back({v.data + i0 * v.row_stride, v.row_stride, v.depth_stride, nullptr, i0});
     } else {
-      panels.push_back({buffer, W, buffer, i0});
+      panels.push_back({buffer, 1, W, buffer, i0});
       buffer += W * K;
     }
   }
 }
 
 // out[rows, cols] (rows <= kRows, cols <= kCols) = or += the kRows x kCols block of
-// a_panel * b_panel over kc steps (consecutive k a_stride and b_stride apart). The
-// accumulators stay in vector registers for the whole loop.
-template <class T>
+// a_panel * b_panel over kc steps. b_panel's consecutive k are b_stride apart; a_panel's are
+// a_stride apart with its rows adjacent, or (kRowsApart) its rows a_stride apart with its k
+// adjacent: the same values in the same order, so the same bits. The accumulators stay in
+// vector registers for the whole loop.
+template <class T, bool kRowsApart>
 [[gnu::always_inline]] inline void micro_kernel(int64_t kc, const T* __restrict a_panel, int64_t a_stride,
                                                 const T* __restrict b_panel, int64_t b_stride, T* out, int64_t ldo,
                                                 int64_t rows, int64_t cols, bool overwrite) {
@@ -84,7 +102,7 @@ template <class T>
     std::memcpy(&b1, b_panel + k * b_stride + K::kLanes, sizeof(Vec));
 #pragma GCC unroll 16
     for (int i = 0; i < K::kRows; ++i) {
-      const T a = a_panel[k * a_stride + i];
+      const T a = kRowsApart ? a_panel[i * a_stride + k] : a_panel[k * a_stride + i];
       acc[i][0] += a * b0;
       acc[i][1] += a * b1;
     }
@@ -125,9 +143,15 @@ void run_tile(T* out, int64_t ldo, const Panel<T>* a_panels, const Panel<T>* b_p
       const Panel<T>& b = b_panels[j / Ker::kCols];
       for (int64_t i = r0; i < r0 + nr; i += Ker::kRows) {
         const Panel<T>& a = a_panels[i / Ker::kRows];
-        micro_kernel<T>(kc, a.data + k0 * a.depth_stride, a.depth_stride, b.data + k0 * b.depth_stride,
-                        b.depth_stride, out + i * ldo + j, ldo, std::min<int64_t>(Ker::kRows, M - i),
-                        std::min<int64_t>(Ker::kCols, N - j), store);
+        const T* a_block = a.data + k0 * a.depth_stride;
+        const T* b_block = b.data + k0 * b.depth_stride;
+        T* o = out + i * ldo + j;
+        const int64_t rows = std::min<int64_t>(Ker::kRows, M - i), cols = std::min<int64_t>(Ker::kCols, N - j);
+        if (a.row_stride == 1) {
+          micro_kernel<T, false>(kc, a_block, a.depth_stride, b_block, b.depth_stride, o, ldo, rows, cols, store);
+        } else {
+          micro_kernel<T, true>(kc, a_block, a.row_stride, b_block, b.depth_stride, o, ldo, rows, cols, store);
+        }
       }
     }
   }
@@ -146,12 +170,13 @@ void gemm(T* out, int64_t ldo, GemmOperand<T> a, GemmOperand<T> b_t, int64_t M, 
     return;
   }
   // Panels of kRows rows of a, then of kCols columns of b (rows of b_t).
-  const int64_t packed =
-      (packed_panels<Ker::kRows>(a, M) * Ker::kRows + packed_panels<Ker::kCols>(b_t, N) * Ker::kCols) * K;
+  // The right operand's kCols values of one k are read as vectors: in place only where adjacent.
+  const int64_t packed = (packed_panels<Ker::kRows>(a, M, true) * Ker::kRows +
+                          packed_panels<Ker::kCols>(b_t, N, false) * Ker::kCols) * K;
   T* buffer = packed > 0 ? scratch<T>(6, packed) : nullptr;
   std::vector<Panel<T>> panels;
-  plan_panels<T, Ker::kRows>(panels, a, M, K, buffer);
-  plan_panels<T, Ker::kCols>(panels, b_t, N, K, buffer);
+  plan_panels<T, Ker::kRows>(panels, a, M, K, true, buffer);
+  plan_panels<T, Ker::kCols>(panels, b_t, N, K, false, buffer);
   const int64_t a_count = (M + Ker::kRows - 1) / Ker::kRows;
   const Panel<T>* a_panels = panels.data();
   const Panel<T>* b_panels = panels.data() + a_count;
