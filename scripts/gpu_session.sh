@@ -1,97 +1,185 @@
 #!/usr/bin/env bash
-# Every GPU check of the CUDA backend in four parts, and the CPU backend's scaling on the GPU
-# machine's cores in a fifth, for a machine with a GPU reached from a machine without one: build
-# here (scripts/build.sh release), carry the binaries there, run a part per call (each meant to
-# fit 10 minutes on one H100 with 16 cores; not yet timed), read what it wrote.
-#   scripts/gpu_session.sh tests|verify|launch|bench|cpu
+# Every GPU check of the CUDA backend, and the CPU backend's scaling on the GPU machine's cores,
+# for a GPU machine reached from a machine without one: build here, pack what runs there, carry
+# the pack, run there, read what it wrote.
+#   scripts/gpu_session.sh pack                          here, after scripts/build.sh release
+#   scripts/gpu_session.sh all|tests|verify|launch|bench|cpu   there
+#     pack    build/release's binaries (llama4d, lesson 08, tests/cuda, tests/nccl), its corpus, and
+#             the shared libraries they load that a bare CUDA image may lack (Open MPI's, and
+#             OpenBLAS for the CPU's reference GEMM) into runs/gpu-carry/bundle.tar.xz (carry
+#             runs/gpu-carry; every other part unpacks it first when it is there)
+#     all     the parts below in the order they matter, each step under a time limit, the whole
+#             within BUDGET seconds (default 480): for a lease of minutes, one call
 #     tests   tests/cuda (every op against the CPU, fp32 and bf16, tensor cores) and tests/nccl
 #     verify  `verify --device cuda` on virtual GPUs over one GPU: dp, ZeRO-3, tp, pp, cp (both
 #             algorithms) and a 4D mesh, each in fp32 and in bf16 (--json per run)
 #     launch  NCCL on a world of one: bare, under mpirun and under torchrun; lesson 08's GPU phase
 #     bench   bench/gpu_benchmark.sh: llama4d against PyTorch (eager and compiled) on the 124M and
-#             1.5B shapes, and `bench --device cuda` in fp32
-#     cpu     the CPU backend on every core: `bench --threads-sweep` on small and medium (tokens/s and
-#             GEMM GFLOP/s beside the reference BLAS on 1, 2, 4, ... threads), and the same step in
-#             PyTorch (bench/compare_torch.sh) on 2 and all threads. REFERENCE_BLAS names a
-#             libopenblas.so.0 carried over when the machine has none on its library path.
-# The binaries it runs: build/release/bin/{llama4d,lesson08_graduating_to_gpus},
-# build/release/share (the corpus), build/release/tests/{cuda/test_cuda,nccl/test_nccl}.
-# Output: one file per step under $OUT (default runs/gpu), and summary.txt with each exit code.
+#             1.5B shapes, `bench --device cuda --profile` on 124M (where the step's time goes, op
+#             by op), and `bench --device cuda` in fp32
+#     cpu     the CPU backend on every core: `bench --threads-sweep --profile` on small and medium
+#             (tokens/s, GEMM GFLOP/s beside the reference BLAS, and each op's time, on 1, 2, 4,
+#             ... threads), and the same step in PyTorch (bench/compare_torch.sh) on 2 and all
+#             threads. REFERENCE_BLAS names a libopenblas.so.0; the pack's is used where the
+#             machine has none.
+# Output: one file per step under $OUT (default runs/gpu), and summary.txt with each step's exit
+# code and seconds (124: stopped at its limit; "skipped": the budget was spent).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 part=${1:-}
 case "$part" in
-  tests | verify | launch | bench | cpu) ;;
+  pack | all | tests | verify | launch | bench | cpu) ;;
   *)
-    echo "usage: scripts/gpu_session.sh tests|verify|launch|bench|cpu" >&2
+    echo "usage: scripts/gpu_session.sh pack|all|tests|verify|launch|bench|cpu" >&2
     exit 2
     ;;
 esac
-out=${OUT:-runs/gpu}
 bin=build/release/bin/llama4d
+pack=runs/gpu-carry/bundle.tar.xz
+libs=runs/gpu-libs
+
+if [ "$part" = pack ]; then
+  set -e
+  files=("$bin" build/release/bin/lesson08_graduating_to_gpus build/release/share build/release/tests/cuda/test_cuda
+    build/release/tests/nccl/test_nccl)
+  for f in "${files[@]}"; do
+    [ -e "$f" ] || { echo "gpu_session.sh pack: $f is missing: run scripts/build.sh release first" >&2; exit 2; }
+  done
+  rm -rf "$libs" && mkdir -p "$libs" "$(dirname "$pack")"
+  # The libraries the binaries resolve outside the C and C++ runtimes, as files under their sonames.
+  ldd "${files[0]}" build/release/tests/cuda/test_cuda build/release/tests/nccl/test_nccl |
+    awk '/=> \// {print $1, $3}' | sort -u |
+    grep -Ev '^(libc|libm|libstdc\+\+|libgcc_s|libgomp|ld-linux|libpthread|libdl|librt)[.-]' |
+    while read -r soname path; do cp -L "$path" "$libs/$soname"; done
+  blas=$(/usr/bin/python3 -c 'import ctypes.util; print(ctypes.util.find_library("openblas") or "")' 2>/dev/null || true)
+  [ -e /lib/x86_64-linux-gnu/libopenblas.so.0 ] && blas=/lib/x86_64-linux-gnu/libopenblas.so.0
+  if [ -n "$blas" ]; then cp -L "$blas" "$libs/libopenblas.so.0"; else echo "pack: no OpenBLAS here (no CPU reference)"; fi
+  tar -cJf "$pack" "${files[@]}" "$libs"
+  size=$(stat -c %s "$pack")
+  echo "pack: $pack, $((size / 1024 / 1024)) MiB ($(cd "$libs" && echo *))"
+  # The device tool carries at most 64 MiB with the working tree.
+  [ "$size" -lt $((56 * 1024 * 1024)) ] || { echo "pack: over 56 MiB: too large to carry with the tree" >&2; exit 1; }
+  exit 0
+fi
+
+if [ -f "$pack" ] && [ ! -x "$bin" ]; then tar -xJf "$pack" || exit 2; fi
+# The pack's libraries only where the machine lacks its own (its Open MPI matches its mpirun).
+if ldd "$bin" build/release/tests/cuda/test_cuda 2>/dev/null | grep -q 'not found' && [ -d "$libs" ]; then
+  export LD_LIBRARY_PATH="$PWD/$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+if [ -z "${REFERENCE_BLAS:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0' && [ -f "$libs/libopenblas.so.0" ]; then
+  export REFERENCE_BLAS="$PWD/$libs/libopenblas.so.0"
+fi
+out=${OUT:-runs/gpu}
 mkdir -p "$out"
 export LLAMA4D_BIN="$PWD/$bin"  # where tests/nccl finds the CLI on this machine
 failed=0
+deadline=$((SECONDS + ${BUDGET:-100000}))
+[ "$part" = all ] && deadline=$((SECONDS + ${BUDGET:-480}))
 
-# step NAME COMMAND...: runs it, output to $out/NAME.txt, its exit code to summary.txt.
+# step NAME LIMIT COMMAND...: runs it for at most LIMIT seconds (less if the budget ends sooner),
+# output to $out/NAME.txt, its exit code and seconds to summary.txt.
 step() {
-  local name=$1
-  shift
-  echo "=== $name: $*"
+  local name=$1 limit=$2
+  shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 20 ]; then
+    echo "$name skipped (budget spent)" | tee -a "$out/summary.txt"
+    failed=1
+    return
+  fi
+  [ "$limit" -le "$left" ] || limit=$left
+  echo "=== $name (at most ${limit}s): $*"
   local start=$SECONDS
-  "$@" > "$out/$name.txt" 2>&1
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.txt" 2>&1
   local rc=$?
   echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$out/summary.txt"
   tail -n 4 "$out/$name.txt"
   [ "$rc" = 0 ] || failed=1
 }
 
+tests() {
+  step test_cuda 240 build/release/tests/cuda/test_cuda
+  step test_nccl 120 build/release/tests/nccl/test_nccl
+}
+
+# verify PLANS...: each named plan in fp32 and in bf16.
+verify() {
+  for name in "$@"; do
+    local args
+    case "$name" in
+      dp2) args="--mesh dp=2" ;;
+      dp4_zero3) args="--mesh dp=4 --zero 3" ;;
+      tp2) args="--mesh tp=2" ;;
+      pp2_1f1b) args="--mesh pp=2 --schedule 1f1b" ;;
+      cp2_allgather) args="--mesh cp=2" ;;
+      cp2_ring) args="--mesh cp=2 --cp-algo ring" ;;
+      4d) args="--mesh tp=2,cp=2,pp=2,dp=2 --zero 1" ;;
+    esac
+    for dtype in f32 bf16; do
+      # shellcheck disable=SC2086  # args holds several options
+      step "verify_${name}_$dtype" 90 "$bin" verify --device cuda $args --dtype "$dtype" --steps 2 --seq-len 64 --json
+    done
+  done
+}
+
+launch() {
+  step nccl_world_of_one 60 "$bin" verify --device cuda --backend nccl --mesh dp=1 --steps 2 --json
+  step nccl_mpirun 60 mpirun --allow-run-as-root -np 1 "$bin" verify --device cuda --backend nccl --mesh dp=1 --steps 2
+  step nccl_torchrun 60 torchrun --nproc-per-node 1 --no-python "$bin" verify --device cuda --backend nccl --mesh dp=1 \
+    --steps 2
+  step lesson08 120 build/release/bin/lesson08_graduating_to_gpus --gpu auto --json
+}
+
+# gpu_benchmark NAME LIMIT SHAPES COMPILE: llama4d against PyTorch (COMPILE=0: eager only).
+gpu_benchmark() {
+  step "gpu_benchmark_$1" "$2" env OUT="$out/gpu_benchmark" SHAPES="$3" COMPILE="$4" bench/gpu_benchmark.sh "$bin"
+}
+gpu_profile() {
+  step profile_124m 90 "$bin" bench --device cuda --dtype bf16 --config "$out/gpu_benchmark/124m.json" --batch-size 16 \
+    --seq-len 1024 --warmup 1 --iters 3 --profile --json
+}
+
+cpu() {
+  local cores blas=()
+  cores=$(nproc)
+  [ -n "${REFERENCE_BLAS:-}" ] && blas=(--reference-blas "$REFERENCE_BLAS")
+  step cpu_sweep_small 240 "$bin" bench --threads-sweep --profile "${blas[@]}" --json
+  step cpu_sweep_medium 300 "$bin" bench --preset medium --threads-sweep --profile --warmup 1 --iters 3 "${blas[@]}" --json
+  local python=${PYTHON:-python3}  # an interpreter with a current PyTorch
+  for threads in $(printf '%s\n' 2 "$cores" | sort -un); do
+    step "torch_small_${threads}_threads" 120 env THREADS="$threads" PYTHON="$python" bench/compare_torch.sh "$bin"
+  done
+  step "torch_medium_${cores}_threads" 180 env THREADS="$cores" PRESET=medium PYTHON="$python" bench/compare_torch.sh "$bin"
+}
+
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" > "$out/nvidia-smi.txt"
 case "$part" in
-  tests)
-    step test_cuda build/release/tests/cuda/test_cuda
-    step test_nccl build/release/tests/nccl/test_nccl
-    ;;
-  verify)
-    while read -r name args; do
-      for dtype in f32 bf16; do
-        # shellcheck disable=SC2086  # args holds several options
-        step "verify_${name}_$dtype" "$bin" verify --device cuda $args --dtype "$dtype" --steps 2 --seq-len 64 --json
-      done
-    done <<'PLANS'
-dp2 --mesh dp=2
-dp4_zero3 --mesh dp=4 --zero 3
-tp2 --mesh tp=2
-pp2_1f1b --mesh pp=2 --schedule 1f1b
-cp2_allgather --mesh cp=2
-cp2_ring --mesh cp=2 --cp-algo ring
-4d --mesh tp=2,cp=2,pp=2,dp=2 --zero 1
-PLANS
-    ;;
-  launch)
-    step nccl_world_of_one "$bin" verify --device cuda --backend nccl --mesh dp=1 --steps 2 --json
-    step nccl_mpirun mpirun --allow-run-as-root -np 1 "$bin" verify --device cuda --backend nccl --mesh dp=1 --steps 2
-    step nccl_torchrun torchrun --nproc-per-node 1 --no-python "$bin" verify --device cuda --backend nccl --mesh dp=1 \
-      --steps 2
-    step lesson08 build/release/bin/lesson08_graduating_to_gpus --gpu auto --json
-    ;;
-  bench)
-    step gpu_benchmark env OUT="$out/gpu_benchmark" SHAPES="124m 1.5b" bench/gpu_benchmark.sh "$bin"
-    step bench_fp32_124m "$bin" bench --device cuda --config "$out/gpu_benchmark/124m.json" --batch-size 16 \
-      --seq-len 1024 --json
-    ;;
-  cpu)
-    cores=$(nproc)
+  all)
+    # What issue 13 cannot resolve without comes first: the ops and a step against the CPU, the
+    # benchmark against PyTorch on both shapes, verify, NCCL; then where the GPU's time goes,
+    # and the CPU's scaling last (a second call can run `cpu` alone).
+    step test_cuda 150 build/release/tests/cuda/test_cuda
+    gpu_benchmark 124m 150 124m 0
+    gpu_benchmark 1.5b 150 1.5b 0
+    verify dp4_zero3 tp2 cp2_ring 4d
+    step test_nccl 60 build/release/tests/nccl/test_nccl
+    step nccl_torchrun 45 torchrun --nproc-per-node 1 --no-python "$bin" verify --device cuda --backend nccl \
+      --mesh dp=1 --steps 2
+    gpu_profile
     blas=()
     [ -n "${REFERENCE_BLAS:-}" ] && blas=(--reference-blas "$REFERENCE_BLAS")
-    step cpu_sweep_small "$bin" bench --threads-sweep "${blas[@]}" --json
-    step cpu_sweep_medium "$bin" bench --preset medium --threads-sweep --warmup 1 --iters 3 "${blas[@]}" --json
-    python=${PYTHON:-python3}  # an interpreter with a current PyTorch
-    for threads in $(printf '%s\n' 2 "$cores" | sort -un); do
-      step "torch_small_${threads}_threads" env THREADS="$threads" PYTHON="$python" bench/compare_torch.sh "$bin"
-    done
-    step "torch_medium_${cores}_threads" env THREADS="$cores" PRESET=medium PYTHON="$python" \
-      bench/compare_torch.sh "$bin"
+    step cpu_sweep_small 120 "$bin" bench --threads-sweep --profile --warmup 1 --iters 3 "${blas[@]}" --json
     ;;
+  tests) tests ;;
+  verify) verify dp2 dp4_zero3 tp2 pp2_1f1b cp2_allgather cp2_ring 4d ;;
+  launch) launch ;;
+  bench)
+    gpu_benchmark both 540 "124m 1.5b" 1
+    gpu_profile
+    step bench_fp32_124m 120 "$bin" bench --device cuda --config "$out/gpu_benchmark/124m.json" --batch-size 16 \
+      --seq-len 1024 --json
+    ;;
+  cpu) cpu ;;
 esac
 exit "$failed"
