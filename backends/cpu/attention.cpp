@@ -5,7 +5,7 @@
 // Work is organised per (batch, KV head): the `group` query heads that share a KV head are
 // stacked into one matrix of rows (query position, head), so each GEMM against that KV head's
 // keys/values is `group` times taller (fewer, larger Eigen products; K and V packed once).
-// Query positions are cut into blocks of kBlockRows; a block multiplies only against the keys
+// Query positions are cut into blocks (attention_tasks.h); a block multiplies only against the keys
 // its last position can see, which skips the fully masked part of the causal square. With
 // document ids the block's key range also drops the keys before the first (and after the last)
 // key of any document its rows belong to: with packed documents, the earlier documents.
@@ -13,9 +13,10 @@
 // probability of exactly 0.
 //
 // Every product is an Eigen GEMM, run single-threaded inside our own OpenMP loop. A loop item
-// owns its outputs (forward: one block of one KV group; backward: one KV group, whose dk/dv all
-// its query heads accumulate into in a fixed order), so there are no races, and every result
-// is the same bit for bit whatever the thread count.
+// owns its outputs (forward: one block of one KV group; backward: one run of blocks of one KV
+// group, whose dk/dv its query heads accumulate into in a fixed order, the runs after the first
+// through partial buffers added in run order), so there are no races, and every result is the
+// same bit for bit whatever the thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/attention_tasks.h"
 #include "backends/cpu/cpu_common.h"
 #include "backends/cpu/cpu_kernels.h"
 #include "core/ops.h"
@@ -36,7 +38,7 @@ constexpr int64_t kParallelWork = 1 << 18;
 
 // Query positions per block: small enough to skip most of the masked triangle, large enough
 // (times the group size) to keep the GEMMs efficient.
-constexpr int64_t kBlockRows = 32;
+constexpr int64_t kBlockRows = kAttentionBlockRows;
 
 // Keys [lo, hi) of one KV view that a block of query rows scores.
 struct KeyRange {
@@ -49,7 +51,7 @@ struct Layout {
   explicit Layout(const AttentionShape& shape)
       : s(shape),
         group(shape.nh / shape.nkv),
-        blocks((shape.Tq + kBlockRows - 1) / kBlockRows),
+        blocks(attention_tasks(shape.Tq).blocks),
         kv_stride(shape.kv_batch_stride != 0 ? shape.kv_batch_stride
                                              : shape.Tk * shape.nkv * shape.hd) {}
   const AttentionShape& s;
@@ -202,12 +204,24 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s) {
   const Layout L(s);
+  const AttentionTasks tasks = attention_tasks(s.Tq);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
-  // One item = (batch, KV head): it alone writes that head's dk/dv and its query heads' dq,
-  // and walks its blocks in order, so the accumulation order is fixed.
-  cpu::parallel_for_dynamic(s.B * s.nkv, L.worth_threads(), [&](int64_t item) {
-    const int64_t g = item % s.nkv;
-    const int64_t b = item / s.nkv;
+  const int64_t pairs = s.B * s.nkv, kv_elems = s.Tk * s.hd;
+  // The keys the rows of run `run` can see: the rows of a partial buffer that run writes.
+  auto run_keys = [&](int64_t run) {
+    return L.visible_keys(std::min(s.Tq, (run + 1) * tasks.blocks_per_run * kBlockRows) - 1);
+  };
+  // dk then dv of runs 1.. of each pair, [pair][run - 1][2][Tk, hd], in the calling thread's
+  // scratch, which the team shares for this call.
+  T* partial = tasks.runs > 1 ? cpu::scratch<T>(6, pairs * (tasks.runs - 1) * 2 * kv_elems) : nullptr;
+  auto partial_of = [&](int64_t pair, int64_t run) { return partial + (pair * (tasks.runs - 1) + run - 1) * 2 * kv_elems; };
+  // One item = one run of query blocks of one (batch, KV head) pair: it alone writes its blocks'
+  // dq, and adds its heads' dk/dv into the pair's (run 0) or into its partial buffer (runs 1..),
+  // block by block in order, so the accumulation order is fixed.
+  cpu::parallel_for_dynamic(pairs * tasks.runs, L.worth_threads(), [&](int64_t item) {
+    const int64_t run = item % tasks.runs, pair = item / tasks.runs;
+    const int64_t g = pair % s.nkv;
+    const int64_t b = pair / s.nkv;
     const int64_t max_stacked = std::min(kBlockRows, s.Tq) * L.group;
     T* q_buf = cpu::scratch<T>(0, max_stacked * s.hd);
     T* do_buf = cpu::scratch<T>(1, max_stacked * s.hd);
@@ -217,9 +231,17 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     T* D = cpu::scratch<T>(5, max_stacked);
     auto K_all = L.kv_view(k, b, g);
     auto V_all = L.kv_view(v, b, g);
-    auto dK_all = L.kv_view(dk, b, g);
-    auto dV_all = L.kv_view(dv, b, g);
-    for (int64_t blk = 0; blk < L.blocks; ++blk) {
+    T* dk_run = run == 0 ? dk + b * L.kv_stride + g * s.hd : partial_of(pair, run);
+    T* dv_run = run == 0 ? dv + b * L.kv_stride + g * s.hd : partial_of(pair, run) + kv_elems;
+    const int64_t run_stride = run == 0 ? s.nkv * s.hd : s.hd;  // [Tk, hd] rows, in place or packed
+    if (run > 0) {  // zero the key rows this run can reach (the reduction below reads no others)
+      std::fill_n(dk_run, run_keys(run) * s.hd, T(0));
+      std::fill_n(dv_run, run_keys(run) * s.hd, T(0));
+    }
+    cpu::StridedMap<T> dK_all(dk_run, s.Tk, s.hd, Eigen::OuterStride<>(run_stride));
+    cpu::StridedMap<T> dV_all(dv_run, s.Tk, s.hd, Eigen::OuterStride<>(run_stride));
+    const int64_t first = run * tasks.blocks_per_run, last = std::min(tasks.blocks, first + tasks.blocks_per_run);
+    for (int64_t blk = first; blk < last; ++blk) {
       const int64_t i0 = blk * kBlockRows;
       const int64_t rows = std::min(kBlockRows, s.Tq - i0);
       const int64_t stacked = rows * L.group;
@@ -266,6 +288,19 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         const T* src = dq_buf + r * width;
         for (int64_t e = 0; e < width; ++e) dst[e] += src[e];
       }
+    }
+  });
+  if (tasks.runs < 2) return;
+  // Each key row of each pair: dk and dv += its partials, run 1 first. Rows past what a run's
+  // queries can see stayed zero there and are skipped.
+  cpu::parallel_for(pairs * s.Tk, pairs * kv_elems >= cpu::kParallelElements, [&](int64_t key_row) {
+    const int64_t pair = key_row / s.Tk, j = key_row % s.Tk;
+    const int64_t offset = (pair / s.nkv) * L.kv_stride + j * s.nkv * s.hd + (pair % s.nkv) * s.hd;
+    for (int64_t run = 1; run < tasks.runs; ++run) {
+      if (j >= run_keys(run)) continue;
+      const T* p = partial_of(pair, run) + j * s.hd;
+      for (int64_t e = 0; e < s.hd; ++e) dk[offset + e] += p[e];
+      for (int64_t e = 0; e < s.hd; ++e) dv[offset + e] += p[kv_elems + e];
     }
   });
 }
