@@ -46,10 +46,10 @@ if [ "$part" = pack ]; then
     [ -e "$f" ] || { echo "gpu_session.sh pack: $f is missing: run scripts/build.sh release first" >&2; exit 2; }
   done
   rm -rf "$libs" && mkdir -p "$libs" "$(dirname "$pack")"
-  # The libraries the binaries resolve outside the C and C++ runtimes, as files under their sonames.
+  # The libraries the binaries resolve beyond glibc and the C++ runtime, as files under their sonames.
   ldd "${files[0]}" build/release/tests/cuda/test_cuda build/release/tests/nccl/test_nccl |
     awk '/=> \// {print $1, $3}' | sort -u |
-    grep -Ev '^(libc|libm|libstdc\+\+|libgcc_s|libgomp|ld-linux|libpthread|libdl|librt)[.-]' |
+    grep -Ev '^(libc|libm|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl|librt)[.-]' |
     while read -r soname path; do cp -L "$path" "$libs/$soname"; done
   blas=$(/usr/bin/python3 -c 'import ctypes.util; print(ctypes.util.find_library("openblas") or "")' 2>/dev/null || true)
   [ -e /lib/x86_64-linux-gnu/libopenblas.so.0 ] && blas=/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -70,6 +70,20 @@ fi
 if [ -z "${REFERENCE_BLAS:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0' && [ -f "$libs/libopenblas.so.0" ]; then
   export REFERENCE_BLAS="$PWD/$libs/libopenblas.so.0"
 fi
+# NCCL and cuBLAS are opened at run time by name. Where the loader does not know them (CUDA's
+# lib64 outside ld.so.conf, NCCL only inside PyTorch's Python packages), their folder goes last
+# on the search path.
+python_libs=$(${PYTHON:-python3} -c 'import glob, os, site
+for p in site.getsitepackages(): print("\n".join(glob.glob(os.path.join(p, "nvidia", "*", "lib"))))' 2>/dev/null)
+for lib in libnccl.so.2 libcublas.so.13; do
+  ldconfig -p 2>/dev/null | grep -q "$lib" && continue
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $python_libs; do
+    if [ -e "$dir/$lib" ]; then
+      export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir"
+      break
+    fi
+  done
+done
 out=${OUT:-runs/gpu}
 mkdir -p "$out"
 export LLAMA4D_BIN="$PWD/$bin"  # where tests/nccl finds the CLI on this machine
