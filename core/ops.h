@@ -76,8 +76,8 @@ inline double matmul_backward_flops(bool dinp, bool dweight, int64_t BT, int64_t
 // ---- Linear layer without bias, nn.Linear layout (weight is [OC, C]) -----------------------
 // What a product's operands hold, and so how a backend may read them.
 // - as_stored: any T. Each element is summed as backends/cpu/gemm.h documents (K in blocks of
-//   256, one fused multiply-add per k); the CUDA backend does the same, but sums a weight
-//   gradient's tokens without the CPU's depth chunks (backends/cuda/gemm.cu).
+//   256, one multiply-add per k, fused in the release build); the CUDA backend does the same,
+//   but sums a weight gradient's tokens without the CPU's depth chunks (backends/cuda/gemm.cu).
 // - bf16: every element of every operand holds a bf16 value (bf16 mixed precision rounds them
 //   before they are read, Llama::set_bf16_compute). A backend may then read them as bf16 (half
 //   the bytes; tensor cores on a GPU): each product of two bf16 values is exact in fp32, so only

@@ -3,9 +3,11 @@
 // the tasks of gemm_tiling.h. Private to backends/cpu (matmul.cpp is its caller).
 //
 // Each element of out is summed in one fixed order: K in blocks of kGemmDepthBlock, each block
-// accumulated from zero in a register (one fused multiply-add per k, k ascending) and then added
-// to out (or stored, for the first block when out is overwritten). Nothing else (tile, thread
-// count, position of the element in its tile, M, N) changes a bit.
+// accumulated from zero in a register (one multiply-add per k, k ascending: fused where the
+// compiler contracts it, as the release build does for FMA hardware; the sanitizer builds at -O1
+// round the product first) and then added to out (or stored, for the first block when out is
+// overwritten). Nothing else (tile, thread count, position of the element in its tile, M, N)
+// changes a bit.
 #include <cstdint>
 
 namespace llama4d::cpu {

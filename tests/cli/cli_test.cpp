@@ -541,8 +541,8 @@ TEST(Cli, BenchProfilesTheStepOpByOp) {
   // In a sweep, every thread count has its profile.
   const Result sweep = run(common + " --threads 2 --threads-sweep");
   ASSERT_EQ(sweep.code, 0) << sweep.err;
-  for (const auto& row : nlohmann::json::parse(sweep.out).at("threads_sweep"))
-    EXPECT_EQ(row.at("profile").at("steps").get<int>(), 2);
+  const auto swept = nlohmann::json::parse(sweep.out);
+  for (const auto& row : swept.at("threads_sweep")) EXPECT_EQ(row.at("profile").at("steps").get<int>(), 2);
   EXPECT_NE(sweep.err.find("speedup"), std::string::npos);
   expect_bad_input(run("bench --preset tiny --profile --mesh dp=2"), "--profile");
 }
