@@ -4,7 +4,8 @@
 # >= 1.5x PyTorch).
 #   bench/compare_torch.sh [path/to/llama4d]
 # Environment: THREADS (default 2) for both; PRESET (default small); PYTHON (default Debian's
-# /usr/bin/python3; point it at another interpreter to compare with a current PyTorch).
+# /usr/bin/python3; point it at another interpreter to compare with a current PyTorch); ATTENTION
+# (default eager; sdpa, PyTorch 2's scaled_dot_product_attention, needs PyTorch 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build/release/bin/llama4d}
@@ -16,7 +17,8 @@ trap 'rm -rf "$tmp"' EXIT
 # The preset's config.json, written the way every checkpoint is.
 "$bin" train --preset "$preset" --steps 1 --batch-size 1 --eval-every 0 --out "$tmp/run" > /dev/null 2>&1
 ours=$("$bin" bench --preset "$preset" --threads "$threads" --json)
-theirs=$("$python" bench/torch_train_step.py "$tmp/run/checkpoint/config.json" --threads "$threads" --json)
+theirs=$("$python" bench/torch_train_step.py "$tmp/run/checkpoint/config.json" --threads "$threads" \
+  --attention "${ATTENTION:-eager}" --json)
 /usr/bin/python3 - "$ours" "$theirs" <<'PY'
 import json, sys
 ours, theirs = json.loads(sys.argv[1]), json.loads(sys.argv[2])

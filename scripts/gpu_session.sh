@@ -22,15 +22,18 @@
 #             ... threads), and the same step in PyTorch (bench/compare_torch.sh) on 2 and all
 #             threads. REFERENCE_BLAS names a libopenblas.so.0; the pack's is used where the
 #             machine has none.
-# Output: one file per step under $OUT (default runs/gpu), and summary.txt with each step's exit
-# code and seconds (124: stopped at its limit; "skipped": the budget was spent).
+#     exec    COMMAND... with the pack unpacked and the environment above set (libraries, BLAS,
+#             LLAMA4D_BIN): for a check of its own
+# Output: one file per step under $OUT (default runs/gpu), summary.txt with each step's exit
+# code and seconds (124: stopped at its limit; "skipped": the budget was spent), and all of it
+# in all.tar.gz (the device tool brings back only a few files).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 part=${1:-}
 case "$part" in
-  pack | all | tests | verify | launch | bench | cpu) ;;
+  pack | all | tests | verify | launch | bench | cpu | exec) ;;
   *)
-    echo "usage: scripts/gpu_session.sh pack|all|tests|verify|launch|bench|cpu" >&2
+    echo "usage: scripts/gpu_session.sh pack|all|tests|verify|launch|bench|cpu|exec COMMAND..." >&2
     exit 2
     ;;
 esac
@@ -62,7 +65,9 @@ if [ "$part" = pack ]; then
   exit 0
 fi
 
-if [ -f "$pack" ] && [ ! -x "$bin" ]; then tar -xJf "$pack" || exit 2; fi
+# The pack's binaries wherever the pack is newer (a machine still warm from an earlier call keeps
+# that call's; a build here after packing is newer and stays).
+if [ -f "$pack" ] && { [ ! -x "$bin" ] || [ "$pack" -nt "$bin" ]; }; then tar -xJf "$pack" || exit 2; fi
 # The pack's libraries only where the machine lacks its own (its Open MPI matches its mpirun).
 if ldd "$bin" build/release/tests/cuda/test_cuda 2>/dev/null | grep -q 'not found' && [ -d "$libs" ]; then
   export LD_LIBRARY_PATH="$PWD/$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -87,6 +92,7 @@ done
 out=${OUT:-runs/gpu}
 mkdir -p "$out"
 export LLAMA4D_BIN="$PWD/$bin"  # where tests/nccl finds the CLI on this machine
+[ "$part" = exec ] && { shift; exec "$@"; }
 failed=0
 deadline=$((SECONDS + ${BUDGET:-100000}))
 [ "$part" = all ] && deadline=$((SECONDS + ${BUDGET:-480}))
@@ -162,28 +168,33 @@ cpu() {
   step cpu_sweep_medium 300 "$bin" bench --preset medium --threads-sweep --profile --warmup 1 --iters 3 "${blas[@]}" --json
   local python=${PYTHON:-python3}  # an interpreter with a current PyTorch
   for threads in $(printf '%s\n' 2 "$cores" | sort -un); do
-    step "torch_small_${threads}_threads" 120 env THREADS="$threads" PYTHON="$python" bench/compare_torch.sh "$bin"
+    step "torch_small_${threads}_threads" 120 env THREADS="$threads" ATTENTION=sdpa PYTHON="$python" \
+      bench/compare_torch.sh "$bin"
   done
-  step "torch_medium_${cores}_threads" 180 env THREADS="$cores" PRESET=medium PYTHON="$python" bench/compare_torch.sh "$bin"
+  step "torch_medium_${cores}_threads" 180 env THREADS="$cores" PRESET=medium ATTENTION=sdpa \
+    PYTHON="$python" bench/compare_torch.sh "$bin"
 }
 
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" > "$out/nvidia-smi.txt"
 case "$part" in
   all)
     # What issue 13 cannot resolve without comes first: the ops and a step against the CPU, the
-    # benchmark against PyTorch on both shapes, verify, NCCL; then where the GPU's time goes,
-    # and the CPU's scaling last (a second call can run `cpu` alone).
-    step test_cuda 150 build/release/tests/cuda/test_cuda
-    gpu_benchmark 124m 150 124m 0
-    gpu_benchmark 1.5b 150 1.5b 0
-    verify dp4_zero3 tp2 cp2_ring 4d
+    # benchmark against PyTorch on the small shape, then the CPU's scaling on every core (issue
+    # 16), a 4D plan through verify, NCCL, the large shape and where the GPU's time goes; a
+    # second call can run `cpu`, `verify` or `bench` whole.
+    step test_cuda 120 build/release/tests/cuda/test_cuda
+    gpu_benchmark 124m 120 124m 0
+    blas=()
+    [ -n "${REFERENCE_BLAS:-}" ] && blas=(--reference-blas "$REFERENCE_BLAS")
+    step cpu_sweep_small 100 "$bin" bench --threads-sweep --profile --warmup 1 --iters 3 "${blas[@]}" --json
+    verify 4d
     step test_nccl 60 build/release/tests/nccl/test_nccl
+    gpu_benchmark 1.5b 120 1.5b 0
     step nccl_torchrun 45 torchrun --nproc-per-node 1 --no-python "$bin" verify --device cuda --backend nccl \
       --mesh dp=1 --steps 2
     gpu_profile
-    blas=()
-    [ -n "${REFERENCE_BLAS:-}" ] && blas=(--reference-blas "$REFERENCE_BLAS")
-    step cpu_sweep_small 120 "$bin" bench --threads-sweep --profile --warmup 1 --iters 3 "${blas[@]}" --json
+    step "torch_small_$(nproc)_threads" 90 env THREADS="$(nproc)" ATTENTION=sdpa \
+      PYTHON="${PYTHON:-python3}" bench/compare_torch.sh "$bin"
     ;;
   tests) tests ;;
   verify) verify dp2 dp4_zero3 tp2 pp2_1f1b cp2_allgather cp2_ring 4d ;;
@@ -196,4 +207,5 @@ case "$part" in
     ;;
   cpu) cpu ;;
 esac
+tar -czf "$out/all.tar.gz" --exclude=all.tar.gz -C "$out" . 2>/dev/null
 exit "$failed"

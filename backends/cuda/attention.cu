@@ -252,25 +252,6 @@ __global__ void merge_kernel(T* out, T* lse, const T* part_out, const T* part_ls
   }
 }
 
-// Device scratch of n elements, allocated and freed in stream order (freed even when the op
-// throws after allocating).
-template <class E>
-class StreamScratch {
- public:
-  StreamScratch(int64_t n, const char* what) {
-    if (n > 0) check(cudaMallocAsync(reinterpret_cast<void**>(&p_), size_t(n) * sizeof(E), stream()), what);
-  }
-  ~StreamScratch() {
-    if (p_ != nullptr) cudaFreeAsync(p_, stream());  // nothing to do about an error here
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  E* get() const { return p_; }
-
- private:
-  E* p_ = nullptr;
-};
-
 // Document ids [n] on the device: core/ops.h lets them be host memory, so they are copied
 // (cudaMemcpyDefault takes host, device or managed memory). Null stays null. A copy from host
 // memory is waited for, even when the op's kernels are only queued (QueuedOps): the caller may

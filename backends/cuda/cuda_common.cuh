@@ -113,6 +113,25 @@ struct UnitCallCounters {
   std::atomic<int64_t> tensor_cores{0}, cuda_cores{0};
 };
 
+// Device scratch of n elements, allocated and freed in stream order (freed even when the op
+// throws after allocating).
+template <class E>
+class StreamScratch {
+ public:
+  StreamScratch(int64_t n, const char* what) {
+    if (n > 0) check(cudaMallocAsync(reinterpret_cast<void**>(&p_), size_t(n) * sizeof(E), stream()), what);
+  }
+  ~StreamScratch() {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream());  // nothing to do about an error here
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  E* get() const { return p_; }
+
+ private:
+  E* p_ = nullptr;
+};
+
 // Threads per block of the element-wise kernels and of the one-block-per-row reductions (a
 // power of two: block_reduce halves it).
 inline constexpr int kThreads = 256;

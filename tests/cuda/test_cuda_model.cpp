@@ -1,9 +1,12 @@
 // The whole model on the GPU: the loss and every parameter's gradient of a forward and backward
-// pass within the 1e-5 (fp32) of the CPU backend, on the test shape and on `small`, in
-// bf16 mixed precision within bf16's rounding, and the same bits when the GPU repeats the step.
+// pass within the 1e-5 (fp32) of the CPU backend on the test shape, on `small` as close
+// to the fp64 step as the CPU's fp32 is (and within 1e-12 in fp64), in bf16 mixed precision
+// within bf16's rounding, and the same bits when the GPU repeats the step.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -39,7 +42,8 @@ Step<T> step(const LlamaConfig& cfg, const test::Batch& b, bool bf16) {
 
 // bf16: the same roundings on both devices, but the GPU sums its products in another order, so a
 // rounding can land a whole bf16 step (2^-8) away. The bounds are those bf16 mixed precision is
-// held to against fp64 (tests/model/bf16_compute_test.cpp); not yet measured on a GPU.
+// held to against fp64 (tests/model/bf16_compute_test.cpp). On an H200 the tiny step's worst
+// gradient was 1.2e-7 from the CPU's: the same roundings landed the same way.
 template <class T>
 void expect_gpu_step_matches_cpu(const LlamaConfig& cfg, int64_t B, int64_t Tlen, const char* what, bool bf16 = false) {
   const test::Batch b = test::make_batch(B, Tlen, cfg.vocab_size, 13, true);
@@ -82,9 +86,45 @@ TEST(CudaModel, TinyStepMatchesTheCpuBf16) {
   expect_gpu_step_matches_cpu<float>(test::tiny_config(true, true), 2, 7, "tiny tied bf16", true);
 }
 
-TEST(CudaModel, SmallStepMatchesTheCpuFp32) {
+// On `small` the 1e-5 cannot hold for any fp32 implementation: the CPU backend's own
+// fp32 step is 2e-4..4e-4 (tensor-relative) from the same step in fp64 (measured here: worst
+// 3.7e-4, layers.5 q_proj), because six layers of 2 x 128 tokens add up that much fp32
+// rounding. So the GPU is held to what fp32 can give: each gradient at most three times as far
+// from the fp64 step as the CPU's fp32 gradient is (plus 1e-6 of slack for a tensor the CPU
+// happens to round well; on an H200 the worst ratio was 1.7, layers.1 q_proj). A wrong kernel
+// moves a tensor by far more than fp32's rounding; the fp64 step on the GPU, where rounding is
+// 2^-29 times smaller, must match the CPU's within 1e-12 (measured there: 4.8e-13).
+TEST(CudaModel, SmallStepIsAsCloseToFp64AsTheCpusFp32) {
   LLAMA4D_REQUIRE_GPU();
-  expect_gpu_step_matches_cpu<float>(LlamaConfig::preset("small"), 2, 128, "small fp32");
+  const LlamaConfig cfg = LlamaConfig::preset("small");
+  const test::Batch b = test::make_batch(2, 128, cfg.vocab_size, 13, true);
+  const Step<double> exact = step<double>(cfg, b, false);
+  const Step<float> cpu = step<float>(cfg, b, false);
+  Step<float> gpu, again;
+  {
+    test::OnGpu on;
+    gpu = step<float>(cfg, b, false);
+    again = step<float>(cfg, b, false);
+  }
+  EXPECT_EQ(gpu.loss.tokens, exact.loss.tokens);
+  EXPECT_NEAR(gpu.loss.loss_sum, cpu.loss.loss_sum, 1e-5 * std::abs(cpu.loss.loss_sum));
+  double worst_ratio = 0;
+  std::string worst_name;
+  for (const ParamSpec& p : llama_param_specs(cfg)) {
+    const double gpu_error = test::rel_error(gpu.grads.data() + p.offset, exact.grads.data() + p.offset, p.numel);
+    const double cpu_error = test::rel_error(cpu.grads.data() + p.offset, exact.grads.data() + p.offset, p.numel);
+    EXPECT_LE(gpu_error, 3 * cpu_error + 1e-6) << p.name << ": the CPU's fp32 is " << cpu_error << " from fp64";
+    if (gpu_error / cpu_error > worst_ratio) worst_ratio = gpu_error / cpu_error, worst_name = p.name;
+  }
+  EXPECT_EQ(std::memcmp(&again.loss.loss_sum, &gpu.loss.loss_sum, sizeof(double)), 0) << "loss repeats";
+  test::expect_bitwise(again.grads, gpu.grads, "small fp32: gradients repeat");
+  std::printf("small fp32: loss %.9g (GPU) vs %.9g (CPU) vs %.12g (fp64); worst GPU/CPU distance to fp64 %.3g in %s\n",
+              gpu.loss.loss_sum, cpu.loss.loss_sum, exact.loss.loss_sum, worst_ratio, worst_name.c_str());
+}
+
+TEST(CudaModel, SmallStepMatchesTheCpuFp64) {
+  LLAMA4D_REQUIRE_GPU();
+  expect_gpu_step_matches_cpu<double>(LlamaConfig::preset("small"), 2, 128, "small fp64");
 }
 
 }  // namespace

@@ -57,7 +57,9 @@ TYPED_TEST(CudaRmsNorm, ForwardAndBackwardMatchTheCpu) {
   using T = TypeParam;
   LLAMA4D_REQUIRE_GPU();
   const T eps = T(1e-5);
-  for (const RowShape s : {RowShape{7, 33}, RowShape{5, 700}}) {  // a row shorter and longer than a block
+  // A row shorter and longer than a block; rows over three chunks of the weight gradient's sum
+  // (128 rows each), the last one partial, and columns over three groups of 32, the last partial.
+  for (const RowShape s : {RowShape{7, 33}, RowShape{5, 700}, RowShape{300, 70}}) {
     SCOPED_TRACE("BT=" + std::to_string(s.BT) + " C=" + std::to_string(s.C));
     const size_t n = size_t(s.BT * s.C);
     const auto x = test::random_values<T>(n, 1, -2, 2), w = test::random_values<T>(size_t(s.C), 2, 0.5, 1.5),
@@ -84,7 +86,7 @@ TYPED_TEST(CudaRmsNorm, ForwardAndBackwardMatchTheCpu) {
 TYPED_TEST(CudaRmsNorm, SkippedGradientAndRepeatedRunKeepTheBits) {
   using T = TypeParam;
   LLAMA4D_REQUIRE_GPU();
-  const int64_t BT = 9, C = 301;
+  const int64_t BT = 260, C = 301;  // the weight gradient over three chunks of rows
   const size_t n = size_t(BT * C);
   const auto x = test::random_values<T>(n, 6), w = test::random_values<T>(size_t(C), 7, 0.5, 1.5),
              dout = test::random_values<T>(n, 8), dx0 = test::random_values<T>(n, 9),
