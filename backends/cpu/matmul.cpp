@@ -25,13 +25,13 @@ void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C
 
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT,
-                     int64_t C, int64_t OC, GemmOperands) {
+                     int64_t C, int64_t OC, GemmOperands, GradWrite dinp_write) {
   const bool parallel = BT * C * OC >= kParallelWork;
-  // dinp[BT, C] += dout[BT, OC] @ weight[OC, C]
+  // dinp[BT, C] += (or =) dout[BT, OC] @ weight[OC, C]
   if (dinp != nullptr) {
     const cpu::GemmOperand<T> dy{dout, OC, 1};   // (token, oc)
     const cpu::GemmOperand<T> w_t{weight, 1, C};  // (c, oc)
-    cpu::gemm(dinp, C, dy, w_t, BT, C, OC, true, false, parallel);
+    cpu::gemm(dinp, C, dy, w_t, BT, C, OC, dinp_write == GradWrite::add, false, parallel);
   }
   // dweight[OC, C] += dout[BT, OC]^T @ inp[BT, C]: a sum over the tokens, cut into depth chunks.
   if (dweight != nullptr) {
@@ -46,8 +46,8 @@ template void matmul_forward<float>(float*, const float*, const float*, int64_t,
 template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t,
                                      int64_t, GemmOperands);
 template void matmul_backward<float>(float*, float*, const float*, const float*, const float*,
-                                     int64_t, int64_t, int64_t, GemmOperands);
+                                     int64_t, int64_t, int64_t, GemmOperands, GradWrite);
 template void matmul_backward<double>(double*, double*, const double*, const double*, const double*,
-                                      int64_t, int64_t, int64_t, GemmOperands);
+                                      int64_t, int64_t, int64_t, GemmOperands, GradWrite);
 
 }  // namespace llama4d::cpu

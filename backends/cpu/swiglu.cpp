@@ -30,8 +30,8 @@ void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up
       const T g = gate[i];
       const T sig = sigmoid(g);
       const T silu = g * sig;
-      dgate[i] += dout[i] * up[i] * (sig + silu * (T(1) - sig));
-      dup[i] += dout[i] * silu;
+      dgate[i] = dout[i] * up[i] * (sig + silu * (T(1) - sig));
+      dup[i] = dout[i] * silu;
     }
   });
 }

@@ -42,8 +42,8 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dout, const T*
     const T g = gate[i];
     const T sig = sigmoid(g);
     const T silu = g * sig;
-    dgate[i] += dout[i] * up[i] * (sig + silu * (T(1) - sig));
-    dup[i] += dout[i] * silu;
+    dgate[i] = dout[i] * up[i] * (sig + silu * (T(1) - sig));
+    dup[i] = dout[i] * silu;
   }
 }
 

@@ -138,10 +138,11 @@ void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C
 
 template <class T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT, int64_t C,
-                     int64_t OC, GemmOperands operands) {
-  // dinp[BT, C] += dout[BT, OC] @ weight[OC, C]
+                     int64_t OC, GemmOperands operands, GradWrite dinp_write) {
+  // dinp[BT, C] += (or =) dout[BT, OC] @ weight[OC, C]
   if (dinp != nullptr)
-    gemm<T>(dinp, {dout, OC, 1, weight, C, 1}, BT, C, OC, true, operands, "matmul_backward (dinp)");
+    gemm<T>(dinp, {dout, OC, 1, weight, C, 1}, BT, C, OC, dinp_write == GradWrite::add, operands,
+            "matmul_backward (dinp)");
   // dweight[OC, C] += dout[BT, OC]^T @ inp[BT, C]: a sum over the tokens
   if (dweight != nullptr)
     gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, operands, "matmul_backward (dweight)");
@@ -197,16 +198,20 @@ double measure_peak_gemm_flops(int64_t n, double seconds, GemmOperands operands)
     return best;
   };
   return std::max({rate([&] { cuda::matmul_forward<float>(y, x, w, n, n, n, operands); }),
-                   rate([&] { cuda::matmul_backward<float>(dx, nullptr, dy, nullptr, w, n, n, n, operands); }),
-                   rate([&] { cuda::matmul_backward<float>(nullptr, dw, dy, x, nullptr, n, n, n, operands); })});
+                   rate([&] {
+                     cuda::matmul_backward<float>(dx, nullptr, dy, nullptr, w, n, n, n, operands, GradWrite::add);
+                   }),
+                   rate([&] {
+                     cuda::matmul_backward<float>(nullptr, dw, dy, x, nullptr, n, n, n, operands, GradWrite::add);
+                   })});
 }
 
 template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t, GemmOperands);
 template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t,
                                      GemmOperands);
 template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t,
-                                     int64_t, GemmOperands);
+                                     int64_t, GemmOperands, GradWrite);
 template void matmul_backward<double>(double*, double*, const double*, const double*, const double*, int64_t,
-                                      int64_t, int64_t, GemmOperands);
+                                      int64_t, int64_t, GemmOperands, GradWrite);
 
 }  // namespace llama4d::cuda

@@ -364,16 +364,16 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   ops::copy(dh, dout, rows * C);
   ops::copy(b.ddown + mine, dout, rows * C);  // d(mlp output): the down_proj output's gradient
   comm.mlp_output_backward(b.ddown, d);
-  ops::fill(b.dact, T(0), BT * I);
-  ops::matmul_backward(b.dact, g.wdown, b.ddown, a.act.data(), w.wdown, BT, I, C, d.operands());
+  // An input gradient's first source writes over its buffer (GradWrite::overwrite), later ones
+  // add: no buffer is zeroed first.
+  ops::matmul_backward(b.dact, g.wdown, b.ddown, a.act.data(), w.wdown, BT, I, C, d.operands(),
+                       ops::GradWrite::overwrite);
   round_if_bf16(b.dact, BT * I, d.bf16);
-  ops::fill(b.dgate, T(0), BT * I);
-  ops::fill(b.dup, T(0), BT * I);
   ops::swiglu_backward(b.dgate, b.dup, b.dact, a.gate.data(), a.up.data(), BT * I);
   round_if_bf16(b.dgate, BT * I, d.bf16);
   round_if_bf16(b.dup, BT * I, d.bf16);
-  ops::fill(b.dn2, T(0), BT * C);
-  ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I, d.operands());
+  ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I, d.operands(),
+                       ops::GradWrite::overwrite);
   ops::matmul_backward(b.dn2, g.wup, b.dup, a.n2.data(), w.wup, BT, C, I, d.operands());
   comm.mlp_input_backward(b.dn2, d);
   round_if_bf16(b.dn2 + mine, rows * C, d.bf16);
@@ -384,8 +384,8 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   // Attention half. dout is no longer read, so dx may alias it from here on.
   ops::copy(dx, dh, rows * C);
   comm.attention_output_backward(b.dh, d);
-  ops::fill(b.datt, T(0), BT * qd);
-  ops::matmul_backward(b.datt, g.wo, b.dh, a.att.data(), w.wo, BT, qd, C, d.operands());
+  ops::matmul_backward(b.datt, g.wo, b.dh, a.att.data(), w.wo, BT, qd, C, d.operands(),
+                       ops::GradWrite::overwrite);
   round_if_bf16(b.datt, BT * qd, d.bf16);
   ops::fill(b.dq, T(0), BT * qd);
   ops::fill(b.dk, T(0), BT * kvd);
@@ -402,8 +402,8 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
   rope_at_positions(b.dk, d.nkv, d, rope, pos_start, true);
   round_if_bf16(b.dq, BT * qd, d.bf16);
   round_if_bf16(b.dk, BT * kvd, d.bf16);
-  ops::fill(b.dn1, T(0), BT * C);
-  ops::matmul_backward(b.dn1, g.wq, b.dq, a.n1.data(), w.wq, BT, C, qd, d.operands());
+  ops::matmul_backward(b.dn1, g.wq, b.dq, a.n1.data(), w.wq, BT, C, qd, d.operands(),
+                       ops::GradWrite::overwrite);
   key_value_projection_backward(b.dn1, g, b.dk, b.dv, a.n1.data(), w, d, s, comm);
   comm.attention_input_backward(b.dn1, d);
   round_if_bf16(b.dn1 + mine, rows * C, d.bf16);

@@ -134,8 +134,8 @@ void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const He
   else
     ops::cross_entropy_backward(dlogits, a.logits.data(), targets, loss_scale, BT, V);
   round_if_bf16(dlogits, BT * V, a.bf16);
-  ops::fill(dn, T(0), BT * C);
-  ops::matmul_backward(dn, dlm_w, dlogits, a.n.data(), lm_w, BT, C, V, gemm_operands(a.bf16));
+  ops::matmul_backward(dn, dlm_w, dlogits, a.n.data(), lm_w, BT, C, V, gemm_operands(a.bf16),
+                       ops::GradWrite::overwrite);
   const BlockDims d = sequence_rows(BT, C, vocab);
   ops::fill(dx, T(0), d.rows() * C);
   // Sequence parallelism: the partial input gradients are reduce-scattered to the rows' owners.

@@ -75,7 +75,9 @@ double max_rel_error(const std::vector<A>& a, const std::vector<double>& ref,
                      const std::vector<size_t>& indices = {}) {
   double num = 0, den = 0;
   auto visit = [&](size_t i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - ref[i]));
+    // A NaN is the largest error, not none (std::max would drop it).
+    const double d = std::abs(static_cast<double>(a[i]) - ref[i]);
+    num = std::isnan(d) ? HUGE_VAL : std::max(num, d);
     den = std::max(den, std::abs(ref[i]));
   };
   if (indices.empty()) {

@@ -180,12 +180,12 @@ inline void matmul_forward(float* out, const float* inp, const float* w, int64_t
   cpu.f32.matmul_forward(out, inp, w, BT, C, OC, operands);
 }
 inline void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t BT,
-                            int64_t C, int64_t OC, ops::GemmOperands operands) {
+                            int64_t C, int64_t OC, ops::GemmOperands operands, ops::GradWrite dinp_write) {
   product(operands, {{dout, BT * OC}, {dw ? inp : nullptr, BT * C}, {dinp ? w : nullptr, OC * C}}, "matmul_backward");
   products_memory({{dinp, BT * C}, {dw, OC * C}, {dout, BT * OC}, {dw ? inp : nullptr, BT * C},
                    {dinp ? w : nullptr, OC * C}},
                   "matmul_backward");
-  cpu.f32.matmul_backward(dinp, dw, dout, inp, w, BT, C, OC, operands);
+  cpu.f32.matmul_backward(dinp, dw, dout, inp, w, BT, C, OC, operands, dinp_write);
 }
 inline void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                               const ops::AttentionShape& s) {

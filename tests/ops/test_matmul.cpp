@@ -56,17 +56,21 @@ void documented_order(std::vector<T>& out, int64_t M, int64_t N, int64_t K, bool
 // blocks (101 rows is 8 blocks of 12 and 5 rows; 45 columns) and K over three depth blocks, large
 // enough to be threaded, on 1 and 2 threads: the left operand read in place (whole blocks) and
 // packed (the last, partial one). The release build fuses (FMA); the sanitizer builds at -O1 do
-// not contract, so either is accepted, the same for both products.
+// not contract, so either is accepted, the same for both products. The input gradient written
+// over its buffer (GradWrite::overwrite) stores its first block whatever the buffer held (NaN).
 TEST(Matmul, SumsInTheDocumentedOrder) {
   const int64_t BT = 101, C = 600, OC = 45;
   const auto x = cast_to<float>(random_vector(BT * C, 21)), w = cast_to<float>(random_vector(OC * C, 22));
   const auto dout = cast_to<float>(random_vector(BT * OC, 23)), dx0 = cast_to<float>(random_vector(BT * C, 24));
-  std::vector<float> y_ref[2] = {std::vector<float>(BT * OC), std::vector<float>(BT * OC)}, dx_ref[2] = {dx0, dx0};
+  std::vector<float> y_ref[2] = {std::vector<float>(BT * OC), std::vector<float>(BT * OC)}, dx_ref[2] = {dx0, dx0},
+                     dx_over_ref[2] = {dx0, dx0};
   for (bool fused : {false, true}) {
     documented_order(y_ref[fused], BT, OC, C, false, fused, [&](int64_t i, int64_t k) { return x[i * C + k]; },
                      [&](int64_t k, int64_t j) { return w[j * C + k]; });
-    documented_order(dx_ref[fused], BT, C, OC, true, fused, [&](int64_t i, int64_t k) { return dout[i * OC + k]; },
-                     [&](int64_t k, int64_t j) { return w[k * C + j]; });
+    for (bool accumulate : {true, false})
+      documented_order(accumulate ? dx_ref[fused] : dx_over_ref[fused], BT, C, OC, accumulate, fused,
+                       [&](int64_t i, int64_t k) { return dout[i * OC + k]; },
+                       [&](int64_t k, int64_t j) { return w[k * C + j]; });
   }
   ASSERT_FALSE(bitwise_equal(y_ref[0], y_ref[1])) << "the two references must differ to tell the builds apart";
   const int saved = ops::backend_threads();
@@ -78,6 +82,10 @@ TEST(Matmul, SumsInTheDocumentedOrder) {
     const bool fused = bitwise_equal(y, y_ref[1]);
     EXPECT_TRUE(fused || bitwise_equal(y, y_ref[0])) << threads << " threads: the forward in neither order";
     EXPECT_TRUE(bitwise_equal(dx, dx_ref[fused])) << threads << " threads";
+    std::vector<float> dx_over(BT * C, std::nanf(""));
+    ops::matmul_backward(dx_over.data(), static_cast<float*>(nullptr), dout.data(), x.data(), w.data(), BT, C, OC,
+                         ops::GemmOperands::as_stored, ops::GradWrite::overwrite);
+    EXPECT_TRUE(bitwise_equal(dx_over, dx_over_ref[fused])) << threads << " threads, written over";
   }
   ops::set_backend_threads(saved);
 }
