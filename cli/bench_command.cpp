@@ -11,6 +11,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "bench/reference_blas.h"
@@ -46,6 +48,7 @@ struct BenchArgs {
   ComputeChoice compute;
   std::string reference_blas;
   bool json = false, force = false, threads_sweep = false, wait_every_op = false, profile = false;
+  std::vector<int> sweep_threads;  // --sweep-threads: the thread counts of the sweep (empty: 1, 2, 4, ...)
 };
 
 double median(std::vector<double> v) {
@@ -299,6 +302,19 @@ std::vector<int> sweep_counts(int most) {
   return counts;
 }
 
+// --sweep-threads: refused before anything runs unless the backend can run every count (a build
+// without OpenMP computes on one thread whatever it is told, and a row would be mislabelled).
+void check_sweep_threads(const std::vector<int>& counts) {
+  const int saved = ops::backend_threads();
+  for (int threads : counts) {
+    ops::set_backend_threads(threads);  // refuses counts outside [1, kMaxBackendThreads]
+    if (ops::backend_threads() != threads)
+      throw InputError("--sweep-threads " + std::to_string(threads) + ": this build computes on " +
+                       std::to_string(ops::backend_threads()) + " thread(s) (built without OpenMP)");
+  }
+  ops::set_backend_threads(saved);
+}
+
 // --threads-sweep: the single-rank step and both GEMMs at each thread count, as a table.
 template <class T>
 nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const TrainOptions& opt,
@@ -307,7 +323,7 @@ nlohmann::json run_threads_sweep(const BenchArgs& a, Trainer<T>& trainer, const 
   double two_threads = 0;
   progress("%8s %12s %10s %16s %18s %8s\n", "threads", "tokens/s", "vs 2 thr", "llama4d GFLOP/s",
            "reference GFLOP/s", "ratio");
-  for (int threads : sweep_counts(most)) {
+  for (int threads : a.sweep_threads.empty() ? sweep_counts(most) : a.sweep_threads) {
     ops::set_backend_threads(threads);
     const std::vector<double> times = time_steps(trainer, a.warmup, a.iters, a.wait_every_op);
     const double tokens_per_s = double(opt.tokens_per_step()) / median(times);
@@ -481,6 +497,9 @@ CLI::App* add_bench_command(CLI::App& app) {
   add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--threads-sweep", a->threads_sweep,
                 "time the step and both GEMMs on 1, 2, 4, ... threads up to --threads (default: all cores)");
+  cmd->add_option("--sweep-threads", a->sweep_threads,
+                  "the thread counts of --threads-sweep instead, comma-separated (e.g. 2,8,16; implies --threads-sweep)")
+      ->delimiter(',');
   cmd->add_option("--reference-blas", a->reference_blas,
                   "library with cblas_sgemm to measure the peak against (default: Debian's libopenblas.so.0 if installed)");
   cmd->add_flag("--wait-every-op", a->wait_every_op,
@@ -493,6 +512,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {
     if (cmd->get_subcommands().size() > 0) return;  // `bench comm` ran instead
+    if (!a->sweep_threads.empty()) a->threads_sweep = true;
     if (a->threads_sweep && a->compute.device != "cpu")
       throw InputError("--threads-sweep sweeps the CPU backend's threads; it does not take --device " + a->compute.device);
     // A CPU BLAS beside a GPU's GEMM would measure nothing: there the yardstick is cuBLAS.
@@ -502,6 +522,7 @@ CLI::App* add_bench_command(CLI::App& app) {
     if (a->wait_every_op && a->compute.device != "cuda")
       throw InputError("--wait-every-op is about a GPU's stream; it does not take --device " + a->compute.device);
     use_compute(a->compute);
+    check_sweep_threads(a->sweep_threads);
     a->launch.validate(a->parallel.parallel());
     if (a->threads_sweep && a->parallel.parallel())
       throw InputError("--threads-sweep times the single-rank step; it does not take --mesh");

@@ -17,9 +17,10 @@
 #     bench   bench/gpu_benchmark.sh: llama4d against PyTorch (eager and compiled) on the 124M and
 #             1.5B shapes, `bench --device cuda --profile` on 124M (where the step's time goes, op
 #             by op), and `bench --device cuda` in fp32
-#     cpu     the CPU backend on every core: `bench --threads-sweep --profile` on small and medium
-#             (tokens/s, GEMM GFLOP/s beside the reference BLAS, and each op's time, on 1, 2, 4,
-#             ... threads), and the same step in PyTorch (bench/compare_torch.sh) on 2 and all
+#     cpu     the CPU backend on every core: `bench --threads-sweep --profile` on small (on 1, 2,
+#             4, ... threads) and medium (2, 4, 8 and all: --sweep-threads) (tokens/s, GEMM
+#             GFLOP/s beside the reference BLAS, and each op's time), and the same step in
+#             PyTorch (bench/compare_torch.sh) on 2 and all
 #             threads. REFERENCE_BLAS names a libopenblas.so.0; the pack's is used where the
 #             machine has none.
 #     exec    COMMAND... with the pack unpacked and the environment above set (libraries, BLAS,
@@ -165,7 +166,12 @@ cpu() {
   cores=$(nproc)
   [ -n "${REFERENCE_BLAS:-}" ] && blas=(--reference-blas "$REFERENCE_BLAS")
   step cpu_sweep_small 240 "$bin" bench --threads-sweep --profile "${blas[@]}" --json
-  step cpu_sweep_medium 300 "$bin" bench --preset medium --threads-sweep --profile --warmup 1 --iters 3 "${blas[@]}" --json
+  # medium from 2 threads up (its 1-thread step alone takes about 14 s on a Xeon core)
+  local medium_counts
+  medium_counts=$(printf '%s\n' 2 4 8 "$cores" | awk -v c="$cores" '$1 <= c' | sort -un | paste -sd, -)
+  [ -n "$medium_counts" ] || medium_counts=1
+  step cpu_sweep_medium 300 "$bin" bench --preset medium --sweep-threads "$medium_counts" --profile --warmup 1 \
+    --iters 3 "${blas[@]}" --json
   local python=${PYTHON:-python3}  # an interpreter with a current PyTorch
   for threads in $(printf '%s\n' 2 "$cores" | sort -un); do
     step "torch_small_${threads}_threads" 120 env THREADS="$threads" ATTENTION=sdpa PYTHON="$python" \

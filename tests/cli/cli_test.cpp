@@ -507,6 +507,24 @@ TEST(Cli, BenchSweepsThreadCountsBesideTheReferenceBlas) {
   if (rows.size() > 1) {
     EXPECT_DOUBLE_EQ(rows[1].at("tokens_per_s_over_two_threads").get<double>(), 1.0);
   }
+
+  // --sweep-threads: the counts given, in their order (a machine of many cores need not time 1
+  // thread); a build that cannot run them says so.
+  const std::string listed = "bench --preset tiny --seq-len 64 --sweep-threads 2,1 --iters 1 --warmup 0 --gemm-n 64 "
+                             "--gemm-seconds 0.03 --json";
+#if LLAMA4D_CLI_THREADS
+  const Result l = run(listed);
+  ASSERT_EQ(l.code, 0) << l.err;
+  const auto listed_json = nlohmann::json::parse(l.out);
+  const auto& listed_rows = listed_json.at("threads_sweep");
+  ASSERT_EQ(listed_rows.size(), 2u);
+  EXPECT_EQ(listed_rows[0].at("threads").get<int>(), 2);
+  EXPECT_EQ(listed_rows[1].at("threads").get<int>(), 1);
+  EXPECT_DOUBLE_EQ(listed_rows[0].at("tokens_per_s_over_two_threads").get<double>(), 1.0);
+#else
+  expect_bad_input(run(listed), "built without OpenMP");
+#endif
+  expect_bad_input(run("bench --preset tiny --seq-len 64 --sweep-threads 0"), "thread count must be in");
 }
 
 // --profile: the step's time by op. tiny has 2 blocks of 7 products (q, k, v, o, gate, up, down)
