@@ -8,8 +8,8 @@
 #             the shared libraries they load that a bare CUDA image may lack (Open MPI's, and
 #             OpenBLAS for the CPU's reference GEMM) into runs/gpu-carry/bundle.tar.xz (carry
 #             runs/gpu-carry; every other part unpacks it first when it is there)
-#     all     the parts below in the order they matter, each step under a time limit, the whole
-#             within BUDGET seconds (default 480): for a lease of minutes, one call
+#     all     the parts below (the benchmark without torch.compile), each step under a time
+#             limit, the whole within BUDGET seconds (default 540): for a lease of minutes, one call
 #     tests   tests/cuda (every op against the CPU, fp32 and bf16, tensor cores) and tests/nccl
 #     verify  `verify --device cuda` on virtual GPUs over one GPU: dp, ZeRO-3, tp, pp, cp (both
 #             algorithms) and a 4D mesh, each in fp32 and in bf16 (--json per run)
@@ -96,7 +96,7 @@ export LLAMA4D_BIN="$PWD/$bin"  # where tests/nccl finds the CLI on this machine
 [ "$part" = exec ] && { shift; exec "$@"; }
 failed=0
 deadline=$((SECONDS + ${BUDGET:-100000}))
-[ "$part" = all ] && deadline=$((SECONDS + ${BUDGET:-480}))
+[ "$part" = all ] && deadline=$((SECONDS + ${BUDGET:-540}))
 
 # step NAME LIMIT COMMAND...: runs it for at most LIMIT seconds (less if the budget ends sooner),
 # output to $out/NAME.txt, its exit code and seconds to summary.txt.
@@ -139,7 +139,7 @@ verify() {
     esac
     for dtype in f32 bf16; do
       # shellcheck disable=SC2086  # args holds several options
-      step "verify_${name}_$dtype" 90 "$bin" verify --device cuda $args --dtype "$dtype" --steps 2 --seq-len 64 --json
+      step "verify_${name}_$dtype" 60 "$bin" verify --device cuda $args --dtype "$dtype" --steps 2 --seq-len 64 --json
     done
   done
 }
@@ -165,42 +165,36 @@ cpu() {
   local cores blas=()
   cores=$(nproc)
   [ -n "${REFERENCE_BLAS:-}" ] && blas=(--reference-blas "$REFERENCE_BLAS")
-  step cpu_sweep_small 240 "$bin" bench --threads-sweep --profile "${blas[@]}" --json
+  step cpu_sweep_small 120 "$bin" bench --threads-sweep --profile --warmup 1 --iters 3 "${blas[@]}" --json
   # medium from 2 threads up (its 1-thread step alone takes about 14 s on a Xeon core)
   local medium_counts
   medium_counts=$(printf '%s\n' 2 4 8 "$cores" | awk -v c="$cores" '$1 <= c' | sort -un | paste -sd, -)
   [ -n "$medium_counts" ] || medium_counts=1
-  step cpu_sweep_medium 300 "$bin" bench --preset medium --sweep-threads "$medium_counts" --profile --warmup 1 \
+  step cpu_sweep_medium 200 "$bin" bench --preset medium --sweep-threads "$medium_counts" --profile --warmup 1 \
     --iters 3 "${blas[@]}" --json
   local python=${PYTHON:-python3}  # an interpreter with a current PyTorch
   for threads in $(printf '%s\n' 2 "$cores" | sort -un); do
-    step "torch_small_${threads}_threads" 120 env THREADS="$threads" ATTENTION=sdpa PYTHON="$python" \
+    step "torch_small_${threads}_threads" 60 env THREADS="$threads" ATTENTION=sdpa PYTHON="$python" \
       bench/compare_torch.sh "$bin"
   done
-  step "torch_medium_${cores}_threads" 180 env THREADS="$cores" PRESET=medium ATTENTION=sdpa \
+  step "torch_medium_${cores}_threads" 120 env THREADS="$cores" PRESET=medium ATTENTION=sdpa \
     PYTHON="$python" bench/compare_torch.sh "$bin"
 }
 
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" > "$out/nvidia-smi.txt"
 case "$part" in
   all)
-    # What issue 13 cannot resolve without comes first: the ops and a step against the CPU, the
-    # benchmark against PyTorch on the small shape, then the CPU's scaling on every core (issue
-    # 16), a 4D plan through verify, NCCL, the large shape and where the GPU's time goes; a
-    # second call can run `cpu`, `verify` or `bench` whole.
-    step test_cuda 120 build/release/tests/cuda/test_cuda
-    gpu_benchmark 124m 120 124m 0
-    blas=()
-    [ -n "${REFERENCE_BLAS:-}" ] && blas=(--reference-blas "$REFERENCE_BLAS")
-    step cpu_sweep_small 100 "$bin" bench --threads-sweep --profile --warmup 1 --iters 3 "${blas[@]}" --json
-    verify 4d
-    step test_nccl 60 build/release/tests/nccl/test_nccl
-    gpu_benchmark 1.5b 120 1.5b 0
-    step nccl_torchrun 45 torchrun --nproc-per-node 1 --no-python "$bin" verify --device cuda --backend nccl \
-      --mesh dp=1 --steps 2
+    # Every part in one call, each step capped: what issue 13 asks of a GPU first (the ops and
+    # steps against the CPU, every plan through verify, the launchers), then the benchmark
+    # against PyTorch (eager) and where the GPU's time goes, then the CPU on every core (issue
+    # 16). The first H200 run (2026-11-28) took 5 s for tests/cuda, 1 to 5 s per verify, 50 s
+    # for the 124M benchmark with PyTorch and 110 s for the 1.5B one.
+    tests
+    verify dp2 dp4_zero3 tp2 pp2_1f1b cp2_allgather cp2_ring 4d
+    launch
+    gpu_benchmark both 200 "124m 1.5b" 0
     gpu_profile
-    step "torch_small_$(nproc)_threads" 90 env THREADS="$(nproc)" ATTENTION=sdpa \
-      PYTHON="${PYTHON:-python3}" bench/compare_torch.sh "$bin"
+    cpu
     ;;
   tests) tests ;;
   verify) verify dp2 dp4_zero3 tp2 pp2_1f1b cp2_allgather cp2_ring 4d ;;
