@@ -25,9 +25,9 @@
 #             machine has none.
 #     exec    COMMAND... with the pack unpacked and the environment above set (libraries, BLAS,
 #             LLAMA4D_BIN): for a check of its own
-# Output: one file per step under $OUT (default runs/gpu), summary.txt with each step's exit
-# code and seconds (124: stopped at its limit; "skipped": the budget was spent), and all of it
-# in all.tar.gz (the device tool brings back only a few files).
+# Output: one file per step and summary.txt with each step's exit code and seconds (124: stopped
+# at its limit; "skipped": the budget was spent) under runs/gpu, or with OUT set, all of it in
+# $OUT/all.tar.gz beside a copy of summary.txt (the device tool brings back only a few files).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 part=${1:-}
@@ -90,8 +90,19 @@ for lib in libnccl.so.2 libcublas.so.13; do
     fi
   done
 done
-out=${OUT:-runs/gpu}
-mkdir -p "$out"
+# With OUT set (the device tool's folder, which brings back only a few files), the steps write
+# into a folder of their own and OUT gets all.tar.gz of it, refreshed after every step (so a
+# call stopped at its limit still returns what ran), and summary.txt.
+root=${OUT:-runs/gpu}
+out=$root
+[ -n "${OUT:-}" ] && out=$(mktemp -d)
+mkdir -p "$root" "$out"
+archive() {
+  tar -czf "$root/all.tar.gz.part" --exclude=all.tar.gz --exclude=all.tar.gz.part -C "$out" . 2>/dev/null &&
+    mv "$root/all.tar.gz.part" "$root/all.tar.gz"
+  [ "$out" = "$root" ] || cp "$out/summary.txt" "$root/" 2>/dev/null
+  true
+}
 export LLAMA4D_BIN="$PWD/$bin"  # where tests/nccl finds the CLI on this machine
 [ "$part" = exec ] && { shift; exec "$@"; }
 failed=0
@@ -115,6 +126,7 @@ step() {
   timeout --kill-after=10 "$limit" "$@" > "$out/$name.txt" 2>&1
   local rc=$?
   echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$out/summary.txt"
+  archive
   tail -n 4 "$out/$name.txt"
   [ "$rc" = 0 ] || failed=1
 }
@@ -207,5 +219,5 @@ case "$part" in
     ;;
   cpu) cpu ;;
 esac
-tar -czf "$out/all.tar.gz" --exclude=all.tar.gz -C "$out" . 2>/dev/null
+archive
 exit "$failed"
