@@ -512,7 +512,11 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {
     if (cmd->get_subcommands().size() > 0) return;  // `bench comm` ran instead
-    if (!a->sweep_threads.empty()) a->threads_sweep = true;
+    if (!a->sweep_threads.empty()) {
+      // The counts are the sweep's: a --threads beside them would be accepted and never used.
+      if (cmd->count("--threads") > 0) throw InputError("--sweep-threads names the thread counts; drop --threads");
+      a->threads_sweep = true;
+    }
     if (a->threads_sweep && a->compute.device != "cpu")
       throw InputError("--threads-sweep sweeps the CPU backend's threads; it does not take --device " + a->compute.device);
     // A CPU BLAS beside a GPU's GEMM would measure nothing: there the yardstick is cuBLAS.

@@ -35,7 +35,7 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate, const T* up, int64_
   for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
 }
 
-// d silu(g)/dg = sig + g * sig * (1 - sig); both gradients accumulate, as ops.h specifies.
+// d silu(g)/dg = sig + g * sig * (1 - sig); both gradients are written over, as ops.h specifies.
 template <class T>
 __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n) {
   for (int64_t i = first_index(); i < n; i += index_stride()) {

@@ -525,6 +525,7 @@ TEST(Cli, BenchSweepsThreadCountsBesideTheReferenceBlas) {
   expect_bad_input(run(listed), "built without OpenMP");
 #endif
   expect_bad_input(run("bench --preset tiny --seq-len 64 --sweep-threads 0"), "thread count must be in");
+  expect_bad_input(run("bench --preset tiny --seq-len 64 --sweep-threads 1,2 --threads 2"), "drop --threads");
 }
 
 // --profile: the step's time by op. tiny has 2 blocks of 7 products (q, k, v, o, gate, up, down)
