@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
+#include "core/ops.h"
 #include "model_test_util.h"
 
 namespace llama4d {
@@ -178,6 +181,32 @@ TEST(Units, PerUnitStorageAndShardedInitMatchWhole) {
   EXPECT_EQ(units.unit_params(2), nullptr);
   EXPECT_EQ(units.memory().live(MemoryCategory::params),
             int64_t(sizeof(double)) * (n - (whole.unit_range(2).end - whole.unit_range(2).begin)));
+}
+
+// init_values splits its range over the calling thread's compute threads: the values must not
+// depend on how many (a vocabulary of 40,000 makes 1.3M draws, enough for 16 pieces).
+TEST(Units, InitDrawsTheSameValuesOnAnyThreadCount) {
+  LlamaConfig cfg = test::tiny_config(false, false);
+  cfg.vocab_size = 40000;
+  const std::vector<ParamSpec> specs = llama_param_specs(cfg);
+  const int64_t n = flat_numel(specs);
+  ASSERT_GE(n, 16 * (int64_t(1) << 16));
+  const int saved = ops::backend_threads();
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, n}, {12345, n - 7}}) {
+    ops::set_backend_threads(1);
+    std::vector<float> one(size_t(end - begin));
+    Llama<float>::init_values(specs, 3, begin, end, one.data());
+    for (int threads : {2, 3, 16}) {
+      ops::set_backend_threads(threads);
+      if (ops::backend_threads() != threads) GTEST_SKIP() << "this build has no compute threads (no OpenMP)";
+      std::vector<float> many(size_t(end - begin) + 1, -1.0f);  // one past: must stay untouched
+      Llama<float>::init_values(specs, 3, begin, end, many.data());
+      EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0)
+          << threads << " threads, [" << begin << ", " << end << ")";
+      EXPECT_EQ(many.back(), -1.0f);
+    }
+  }
+  ops::set_backend_threads(saved);
 }
 
 // ---- Activation checkpointing -------------------------------------------------------------------
