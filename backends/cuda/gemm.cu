@@ -103,8 +103,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(T* out, Operands<T> 
 // bf16 operands of fp32 products go to the tensor cores (where the GPU has bf16 ones); f64 has no
 // bf16 mode (the model refuses it) and reads them as stored.
 template <class T>
-void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool accumulate, GemmOperands operands,
-          const char* op) {
+void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool accumulate, bool split_depth,
+          GemmOperands operands, const char* op) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // an empty sum: zeros, or the element unchanged
     if (!accumulate) check(cudaMemsetAsync(out, 0, size_t(M * N) * sizeof(T), stream()), op);
@@ -114,7 +114,7 @@ void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool ac
   if constexpr (std::is_same_v<T, float>) {
     if (operands == GemmOperands::bf16 && has_bf16_tensor_cores()) {
       ++gemm_calls.tensor_cores;
-      launch_gemm_bf16(out, x, M, N, K, accumulate);
+      launch_gemm_bf16(out, x, M, N, K, accumulate, split_depth);
       finish_op(op);
       return;
     }
@@ -133,7 +133,7 @@ UnitCalls gemm_unit_calls() { return {gemm_calls.tensor_cores.load(), gemm_calls
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC, GemmOperands operands) {
-  gemm<T>(out, {inp, C, 1, weight, 1, C}, BT, OC, C, false, operands, "matmul_forward");
+  gemm<T>(out, {inp, C, 1, weight, 1, C}, BT, OC, C, false, false, operands, "matmul_forward");
 }
 
 template <class T>
@@ -141,11 +141,11 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
                      int64_t OC, GemmOperands operands, GradWrite dinp_write) {
   // dinp[BT, C] += (or =) dout[BT, OC] @ weight[OC, C]
   if (dinp != nullptr)
-    gemm<T>(dinp, {dout, OC, 1, weight, C, 1}, BT, C, OC, dinp_write == GradWrite::add, operands,
+    gemm<T>(dinp, {dout, OC, 1, weight, C, 1}, BT, C, OC, dinp_write == GradWrite::add, false, operands,
             "matmul_backward (dinp)");
   // dweight[OC, C] += dout[BT, OC]^T @ inp[BT, C]: a sum over the tokens
   if (dweight != nullptr)
-    gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, operands, "matmul_backward (dweight)");
+    gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, true, operands, "matmul_backward (dweight)");
 }
 
 // The three products of an n x n linear layer, each timed with CUDA events (around the kernels

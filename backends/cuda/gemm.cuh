@@ -16,7 +16,9 @@ struct Operands {
 };
 
 // Queues out[M, N] (row-major) = or += A[M, K] * B[K, N] on the tensor cores, for operands that
-// hold bf16 values (GemmOperands::bf16). M, N, K > 0; gemm.cu checks and waits.
-void launch_gemm_bf16(float* out, const Operands<float>& x, int64_t M, int64_t N, int64_t K, bool accumulate);
+// hold bf16 values (GemmOperands::bf16). M, N, K > 0; gemm.cu checks and waits. split_depth: the
+// weight gradient's depth chunks (a long K into a small output, gemm_bf16.cu).
+void launch_gemm_bf16(float* out, const Operands<float>& x, int64_t M, int64_t N, int64_t K, bool accumulate,
+                      bool split_depth);
 
 }  // namespace llama4d::cuda

@@ -12,8 +12,12 @@
 // accumulating). Nothing but K and the element's row and column vectors decides its bits, so a
 // slice of the rows (data, sequence, context parallelism) or of the columns (tensor parallelism)
 // has the bits of the whole product's slice, and a run repeats bit for bit. A step that runs past
-// K reads zeros, whose products are exact zeros. The CPU backend adds the same exact products
-// one fused multiply-add at a time: the two agree to fp32 rounding, not bitwise.
+// K reads zeros, whose products are exact zeros. The weight gradient (split_depth) groups the
+// blocks once more, in depth chunks of kDepthChunk = 2,048 as the CPU's weight gradient does
+// (backends/cpu/gemm_tiling.h), but from K alone: chunk 0 is added to the element as above, each
+// later chunk is summed from zero on its own and then added to the element, in chunk order. The
+// CPU backend adds the same exact products one fused multiply-add at a time: the two agree to
+// fp32 rounding, not bitwise.
 //
 // The kernel: 128 x 128 output tiles; 8 warps in 2 x 4, each holding 64 x 32 of them in 4 x 2
 // accumulator fragments for the current block, while the element so far waits in shared memory
@@ -27,6 +31,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -48,6 +53,12 @@ constexpr int kFragsM = kWarpM / kStep, kFragsN = kWarpN / kStep;               
 constexpr int kPad = 8;
 constexpr int64_t kDepthBlock = cpu::kGemmDepthBlock;
 static_assert(kDepthBlock % kSlice == 0, "a staged slice must not straddle a depth block");
+// The weight gradient's depth chunks: 8 depth blocks each. Its output is small next to its K
+// (124M: q, o 768 x 768 = 36 tiles, k, v 12, the MLP's 96, on 132 SMs, over K = 16,384 tokens),
+// so without them most SMs idle through these products; 8 chunks make 288, 96 and 768 tasks.
+// Their partial sums take at most kMaxPartialBytes at a time (at least one chunk's).
+constexpr int64_t kDepthChunk = 8 * kDepthBlock;
+constexpr int64_t kMaxPartialBytes = int64_t(256) << 20;
 
 // Where one operand's slice [Rows, kSlice] sits in shared memory: `row` is its M (left operand)
 // or N (right operand) index in the tile, `depth` its k in the slice. KContiguous: the operand is
@@ -117,11 +128,23 @@ constexpr int kSharedBytes = kTotalBytes + 2 * (Staged<AK, kTileM>::size + Stage
 
 // out[M, N] = or += A[M, K] * B[K, N]. AK: A contiguous along k; BK: B contiguous along k.
 // a_vec, b_vec: the operand may be read four floats at a time (Staged::read).
+// Depth chunks: block z computes chunk first_chunk + z, k in [chunk * chunk_depth, + chunk_depth)
+// (chunk_depth a multiple of the 256-blocks, so they fall where they do in the whole sum); chunk 0
+// goes into out as the whole product would, chunk c >= 1 from zero into partial slot
+// c - max(first_chunk, 1), [M, N] each. Without chunks: chunk_depth = K, first_chunk 0, one z.
 template <bool AK, bool BK>
 __global__ void __launch_bounds__(kThreadsBf16, 1)
     gemm_bf16_kernel(float* out, Operands<float> x, int64_t M, int64_t N, int64_t K, bool accumulate, bool a_vec,
-                     bool b_vec) {
+                     bool b_vec, int64_t chunk_depth, int64_t first_chunk, float* partial) {
 #if LLAMA4D_BF16_TENSOR_CORES
+  const int64_t chunk = first_chunk + int64_t(blockIdx.z), k_begin = chunk * chunk_depth;
+  K = K - k_begin < chunk_depth ? K - k_begin : chunk_depth;
+  x.a += k_begin * x.a_depth;  // still 16-byte aligned for a_vec, b_vec: k_begin is a multiple of 4
+  x.b += k_begin * x.b_depth;
+  if (chunk > 0) {
+    out = partial + (chunk - (first_chunk > 1 ? first_chunk : 1)) * M * N;
+    accumulate = false;
+  }
   using SA = Staged<AK, kTileM>;
   using SB = Staged<BK, kTileN>;
   // A staged (row, k) with k contiguous is a row-major fragment; B staged (column, k) with k
@@ -212,10 +235,17 @@ __global__ void __launch_bounds__(kThreadsBf16, 1)
 #endif
 }
 
+// The chunks of one launch (gemm_bf16_kernel): chunk_depth, the first chunk, and where the
+// chunks after chunk 0 put their sums.
+struct Chunks {
+  int64_t depth, first;
+  float* partial;
+};
+
 // Launches one layout's kernel, its shared memory (above the default 48 KiB) allowed once.
 template <bool AK, bool BK>
 void launch_layout(dim3 grid, float* out, const Operands<float>& x, int64_t M, int64_t N, int64_t K, bool accumulate,
-                   bool a_vec, bool b_vec) {
+                   bool a_vec, bool b_vec, const Chunks& c) {
   static const bool allowed = [] {
     check(cudaFuncSetAttribute(gemm_bf16_kernel<AK, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kSharedBytes<AK, BK>),
@@ -223,8 +253,17 @@ void launch_layout(dim3 grid, float* out, const Operands<float>& x, int64_t M, i
     return true;
   }();
   (void)allowed;
-  gemm_bf16_kernel<AK, BK>
-      <<<grid, kThreadsBf16, kSharedBytes<AK, BK>, stream()>>>(out, x, M, N, K, accumulate, a_vec, b_vec);
+  gemm_bf16_kernel<AK, BK><<<grid, kThreadsBf16, kSharedBytes<AK, BK>, stream()>>>(
+      out, x, M, N, K, accumulate, a_vec, b_vec, c.depth, c.first, c.partial);
+}
+
+// out[i] += partial[0][i], then partial[1][i], ... (count slots of n): the chunks in order.
+__global__ void add_partials_kernel(float* out, const float* partial, int64_t n, int64_t count) {
+  for (int64_t i = first_index(); i < n; i += index_stride()) {
+    float v = out[i];
+    for (int64_t c = 0; c < count; ++c) v += partial[c * n + i];
+    out[i] = v;
+  }
 }
 
 // Whether an operand may be read four floats at a time: contiguous along its staged direction,
@@ -236,17 +275,35 @@ bool vector_reads(const float* p, int64_t contiguous_stride, int64_t other_strid
 
 }  // namespace
 
-void launch_gemm_bf16(float* out, const Operands<float>& x, int64_t M, int64_t N, int64_t K, bool accumulate) {
-  const dim3 grid(unsigned((N + kTileN - 1) / kTileN), unsigned((M + kTileM - 1) / kTileM));
+void launch_gemm_bf16(float* out, const Operands<float>& x, int64_t M, int64_t N, int64_t K, bool accumulate,
+                      bool split_depth) {
+  dim3 grid(unsigned((N + kTileN - 1) / kTileN), unsigned((M + kTileM - 1) / kTileM));
   if (grid.y > 65535) throw InputError("bf16 GEMM: more than 8 million rows in one product");
   const bool ak = x.a_depth == 1, bk = x.b_depth == 1;
   // A's contiguous direction is k (ak) or its rows; B's is k (bk) or its columns.
   const bool a_vec = ak ? vector_reads(x.a, x.a_depth, x.a_rows) : vector_reads(x.a, x.a_rows, x.a_depth);
   const bool b_vec = bk ? vector_reads(x.b, x.b_depth, x.b_cols) : vector_reads(x.b, x.b_cols, x.b_depth);
-  if (ak && bk) launch_layout<true, true>(grid, out, x, M, N, K, accumulate, a_vec, b_vec);
-  else if (ak) launch_layout<true, false>(grid, out, x, M, N, K, accumulate, a_vec, b_vec);
-  else if (bk) launch_layout<false, true>(grid, out, x, M, N, K, accumulate, a_vec, b_vec);
-  else launch_layout<false, false>(grid, out, x, M, N, K, accumulate, a_vec, b_vec);
+  auto launch = [&](const Chunks& c) {
+    if (ak && bk) launch_layout<true, true>(grid, out, x, M, N, K, accumulate, a_vec, b_vec, c);
+    else if (ak) launch_layout<true, false>(grid, out, x, M, N, K, accumulate, a_vec, b_vec, c);
+    else if (bk) launch_layout<false, true>(grid, out, x, M, N, K, accumulate, a_vec, b_vec, c);
+    else launch_layout<false, false>(grid, out, x, M, N, K, accumulate, a_vec, b_vec, c);
+  };
+  const int64_t chunks = split_depth ? (K + kDepthChunk - 1) / kDepthChunk : 1;
+  if (chunks == 1) return launch({K, 0, nullptr});
+  // Partial sums of as many chunks at once as kMaxPartialBytes holds (at least one): launches
+  // of chunks 0..g, then g+1..2g, ..., each followed by adding its partials to out in chunk order.
+  // How many share a launch decides only what runs side by side, never the order of a sum.
+  const int64_t slot = M * N;
+  const int64_t at_once = std::clamp<int64_t>(kMaxPartialBytes / int64_t(sizeof(float)) / slot, 1, chunks - 1);
+  const StreamScratch<float> partial(at_once * slot, "bf16 GEMM: depth-chunk partial sums");
+  for (int64_t first = 0; first < chunks;) {
+    const int64_t first_partial = std::max<int64_t>(first, 1), end = std::min(chunks, first_partial + at_once);
+    grid.z = unsigned(end - first);
+    launch({kDepthChunk, first, partial.get()});
+    add_partials_kernel<<<grid_for(slot), kThreads, 0, stream()>>>(out, partial.get(), slot, end - first_partial);
+    first = end;
+  }
 }
 
 }  // namespace llama4d::cuda

@@ -26,8 +26,10 @@ struct Shape {
   int64_t BT, C, OC;
 };
 // Odd sizes; tile edges on every side (128 rows, 64 columns); K inside one 16-step, past one
-// and several 256-blocks, and ending mid-slice.
-const Shape kShapes[] = {{1, 1, 1}, {7, 33, 65}, {130, 257, 63}, {129, 768, 288}, {1000, 96, 513}, {64, 1000, 200}};
+// and several 256-blocks, and ending mid-slice; and the weight gradient's depth chunks of 2,048
+// (BT = 5000: two whole chunks and a third of 904).
+const Shape kShapes[] = {{1, 1, 1},        {7, 33, 65},     {130, 257, 63}, {129, 768, 288},
+                         {1000, 96, 513}, {64, 1000, 200}, {5000, 40, 70}};
 
 // |a| @ |b| in double, for the same three products: the scale each element's rounding is held to.
 struct Magnitudes {
@@ -53,7 +55,8 @@ Magnitudes magnitudes(const std::vector<float>& x, const std::vector<float>& w, 
 // terms, each within about (K/256 + 256) units of fp32 rounding of the terms' magnitude
 // (the 256-blocks), start the value accumulated into. 2^-14 leaves room for a tensor core that
 // keeps fewer bits while it adds; a missing or doubled term of typical size (about 1/K of the
-// magnitude, K <= 1000 here) is more than 16 times past it.
+// magnitude) is more than 16 times past it where K <= 1000, 3 times at K = 5000, and a missing
+// or doubled depth chunk hundreds of times.
 void expect_within_rounding(const std::vector<float>& got, const std::vector<float>& want,
                             const std::vector<double>& magnitude, const std::vector<float>& start,
                             const std::string& what) {
@@ -109,9 +112,8 @@ TEST(CudaMatmulBf16, TensorCoreProductsAgreeWithTheCpuToRounding) {
 // give those rows of the whole product, bit for bit; rows [o0, o1) of the weight (a tensor rank's
 // output columns) give those columns; and the weight gradient of that slice is those rows of the
 // whole weight gradient.
-TEST(CudaMatmulBf16, SlicesHaveTheBitsOfTheWholeProduct) {
-  LLAMA4D_REQUIRE_GPU();
-  const int64_t BT = 300, C = 520, OC = 200, r0 = 77, r1 = 211, o0 = 40, o1 = 139;
+void expect_slices_have_the_whole_bits(int64_t BT, int64_t C, int64_t OC, int64_t r0, int64_t r1, int64_t o0,
+                                       int64_t o1) {
   const auto x = bf16_values(size_t(BT * C), 6), w = bf16_values(size_t(OC * C), 7),
              dy = bf16_values(size_t(BT * OC), 8);
   OnGpu gpu;
@@ -140,6 +142,26 @@ TEST(CudaMatmulBf16, SlicesHaveTheBitsOfTheWholeProduct) {
                               GemmOperands::bf16);
   test::expect_bitwise(gdw_rows.host(), std::vector<float>(dw.begin() + o0 * C, dw.begin() + o1 * C),
                        "weight gradient of the output columns");
+}
+
+TEST(CudaMatmulBf16, SlicesHaveTheBitsOfTheWholeProduct) {
+  LLAMA4D_REQUIRE_GPU();
+  expect_slices_have_the_whole_bits(300, 520, 200, 77, 211, 40, 139);
+}
+
+// The weight gradient over K = 4,500 tokens: depth chunks of 2,048, 2,048 and 404, the same for
+// the whole product and its slices (they depend on K alone).
+TEST(CudaMatmulBf16, SlicesHaveTheBitsOfTheWholeProductWithDepthChunks) {
+  LLAMA4D_REQUIRE_GPU();
+  expect_slices_have_the_whole_bits(4500, 200, 130, 1000, 3333, 3, 70);
+}
+
+// A weight gradient of 8,192 x 8,192 (256 MiB of fp32 partial sums per depth chunk: the GEMM
+// holds one at a time) runs its three chunks in two launches; a slice of 64 of its rows runs
+// them in one. The bits must not tell the two apart.
+TEST(CudaMatmulBf16, PartialSumsInSeveralLaunchesKeepTheBits) {
+  LLAMA4D_REQUIRE_GPU();
+  expect_slices_have_the_whole_bits(4200, 8192, 8192, 0, 8, 4000, 4064);
 }
 
 TEST(CudaMatmulBf16, PeakRateIsMeasured) {
