@@ -45,20 +45,28 @@ __global__ void add_scaled_kernel(T* y, const T* x, T a, int64_t n) {
   for (int64_t i = first_index(); i < n; i += index_stride()) y[i] += a * x[i];
 }
 
-// One thread per chunk, in the order ops.h fixes: element i of the chunk goes to accumulator
-// i % 8, and the eight are added accumulator 0 first, all in double.
+// In the order ops.h fixes: element i of a chunk goes to accumulator i % 8, and the eight are
+// added accumulator 0 first, all in double. Eight threads per chunk, thread j holding accumulator
+// j, so a group reads eight adjacent elements at a time (one thread per chunk walking 512 of them
+// alone made 14 calls 4.5 ms of the 124M step on an H200, about 110 GB/s); thread 0 of the group
+// then adds the eight in order.
+constexpr int kSquareLanes = 8;
 template <class T>
 __global__ void sum_squares_kernel(double* partials, const T* x, int64_t n, int64_t chunk, int64_t chunks) {
-  for (int64_t k = first_index(); k < chunks; k += index_stride()) {
+  const int lane = int(threadIdx.x) % kSquareLanes;
+  // The group's eight lanes of its warp: every group member runs the same iterations.
+  const unsigned group = 0xffu << (int(threadIdx.x) % 32 / kSquareLanes * kSquareLanes);
+  const int64_t first = first_index() / kSquareLanes, stride = index_stride() / kSquareLanes;
+  for (int64_t k = first; k < chunks; k += stride) {
     const int64_t begin = k * chunk, end = begin + chunk < n ? begin + chunk : n;
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t i = begin; i < end; ++i) {
+    double acc = 0.0;
+    for (int64_t i = begin + lane; i < end; i += kSquareLanes) {
       const double v = static_cast<double>(x[i]);
-      lane[(i - begin) % 8] += v * v;
+      acc += v * v;
     }
     double s = 0.0;
-    for (int j = 0; j < 8; ++j) s += lane[j];
-    partials[k] = s;
+    for (int j = 0; j < kSquareLanes; ++j) s += __shfl_sync(group, acc, j, kSquareLanes);
+    if (lane == 0) partials[k] = s;
   }
 }
 
@@ -119,7 +127,8 @@ void sum_squares_chunks(double* partials, const T* x, int64_t N, int64_t chunk) 
   const int64_t chunks = (N + chunk - 1) / chunk;
   if (chunks == 0) return;
   Scratch<double> device_partials(chunks);
-  sum_squares_kernel<<<grid_for(chunks, 128), 128, 0, stream()>>>(device_partials.get(), x, N, chunk, chunks);
+  sum_squares_kernel<<<grid_for(chunks * kSquareLanes, 128), 128, 0, stream()>>>(device_partials.get(), x, N, chunk,
+                                                                                   chunks);
   check(cudaMemcpyAsync(partials, device_partials.get(), size_t(chunks) * sizeof(double), cudaMemcpyDefault, stream()),
         "sum_squares_chunks");
   finish_op_for_host("sum_squares_chunks");

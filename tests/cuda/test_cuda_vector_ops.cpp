@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/ops.h"
@@ -72,9 +73,13 @@ TYPED_TEST(CudaVectorOps, SumsOfSquaresAndLossesAreBitwise) {
   using T = TypeParam;
   LLAMA4D_REQUIRE_GPU();
   const auto x = test::random_values<T>(kN, 6, -3, 3);
-  const int64_t chunk = 4099, chunks = (kN + chunk - 1) / chunk;
-  std::vector<double> want(static_cast<size_t>(chunks)), got(static_cast<size_t>(chunks));
-  ops::sum_squares_chunks(want.data(), x.data(), kN, chunk);
+  // A chunk of odd length, the gradient norm's 512, and one shorter than the 8 accumulators.
+  const int64_t chunk_lengths[] = {4099, 512, 5};
+  std::vector<std::vector<double>> want;
+  for (int64_t chunk : chunk_lengths) {
+    want.emplace_back(size_t((kN + chunk - 1) / chunk));
+    ops::sum_squares_chunks(want.back().data(), x.data(), kN, chunk);
+  }
   const int64_t BT = 777;
   const auto losses = test::random_values<T>(BT, 7, 0, 10);
   std::vector<int32_t> targets(BT);
@@ -86,12 +91,16 @@ TYPED_TEST(CudaVectorOps, SumsOfSquaresAndLossesAreBitwise) {
   OnGpu gpu;
   DeviceBuffer<T> dx(x), dl(losses);
   DeviceBuffer<int32_t> dt(targets);
-  ops::sum_squares_chunks(got.data(), dx.data(), kN, chunk);  // partials are host memory
-  test::expect_bitwise(got, want, "sum_squares_chunks");
+  for (size_t c = 0; c < want.size(); ++c) {
+    std::vector<double> got(want[c].size());
+    ops::sum_squares_chunks(got.data(), dx.data(), kN, chunk_lengths[c]);  // partials are host memory
+    test::expect_bitwise(got, want[c], "sum_squares_chunks of " + std::to_string(chunk_lengths[c]));
+  }
   ops::sum_losses(&got_sum, &got_count, dl.data(), dt.data(), BT);
   EXPECT_EQ(std::memcmp(&got_sum, &want_sum, sizeof(double)), 0) << got_sum << " vs " << want_sum;
   EXPECT_EQ(got_count, want_count);
-  EXPECT_THROW(ops::sum_squares_chunks(got.data(), dx.data(), kN, 0), InputError);
+  std::vector<double> none(1);
+  EXPECT_THROW(ops::sum_squares_chunks(none.data(), dx.data(), kN, 0), InputError);
 }
 
 // The same rounding function on both sides (core/tensor/bf16_rounding.h), compiled by nvcc here.
