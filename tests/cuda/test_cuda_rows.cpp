@@ -163,7 +163,8 @@ TYPED_TEST(CudaEmbedding, ForwardAndBackwardAreTheCpuBits) {
   using T = TypeParam;
   LLAMA4D_REQUIRE_GPU();
   const int32_t V = 5;  // far fewer ids than rows: every id repeats, so row order matters
-  for (const RowShape s : {RowShape{7, 33}, RowShape{300, 70}}) {
+  // 300 and 600 rows: ids in several pieces of 256; 2,100 columns: past the 2,048 a block holds at once.
+  for (const RowShape s : {RowShape{7, 33}, RowShape{300, 70}, RowShape{600, 2100}}) {
     SCOPED_TRACE("BT=" + std::to_string(s.BT) + " C=" + std::to_string(s.C));
     const size_t n = size_t(s.BT * s.C);
     const auto wte = test::random_values<T>(size_t(V * s.C), 13), dout = test::random_values<T>(n, 14),
