@@ -101,7 +101,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(T* out, Operands<T> 
 }
 
 // bf16 operands of fp32 products go to the tensor cores (where the GPU has bf16 ones); f64 has no
-// bf16 mode (the model refuses it) and reads them as stored.
+// bf16 mode (the model refuses it) and reads them as stored. split_depth (the weight gradient)
+// asks for the tensor-core GEMM's depth chunks; the CUDA-core kernel sums K whole (see the header).
 template <class T>
 void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool accumulate, bool split_depth,
           GemmOperands operands, const char* op) {
