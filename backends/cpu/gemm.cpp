@@ -16,23 +16,34 @@
 #include <vector>
 
 #include "backends/cpu/cpu_common.h"
+#include "backends/cpu/gemm_kernel.h"
 #include "backends/cpu/gemm_tiling.h"
 
 namespace llama4d::cpu {
 namespace {
-
-template <class T>
-struct Kernel {
-  typedef T Vec __attribute__((vector_size(kGemmVectorBytes)));
-  static constexpr int kLanes = kGemmVectorBytes / int(sizeof(T));
-  static constexpr int kRows = kGemmKernelRows, kCols = 2 * kLanes;
-};
 
 // Copies rows [i0, i0 + W) x depth [0, K) of `v` into panel[K][W], k-major, so the kernel reads
 // W consecutive values per k. Rows past n are zeros (they compute rows that are never stored).
 template <class T, int W>
 void pack_panel(T* panel, const GemmOperand<T>& v, int64_t i0, int64_t n, int64_t K) {
   const int64_t rows = std::min<int64_t>(W, n - i0);
+  if (v.depth_stride == 1) {
+    // Each row's k are adjacent (the forward's weight, [N, K]): copy a cache line of one row at a
+    // time into the panel's columns. Walking k outermost instead read one value from each of W
+    // rows per k, rows that are 4 KiB apart at K = 1,024 and so share one L1 set: 1.3 ms of a
+    // 1024^3 product's 7 ms on 2 cores here, against 0.55 ms this way.
+    constexpr int64_t kRun = 64 / int64_t(sizeof(T));
+    for (int64_t k0 = 0; k0 < K; k0 += kRun) {
+      const int64_t run = std::min(kRun, K - k0);
+      T* dst = panel + k0 * W;
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* src = v.data + (i0 + r) * v.row_stride + k0;
+        for (int64_t k = 0; k < run; ++k) dst[k * W + r] = src[k];
+      }
+      for (int64_t k = 0; k < run; ++k) std::fill(dst + k * W + rows, dst + (k + 1) * W, T(0));
+    }
+    return;
+  }
   for (int64_t k = 0; k < K; ++k) {
     const T* src = v.data + k * v.depth_stride + i0 * v.row_stride;
     T* dst = panel + k * W;
@@ -80,53 +91,6 @@ void plan_panels(std::vector<Panel<T>>& panels, const GemmOperand<T>& v, int64_t
       panels.push_back({buffer, 1, W, buffer, i0});
       buffer += W * K;
     }
-  }
-}
-
-// out[rows, cols] (rows <= kRows, cols <= kCols) = or += the kRows x kCols block of
-// a_panel * b_panel over kc steps. b_panel's consecutive k are b_stride apart; a_panel's are
-// a_stride apart with its rows adjacent, or (kRowsApart) its rows a_stride apart with its k
-// adjacent: the same values in the same order, so the same bits. The accumulators stay in
-// vector registers for the whole loop.
-template <class T, bool kRowsApart>
-[[gnu::always_inline]] inline void micro_kernel(int64_t kc, const T* __restrict a_panel, int64_t a_stride,
-                                                const T* __restrict b_panel, int64_t b_stride, T* out, int64_t ldo,
-                                                int64_t rows, int64_t cols, bool overwrite) {
-  using K = Kernel<T>;
-  using Vec = typename K::Vec;
-  Vec acc[K::kRows][2];
-  for (int i = 0; i < K::kRows; ++i) acc[i][0] = Vec{}, acc[i][1] = Vec{};
-  for (int64_t k = 0; k < kc; ++k) {
-    Vec b0, b1;
-    std::memcpy(&b0, b_panel + k * b_stride, sizeof(Vec));
-    std::memcpy(&b1, b_panel + k * b_stride + K::kLanes, sizeof(Vec));
-#pragma GCC unroll 16
-    for (int i = 0; i < K::kRows; ++i) {
-      const T a = kRowsApart ? a_panel[i * a_stride + k] : a_panel[k * a_stride + i];
-      acc[i][0] += a * b0;
-      acc[i][1] += a * b1;
-    }
-  }
-  if (rows == K::kRows && cols == K::kCols) {
-#pragma GCC unroll 16
-    for (int i = 0; i < K::kRows; ++i) {
-      T* o = out + i * ldo;
-      Vec o0 = acc[i][0], o1 = acc[i][1];
-      if (!overwrite) {
-        Vec c0, c1;
-        std::memcpy(&c0, o, sizeof(Vec));
-        std::memcpy(&c1, o + K::kLanes, sizeof(Vec));
-        o0 = c0 + o0, o1 = c1 + o1;
-      }
-      std::memcpy(o, &o0, sizeof(Vec));
-      std::memcpy(o + K::kLanes, &o1, sizeof(Vec));
-    }
-  } else {  // an edge block: the same sums, stored element by element
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) {
-        const T v = acc[i][j / K::kLanes][j % K::kLanes];
-        out[i * ldo + j] = overwrite ? v : out[i * ldo + j] + v;
-      }
   }
 }
 
@@ -180,9 +144,14 @@ void gemm(T* out, int64_t ldo, GemmOperand<T> a, GemmOperand<T> b_t, int64_t M, 
   const int64_t a_count = (M + Ker::kRows - 1) / Ker::kRows;
   const Panel<T>* a_panels = panels.data();
   const Panel<T>* b_panels = panels.data() + a_count;
-  parallel_for(int64_t(panels.size()), parallel, [&](int64_t p) {
+  // Only the packed panels are handed out: the in-place ones come first, so a static split of all
+  // of them gave every packed panel of the right operand to the last thread.
+  std::vector<int64_t> to_pack;
+  for (int64_t p = 0; p < int64_t(panels.size()); ++p)
+    if (panels[size_t(p)].pack_into != nullptr) to_pack.push_back(p);
+  parallel_for(int64_t(to_pack.size()), parallel, [&](int64_t i) {
+    const int64_t p = to_pack[size_t(i)];
     const Panel<T>& panel = panels[size_t(p)];
-    if (panel.pack_into == nullptr) return;
     if (p < a_count) {
       pack_panel<T, Ker::kRows>(panel.pack_into, a, panel.first_row, M, K);
     } else {
