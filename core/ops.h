@@ -1,6 +1,6 @@
 #pragma once
 // The op signatures every compute backend implements (backends/cpu today, backends/cuda
-// later). The model calls only these; it never sees Eigen, OpenMP or CUDA.
+// later). The model calls only these; it never sees OpenMP or CUDA.
 //
 // Each op below forwards to the ACTIVE compute backend (a table of kernels, ComputeBackend at
 // the end of this file), chosen at run time: `--device cpu|cuda` selects it before any buffer is

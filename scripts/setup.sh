@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev
+  libcli11-dev libgtest-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   python3-torch python3-numpy python3-matplotlib libopenblas0-pthread
   jupyter-nbconvert python3-ipykernel

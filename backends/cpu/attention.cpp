@@ -3,20 +3,28 @@
 // backward recomputes the probabilities from it instead of storing [Tq, Tk] per head.
 //
 // Work is organised per (batch, KV head): the `group` query heads that share a KV head are
-// stacked into one matrix of rows (query position, head), so each GEMM against that KV head's
-// keys/values is `group` times taller (fewer, larger Eigen products; K and V packed once).
-// Query positions are cut into blocks (attention_tasks.h); a block multiplies only against the keys
-// its last position can see, which skips the fully masked part of the causal square. With
-// document ids the block's key range also drops the keys before the first (and after the last)
-// key of any document its rows belong to: with packed documents, the earlier documents.
-// Inside the range, a key of another document gets score -inf, which exp_det turns into a
-// probability of exactly 0.
+// stacked into one matrix of rows (query position, head), so each product against that KV head's
+// keys/values is `group` times taller. Query positions are cut into blocks (attention_tasks.h); a
+// block multiplies only against the keys its last position can see, which skips the fully masked
+// part of the causal square. With document ids the block's key range also drops the keys before
+// the first (and after the last) key of any document its rows belong to: with packed documents,
+// the earlier documents. Inside the range, a key of another document gets score -inf, which
+// exp_det turns into a probability of exactly 0.
 //
-// Every product is an Eigen GEMM, run single-threaded inside our own OpenMP loop. A loop item
-// owns its outputs (forward: one block of one KV group; backward: one run of blocks of one KV
-// group, whose dk/dv its query heads accumulate into in a fixed order, the runs after the first
-// through partial buffers added in run order), so there are no races, and every result is the
-// same bit for bit whatever the thread count.
+// A block's products run on the GEMM's micro-kernel (gemm_kernel.h) over buffers laid out and
+// zero-padded for it, so nothing is packed inside a product: the keys and values as [keys, hd]
+// rows, the block's queries (and output gradients) both as [stacked, hd] rows and transposed as
+// [hd, stacked]. Scores are kept transposed, S^T [keys, stacked]: the five products then read
+// every operand in place (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, dQ = dS K,
+// O = P V), and the softmax runs down the key rows with a vector across the block's queries.
+// Each element of a product is summed in gemm.h's order, which depends on the product's depth
+// alone; a query row's result depends on its block's key range, which depends on the block's
+// positions (context parallelism keeps blocks aligned to get one device's bits).
+//
+// A loop item owns its outputs (forward: one block of one KV group; backward: one run of blocks
+// of one KV group, whose dk/dv its query heads accumulate into in a fixed order, the runs after
+// the first through partial buffers added in run order), so there are no races, and every
+// result is the same bit for bit whatever the thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -27,6 +35,7 @@
 #include "backends/cpu/attention_tasks.h"
 #include "backends/cpu/cpu_common.h"
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/gemm_kernel.h"
 #include "core/ops.h"
 
 namespace llama4d::cpu {
@@ -37,8 +46,10 @@ namespace {
 constexpr int64_t kParallelWork = 1 << 18;
 
 // Query positions per block: small enough to skip most of the masked triangle, large enough
-// (times the group size) to keep the GEMMs efficient.
+// (times the group size) to keep the products efficient.
 constexpr int64_t kBlockRows = kAttentionBlockRows;
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // Keys [lo, hi) of one KV view that a block of query rows scores.
 struct KeyRange {
@@ -89,46 +100,128 @@ struct Layout {
     return range;
   }
 
-  // Sets the scores of keys range.lo .. range.lo+n-1 that are not in query row i's document to
-  // -inf and returns how many keys keep their score (n without documents).
-  template <class T>
-  int64_t mask_other_documents(T* scores, int64_t b, int64_t i, const KeyRange& range,
-                               int64_t n) const {
-    if (!has_docs()) return n;
-    const int32_t doc = s.q_doc[b * s.Tq + i];
-    const int32_t* k_doc = s.k_doc + b * s.Tk + range.lo;
-    int64_t kept = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      if (k_doc[j] == doc) {
-        ++kept;
-      } else {
-        scores[j] = -std::numeric_limits<T>::infinity();
-      }
-    }
-    return kept;
-  }
   // First element of query heads g*group .. (g+1)*group-1 at row i of batch b; the group's
   // head vectors are contiguous there ([B, Tq, nh, hd] layout).
   int64_t query_offset(int64_t b, int64_t i, int64_t g) const {
     return ((b * s.Tq + i) * s.nh + g * group) * s.hd;
   }
-  // Keys or values of KV head g in batch b, as a [Tk, hd] view.
-  template <class T>
-  auto kv_view(T* base, int64_t b, int64_t g) const {
-    using Map = std::conditional_t<std::is_const_v<T>, cpu::ConstStridedMap<std::remove_const_t<T>>,
-                                   cpu::StridedMap<T>>;
-    return Map(base + b * kv_stride + g * s.hd, s.Tk, s.hd, Eigen::OuterStride<>(s.nkv * s.hd));
-  }
+  // Key (or value) j of KV head g in batch b: hd values, rows nkv * hd apart.
+  int64_t kv_offset(int64_t b, int64_t g, int64_t j) const { return b * kv_stride + j * s.nkv * s.hd + g * s.hd; }
 };
 
-// Copies the group's head vectors of query rows i0 .. i0+rows-1 into a [rows*group, hd] matrix
-// whose row r*group + h is (position i0 + r, head h of the group).
+// One block's buffers, carved from one scratch slot. `stacked` rows (query position, head of the
+// group) by `keys` keys; every size is padded to what the micro-kernel reads (gemm_kernel.h):
+// key rows to kRows, head columns to kLanes, and the scores' rows, whose columns are read as
+// adjacent rows of an operand, to kRows columns. Padding holds zeros.
 template <class T>
-void gather_rows(T* dst, const T* src, const Layout& L, int64_t b, int64_t g, int64_t i0,
-                 int64_t rows) {
-  const int64_t width = L.group * L.s.hd;
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + r * width, src + L.query_offset(b, i0 + r, g), sizeof(T) * width);
+struct BlockBuffers {
+  static constexpr int64_t kRows = Kernel<T>::kRows, kLanes = Kernel<T>::kLanes;
+  BlockBuffers(int64_t stacked, int64_t keys, int64_t hd, bool backward)
+      : stacked(stacked),
+        keys(keys),
+        hd(hd),
+        hdl(round_up(hd, kLanes)),
+        sp(round_up(stacked, kLanes)),
+        lds(round_up(stacked, kRows)),
+        kp(round_up(keys, kRows)) {
+    const int64_t sizes[] = {kp * hdl, kp * hdl, hd * sp, stacked * hdl, kp * lds, lds, lds, lds,
+                             backward ? hd * sp : 0, backward ? stacked * hdl : 0, backward ? kp * lds : 0};
+    T** parts[] = {&k, &v, &q_t, &q, &s, &col_a, &col_b, &col_c, &do_t, &dout, &ds};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    T* p = scratch<T>(0, total);
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      *parts[i] = sizes[i] > 0 ? p : nullptr;
+      p += sizes[i];
+    }
+  }
+  int64_t stacked, keys, hd;
+  int64_t hdl;  // columns of a [*, hd] operand (head vectors padded to whole vectors)
+  int64_t sp;   // columns of a transposed [hd, stacked] operand
+  int64_t lds;  // columns of the scores S^T [keys, stacked]
+  int64_t kp;   // rows of the keys, values and scores
+  T *k, *v;          // [kp, hdl]
+  T *q_t, *q;        // [hd, sp] and [stacked, hdl]
+  T* s;              // S^T then P^T (unnormalised in the forward): [kp, lds]
+  T *col_a, *col_b, *col_c;  // per-column values: [lds] each
+  T *do_t, *dout;    // backward: the output gradient as q_t and q
+  T* ds;             // backward: dP^T then dS^T, [kp, lds]
+};
+
+// Copies keys [lo, lo + keys) of KV head g in batch b into dst [kp, hdl], zeros elsewhere.
+template <class T>
+void load_keys(T* dst, const T* src, const Layout& L, const BlockBuffers<T>& buf, int64_t b, int64_t g, int64_t lo) {
+  for (int64_t j = 0; j < buf.keys; ++j) {
+    std::memcpy(dst + j * buf.hdl, src + L.kv_offset(b, g, lo + j), sizeof(T) * buf.hd);
+    std::fill(dst + j * buf.hdl + buf.hd, dst + (j + 1) * buf.hdl, T(0));
+  }
+  std::fill(dst + buf.keys * buf.hdl, dst + buf.kp * buf.hdl, T(0));
+}
+
+// Copies the group's head vectors of query rows i0 .. i0+rows-1 (row r*group + h is position
+// i0 + r, head h of the group) into rows [stacked, hdl] and transposed into cols [hd, sp].
+template <class T>
+void load_queries(T* rows_dst, T* cols_dst, const T* src, const Layout& L, const BlockBuffers<T>& buf, int64_t b,
+                  int64_t g, int64_t i0) {
+  const int64_t hd = buf.hd;
+  for (int64_t c = 0; c < buf.stacked; ++c) {
+    const T* x = src + L.query_offset(b, i0 + c / L.group, g) + (c % L.group) * hd;
+    T* row = rows_dst + c * buf.hdl;
+    std::memcpy(row, x, sizeof(T) * hd);
+    std::fill(row + hd, row + buf.hdl, T(0));
+    for (int64_t d = 0; d < hd; ++d) cols_dst[d * buf.sp + c] = x[d];
+  }
+  for (int64_t d = 0; d < hd; ++d) std::fill(cols_dst + d * buf.sp + buf.stacked, cols_dst + (d + 1) * buf.sp, T(0));
+}
+
+// Gives the scores S^T [keys, lds] a query row must not see -inf: keys past its causal limit and
+// (with documents) keys of other documents.
+template <class T>
+void mask_scores(T* s, const Layout& L, const BlockBuffers<T>& buf, int64_t b, int64_t i0, int64_t rows,
+                 const KeyRange& range) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = L.row_keys(i0 + r, range);
+    T* col = s + r * L.group;
+    for (int64_t j = n; j < buf.keys; ++j) std::fill_n(col + j * buf.lds, L.group, neg_inf);
+    if (!L.has_docs()) continue;
+    const int32_t doc = L.s.q_doc[b * L.s.Tq + i0 + r];
+    const int32_t* k_doc = L.s.k_doc + b * L.s.Tk + range.lo;
+    for (int64_t j = 0; j < n; ++j)
+      if (k_doc[j] != doc) std::fill_n(col + j * buf.lds, L.group, neg_inf);
+  }
+}
+
+// Zeros what the products read of a scores buffer and no step writes: columns [stacked, lds) of
+// the key rows, and the padding rows [keys, kp).
+template <class T>
+void zero_score_padding(T* s, const BlockBuffers<T>& buf) {
+  for (int64_t j = 0; j < buf.keys; ++j) std::fill(s + j * buf.lds + buf.stacked, s + (j + 1) * buf.lds, T(0));
+  std::fill(s + buf.keys * buf.lds, s + buf.kp * buf.lds, T(0));
+}
+
+// row[c] = max(row[c], x[c]) and the softmax's other column loops below are kept out of line
+// so GCC sees plain loops over c and vectorises them (exp_det's lanes and tail agree bitwise).
+template <class T>
+[[gnu::noinline]] void max_into(T* m, const T* x, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) m[c] = x[c] > m[c] ? x[c] : m[c];
+}
+// x[c] = exp(x[c] * scale - shift[c]); sum[c] += x[c].
+template <class T>
+[[gnu::noinline]] void exp_and_sum(T* x, T* sum, const T* shift, int64_t n, T scale) {
+  for (int64_t c = 0; c < n; ++c) {
+    x[c] = exp_det(x[c] * scale - shift[c]);
+    sum[c] += x[c];
+  }
+}
+// p[c] = exp(s[c] * scale - lse[c]); ds[c] = p[c] * (dp[c] - D[c]) * scale, with ds holding dp.
+template <class T>
+[[gnu::noinline]] void softmax_gradient(T* s, T* ds, const T* lse, const T* D, int64_t n, T scale) {
+  for (int64_t c = 0; c < n; ++c) {
+    const T p = exp_det(s[c] * scale - lse[c]);
+    s[c] = p;
+    ds[c] = p * (ds[c] - D[c]) * scale;
+  }
 }
 
 }  // namespace
@@ -158,43 +251,37 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
       }
       return;
     }
-    T* q_buf = cpu::scratch<T>(0, stacked * s.hd);
-    T* p_buf = cpu::scratch<T>(1, stacked * keys);
-    T* inv_sum = cpu::scratch<T>(2, stacked);
-    gather_rows(q_buf, q, L, b, g, i0, rows);
-    cpu::ConstMatrixMap<T> Q(q_buf, stacked, s.hd);  // [rows*group, hd]
-    cpu::MatrixMap<T> P(p_buf, stacked, keys);       // scores, then unnormalised probabilities
-    auto K = L.kv_view(k, b, g).middleRows(range.lo, keys);  // [keys, hd]
-    auto V = L.kv_view(v, b, g).middleRows(range.lo, keys);  // [keys, hd]
-    P.noalias() = Q * K.transpose();
-    for (int64_t row = 0; row < stacked; ++row) {
-      const int64_t r = row / L.group, h = g * L.group + row % L.group;
-      T* p = p_buf + row * keys;
-      T& row_lse = lse[(b * s.nh + h) * s.Tq + i0 + r];
-      const int64_t n = L.row_keys(i0 + r, range);
-      // No visible key (causally or in the row's document): zero output row, lse = -inf.
-      if (L.mask_other_documents(p, b, i0 + r, range, n) == 0) {
-        std::memset(p, 0, sizeof(T) * keys);
-        inv_sum[row] = T(0);
-        row_lse = neg_inf;
-        continue;
-      }
-      const T m = cpu::reduce_max(p, n) * scale;
-      cpu::exp_affine(p, p, n, scale, m);
-      std::memset(p + n, 0, sizeof(T) * (keys - n));
-      const T sum = cpu::reduce_sum(p, n);
-      inv_sum[row] = T(1) / sum;  // applied to the [rows, hd] output, not the [rows, keys] P
-      row_lse = m + std::log(sum);
+    BlockBuffers<T> buf(stacked, keys, s.hd, false);
+    load_keys(buf.k, k, L, buf, b, g, range.lo);
+    load_keys(buf.v, v, L, buf, b, g, range.lo);
+    load_queries(buf.q, buf.q_t, q, L, buf, b, g, i0);
+    // S^T [keys, stacked] = K [keys, hd] Q^T [hd, stacked]
+    padded_product(buf.s, buf.lds, buf.k, buf.hdl, int64_t(1), buf.q_t, buf.sp, keys, stacked, s.hd, false);
+    mask_scores(buf.s, L, buf, b, i0, rows, range);
+    // Softmax down each column: m = the largest score, then P = exp(scale * (S - m)) and its sum.
+    // A column with no visible key (causally or in its document) keeps all -inf: shift 0 makes
+    // its P zeros, and it gets a zero output row and lse = -inf.
+    T* m = buf.col_a;
+    T* shift = buf.col_b;
+    T* sum = buf.col_c;
+    std::fill_n(m, stacked, neg_inf);
+    for (int64_t j = 0; j < keys; ++j) max_into(m, buf.s + j * buf.lds, stacked);
+    for (int64_t c = 0; c < stacked; ++c) shift[c] = m[c] == neg_inf ? T(0) : m[c] * scale;
+    std::fill_n(sum, stacked, T(0));
+    for (int64_t j = 0; j < keys; ++j) exp_and_sum(buf.s + j * buf.lds, sum, shift, stacked, scale);
+    for (int64_t c = 0; c < stacked; ++c) {
+      T& row_lse = lse[(b * s.nh + g * L.group + c % L.group) * s.Tq + i0 + c / L.group];
+      row_lse = m[c] == neg_inf ? neg_inf : shift[c] + std::log(sum[c]);
+      sum[c] = m[c] == neg_inf ? T(0) : T(1) / sum[c];  // applied to the [stacked, hd] output, not to P
     }
-    // The stacked output rows land back in [B, Tq, nh, hd]: position r's group heads are
-    // contiguous, so the output is a strided view with one row per position.
-    cpu::StridedMap<T> O(out + L.query_offset(b, i0, g), rows, L.group * s.hd,
-                         Eigen::OuterStride<>(s.nh * s.hd));
-    cpu::MatrixMap<T> O_stacked(q_buf, stacked, s.hd);  // reuses the query buffer
-    O_stacked.noalias() = P * V;
-    O_stacked.array().colwise() *=
-        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(inv_sum, stacked);
-    O = cpu::ConstMatrixMap<T>(q_buf, rows, L.group * s.hd);
+    zero_score_padding(buf.s, buf);
+    // O [stacked, hd] = P [stacked, keys] V [keys, hd], into the query rows' buffer; each row
+    // then lands, divided by its sum, in [B, Tq, nh, hd].
+    padded_product(buf.q, s.hd, buf.s, int64_t(1), buf.lds, buf.v, buf.hdl, stacked, s.hd, keys, false);
+    for (int64_t c = 0; c < stacked; ++c) {
+      T* o = out + L.query_offset(b, i0 + c / L.group, g) + (c % L.group) * s.hd;
+      for (int64_t d = 0; d < s.hd; ++d) o[d] = buf.q[c * s.hd + d] * sum[c];
+    }
   });
 }
 
@@ -206,6 +293,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const Layout L(s);
   const AttentionTasks tasks = attention_tasks(s.Tq);
   const T scale = T(1) / std::sqrt(static_cast<T>(s.hd));
+  const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t pairs = s.B * s.nkv, kv_elems = s.Tk * s.hd;
   // The keys the rows of run `run` can see: the rows of a partial buffer that run writes.
   auto run_keys = [&](int64_t run) {
@@ -222,24 +310,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     const int64_t run = item % tasks.runs, pair = item / tasks.runs;
     const int64_t g = pair % s.nkv;
     const int64_t b = pair / s.nkv;
-    const int64_t max_stacked = std::min(kBlockRows, s.Tq) * L.group;
-    T* q_buf = cpu::scratch<T>(0, max_stacked * s.hd);
-    T* do_buf = cpu::scratch<T>(1, max_stacked * s.hd);
-    T* dq_buf = cpu::scratch<T>(2, max_stacked * s.hd);
-    T* p_buf = cpu::scratch<T>(3, max_stacked * s.Tk);
-    T* ds_buf = cpu::scratch<T>(4, max_stacked * s.Tk);
-    T* D = cpu::scratch<T>(5, max_stacked);
-    auto K_all = L.kv_view(k, b, g);
-    auto V_all = L.kv_view(v, b, g);
-    T* dk_run = run == 0 ? dk + b * L.kv_stride + g * s.hd : partial_of(pair, run);
-    T* dv_run = run == 0 ? dv + b * L.kv_stride + g * s.hd : partial_of(pair, run) + kv_elems;
+    T* dk_run = run == 0 ? dk + L.kv_offset(b, g, 0) : partial_of(pair, run);
+    T* dv_run = run == 0 ? dv + L.kv_offset(b, g, 0) : partial_of(pair, run) + kv_elems;
     const int64_t run_stride = run == 0 ? s.nkv * s.hd : s.hd;  // [Tk, hd] rows, in place or packed
     if (run > 0) {  // zero the key rows this run can reach (the reduction below reads no others)
       std::fill_n(dk_run, run_keys(run) * s.hd, T(0));
       std::fill_n(dv_run, run_keys(run) * s.hd, T(0));
     }
-    cpu::StridedMap<T> dK_all(dk_run, s.Tk, s.hd, Eigen::OuterStride<>(run_stride));
-    cpu::StridedMap<T> dV_all(dv_run, s.Tk, s.hd, Eigen::OuterStride<>(run_stride));
     const int64_t first = run * tasks.blocks_per_run, last = std::min(tasks.blocks, first + tasks.blocks_per_run);
     for (int64_t blk = first; blk < last; ++blk) {
       const int64_t i0 = blk * kBlockRows;
@@ -248,45 +325,40 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
       const KeyRange range = L.block_keys(b, i0, rows);
       const int64_t keys = range.size();
       if (keys == 0) continue;  // no visible key: no gradient flows
-      gather_rows(q_buf, q, L, b, g, i0, rows);
-      gather_rows(do_buf, dout, L, b, g, i0, rows);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* o = out + L.query_offset(b, i0 + r, g);
-        for (int64_t h = 0; h < L.group; ++h) {
-          const int64_t row = r * L.group + h;
-          D[row] = cpu::reduce_dot(do_buf + row * s.hd, o + h * s.hd, s.hd);
-        }
-      }
-      cpu::ConstMatrixMap<T> Q(q_buf, stacked, s.hd);    // [rows*group, hd]
-      cpu::ConstMatrixMap<T> dO(do_buf, stacked, s.hd);  // [rows*group, hd]
-      cpu::MatrixMap<T> P(p_buf, stacked, keys);
-      cpu::MatrixMap<T> dS(ds_buf, stacked, keys);
-      auto K = K_all.middleRows(range.lo, keys);
-      auto V = V_all.middleRows(range.lo, keys);
-      P.noalias() = Q * K.transpose();
-      dS.noalias() = dO * V.transpose();  // dP for now
-      for (int64_t row = 0; row < stacked; ++row) {
-        const int64_t r = row / L.group, h = g * L.group + row % L.group;
-        T* p = p_buf + row * keys;
-        T* d = ds_buf + row * keys;
-        int64_t n = L.row_keys(i0 + r, range);
-        if (L.mask_other_documents(p, b, i0 + r, range, n) == 0) n = 0;  // lse is -inf: no share
+      BlockBuffers<T> buf(stacked, keys, s.hd, true);
+      load_keys(buf.k, k, L, buf, b, g, range.lo);
+      load_keys(buf.v, v, L, buf, b, g, range.lo);
+      load_queries(buf.q, buf.q_t, q, L, buf, b, g, i0);
+      load_queries(buf.dout, buf.do_t, dout, L, buf, b, g, i0);
+      // Per column: its lse (0 for a row that saw no key: all its scores are -inf, so P = 0) and
+      // D = dO . O.
+      T* row_lse = buf.col_a;
+      T* D = buf.col_b;
+      for (int64_t c = 0; c < stacked; ++c) {
+        const int64_t r = c / L.group, h = g * L.group + c % L.group;
         const T l = lse[(b * s.nh + h) * s.Tq + i0 + r];
-        const T Dr = D[row];
-        cpu::exp_affine(p, p, n, scale, l);  // a masked key's -inf score gives p = 0, ds = 0
-        for (int64_t j = 0; j < n; ++j) d[j] = p[j] * (d[j] - Dr) * scale;
-        std::memset(p + n, 0, sizeof(T) * (keys - n));
-        std::memset(d + n, 0, sizeof(T) * (keys - n));
+        row_lse[c] = l == neg_inf ? T(0) : l;
+        D[c] = cpu::reduce_dot(buf.dout + c * buf.hdl, out + L.query_offset(b, i0 + r, g) + (c % L.group) * s.hd, s.hd);
       }
-      dV_all.middleRows(range.lo, keys).noalias() += P.transpose() * dO;
-      dK_all.middleRows(range.lo, keys).noalias() += dS.transpose() * Q;
-      cpu::MatrixMap<T> dQ(dq_buf, stacked, s.hd);
-      dQ.noalias() = dS * K;
-      const int64_t width = L.group * s.hd;
-      for (int64_t r = 0; r < rows; ++r) {
-        T* dst = dq + L.query_offset(b, i0 + r, g);
-        const T* src = dq_buf + r * width;
-        for (int64_t e = 0; e < width; ++e) dst[e] += src[e];
+      // S^T = K Q^T and dP^T = V dO^T, [keys, stacked]; then P and dS in place.
+      padded_product(buf.s, buf.lds, buf.k, buf.hdl, int64_t(1), buf.q_t, buf.sp, keys, stacked, s.hd, false);
+      padded_product(buf.ds, buf.lds, buf.v, buf.hdl, int64_t(1), buf.do_t, buf.sp, keys, stacked, s.hd, false);
+      mask_scores(buf.s, L, buf, b, i0, rows, range);  // a masked key's -inf score gives p = 0, ds = 0
+      for (int64_t j = 0; j < keys; ++j)
+        softmax_gradient(buf.s + j * buf.lds, buf.ds + j * buf.lds, row_lse, D, stacked, scale);
+      zero_score_padding(buf.s, buf);
+      zero_score_padding(buf.ds, buf);
+      // dV [keys, hd] += P^T dO and dK += dS^T Q, over the block's stacked rows; dQ = dS K.
+      padded_product(dv_run + range.lo * run_stride, run_stride, buf.s, buf.lds, int64_t(1), buf.dout, buf.hdl, keys,
+                     s.hd, stacked, true);
+      padded_product(dk_run + range.lo * run_stride, run_stride, buf.ds, buf.lds, int64_t(1), buf.q, buf.hdl, keys,
+                     s.hd, stacked, true);
+      T* dq_block = buf.do_t;  // no longer read
+      padded_product(dq_block, s.hd, buf.ds, int64_t(1), buf.lds, buf.k, buf.hdl, stacked, s.hd, keys, false);
+      for (int64_t c = 0; c < stacked; ++c) {
+        T* dst = dq + L.query_offset(b, i0 + c / L.group, g) + (c % L.group) * s.hd;
+        const T* src = dq_block + c * s.hd;
+        for (int64_t e = 0; e < s.hd; ++e) dst[e] += src[e];
       }
     }
   });
@@ -295,7 +367,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   // queries can see stayed zero there and are skipped.
   cpu::parallel_for(pairs * s.Tk, pairs * kv_elems >= cpu::kParallelElements, [&](int64_t key_row) {
     const int64_t pair = key_row / s.Tk, j = key_row % s.Tk;
-    const int64_t offset = (pair / s.nkv) * L.kv_stride + j * s.nkv * s.hd + (pair % s.nkv) * s.hd;
+    const int64_t offset = L.kv_offset(pair / s.nkv, pair % s.nkv, j);
     for (int64_t run = 1; run < tasks.runs; ++run) {
       if (j >= run_keys(run)) continue;
       const T* p = partial_of(pair, run) + j * s.hd;

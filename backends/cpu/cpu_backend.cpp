@@ -17,9 +17,8 @@ int threads() {
 #endif
 }
 
-// Sets the OpenMP team size of every kernel (Eigen runs single-threaded inside our tasks, see
-// backends/cpu/CMakeLists.txt). OpenMP keeps this setting per calling thread, and Eigen reads
-// it per thread as long as no one fixed Eigen's global count, so other threads are unaffected.
+// Sets the OpenMP team size of every kernel. OpenMP keeps this setting per calling thread, so
+// other threads (other virtual GPUs) are unaffected.
 void set_threads(int n) {
 #ifdef _OPENMP
   omp_set_num_threads(n);

@@ -5,17 +5,11 @@
 // bitwise the same gradients as one device, so every kernel must give the same bits for the
 // same inputs whatever the thread count, the buffer alignment or the split of a loop into
 // SIMD body and scalar tail. Hence:
-// - reductions use a fixed lane pattern (reduce_* below), never Eigen's redux, whose order
-//   depends on where the first aligned element sits;
+// - reductions use a fixed lane pattern (reduce_* below), never an order that depends on where
+//   the first aligned element sits;
 // - exp is written in plain arithmetic (exp_det) so a SIMD lane and a scalar tail perform the
 //   same IEEE operations;
 // - work is split so each output element is produced by one thread in a fixed order.
-// Eigen never starts threads of its own: kernels split work themselves (see gemm_tiling.h). Also
-// set for the target in CMakeLists.txt; repeated here so every includer agrees.
-#ifndef EIGEN_DONT_PARALLELIZE
-#define EIGEN_DONT_PARALLELIZE
-#endif
-#include <Eigen/Core>
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -28,19 +22,6 @@
 #endif
 
 namespace llama4d::cpu {
-
-// Row-major Eigen views of raw buffers, matching the [rows, cols] shapes in core/ops.h.
-template <class T>
-using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class T>
-using MatrixMap = Eigen::Map<RowMatrix<T>>;
-template <class T>
-using ConstMatrixMap = Eigen::Map<const RowMatrix<T>>;
-// Views whose rows are `stride` elements apart (one head inside [T, nh, hd], for example).
-template <class T>
-using StridedMap = Eigen::Map<RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <class T>
-using ConstStridedMap = Eigen::Map<const RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 
 // Runs f(i) for i in [0, n) on the OpenMP team when `parallel` is true. Static schedule:
 // callers make every f(i) write disjoint outputs, so the split never changes results.

@@ -175,6 +175,9 @@ std::vector<Case> cases() {
       // Several query blocks; causal block skipping; shapes that do not divide evenly.
       {"blocked_square", make_shape(1, 130, 130, 4, 2, 8), 60},
       {"blocked_chunk", make_shape(2, 70, 150, 3, 1, 8, /*q_start=*/80, /*k_start=*/0), 60},
+      // Heads wider than one vector and not a whole number of them (the products' last column
+      // panel), three query heads per KV head (a block's 96 stacked rows and a partial one's 27).
+      {"wide_heads", make_shape(1, 41, 41, 6, 2, 21), 40},
   };
 }
 

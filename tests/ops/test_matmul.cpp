@@ -23,7 +23,7 @@ std::vector<double> matmul_reference(const std::vector<double>& x, const std::ve
 }
 
 TEST(Matmul, ForwardMatchesNaiveLoops) {
-  // Sizes both below and above Eigen's small-product threshold, odd on purpose.
+  // Sizes from below one register block to several tiles, odd on purpose.
   for (auto [BT, C, OC] :
        {std::tuple<int64_t, int64_t, int64_t>{3, 5, 4}, {37, 29, 41}, {130, 72, 96}}) {
     auto x = random_vector(BT * C, 1), w = random_vector(OC * C, 2);
