@@ -14,9 +14,10 @@
 // A block's products run on the GEMM's micro-kernel (gemm_kernel.h) over buffers laid out and
 // zero-padded for it, so nothing is packed inside a product: the keys and values as [keys, hd]
 // rows, the block's queries (and output gradients) both as [stacked, hd] rows and transposed as
-// [hd, stacked]. Scores are kept transposed, S^T [keys, stacked]: the five products then read
-// every operand in place (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, dQ = dS K,
-// O = P V), and the softmax runs down the key rows with a vector across the block's queries.
+// [hd, stacked]. Scores are kept transposed, S^T [keys, stacked]: every product then reads its
+// operands where they lie (S^T = K Q^T and O = P V forward; S^T, dP^T = V dO^T, dV += P^T dO,
+// dK += dS^T Q and dQ = dS K backward), and the softmax runs down the key rows with a vector
+// across the block's queries.
 // Each element of a product is summed in gemm.h's order, which depends on the product's depth
 // alone; a query row's result depends on its block's key range, which depends on the block's
 // positions (context parallelism keeps blocks aligned to get one device's bits).
@@ -159,17 +160,19 @@ void load_keys(T* dst, const T* src, const Layout& L, const BlockBuffers<T>& buf
 }
 
 // Copies the group's head vectors of query rows i0 .. i0+rows-1 (row r*group + h is position
-// i0 + r, head h of the group) into rows [stacked, hdl] and transposed into cols [hd, sp].
+// i0 + r, head h of the group) transposed into cols [hd, sp] and, unless rows_dst is null, into
+// rows [stacked, hdl].
 template <class T>
 void load_queries(T* rows_dst, T* cols_dst, const T* src, const Layout& L, const BlockBuffers<T>& buf, int64_t b,
                   int64_t g, int64_t i0) {
   const int64_t hd = buf.hd;
   for (int64_t c = 0; c < buf.stacked; ++c) {
     const T* x = src + L.query_offset(b, i0 + c / L.group, g) + (c % L.group) * hd;
+    for (int64_t d = 0; d < hd; ++d) cols_dst[d * buf.sp + c] = x[d];
+    if (rows_dst == nullptr) continue;
     T* row = rows_dst + c * buf.hdl;
     std::memcpy(row, x, sizeof(T) * hd);
     std::fill(row + hd, row + buf.hdl, T(0));
-    for (int64_t d = 0; d < hd; ++d) cols_dst[d * buf.sp + c] = x[d];
   }
   for (int64_t d = 0; d < hd; ++d) std::fill(cols_dst + d * buf.sp + buf.stacked, cols_dst + (d + 1) * buf.sp, T(0));
 }
@@ -193,7 +196,9 @@ void mask_scores(T* s, const Layout& L, const BlockBuffers<T>& buf, int64_t b, i
 }
 
 // Zeros what the products read of a scores buffer and no step writes: columns [stacked, lds) of
-// the key rows, and the padding rows [keys, kp).
+// the key rows, and the padding rows [keys, kp). Their products land only in rows of the output
+// that are never stored, so this changes no result; it keeps stale scratch (a NaN, a subnormal
+// that would slow the multiply-adds) out of them.
 template <class T>
 void zero_score_padding(T* s, const BlockBuffers<T>& buf) {
   for (int64_t j = 0; j < buf.keys; ++j) std::fill(s + j * buf.lds + buf.stacked, s + (j + 1) * buf.lds, T(0));
@@ -254,7 +259,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     BlockBuffers<T> buf(stacked, keys, s.hd, false);
     load_keys(buf.k, k, L, buf, b, g, range.lo);
     load_keys(buf.v, v, L, buf, b, g, range.lo);
-    load_queries(buf.q, buf.q_t, q, L, buf, b, g, i0);
+    load_queries<T>(nullptr, buf.q_t, q, L, buf, b, g, i0);
     // S^T [keys, stacked] = K [keys, hd] Q^T [hd, stacked]
     padded_product(buf.s, buf.lds, buf.k, buf.hdl, int64_t(1), buf.q_t, buf.sp, keys, stacked, s.hd, false);
     mask_scores(buf.s, L, buf, b, i0, rows, range);
@@ -275,8 +280,9 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
       sum[c] = m[c] == neg_inf ? T(0) : T(1) / sum[c];  // applied to the [stacked, hd] output, not to P
     }
     zero_score_padding(buf.s, buf);
-    // O [stacked, hd] = P [stacked, keys] V [keys, hd], into the query rows' buffer; each row
-    // then lands, divided by its sum, in [B, Tq, nh, hd].
+    // O [stacked, hd] = P [stacked, keys] V [keys, hd], into the query rows' buffer (the forward
+    // reads the queries transposed only); each row then lands, divided by its sum, in
+    // [B, Tq, nh, hd].
     padded_product(buf.q, s.hd, buf.s, int64_t(1), buf.lds, buf.v, buf.hdl, stacked, s.hd, keys, false);
     for (int64_t c = 0; c < stacked; ++c) {
       T* o = out + L.query_offset(b, i0 + c / L.group, g) + (c % L.group) * s.hd;
