@@ -3,7 +3,7 @@
 # for a GPU machine reached from a machine without one: build here, pack what runs there, carry
 # the pack, run there, read what it wrote.
 #   scripts/gpu_session.sh pack                          here, after scripts/build.sh release
-#   scripts/gpu_session.sh all|tests|verify|launch|bench|cpu   there
+#   scripts/gpu_session.sh all|tests|verify|launch|bench|cpu|sanitize   there
 #     pack    build/release's binaries (llama4d, lesson 08, tests/cuda, tests/nccl), its corpus, and
 #             the shared libraries they load that a bare CUDA image may lack (Open MPI's, and
 #             OpenBLAS for the CPU's reference GEMM) into runs/gpu-carry/bundle.tar.xz (carry
@@ -23,6 +23,10 @@
 #             PyTorch (bench/compare_torch.sh) on 2 and all
 #             threads. REFERENCE_BLAS names a libopenblas.so.0; the pack's is used where the
 #             machine has none.
+#     sanitize  compute-sanitizer's racecheck, synccheck and memcheck on the tests of the kernels
+#             that share memory or shuffle within a warp and have not yet run under it (embedding
+#             backward, sums of squares, the bf16 GEMM's depth chunks); skipped where the
+#             machine has no compute-sanitizer. Last in `all`, on what budget is left
 #     exec    COMMAND... with the pack unpacked and the environment above set (libraries, BLAS,
 #             LLAMA4D_BIN): for a check of its own
 # Output: one file per step and summary.txt with each step's exit code and seconds (124: stopped
@@ -32,9 +36,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 part=${1:-}
 case "$part" in
-  pack | all | tests | verify | launch | bench | cpu | exec) ;;
+  pack | all | tests | verify | launch | bench | cpu | sanitize | exec) ;;
   *)
-    echo "usage: scripts/gpu_session.sh pack|all|tests|verify|launch|bench|cpu|exec COMMAND..." >&2
+    echo "usage: scripts/gpu_session.sh pack|all|tests|verify|launch|bench|cpu|sanitize|exec COMMAND..." >&2
     exit 2
     ;;
 esac
@@ -193,6 +197,22 @@ cpu() {
     PYTHON="$python" bench/compare_torch.sh "$bin"
 }
 
+# compute-sanitizer's tools on a few small tests: a race or a barrier that not every thread
+# reaches can still give the right bits on most runs, which is all the tests see.
+sanitize() {
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ ! -x "$sanitizer" ]; then
+    echo "sanitize skipped (no compute-sanitizer)" | tee -a "$out/summary.txt"
+    return
+  fi
+  local filter='CudaEmbedding*:CudaVectorOps*:CudaMatmulBf16.SlicesHaveTheBitsOfTheWholeProductWithDepthChunks'
+  for tool in racecheck synccheck memcheck; do
+    step "sanitize_$tool" 60 "$sanitizer" --tool "$tool" --error-exitcode 1 build/release/tests/cuda/test_cuda \
+      --gtest_filter="$filter"
+  done
+}
+
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" > "$out/nvidia-smi.txt"
 case "$part" in
   all)
@@ -207,6 +227,7 @@ case "$part" in
     gpu_benchmark both 200 "124m 1.5b" 0
     gpu_profile
     cpu
+    sanitize
     ;;
   tests) tests ;;
   verify) verify dp2 dp4_zero3 tp2 pp2_1f1b cp2_allgather cp2_ring 4d ;;
@@ -218,6 +239,7 @@ case "$part" in
       --seq-len 1024 --json
     ;;
   cpu) cpu ;;
+  sanitize) sanitize ;;
 esac
 archive
 exit "$failed"
