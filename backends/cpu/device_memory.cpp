@@ -13,6 +13,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <list>
@@ -41,10 +44,24 @@ constexpr int64_t kMapThreshold = int64_t(32) << 10;
 constexpr int64_t kMapGranule = int64_t(4) << 10;
 
 // Every block starts with this header (one alignment unit), so device_free knows its origin.
+// The seal sits last, next to the caller's bytes, so a write just before a buffer (an index of
+// -1) or a header that changed underneath the process is caught in device_free with a message,
+// instead of glibc's "free(): invalid pointer" or a munmap of the wrong size. device_free
+// clears it, so a second free of the same block, before it is handed out again, is caught too.
 struct alignas(kDeviceAlign) Header {
   int64_t mapped_bytes;  // 0: from malloc; else the size of the mapping (header included)
+  char unused[kDeviceAlign - 2 * sizeof(int64_t)];
+  uint64_t seal;  // seal_of(this, mapped_bytes) while the block is allocated
 };
 static_assert(sizeof(Header) == kDeviceAlign);
+static_assert(offsetof(Header, seal) == kDeviceAlign - sizeof(uint64_t));
+
+// Depends on the address too, so a header copied from another block does not pass; never 0.
+// (The address and the size are multiples of 64, the constant is odd.)
+uint64_t seal_of(const Header* h, int64_t mapped_bytes) {
+  constexpr uint64_t kLlama4d1 = 0x6C6C616D61346431ull;  // "llama4d1" in ASCII
+  return uint64_t(reinterpret_cast<uintptr_t>(h)) ^ uint64_t(mapped_bytes) ^ kLlama4d1;
+}
 
 class MappedBlockCache {
  public:
@@ -132,14 +149,28 @@ void* device_alloc(int64_t bytes) {
   }
   if (!base)
     throw OutOfMemoryError("device_alloc: the cpu backend could not allocate " + std::to_string(bytes) + " bytes");
-  static_cast<Header*>(base)->mapped_bytes = mapped;
+  Header* header = static_cast<Header*>(base);
+  header->mapped_bytes = mapped;
+  header->seal = seal_of(header, mapped);
   return static_cast<char*>(base) + sizeof(Header);
 }
 
 void device_free(void* p) {
   if (!p) return;
   void* base = static_cast<char*>(p) - sizeof(Header);
-  const int64_t mapped = static_cast<Header*>(base)->mapped_bytes;
+  Header* header = static_cast<Header*>(base);
+  const int64_t mapped = header->mapped_bytes;
+  if (header->seal != seal_of(header, mapped)) {
+    // Freeing with this header would corrupt the heap or unmap the wrong range, and device_free
+    // runs in destructors, where an exception cannot travel: stop here, saying what was found.
+    std::fprintf(stderr,
+                 "llama4d: device_free(%p): the block's header is not one device_alloc wrote (size "
+                 "field %lld): the block was freed twice, something wrote just before it, or the "
+                 "memory changed underneath the process\n",
+                 p, static_cast<long long>(mapped));
+    std::abort();
+  }
+  header->seal = 0;
   if (mapped > 0)
     mapped_blocks().release(base, mapped);
   else

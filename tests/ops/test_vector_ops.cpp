@@ -1,9 +1,8 @@
 // The buffer and vector ops (fill, copy, add_scaled, adamw_update, sum_squares_chunks,
-// sum_losses, the vocabulary-parallel embedding, round_to_bf16, to_bf16 / from_bf16, all_finite)
-// and backend memory. Where an op
-// replaces a host loop the library used to run (AdamW's update, the gradient-norm partials,
-// the head's loss sum, the whole-table embedding), it is checked bit for bit against that loop
-// written out here, independently of the backend.
+// sum_losses, the vocabulary-parallel embedding, round_to_bf16, to_bf16 / from_bf16, all_finite).
+// Where an op replaces a host loop the library used to run (AdamW's update, the gradient-norm
+// partials, the head's loss sum, the whole-table embedding), it is checked bit for bit against
+// that loop written out here, independently of the backend.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -426,32 +425,6 @@ TYPED_TEST(VectorOps, EmbeddingRowShardsAddUpToTheWholeTable) {
     EXPECT_TRUE(bitwise_equal(out_sum, out_ref));
     EXPECT_TRUE(bitwise_equal(dwte_cat, dwte_ref));
   }
-}
-
-// ---- Backend memory ---------------------------------------------------------------------------
-
-TEST(DeviceMemory, AlignedRoundTripAndZeroSize) {
-  for (int64_t bytes : {int64_t(1), int64_t(63), int64_t(64), int64_t(1000), int64_t(1) << 20}) {
-    void* a = ops::device_alloc(bytes);
-    void* b = ops::device_alloc(bytes);
-    ASSERT_NE(a, nullptr);
-    ASSERT_NE(b, nullptr);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u) << bytes;
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u) << bytes;
-    std::vector<unsigned char> src(static_cast<size_t>(bytes)), back(src.size());
-    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 37 + 11);
-    ops::device_memcpy(a, src.data(), bytes);  // host -> device
-    ops::device_memcpy(b, a, bytes);           // device -> device
-    ops::device_memcpy(back.data(), b, bytes);  // device -> host
-    EXPECT_EQ(back, src);
-    ops::device_free(a);
-    ops::device_free(b);
-  }
-  EXPECT_EQ(ops::device_alloc(0), nullptr);
-  ops::device_free(nullptr);
-  ops::device_memcpy(nullptr, nullptr, 0);
-  EXPECT_THROW(ops::device_alloc(-1), InputError);
-  EXPECT_THROW(ops::device_alloc(std::numeric_limits<int64_t>::max()), OutOfMemoryError);
 }
 
 }  // namespace
