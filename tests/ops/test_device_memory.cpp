@@ -1,7 +1,7 @@
 // The CPU backend's memory (backends/cpu/device_memory.cpp): aligned blocks that round-trip
 // bytes, small ones from malloc and large ones from the mapped-block cache; and a block whose
 // header was overwritten, or which is freed twice, stops the process with a message naming the
-// problem instead of corrupting the heap. The header is the 64 bytes before each block.
+// problem instead of corrupting the heap.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -17,6 +17,8 @@ namespace {
 
 // One below the mapped-block threshold (32 KiB, malloc) and one above it (the block cache).
 constexpr int64_t kSmall = 1000, kLarge = int64_t(1) << 20;
+// The backend's block header: the 64 bytes (one alignment unit) before each block.
+constexpr size_t kHeaderBytes = 64;
 
 TEST(DeviceMemory, AlignedRoundTripAndZeroSize) {
   for (int64_t bytes : {int64_t(1), int64_t(63), int64_t(64), kSmall, kLarge}) {
@@ -46,8 +48,8 @@ constexpr const char* kBadHeader = "device_free\\(.*\\): the block's header is n
 
 class DeviceMemoryDeathTest : public ::testing::TestWithParam<int64_t> {
  protected:
-  // The death tests' child re-runs this binary up to the statement, so threads started by
-  // earlier tests (the backend's pool) do not make fork() unsafe.
+  // The child runs this binary afresh, up to the statement, instead of forking a process
+  // whose other threads (the backend's pool) may hold locks.
   void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
 };
 
@@ -66,11 +68,11 @@ TEST_P(DeviceMemoryDeathTest, AWriteJustBeforeTheBufferIsCaughtWhenFreed) {
 TEST_P(DeviceMemoryDeathTest, AZeroedHeaderIsCaughtWhenFreed) {
   unsigned char* p = static_cast<unsigned char*>(ops::device_alloc(GetParam()));
   ASSERT_NE(p, nullptr);
-  unsigned char kept[64];
-  std::memcpy(kept, p - 64, 64);
-  std::memset(p - 64, 0, 64);
+  unsigned char kept[kHeaderBytes];
+  std::memcpy(kept, p - kHeaderBytes, kHeaderBytes);
+  std::memset(p - kHeaderBytes, 0, kHeaderBytes);
   EXPECT_DEATH(ops::device_free(p), kBadHeader);
-  std::memcpy(p - 64, kept, 64);
+  std::memcpy(p - kHeaderBytes, kept, kHeaderBytes);
   ops::device_free(p);
 }
 
@@ -80,11 +82,11 @@ TEST_P(DeviceMemoryDeathTest, AHeaderCopiedFromAnotherBlockIsCaughtWhenFreed) {
   unsigned char* b = static_cast<unsigned char*>(ops::device_alloc(GetParam()));
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  unsigned char kept[64];
-  std::memcpy(kept, b - 64, 64);
-  std::memcpy(b - 64, a - 64, 64);
+  unsigned char kept[kHeaderBytes];
+  std::memcpy(kept, b - kHeaderBytes, kHeaderBytes);
+  std::memcpy(b - kHeaderBytes, a - kHeaderBytes, kHeaderBytes);
   EXPECT_DEATH(ops::device_free(b), kBadHeader);
-  std::memcpy(b - 64, kept, 64);
+  std::memcpy(b - kHeaderBytes, kept, kHeaderBytes);
   ops::device_free(a);
   ops::device_free(b);
 }
