@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache
   libcli11-dev libgtest-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   python3-torch python3-numpy python3-matplotlib libopenblas0-pthread

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "tests/common/tier.h"
 
 namespace {
 
@@ -305,6 +306,8 @@ TEST(Cli, GradientsReducedInBf16) {
   expect_bad_input(run("verify --mesh tp=2 --dtype bf16 --grad-reduce-in-bf16"), "dp x cp > 1");
   EXPECT_EQ(run("plan --preset tiny --mesh dp=2 --grad-reduce-in-bf16").code, 2);
 }
+// Bf16 reductions run in Bf16GradReduce.RingOverFourRanksWithinTheBounds.
+LLAMA4D_TIER(Cli, GradientsReducedInBf16, full);
 
 TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=two"), "dp=two");
@@ -356,6 +359,8 @@ TEST(Cli, TensorParallelVerifyTrainAndResumeOnAnotherTp) {
   EXPECT_EQ(j.at("steps_this_run").get<int>(), 2);
   EXPECT_TRUE(std::isfinite(j.at("final_loss").get<double>()));
 }
+// The library's sanitizer cases run tensor parallelism.
+LLAMA4D_TIER(Cli, TensorParallelVerifyTrainAndResumeOnAnotherTp, full);
 
 // Context parallelism end to end: verify on cp meshes (alone and under ZeRO-3 with full
 // checkpointing), train with evaluation and a checkpoint that resumes on a data-parallel mesh,
@@ -402,6 +407,7 @@ TEST(Cli, ContextParallelVerifyTrainAndResume) {
     EXPECT_NE(bad.err.find(says), std::string::npos) << args << ": " << bad.err;
   }
 }
+LLAMA4D_TIER(Cli, ContextParallelVerifyTrainAndResume, full);  // the library's sanitizer cases run context parallelism
 
 // Pipeline parallelism end to end: verify is bitwise for a zero-bubble pipeline under ZeRO-3,
 // train runs 1F1B and its checkpoint resumes on a data-parallel mesh, and `schedule` draws the
@@ -453,6 +459,8 @@ TEST(Cli, PipelineParallelVerifyTrainResumeAndSchedule) {
   expect_bad_input(run("schedule --measure --pp 1"), "--pp 2");
   expect_bad_input(run("verify --mesh dp=2 --schedule zb-h1"), "pipeline parallelism");
 }
+// A multi-rank verify, train and resume through the command line.
+LLAMA4D_TIER(Cli, PipelineParallelVerifyTrainResumeAndSchedule, sanitizer);
 
 TEST(Cli, ActivationCheckpointingFlag) {
   expect_bad_input(run("train --preset tiny --ac every:0 --out " + tmp("ac_bad")), "--ac");
@@ -565,6 +573,7 @@ TEST(Cli, BenchProfilesTheStepOpByOp) {
   EXPECT_NE(sweep.err.find("speedup"), std::string::npos);
   expect_bad_input(run("bench --preset tiny --profile --mesh dp=2"), "--profile");
 }
+LLAMA4D_TIER(Cli, BenchProfilesTheStepOpByOp, full);  // the op profile wraps the kernels the other tests run
 
 // bench on a mesh also times the step on the simulated cluster: per rank, compute is exactly the
 // FLOPs the ops reported at --gpu-tflops, and the step is compute + exposed communication.

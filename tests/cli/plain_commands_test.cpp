@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "tests/common/tier.h"
 
 namespace {
 
@@ -64,6 +65,8 @@ TEST(Cli, OneDeviceAccumulationEqualsDataParallelByteForByte) {
   for (const char* f : {"model.safetensors", "optimizer.safetensors"})
     EXPECT_TRUE(read_file(one + "/checkpoint/" + f) == read_file(dir + "/checkpoint/" + f)) << f;
 }
+// DataParallel/Equivalence runs the same code.
+LLAMA4D_TIER(Cli, OneDeviceAccumulationEqualsDataParallelByteForByte, full);
 
 // A checkpoint whose config.json says something its weights contradict is refused by eval,
 // generate and resume, with one line naming the tensor, instead of silently dropping weights.

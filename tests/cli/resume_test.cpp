@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "tests/common/tier.h"
 
 namespace {
 
@@ -61,6 +62,7 @@ TEST(ResumeCli, Bf16ResumesInBf16Bitwise) {
   fs::remove_all(straight);
   fs::remove_all(half);
 }
+LLAMA4D_TIER(ResumeCli, Bf16ResumesInBf16Bitwise, full);  // the resume code of the fp32 cases
 
 // Issue 14 item 2: a dp=4 ZeRO-3 run with the default micro-batch saved the resolved micro-batch
 // (the whole batch of 8), which no rank of 2 rows could split: not even dp=4 could resume it.
@@ -101,6 +103,8 @@ TEST(ResumeCli, DefaultMicroBatchResumesOnItsOwnMeshBitwiseAndOnOthers) {
   fs::remove_all(straight);
   fs::remove_all(half);
 }
+// Resuming on another mesh runs in Reshard.SaveOnZero3Dp4ResumeOnZero1Dp2.
+LLAMA4D_TIER(ResumeCli, DefaultMicroBatchResumesOnItsOwnMeshBitwiseAndOnOthers, full);
 
 // Issue 14 item 10: resume used to ignore these without a word. Each would change what the run
 // computes, so each is refused, naming the flag, before anything is written; the same value as

@@ -14,6 +14,7 @@
 #include "backends/virtual/virtual_cluster.h"
 #include "tests/comm/collective_checks.h"
 #include "tests/comm/host_collective_reduce.h"
+#include "tests/common/tier.h"
 #include "tests/ops/operand_log.h"
 #ifdef LLAMA4D_HAVE_MPI
 #include "backends/mpi/mpi_session.h"
@@ -129,12 +130,21 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, Collectives, ::testing::Values(ReduceAlgo::
                          [](const ::testing::TestParamInfo<ReduceAlgo>& info) {
                            return std::string(reduce_algo_name(info.param));
                          });
+// Tiers: the sanitizer presets run every collective with both algorithms, and the two heaviest
+// (symmetric memory, the compute backend's buffers) with the ordered one, whose code the ring's
+// shares there.
+[[maybe_unused]] const bool kCollectiveTiers =
+    test::declare_tiers({{"Algorithms/Collectives.SymmetricMemory/ordered", test::Tier::sanitizer},
+                         {"Algorithms/Collectives.SymmetricMemory/ring", test::Tier::full},
+                         {"Algorithms/Collectives.ThroughTheComputeBackend/ordered", test::Tier::sanitizer},
+                         {"Algorithms/Collectives.ThroughTheComputeBackend/ring", test::Tier::full}});
 
 }  // namespace
 }  // namespace llama4d::test
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  if (const int listed = llama4d::test::list_tests_if_asked(argc, argv); listed >= 0) return listed;
   bool mpi = false, cma = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--backend=mpi") == 0) {

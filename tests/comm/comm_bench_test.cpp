@@ -8,6 +8,7 @@
 #include "bench/comm_bench.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -61,6 +62,7 @@ TEST(CommBench, RowsFollowNcclTestsConventions) {
   EXPECT_NE(table.find("memcpy bandwidth"), std::string::npos);
   EXPECT_NE(table.find("busbw(GB/s)"), std::string::npos);
 }
+LLAMA4D_TIER(CommBench, RowsFollowNcclTestsConventions, full);  // the collectives of the other CommBench cases
 
 TEST(CommBench, RejectsBadOptions) {
   CommBenchOptions o = small_options();

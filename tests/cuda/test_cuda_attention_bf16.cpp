@@ -18,6 +18,8 @@
 
 namespace llama4d {
 namespace {
+// Its own names: the binary is built in batches of files (a unity build), beside the fp32 tests.
+namespace attention_bf16 {
 
 using ops::AttentionShape;
 using ops::GemmOperands;
@@ -214,5 +216,6 @@ TEST(CudaAttentionBf16, KeysDoNotDependOnTheirCall) {
   test::expect_bitwise(p.dv, dv_rows, "dv of keys called apart");
 }
 
+}  // namespace attention_bf16
 }  // namespace
 }  // namespace llama4d

@@ -16,6 +16,8 @@
 
 namespace llama4d {
 namespace {
+// Its own names: the binary is built in batches of files (a unity build), beside the fp32 tests.
+namespace matmul_bf16 {
 
 using ops::GemmOperands;
 using test::DeviceBuffer;
@@ -172,5 +174,6 @@ TEST(CudaMatmulBf16, PeakRateIsMeasured) {
   std::printf("cuda GEMM (bf16 operands, 1024^3, the three products): %.1f TFLOP/s\n", flops / 1e12);
 }
 
+}  // namespace matmul_bf16
 }  // namespace
 }  // namespace llama4d

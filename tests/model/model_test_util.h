@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,18 @@ double rel_error(const A* a, const B* b, int64_t n) {
     den = std::max(den, std::abs(double(b[i])));
   }
   return num / std::max(den, 1e-300);
+}
+
+// Every gradient of a whole-residency model, as one flat vector.
+template <class T>
+std::vector<T> flat_grads(Llama<T>& m) {
+  return std::vector<T>(m.grads(), m.grads() + m.num_params());
+}
+
+// The same bits (two empty vectors are equal; memcmp must not see their null data).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 }  // namespace llama4d::test

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "model_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -54,16 +55,7 @@ std::vector<T> deterministic(int64_t n, uint64_t seed) {
   return v;
 }
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  // Two empty vectors (no input gradient) are equal; memcmp must not see their null data.
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
 
-template <class T>
-std::vector<T> flat_grads(Llama<T>& m) {
-  return std::vector<T>(m.grads(), m.grads() + m.num_params());
-}
 
 struct FlopCounter : ops::FlopSink {
   double flops = 0;
@@ -108,11 +100,11 @@ Outcome<T> run(const LlamaConfig& cfg, const char* ac, UnitRange r, Schedule sch
   };
   auto backward = [&](int i, BackwardPass pass) {
     const size_t k = size_t(i);
-    const std::vector<T> before = flat_grads(m);
+    const std::vector<T> before = test::flat_grads(m);
     ops::ScopedFlopSink sink(&counter);
     m.backward(st[k], scale, has_head ? nullptr : grad_out[k].data(), pass);
     if (pass == BackwardPass::input) {
-      EXPECT_TRUE(same_bits(flat_grads(m), before)) << "the input pass wrote a gradient";
+      EXPECT_TRUE(test::same_bits(test::flat_grads(m), before)) << "the input pass wrote a gradient";
       EXPECT_GT(st[k].activation_bytes(), st[k].input_grad.bytes()) << "nothing kept for the weight pass";
     }
   };
@@ -135,7 +127,7 @@ Outcome<T> run(const LlamaConfig& cfg, const char* ac, UnitRange r, Schedule sch
       break;
   }
 
-  Outcome<T> out{flat_grads(m), {}, counter.flops};
+  Outcome<T> out{test::flat_grads(m), {}, counter.flops};
   for (MicroBatchState<T>& s : st) {
     // Everything freed but the input gradient (scratch, handed to the previous stage).
     EXPECT_EQ(s.activation_bytes(), s.input_grad.bytes());
@@ -163,12 +155,12 @@ void expect_split_bitwise(const LlamaConfig& cfg, bool bf16 = false) {
     for (const char* ac : {"none", "selective", "every:2"}) {
       SCOPED_TRACE(std::string(name) + ", checkpointing " + ac);
       const Outcome<T> full = run<T>(cfg, ac, r, Schedule::full, bf16);
-      EXPECT_TRUE(same_bits(full.grads, kept.grads)) << "checkpointing changed the gradients";
+      EXPECT_TRUE(test::same_bits(full.grads, kept.grads)) << "checkpointing changed the gradients";
       for (Schedule s : {Schedule::split, Schedule::zero_bubble}) {
         const Outcome<T> split = run<T>(cfg, ac, r, s, bf16);
-        EXPECT_TRUE(same_bits(split.grads, full.grads)) << "schedule " << int(s);
+        EXPECT_TRUE(test::same_bits(split.grads, full.grads)) << "schedule " << int(s);
         for (int i = 0; i < kMicroBatches; ++i)
-          EXPECT_TRUE(same_bits(split.input_grads[size_t(i)], full.input_grads[size_t(i)]))
+          EXPECT_TRUE(test::same_bits(split.input_grads[size_t(i)], full.input_grads[size_t(i)]))
               << "micro-batch " << i << " schedule " << int(s);
         EXPECT_EQ(split.flops, full.flops);
       }
@@ -199,6 +191,7 @@ TEST(SplitBackward, InputPassAllocatesNoGradient) {
   m.backward(st, 0.1f, nullptr, BackwardPass::weight);
   for (int u = 0; u < m.num_units(); ++u) EXPECT_NE(m.unit_grads(u), nullptr) << u;
 }
+LLAMA4D_TIER(SplitBackward, BitwiseWholeBackwardTinyFp64, full);  // its fp32 twin runs the same code
 
 TEST(SplitBackward, PassesOutOfOrderAreErrors) {
   const LlamaConfig cfg = odd_config();

@@ -18,15 +18,7 @@
 namespace llama4d {
 namespace {
 
-template <class T>
-std::vector<T> flat_grads(Llama<T>& m) {
-  return std::vector<T>(m.grads(), m.grads() + m.num_params());
-}
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 template <class T>
 void expect_range_split_bitwise(bool tied) {
@@ -58,7 +50,7 @@ void expect_range_split_bitwise(bool tied) {
     m.backward(first, scale, second.input_grad.data());
     EXPECT_EQ(ls.tokens, lw.tokens);
     EXPECT_EQ(std::memcmp(&ls.loss_sum, &lw.loss_sum, sizeof(double)), 0) << "cut " << cut;
-    EXPECT_TRUE(same_bits(flat_grads(m), flat_grads(whole))) << "cut " << cut << " tied " << tied;
+    EXPECT_TRUE(test::same_bits(test::flat_grads(m), test::flat_grads(whole))) << "cut " << cut << " tied " << tied;
     EXPECT_EQ(first.activation_bytes(), 0);  // backward freed everything
     EXPECT_EQ(second.activation_bytes(), second.input_grad.bytes());
   }
@@ -148,7 +140,7 @@ TEST(Units, MicroBatchesInFlight) {
   EXPECT_GT(fly.memory().live(MemoryCategory::activations), sa.activation_bytes());  // both held
   fly.backward(sa, 0.05f);
   fly.backward(sc, 0.05f);
-  EXPECT_TRUE(same_bits(flat_grads(fly), flat_grads(seq)));
+  EXPECT_TRUE(test::same_bits(test::flat_grads(fly), test::flat_grads(seq)));
   EXPECT_EQ(fly.memory().live(MemoryCategory::activations), 0);
 }
 
@@ -232,11 +224,11 @@ void expect_checkpointing_bitwise() {
     loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
     m.backward(T(0.1));
     if (std::string(spec) == "none") {
-      reference = flat_grads(m), ref_loss = loss;
+      reference = test::flat_grads(m), ref_loss = loss;
       continue;
     }
     EXPECT_EQ(std::memcmp(&loss.loss_sum, &ref_loss.loss_sum, sizeof(double)), 0) << spec;
-    EXPECT_TRUE(same_bits(flat_grads(m), reference)) << spec;
+    EXPECT_TRUE(test::same_bits(test::flat_grads(m), reference)) << spec;
   }
 }
 TEST(ActivationCheckpointing, GradientsBitwiseFp32) { expect_checkpointing_bitwise<float>(); }

@@ -20,6 +20,7 @@
 #include "../ops/operand_log.h"
 #include "core/tensor/bf16_rounding.h"
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -62,6 +63,8 @@ TEST(Bf16Equivalence, BitwiseWhereTheSumsAreOrdered) {
     EXPECT_NE(r.losses_single[0], r.losses_single[2]);  // it trained
   }
 }
+// The same bf16 code as ContextParallelismWithinTheBf16Bounds.
+LLAMA4D_TIER(Bf16Equivalence, BitwiseWhereTheSumsAreOrdered, full);
 
 TEST(Bf16Equivalence, ContextParallelismWithinTheBf16Bounds) {
   for (const char* mesh : {"cp=2", "tp=2,cp=2"}) {
@@ -72,6 +75,7 @@ TEST(Bf16Equivalence, ContextParallelismWithinTheBf16Bounds) {
     EXPECT_LT(r.bounds_per_step[0].grad_tensor, 1.0) << "the first step's gradients are bounded";
   }
 }
+LLAMA4D_TIER(Bf16Equivalence, ContextParallelismWithinTheBf16Bounds, sanitizer);  // bf16 mixed precision across ranks
 
 // Under each strategy, and in the one-device replays the harness compares with (tensor
 // parallelism's own included), every product and attention call of a bf16 run says its operands
@@ -101,6 +105,8 @@ TEST(Bf16Equivalence, EveryProductReadsBf16BackendOperandsUnderEveryStrategy) {
     EXPECT_TRUE(log.not_backend_memory.empty()) << log.not_backend_memory.front();
   }
 }
+// Bf16 under every strategy: ContextParallelismWithinTheBf16Bounds runs the bf16 code.
+LLAMA4D_TIER(Bf16Equivalence, EveryProductReadsBf16BackendOperandsUnderEveryStrategy, full);
 
 TEST(Bf16GradReduce, BitwiseWithTheReplayOnEveryKindOfReduction) {
   const struct {
@@ -128,6 +134,8 @@ TEST(Bf16GradReduce, BitwiseWithTheReplayOnEveryKindOfReduction) {
     EXPECT_NE(r.losses_single[0], r.losses_single[2]);  // it trained
   }
 }
+// RingOverFourRanksWithinTheBounds reduces in bf16 too.
+LLAMA4D_TIER(Bf16GradReduce, BitwiseWithTheReplayOnEveryKindOfReduction, full);
 
 // A ring over more than two ranks rounds every partial sum to bf16 as it travels (as NCCL does),
 // which the replay's one rounding per sum does not follow: within the measured bounds instead.

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/parallel/context_parallel.h"
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -235,7 +236,6 @@ struct CpCase {
   bool doc_mask = false;  // on test::document_corpus(), whose rows pack two to four documents
 };
 
-std::string cp_case_name(const testing::TestParamInfo<CpCase>& info) { return info.param.name; }
 
 class ContextParallelEquivalence : public testing::TestWithParam<CpCase> {};
 
@@ -258,8 +258,6 @@ TEST_P(ContextParallelEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
   test::expect_fp64_within_one_in_a_trillion(r, o.plan.world_size());
 }
 
-// The sanitizer presets run cp2, cp2_dp2_zero3, the ring cases with dp, ZeRO-3, AC and pp and two
-// document-masked cases (CMakePresets.json excludes the rest there); the release build runs all.
 const CpCase kCpCases[] = {
     {"cp2", "cp=2", ZeroStage::none, "none", 12},
     {"cp3", "cp=3", ZeroStage::none, "none", 12},
@@ -285,7 +283,10 @@ const CpCase kCpCases[] = {
     {"doc_ring_cp2_dp2_zero3", "cp=2,dp=2", ZeroStage::zero3, "none", 6, ContextAlgo::ring, true},
     {"doc_ring_cp2_pp2", "cp=2,pp=2", ZeroStage::none, "none", 6, ContextAlgo::ring, true},
 };
-INSTANTIATE_TEST_SUITE_P(ContextParallel, ContextParallelEquivalence, testing::ValuesIn(kCpCases), cp_case_name);
+// Tiers: the sanitizer presets run the ring with document masks under ZeRO-3 (and
+// Fp32WithinTheBounds the all-gather); the release preset runs every case.
+LLAMA4D_INSTANTIATE(ContextParallel, ContextParallelEquivalence, kCpCases, full,
+                    {{"doc_ring_cp2_dp2_zero3", test::Tier::sanitizer}});
 
 // fp32 within 1e-6 of one device after one step (the first step's errors are those of the
 // split sums alone; later steps add AdamW's amplification, held to tensor parallelism's bounds).

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -38,6 +39,8 @@ TEST(DocumentMaskEquivalence, TensorAndPipelineParallelismMatchOneDevice) {
     EXPECT_LE(r.plain_max_rel_err, 1e-12) << r.table();
   }
 }
+// Document masks run in the ContextParallel sanitizer case.
+LLAMA4D_TIER(DocumentMaskEquivalence, TensorAndPipelineParallelismMatchOneDevice, full);
 
 }  // namespace
 }  // namespace llama4d

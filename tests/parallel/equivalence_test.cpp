@@ -7,6 +7,7 @@
 #include "../comm/host_collective_reduce.h"
 #include "../ops/operand_log.h"
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -19,7 +20,6 @@ struct Case {
   int64_t micro_batch_size;  // 0: one micro-batch per rank (batch 24 = 24 / (shard x replicate) rows)
 };
 
-std::string case_name(const testing::TestParamInfo<Case>& info) { return info.param.name; }
 
 class Equivalence : public testing::TestWithParam<Case> {};
 
@@ -65,7 +65,15 @@ const Case kCases[] = {
     {"HSDP_2x4_accumulate", ZeroStage::zero3, false, 2, 4, 1},
     {"HSDP_3x2_zero2_accumulate", ZeroStage::zero2, true, 3, 2, 2},
 };
-INSTANTIATE_TEST_SUITE_P(DataParallel, Equivalence, testing::ValuesIn(kCases), case_name);
+// Tiers: the sanitizer presets run each strategy once (with accumulation and an odd rank count where
+// its code branches on them); the release preset runs every case.
+LLAMA4D_INSTANTIATE(DataParallel, Equivalence, kCases, full,
+                    {{"DP_dp3_accumulate", test::Tier::sanitizer},
+                     {"ZeRO1_dp3_accumulate", test::Tier::sanitizer},
+                     {"ZeRO2_dp3", test::Tier::sanitizer},
+                     {"ZeRO3_dp2_accumulate", test::Tier::sanitizer},
+                     {"ZeRO3_keep_dp3", test::Tier::sanitizer},
+                     {"HSDP_2x2", test::Tier::sanitizer}});
 
 // What a GPU needs of every strategy and of the harness's replays: every kernel they call takes
 // the backend's memory (tests/ops/operand_log.h: each pointer starts inside a device_alloc block),
@@ -111,6 +119,8 @@ TEST(Equivalence, EveryKernelTakesBackendMemory) {
     }
   }
 }
+// The plans it runs are the sanitizer cases of their strategies.
+LLAMA4D_TIER(Equivalence, EveryKernelTakesBackendMemory, full);
 
 // Activation checkpointing under data parallelism: every policy, with ZeRO-3 resharding (the
 // recompute gathers a unit's weights again inside backward) and with plain DP, still equals one
@@ -130,6 +140,8 @@ TEST(Equivalence, ActivationCheckpointingWithZero3AndDp) {
       EXPECT_NE(r.strategy.find(o.plan.ac.describe()), std::string::npos) << r.strategy;
     }
 }
+// ZeRO-3 regathers for a recompute in TensorParallel/.../tp4_dp2_zero3_full_ac.
+LLAMA4D_TIER(Equivalence, ActivationCheckpointingWithZero3AndDp, full);
 
 // The bits differ with ring reductions: every chunk of a ring all-reduce is summed starting at
 // a different rank, so (a + b) + c becomes (b + c) + a, and fp32 rounds each differently. The
@@ -152,6 +164,8 @@ TEST(Equivalence, RingReductionsDifferOnlyByRounding) {
   for (size_t s = 0; s < 3; ++s) EXPECT_TRUE(r.errors_per_step[s].within(r.bounds_per_step[s])) << "step " << s + 1;
   EXPECT_TRUE(r.ok) << r.table();
 }
+// The ring order of every data-parallel collective.
+LLAMA4D_TIER(Equivalence, RingReductionsDifferOnlyByRounding, sanitizer);
 
 // The same bounds in fp64 are nine orders of magnitude tighter; both references must agree.
 TEST(Equivalence, RingReductionsFp64AgreeWithThePlainTrainer) {
@@ -166,6 +180,7 @@ TEST(Equivalence, RingReductionsFp64AgreeWithThePlainTrainer) {
   EXPECT_LE(r.max_errors.grad_element, 1.8e-12) << r.table();
   EXPECT_TRUE(r.ok) << r.table();
 }
+LLAMA4D_TIER(Equivalence, RingReductionsFp64AgreeWithThePlainTrainer, full);  // its fp32 twin runs the same code
 
 // fp64, one plan per strategy: bitwise to the replay, and within 1e-12 of the plain single-device
 // Trainer, which batches and adds in its own order (nothing shared with the strategies' split).
@@ -185,6 +200,8 @@ TEST(Equivalence, Fp64EveryStrategyAgreesWithThePlainTrainer) {
     EXPECT_TRUE(r.ok) << r.table();
   }
 }
+// Every strategy again in fp64: the cases above run their code.
+LLAMA4D_TIER(Equivalence, Fp64EveryStrategyAgreesWithThePlainTrainer, full);
 
 // Rows of the global batch are split by the harness itself (not by the strategies' function), so
 // a data rank that trains overlapping rows -- e.g. its first row computed from the micro-batch
@@ -234,6 +251,8 @@ TEST(Equivalence, OddShapesOnEightRanks) {
     EXPECT_TRUE(r.ok) << r.table();
   }
 }
+// Uneven pieces: ZeRO1_dp3_accumulate and ZeRO2_dp3 split unevenly too.
+LLAMA4D_TIER(Equivalence, OddShapesOnEightRanks, full);
 
 // Sharded clipping: the global gradient norm each rank computes from its gradient shard equals
 // the single-device norm exactly, here with clipping strong enough to act on every step.

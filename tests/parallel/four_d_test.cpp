@@ -7,6 +7,7 @@
 #include "core/data/batch_sampler.h"
 #include "core/train/trainer.h"
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -27,7 +28,6 @@ struct FourDCase {
   const char* shape = "tiny";  // tiny, six_layers (tiny's width, small's depth) or small
 };
 
-std::string four_d_name(const testing::TestParamInfo<FourDCase>& info) { return info.param.name; }
 
 LlamaConfig shape(const std::string& name) {
   if (name != "six_layers") return LlamaConfig::preset(name);
@@ -75,8 +75,6 @@ TEST_P(FourDEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
   test::expect_fp64_within_one_in_a_trillion(r, o.plan.world_size());
 }
 
-// The sanitizer presets run the main job's plan and the reversed order (CMakePresets.json
-// excludes the rest there); the release build runs all.
 const FourDCase kFourDCases[] = {
     // The main job's plan (scripts/main.sh), on the small shape too.
     {"tp2_cp2_pp2_dp2_zero3_selective", "tp=2,cp=2,pp=2,dp=2", ZeroStage::zero3, "selective"},
@@ -112,7 +110,9 @@ const FourDCase kFourDCases[] = {
     {"tp2_cp2_pp2_dp2_interleaved_ring_zero1", "tp=2,cp=2,pp=2,dp=2", ZeroStage::zero1, "selective", Kind::interleaved,
      2, ContextAlgo::ring, true, false, false, "six_layers"},
 };
-INSTANTIATE_TEST_SUITE_P(FourD, FourDEquivalence, testing::ValuesIn(kFourDCases), four_d_name);
+// Tiers: the sanitizer presets run the main job's plan; the release preset runs every case.
+LLAMA4D_INSTANTIATE(FourD, FourDEquivalence, kFourDCases, full,
+                    {{"tp2_cp2_pp2_dp2_zero3_selective", test::Tier::sanitizer}});
 
 // fp32 with ordered reductions, where the parts are bitwise (pipeline, ZeRO, HSDP): bitwise
 // equal to one device on 16 ranks.
@@ -124,6 +124,8 @@ TEST(FourDEquivalence, PipelineWithHsdpIsBitwiseOnSixteenRanks) {
   EXPECT_TRUE(r.bitwise) << r.table();
   EXPECT_TRUE(r.ok) << r.table();
 }
+// HSDP and pipelining each have their sanitizer case.
+LLAMA4D_TIER(FourDEquivalence, PipelineWithHsdpIsBitwiseOnSixteenRanks, full);
 
 // Validation windows that the data ranks cannot split evenly (an odd count over dp = 2, one
 // window per evaluate call): under ZeRO-3 every evaluate call gathers parameters over the data
@@ -157,6 +159,8 @@ TEST(FourDEquivalence, ValidationWithUnevenWindowsMatchesOneDevice) {
     }
   }
 }
+// Validation runs the forward of the sanitizer cases.
+LLAMA4D_TIER(FourDEquivalence, ValidationWithUnevenWindowsMatchesOneDevice, full);
 
 }  // namespace
 }  // namespace llama4d

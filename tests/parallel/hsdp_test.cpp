@@ -20,6 +20,7 @@
 #include "core/parallel/shard_layout.h"
 #include "parallel_test_util.h"
 #include "tests/comm/test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -122,6 +123,8 @@ TEST(Hsdp, ReplicaAllReducePerUnitRightBehindItsReduceScatter) {
       EXPECT_EQ(replica_bytes[size_t(j)], M * 2 * (c.replicate - 1) * 4 * layout.shard_numel(j)) << "shard " << j;
   }
 }
+// The order of the two groups' collectives on every rank.
+LLAMA4D_TIER(Hsdp, ReplicaAllReducePerUnitRightBehindItsReduceScatter, sanitizer);
 
 // A rank that dies in the middle of the first per-unit all-reduce across replicas (the head's:
 // the first all_reduce anywhere in the step) fails every rank within seconds, not at the

@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -130,6 +131,7 @@ TEST(Memory, EveryCategoryMatchesItsFormula) {
     }
   }
 }
+LLAMA4D_TIER(Memory, EveryCategoryMatchesItsFormula, full);  // a count of bytes: the sanitizers add nothing to it
 
 }  // namespace
 }  // namespace llama4d

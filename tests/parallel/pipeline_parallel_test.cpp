@@ -12,6 +12,7 @@
 #include "core/parallel/pipeline_parallel.h"
 #include "core/parallel/pipeline_picture.h"
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -78,8 +79,8 @@ std::vector<PpCase> schedule_matrix() {
       if (ch == '-') ch = '_';
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(Schedules, PipelineEquivalence, testing::ValuesIn(schedule_matrix()),
-                         [](const testing::TestParamInfo<PpCase>& i) { return i.param.name; });
+// Tiers: release only; the Composed cases run every schedule's code under the sanitizers.
+LLAMA4D_INSTANTIATE(Schedules, PipelineEquivalence, schedule_matrix(), full, {});
 
 // The real `small` preset (6 layers, 6 query and 2 key/value heads, width 288): 1F1B on 4 stages
 // (1, 2, 1, 2 layers), Llama 3's 1, 2, 2, 1, interleaved on 3 ranks x 2 chunks, ZB-H1 on 3.
@@ -103,6 +104,8 @@ TEST(PipelineEquivalence, SmallPresetBitwise) {
     EXPECT_TRUE(r.ok && r.bitwise) << o.plan.describe() << "\n" << r.table();
   }
 }
+// Small's shape on 4 stages: the tiny cases run the same runner.
+LLAMA4D_TIER(PipelineEquivalence, SmallPresetBitwise, full);
 
 const PpCase kComposed[] = {
     {"1f1b_pp2_dp2_ddp", Kind::one_f_one_b, 2, 4, 1, "dp=2", ZeroStage::none},
@@ -122,8 +125,12 @@ const PpCase kComposed[] = {
     {"tied_interleaved_pp2_dp2_zero3", Kind::interleaved, 2, 4, 2, "dp=2", ZeroStage::zero3, "selective", false, true},
     {"tied_1f1b_pp2_dp2_zero3_keep_params", Kind::one_f_one_b, 2, 2, 1, "dp=2", ZeroStage::zero3, "none", true, true},
 };
-INSTANTIATE_TEST_SUITE_P(Composed, PipelineEquivalence, testing::ValuesIn(kComposed),
-                         [](const testing::TestParamInfo<PpCase>& i) { return i.param.name; });
+// Tiers: the sanitizer presets run GPipe with full checkpointing, interleaving under ZeRO-3 and a
+// tied zero-bubble pipeline (1F1B runs in the 4D case); the release preset runs every case.
+LLAMA4D_INSTANTIATE(Composed, PipelineEquivalence, kComposed, full,
+                    {{"gpipe_pp2_full_ac", test::Tier::sanitizer},
+                     {"interleaved_pp2_dp2_zero3_selective", test::Tier::sanitizer},
+                     {"tied_zb_h1_pp2_dp2_zero2", test::Tier::sanitizer}});
 
 // With tensor parallelism inside each stage (and sequence parallelism, so a stage boundary
 // carries each rank's 1/tp of the rows), the pipeline adds no rounding of its own: losses,
@@ -154,6 +161,8 @@ TEST(PipelineEquivalence, WithTensorParallelismAddsNothingToTp) {
     }
   }
 }
+// Tp x pp also runs in the 4D sanitizer case.
+LLAMA4D_TIER(PipelineEquivalence, WithTensorParallelismAddsNothingToTp, full);
 
 // The runtime's own timeline on the simulated clock, with uniform stages (each action a fixed
 // modelled time) and free transfers, has the bubble fraction of the formula, to rounding.

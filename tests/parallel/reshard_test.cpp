@@ -12,6 +12,7 @@
 
 #include "core/train/checkpoint_state.h"
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -59,6 +60,7 @@ TEST(Reshard, SaveOnZero3Dp4ResumeOnZero1Dp2) {
   EXPECT_EQ(0, std::memcmp(single.params.back().data(), params.data(), params.size() * sizeof(float)));
   std::filesystem::remove_all(dir);
 }
+LLAMA4D_TIER(Reshard, SaveOnZero3Dp4ResumeOnZero1Dp2, sanitizer);  // every rank writes its pieces of one checkpoint
 
 // Every rank writes its own share straight into the files (DP replicas split the buffer, ZeRO
 // ranks write their pieces, the first HSDP replica writes for all): the file holds exactly the
@@ -112,6 +114,8 @@ TEST(ShardedSave, EveryPlanWritesTheGatheredStateAndResumesBitwise) {
   }
   std::filesystem::remove_all(dir);
 }
+// Every plan again: Reshard.SaveOnZero3Dp4ResumeOnZero1Dp2 writes from several ranks.
+LLAMA4D_TIER(ShardedSave, EveryPlanWritesTheGatheredStateAndResumesBitwise, full);
 
 // A save that cannot start (the target is someone's folder, not a checkpoint) fails on every
 // rank with rank 0's reason or one naming rank 0; nobody waits, and the folder is untouched.
@@ -224,6 +228,8 @@ TEST(Reshard, TensorParallelSaveResumesOnSameAndOtherTp) {
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(other[i], single.losses[i], 1e-13 * single.losses[i]) << "step " << i + 3;
   std::filesystem::remove_all(dir);
 }
+// The same writes as SaveOnZero3Dp4ResumeOnZero1Dp2, sliced.
+LLAMA4D_TIER(Reshard, TensorParallelSaveResumesOnSameAndOtherTp, full);
 
 }  // namespace
 }  // namespace llama4d

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/parallel/shard_layout.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -241,6 +242,8 @@ TEST(ShardLayout, RandomSegmentsArePartitionedAsDocumented) {
   }
   EXPECT_EQ(cases, 4000);
 }
+// Arithmetic on random sizes: its fixed cases stay quick.
+LLAMA4D_TIER(ShardLayout, RandomSegmentsArePartitionedAsDocumented, full);
 
 TEST(ShardLayout, RejectsFewerThanOneShard) {
   const auto specs = specs_with_segments({1000, 10, 10});

@@ -9,6 +9,7 @@
 #include "backends/virtual/virtual_cluster.h"
 #include "core/parallel/parallel_trainer.h"
 #include "tests/parallel/parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -115,6 +116,7 @@ TEST(SimulatedClock, ZeroStepTimeDoesNotDependOnThreadTiming) {
   }
   for (size_t run = 1; run < clocks.size(); ++run) EXPECT_EQ(clocks[run], clocks[0]) << "run " << run;
 }
+LLAMA4D_TIER(SimulatedClock, ZeroStepTimeDoesNotDependOnThreadTiming, sanitizer);  // threads racing the simulated clock
 
 TEST(SimulatedClock, UnitSpansCarryTheirFlopsDataParallel) { check_step(test::dp_plan(2, 1, ZeroStage::none)); }
 

@@ -10,7 +10,9 @@
 #include "core/model/llama.h"
 #include "core/model/params.h"
 #include "core/model/tp_layout.h"
+#include "core/parallel/tensor_parallel.h"
 #include "parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -139,7 +141,6 @@ struct TpCase {
   bool sp = true;  // sequence parallelism
 };
 
-std::string tp_case_name(const testing::TestParamInfo<TpCase>& info) { return info.param.name; }
 void PrintTo(const TpCase& c, std::ostream* os) { *os << c.name; }
 
 class TensorParallelEquivalence : public testing::TestWithParam<TpCase> {};
@@ -204,7 +205,15 @@ const TpCase kTpCases[] = {
     {"tp4_dp2_zero3_full_ac_no_sp", 264, 8, 2, 4, "dp=2", ZeroStage::zero3, "full", false, false},
     {"tp2_dp2_zero1_selective_no_sp", 264, 6, 2, 2, "dp=2", ZeroStage::zero1, "selective", false, false},
 };
-INSTANTIATE_TEST_SUITE_P(TensorParallel, TensorParallelEquivalence, testing::ValuesIn(kTpCases), tp_case_name);
+// Tiers: the sanitizer presets run replicated key/value heads, a tied and padded vocabulary, and
+// ZeRO-3 with full checkpointing on 8 ranks, in fp64; the release preset runs every case.
+LLAMA4D_INSTANTIATE(TensorParallel, TensorParallelEquivalence, kTpCases, full,
+                    {{"tp3_replicated_kv", test::Tier::sanitizer},
+                     {"tp2_tied_padded_vocab", test::Tier::sanitizer},
+                     {"tp4_dp2_zero3_full_ac", test::Tier::sanitizer}});
+// The fp32 replay of every case: release only (the fp64 one above is bitwise with the same replay).
+[[maybe_unused]] const bool kFp32ReplayTier =
+    test::declare_tier("TensorParallel/TensorParallelEquivalence.Fp32BitwiseWithTheReplay/*", test::Tier::full);
 
 // The replay under pipeline stages, in fp32 with ordered reductions, bitwise: the gradient norm
 // adds each stage's replicas before the tensor-parallel ranks' values, and a tied LM head's part
@@ -229,6 +238,7 @@ TEST(TensorParallelEquivalence, Fp32BitwiseUnderPipelineStages) {
     EXPECT_TRUE(r.bitwise) << r.table();
   }
 }
+LLAMA4D_TIER(TensorParallelEquivalence, Fp32BitwiseUnderPipelineStages, full);  // tp x pp runs in the 4D sanitizer case
 
 // Sequence parallelism splits any number of tokens: micro-batches of 4 rows x 16 tokens = 64 rows
 // over tp = 3 (22, 21, 21) and tp = 6 (11, 11, 10, 11, 11, 10) still match one device.
@@ -242,6 +252,8 @@ TEST(TensorParallelEquivalence, SequenceParallelSplitsAnyTokenCount) {
     EXPECT_TRUE(r.ok) << "tp=" << tp << "\n" << r.table();
   }
 }
+// Sequence parallelism runs in every sanitizer tp case.
+LLAMA4D_TIER(TensorParallelEquivalence, SequenceParallelSplitsAnyTokenCount, full);
 
 // Per-rank memory under tp=2 on deep `tiny` (8 layers, 4 heads, 2 KV heads: one KV head per rank,
 // none replicated), as ALLOCATED, against formulas written from the shapes with every sliced
@@ -285,6 +297,8 @@ TEST(TensorParallelMemory, EveryCategoryIsTheSliceOfOneDevice) {
     }
   }
 }
+// A count of bytes: the sanitizers add nothing to it.
+LLAMA4D_TIER(TensorParallelMemory, EveryCategoryIsTheSliceOfOneDevice, full);
 
 // Every rank's records of the tensor-parallel group's traffic in one training step of a tp-only plan.
 std::vector<TrafficRecord> one_step_traffic(const LlamaConfig& cfg, const TrainOptions& opt, const ParallelPlan& plan) {

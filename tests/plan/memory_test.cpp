@@ -5,6 +5,7 @@
 
 #include "core/plan/memory.h"
 #include "tests/parallel/parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -25,7 +26,6 @@ struct MemoryCase {
   const char* preset = "tiny";
 };
 
-std::string memory_case_name(const testing::TestParamInfo<MemoryCase>& info) { return info.param.name; }
 
 class PlannerMemory : public testing::TestWithParam<MemoryCase> {};
 
@@ -126,7 +126,17 @@ const MemoryCase kMemoryCases[] = {
     {"doc_dp2", "dp=2", ZeroStage::none, "none", false, 4, true, "1f1b", 0, 1, "allgather", true},
     {"tp2_cp2_pp2_full", "tp=2,cp=2,pp=2", ZeroStage::none, "full", false, 4, true, "interleaved", 6, 2, "ring"},
 };
-INSTANTIATE_TEST_SUITE_P(Plans, PlannerMemory, testing::ValuesIn(kMemoryCases), memory_case_name);
+// Tiers: the sanitizer presets keep a case per strategy and composition; the release preset runs
+// every case.
+LLAMA4D_INSTANTIATE(Plans, PlannerMemory, kMemoryCases, full,
+                    {{"cp2_pp2_ring", test::Tier::quick},
+                     {"cp4_ring_dp2_zero2", test::Tier::quick},
+                     {"doc_tp2_cp2_pp2_zb", test::Tier::quick},
+                     {"dp2_selective", test::Tier::quick},
+                     {"pp2_inter_dp2_zero3_keep_params", test::Tier::quick},
+                     {"pp2_zb_m4", test::Tier::quick},
+                     {"tp2_cp2_pp2_dp2_zero3", test::Tier::quick},
+                     {"tp4_pp2_nosp", test::Tier::quick}});
 
 }  // namespace
 }  // namespace llama4d

@@ -10,6 +10,7 @@
 
 #include "core/plan/traffic.h"
 #include "tests/parallel/parallel_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -253,8 +254,15 @@ std::vector<Case> cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, StepTraffic, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+// Tiers: the sanitizer presets run a case per group kind (the traffic log's records come from the
+// same collectives in every plan); the release preset runs every case.
+LLAMA4D_INSTANTIATE(Plans, StepTraffic, cases(), full,
+                    {{"dp2_ddp_bf16_grad_reduce_two_micro_batches", test::Tier::quick},
+                     {"dp3_zero2_ring", test::Tier::quick},
+                     {"hsdp_2x2_zero2_bf16_grad_reduce", test::Tier::quick},
+                     {"pp2_tied_dp2_zero1_bf16_grad_reduce", test::Tier::quick},
+                     {"tp2_cp2_pp2_dp2_zero3_ring", test::Tier::quick},
+                     {"tp2_sp_dp2_zero2_bf16_grad_reduce", test::Tier::quick}});
 
 }  // namespace
 }  // namespace llama4d

@@ -16,6 +16,7 @@
 #include "core/train/checkpoint_state.h"
 #include "core/train/trainer.h"
 #include "train_test_util.h"
+#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
@@ -83,6 +84,7 @@ TEST(Resume, RefusesCheckpointTrainedWithOtherOptions) {
   EXPECT_EQ(read_train_options(dir).lr, test::tiny_options(4).lr);
   std::filesystem::remove_all(dir);
 }
+LLAMA4D_TIER(Resume, TenPlusTenEqualsTwentyBitwiseFp64, full);  // its fp32 twin runs the same code
 
 // Every option that reaches trainer_state.json is in the table that decides what a resume may
 // change; one missing from it would be neither applied nor refused on resume.
