@@ -32,41 +32,24 @@ namespace {
 // The rows of the B*T tokens this rank's residual stream holds (all of them without sequence
 // parallelism), split as the blocks split them.
 template <class T>
-BlockDims sequence_rows(int64_t BT, int64_t C, const VocabComm<T>* vocab) {
-  return {.B = BT, .T = 1, .C = C, .sp = vocab ? vocab->sequence_shards() : 1,
-          .sp_rank = vocab ? vocab->sequence_rank() : 0};
+BlockDims sequence_rows(int64_t BT, int64_t C, const Vocabulary<T>& vocab) {
+  return {.B = BT, .T = 1, .C = C, .sp = vocab.sequence_shards(), .sp_rank = vocab.sequence_rank()};
 }
 
 }  // namespace
 
 template <class T>
 LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T* lm_w, const int32_t* targets,
-                     int64_t BT, int64_t C, int64_t V, double eps, VocabComm<T>* vocab) {
+                     int64_t BT, int64_t C, int64_t V, double eps, Vocabulary<T>& vocab) {
   const BlockDims d = sequence_rows(BT, C, vocab);
-  const int64_t rows = d.rows(), mine = d.row0() * C, shards = d.sp;
+  const int64_t rows = d.rows(), mine = d.row0() * C;
   ops::rmsnorm_forward(a.n.data() + mine, a.rstd.data(), x, norm_w, rows, C, T(eps));
   round_if_bf16(a.n.data() + mine, rows * C, a.bf16);
-  if (shards > 1) vocab->gather_rows(a.n.data(), BT, C, "sequence-parallel head input: gather");
+  vocab.gather_head_input(a.n.data(), BT, C);
   ops::matmul_forward(a.logits.data(), a.n.data(), lm_w, BT, C, V, gemm_operands(a.bf16));
   round_if_bf16(a.logits.data(), BT * V, a.bf16);
   if (!targets) return {};
-  if (vocab) {
-    // Per token: the max over all columns, then the sum of exp(logit - max), then the target's
-    // logit (from the one rank holding it): three all-reduces of BT numbers, never [BT, V].
-    Buffer<T> row_max(a.n.memory(), MemoryCategory::scratch, BT, "vocab-parallel row max");
-    Buffer<T> sum_exp(a.n.memory(), MemoryCategory::scratch, BT, "vocab-parallel sum of exp");
-    Buffer<T> target(a.n.memory(), MemoryCategory::scratch, BT, "vocab-parallel target logit");
-    ops::vocab_slice_max_and_target(row_max.data(), target.data(), a.logits.data(), targets, BT, V,
-                                    vocab->vocab_begin());
-    vocab->max(row_max.data(), BT, "vocab-parallel loss: max");
-    ops::vocab_slice_sum_exp(sum_exp.data(), a.logits.data(), row_max.data(), BT, V);
-    vocab->sum(sum_exp.data(), BT, "vocab-parallel loss: sum of exp");
-    vocab->sum(target.data(), BT, "vocab-parallel loss: target logit");
-    ops::cross_entropy_from_stats(a.losses.data(), a.lse.data(), row_max.data(), sum_exp.data(), target.data(),
-                                  targets, BT);
-  } else {
-    ops::cross_entropy_forward(a.losses.data(), a.logits.data(), targets, BT, V);
-  }
+  vocab.cross_entropy(a.losses.data(), a.lse.data(), a.logits.data(), targets, BT, V, a.n.memory());
   // Summed in double in row order: deterministic, and exact enough to compare runs bitwise.
   LossSum sum;
   ops::sum_losses(&sum.loss_sum, &sum.tokens, a.losses.data(), targets, BT);
@@ -107,7 +90,7 @@ namespace {
 // gradient from this rank's rows is summed over the ranks first.
 template <class T>
 void final_norm_backward(T* dx, T* dnorm_w, const T* dn_rows, const T* x, const T* norm_w, const T* rstd,
-                         int64_t BT, int64_t C, MemoryTracker* memory, VocabComm<T>* vocab) {
+                         int64_t BT, int64_t C, MemoryTracker* memory, Vocabulary<T>& vocab) {
   const BlockDims d = sequence_rows(BT, C, vocab);
   const int64_t rows = d.rows();
   if (d.sp == 1 || !dnorm_w) {
@@ -117,7 +100,7 @@ void final_norm_backward(T* dx, T* dnorm_w, const T* dn_rows, const T* x, const 
   Buffer<T> gain(memory, MemoryCategory::scratch, C, "backward final norm gain grad");
   ops::fill(gain.data(), T(0), C);
   ops::rmsnorm_backward(dx, gain.data(), dn_rows, x, norm_w, rstd, rows, C);
-  vocab->sum(gain.data(), C, "sequence-parallel norm gain gradient");
+  vocab.norm_gain_grad(gain.data(), C);
   ops::accumulate(dnorm_w, gain.data(), C);
 }
 
@@ -126,23 +109,15 @@ void final_norm_backward(T* dx, T* dnorm_w, const T* dn_rows, const T* x, const 
 template <class T>
 void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const HeadActivations<T>& a, const T* x,
                         const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C,
-                        int64_t V, MemoryTracker* memory, VocabComm<T>* vocab, T* kept_dn = nullptr) {
+                        int64_t V, MemoryTracker* memory, Vocabulary<T>& vocab, T* kept_dn = nullptr) {
   ops::fill(dlogits, T(0), BT * V);
-  if (vocab)
-    ops::cross_entropy_backward_slice(dlogits, a.logits.data(), a.lse.data(), targets, loss_scale, BT, V,
-                                      vocab->vocab_begin());
-  else
-    ops::cross_entropy_backward(dlogits, a.logits.data(), targets, loss_scale, BT, V);
+  vocab.cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), targets, loss_scale, BT, V);
   round_if_bf16(dlogits, BT * V, a.bf16);
   ops::matmul_backward(dn, dlm_w, dlogits, a.n.data(), lm_w, BT, C, V, gemm_operands(a.bf16),
                        ops::GradWrite::overwrite);
   const BlockDims d = sequence_rows(BT, C, vocab);
   ops::fill(dx, T(0), d.rows() * C);
-  // Sequence parallelism: the partial input gradients are reduce-scattered to the rows' owners.
-  if (d.sp > 1)
-    vocab->sum_to_rows(dn, BT, C, "sequence-parallel head input gradient: reduce-scatter");
-  else if (vocab)
-    vocab->sum(dn, BT * C, "f backward: head input gradient");
+  vocab.head_input_grad(dn, BT, C);
   T* dn_rows = dn + d.row0() * C;
   round_if_bf16(dn_rows, d.rows() * C, a.bf16);
   if (kept_dn) ops::copy(kept_dn, dn_rows, d.rows() * C);
@@ -155,7 +130,7 @@ void head_backward_into(T* dx, T* dnorm_w, T* dlm_w, T* dlogits, T* dn, const He
 template <class T>
 void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, const T* x, const T* norm_w,
                    const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C, int64_t V,
-                   MemoryTracker* memory, VocabComm<T>* vocab) {
+                   MemoryTracker* memory, Vocabulary<T>& vocab) {
   Buffer<T> dlogits(memory, MemoryCategory::scratch, BT * V, "backward dlogits");
   Buffer<T> dn(memory, MemoryCategory::scratch, BT * C, "backward dn (head)");
   head_backward_into(dx, dnorm_w, dlm_w, dlogits.data(), dn.data(), a, x, norm_w, lm_w, targets, loss_scale, BT, C,
@@ -165,7 +140,7 @@ void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, con
 template <class T>
 void head_backward_input(T* dx, HeadWeightGradInputs<T>& keep, const HeadActivations<T>& a, const T* x,
                          const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT,
-                         int64_t C, int64_t V, VocabComm<T>* vocab) {
+                         int64_t C, int64_t V, Vocabulary<T>& vocab) {
   // Under sequence parallelism dn is summed over every row in scratch, then this rank's rows kept.
   Buffer<T> dn;
   if (sequence_rows(BT, C, vocab).sp > 1)
@@ -177,7 +152,7 @@ void head_backward_input(T* dx, HeadWeightGradInputs<T>& keep, const HeadActivat
 
 template <class T>
 void head_backward_weight(T* dnorm_w, T* dlm_w, const HeadWeightGradInputs<T>& in, int64_t BT, int64_t C, int64_t V,
-                          MemoryTracker* memory, VocabComm<T>* vocab) {
+                          MemoryTracker* memory, Vocabulary<T>& vocab) {
   // head_backward's weight-gradient calls, in its order; no input gradient, so no parameter read.
   ops::matmul_backward<T>(nullptr, dlm_w, in.dlogits.data(), in.n.data(), nullptr, BT, C, V, gemm_operands(in.bf16_compute));
   final_norm_backward<T>(nullptr, dnorm_w, in.dn.data(), in.x.data(), nullptr, in.rstd.data(), BT, C, memory, vocab);
@@ -186,15 +161,15 @@ void head_backward_weight(T* dnorm_w, T* dlm_w, const HeadWeightGradInputs<T>& i
 #define LLAMA4D_HEAD(T)                                                                                         \
   template struct HeadActivations<T>;                                                                           \
   template LossSum head_forward<T>(HeadActivations<T>&, const T*, const T*, const T*, const int32_t*, int64_t, \
-                                   int64_t, int64_t, double, VocabComm<T>*);                                    \
+                                   int64_t, int64_t, double, Vocabulary<T>&);                                    \
   template void head_backward<T>(T*, T*, T*, const HeadActivations<T>&, const T*, const T*, const T*,           \
-                                 const int32_t*, T, int64_t, int64_t, int64_t, MemoryTracker*, VocabComm<T>*); \
+                                 const int32_t*, T, int64_t, int64_t, int64_t, MemoryTracker*, Vocabulary<T>&); \
   template struct HeadWeightGradInputs<T>;                                                                      \
   template void head_backward_input<T>(T*, HeadWeightGradInputs<T>&, const HeadActivations<T>&, const T*,       \
                                        const T*, const T*, const int32_t*, T, int64_t, int64_t, int64_t,        \
-                                       VocabComm<T>*);                                                          \
+                                       Vocabulary<T>&);                                                          \
   template void head_backward_weight<T>(T*, T*, const HeadWeightGradInputs<T>&, int64_t, int64_t, int64_t,      \
-                                        MemoryTracker*, VocabComm<T>*);
+                                        MemoryTracker*, Vocabulary<T>&);
 LLAMA4D_HEAD(float)
 LLAMA4D_HEAD(double)
 #undef LLAMA4D_HEAD

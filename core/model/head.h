@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/model/bf16_parking.h"
+#include "core/model/vocabulary.h"
 #include "core/tensor/buffer.h"
 
 namespace llama4d {
@@ -16,27 +17,6 @@ struct LossSum {
   double loss_sum = 0;
   int64_t tokens = 0;
   double mean() const { return tokens ? loss_sum / double(tokens) : 0.0; }
-};
-
-// What a vocabulary-parallel embedding and head (tensor parallelism) exchange. This rank holds
-// rows [vocab_begin(), vocab_begin() + V) of the embedding and the LM head, so its logits are those
-// columns of the full logits [BT, V_full], which no rank ever holds. Implemented over the
-// tensor-parallel group in core/parallel/tensor_parallel.cpp.
-template <class T>
-class VocabComm {
- public:
-  virtual ~VocabComm() = default;
-  virtual int64_t vocab_begin() const = 0;
-  virtual void sum(T* x, int64_t n, const char* what) = 0;  // all-reduce (sum), in rank order
-  virtual void max(T* x, int64_t n, const char* what) = 0;  // all-reduce (max)
-  // Sequence parallelism: the embedding's output and the head's input hold this rank's rows
-  // [sequence_rank() * BT / sequence_shards(), +BT / sequence_shards()) of the B*T tokens.
-  virtual int64_t sequence_shards() const { return 1; }
-  virtual int64_t sequence_rank() const { return 0; }
-  // x[BT, C]: the sum over ranks, of which this rank keeps its rows, in place (reduce-scatter).
-  virtual void sum_to_rows(T* x, int64_t BT, int64_t C, const char* what) {}
-  // x[BT, C] with this rank's rows filled: every rank's rows, in place (all-gather).
-  virtual void gather_rows(T* x, int64_t BT, int64_t C, const char* what) {}
 };
 
 template <class T>
@@ -53,22 +33,22 @@ struct HeadActivations {
   int64_t bytes() const;
 };
 
-// targets may be null (inference: logits only, LossSum{}). With `vocab` (tensor parallelism) lm_w
-// is this rank's [V, C] slice of the LM head, and the cross-entropy combines per-token statistics
-// across ranks: an all-reduced max, sum of exponentials and target logit. Under sequence
-// parallelism x (and dx) hold this rank's rows only; the normed rows are gathered for the head.
+// targets may be null (inference: logits only, LossSum{}). lm_w is the [V, C] of the LM head this
+// rank holds, and `vocab` (core/model/vocabulary.h) computes the loss over its columns: whole on
+// one device, combined across tensor-parallel ranks when split. Under sequence parallelism x (and
+// dx) hold this rank's rows only; the normed rows are gathered for the head.
 template <class T>
 LossSum head_forward(HeadActivations<T>& a, const T* x, const T* norm_w, const T* lm_w, const int32_t* targets,
-                     int64_t BT, int64_t C, int64_t V, double eps, VocabComm<T>* vocab = nullptr);
+                     int64_t BT, int64_t C, int64_t V, double eps, Vocabulary<T>& vocab);
 
 // dx[BT, C] OVERWRITTEN; dnorm_w[C] and dlm_w[V, C] ACCUMULATE. loss_scale = d(objective)/d(loss_i).
 // Temporaries dlogits [BT, V] and dn [BT, C] are allocated on `memory` as scratch for the call.
-// With `vocab`, dn is the sum over ranks of each slice's dlogits @ lm_w (Megatron's f operator
-// in backward: an all-reduce).
+// With a split vocabulary dn is the sum over ranks of each slice's dlogits @ lm_w (Megatron's f
+// operator in backward: an all-reduce, Vocabulary::head_input_grad).
 template <class T>
 void head_backward(T* dx, T* dnorm_w, T* dlm_w, const HeadActivations<T>& a, const T* x, const T* norm_w,
                    const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT, int64_t C, int64_t V,
-                   MemoryTracker* memory, VocabComm<T>* vocab = nullptr);
+                   MemoryTracker* memory, Vocabulary<T>& vocab);
 
 // What the head's weight gradients are computed from, kept from its input-gradient pass to its
 // weight-gradient pass (zero-bubble pipeline schedules): the gradients of the LM head's output
@@ -104,12 +84,12 @@ struct HeadWeightGradInputs {
 template <class T>
 void head_backward_input(T* dx, HeadWeightGradInputs<T>& keep, const HeadActivations<T>& a, const T* x,
                          const T* norm_w, const T* lm_w, const int32_t* targets, T loss_scale, int64_t BT,
-                         int64_t C, int64_t V, VocabComm<T>* vocab = nullptr);
+                         int64_t C, int64_t V, Vocabulary<T>& vocab);
 // The weight pass: dnorm_w and dlm_w ACCUMULATE what head_backward adds, by the same op calls, so
 // input then weight is bitwise head_backward. Under sequence parallelism it sums the gain's
-// gradient over the ranks (a VocabComm call). Reads no parameter.
+// gradient over the ranks (Vocabulary::norm_gain_grad). Reads no parameter.
 template <class T>
 void head_backward_weight(T* dnorm_w, T* dlm_w, const HeadWeightGradInputs<T>& in, int64_t BT, int64_t C,
-                          int64_t V, MemoryTracker* memory, VocabComm<T>* vocab = nullptr);
+                          int64_t V, MemoryTracker* memory, Vocabulary<T>& vocab);
 
 }  // namespace llama4d

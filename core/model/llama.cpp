@@ -427,10 +427,10 @@ void Llama<T>::check_documents(const int32_t* docs, int64_t B, int64_t row) {
 }
 
 template <class T>
-VocabComm<T>* Llama<T>::vocab_comm() const {
-  if (!tp_.sliced()) return nullptr;
-  if (!vocab_comm_) throw Error("Llama: a tensor-parallel slice (" + tp_.describe() + ") runs only with a VocabComm");
-  return vocab_comm_;
+Vocabulary<T>& Llama<T>::vocabulary() {
+  if (vocabulary_) return *vocabulary_;
+  if (tp_.sliced()) throw Error("Llama: a tensor-parallel slice (" + tp_.describe() + ") runs only with its Vocabulary");
+  return whole_vocabulary_;
 }
 
 template <class T>
@@ -473,7 +473,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   st.blocks.resize(size_t(L));
   st.block_weight_inputs.resize(size_t(L));
   const int64_t BT = B * T_, C = cfg_.hidden_size, V = vocab_rows();
-  VocabComm<T>* vocab = vocab_comm();
+  Vocabulary<T>& vocab = vocabulary();
   if (tp_.sliced() && !comm_) throw Error("Llama: a tensor-parallel slice runs only with a BlockComm");
   if (docs) {
     st.docs = Buffer<int32_t>(memory_, MemoryCategory::activations, B * T_ * cp_, "document ids");
@@ -490,22 +490,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     ops::device_memcpy(st.tokens.data(), tokens, BT * int64_t(sizeof(int32_t)));
     h.before_forward(embedding_unit());
     st.x[0] = Buffer<T>(memory_, MemoryCategory::activations, rows * C, "x_0 (embedding output)");
-    if (vocab && d.sp > 1) {
-      // Vocabulary- and sequence-parallel: every token's partial lookup, reduce-scattered so each
-      // rank keeps the sum for its rows.
-      Buffer<T> all(memory_, MemoryCategory::scratch, BT * C, "embedding partial lookups (all rows)");
-      ops::embedding_forward_rows(all.data(), st.tokens.data(), unit_params(embedding_unit()), BT, C,
-                                  vocab->vocab_begin(), V);
-      vocab->sum_to_rows(all.data(), BT, C, "vocab-parallel embedding: reduce-scatter");
-      ops::copy(st.x[0].data(), all.data() + d.row0() * C, rows * C);
-    } else if (vocab) {
-      // Vocabulary-parallel: rows this rank holds, zeros elsewhere; the sum over ranks is the lookup.
-      ops::embedding_forward_rows(st.x[0].data(), st.tokens.data(), unit_params(embedding_unit()), BT, C,
-                                  vocab->vocab_begin(), V);
-      vocab->sum(st.x[0].data(), BT * C, "vocab-parallel embedding");
-    } else {
-      ops::embedding_forward(st.x[0].data(), st.tokens.data(), unit_params(embedding_unit()), BT, C);
-    }
+    vocab.embed(st.x[0].data(), st.tokens.data(), unit_params(embedding_unit()), BT, C, V, memory_);
     // A lookup copies rows, so rounding them is reading a bf16 table (without rounding all of it).
     round_if_bf16(st.x[0].data(), rows * C, bf16_);
     h.after_forward(embedding_unit());
@@ -536,7 +521,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
 
   if (has_head) {
     h.before_forward(head);
-    st.head.allocate(memory_, BT, C, V, vocab != nullptr, rows);
+    st.head.allocate(memory_, BT, C, V, vocab.split(), rows);
     if (targets) {
       st.targets = Buffer<int32_t>(memory_, MemoryCategory::activations, BT, "targets");
       ops::device_memcpy(st.targets.data(), targets, BT * int64_t(sizeof(int32_t)));
@@ -592,11 +577,11 @@ void Llama<T>::backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, Backwa
     T* g_head = ensure_unit_grads(head);
     T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + C;
     head_backward(dx, g_head, g_lm, st.head, x, norm_w, lm_w, st.targets.data(), loss_scale, BT, C, V, memory_,
-                  vocab_comm());
+                  vocabulary());
   } else {
     HeadWeightGradInputs<T>& keep = st.head_weight_inputs;
     keep.allocate(memory_, BT, block_dims(st).rows(), C, V);
-    head_backward_input(dx, keep, st.head, x, norm_w, lm_w, st.targets.data(), loss_scale, BT, C, V, vocab_comm());
+    head_backward_input(dx, keep, st.head, x, norm_w, lm_w, st.targets.data(), loss_scale, BT, C, V, vocabulary());
     keep.take_inputs(st.head, st.x[size_t(L)]);
     if (bf16_ && park_bf16_) keep.park_bf16(memory_);  // until the weight pass, as bf16
   }
@@ -629,19 +614,8 @@ template <class T>
 void Llama<T>::embedding_weight_grads(MicroBatchState<T>& st, const T* dx) {
   const BlockDims d = block_dims(st);
   const int64_t BT = d.BT(), C = d.C, V = vocab_rows();
-  VocabComm<T>* vocab = vocab_comm();
   T* g = ensure_unit_grads(embedding_unit());
-  if (vocab && d.sp > 1) {
-    // Every rank's vocabulary rows take gradients from every token: gather the rows first.
-    Buffer<T> all(memory_, MemoryCategory::scratch, BT * C, "embedding output gradient (all rows)");
-    ops::copy(all.data() + d.row0() * C, dx, d.rows() * C);
-    vocab->gather_rows(all.data(), BT, C, "sequence-parallel embedding gradient: gather");
-    ops::embedding_backward_rows(g, all.data(), st.tokens.data(), BT, C, vocab->vocab_begin(), V);
-  } else if (vocab) {
-    ops::embedding_backward_rows(g, dx, st.tokens.data(), BT, C, vocab->vocab_begin(), V);
-  } else {
-    ops::embedding_backward(g, dx, st.tokens.data(), BT, C);
-  }
+  vocabulary().embed_backward(g, dx, st.tokens.data(), BT, C, V, memory_);
   st.tokens.reset();
 }
 
@@ -721,7 +695,7 @@ void Llama<T>::backward_weight(MicroBatchState<T>& st, UnitHooks& h) {
       T* g_head = ensure_unit_grads(head);
       T* g_lm = cfg_.tie_word_embeddings ? ensure_unit_grads(embedding_unit()) : g_head + d.C;
       st.head_weight_inputs.unpark_bf16(memory_);
-      head_backward_weight(g_head, g_lm, st.head_weight_inputs, d.BT(), d.C, vocab_rows(), memory_, vocab_comm());
+      head_backward_weight(g_head, g_lm, st.head_weight_inputs, d.BT(), d.C, vocab_rows(), memory_, vocabulary());
       st.head_weight_inputs.reset();
     } else if (u == embedding_unit()) {
       embedding_weight_grads(st, st.embedding_weight_input.data());
@@ -799,7 +773,7 @@ void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& 
   ha.bf16 = bf16_;
   Buffer<T> rounded_head, rounded_embedding;
   const auto [norm_w, lm_w] = head_params_for_compute(rounded_head, rounded_embedding);
-  head_forward(ha, last.data(), norm_w, lm_w, nullptr, B, C, V, cfg_.rms_norm_eps);
+  head_forward(ha, last.data(), norm_w, lm_w, nullptr, B, C, V, cfg_.rms_norm_eps, whole_vocabulary_);
   ops::copy(logits_last, ha.logits.data(), B * V);
 }
 

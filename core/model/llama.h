@@ -31,6 +31,7 @@
 #include "core/model/rope.h"
 #include "core/model/tp_layout.h"
 #include "core/model/units.h"
+#include "core/model/vocabulary.h"
 #include "core/tensor/buffer.h"
 #include "core/tensor/memory_tracker.h"
 
@@ -86,7 +87,7 @@ class Llama {
 
   // memory: the rank's tracker; null means the model keeps its own (unlimited) one, so a single
   // device reports its memory too. layout: the tensor-parallel slice this rank holds (default:
-  // the whole model); a sliced model needs set_block_comm and set_vocab_comm before it runs.
+  // the whole model); a sliced model needs set_block_comm and set_vocabulary before it runs.
   // held: the units this rank holds (a pipeline rank's stages); empty: all of them. The others
   // have no parameters here: their segments are empty, at the place they would be.
   // Allocates nothing yet.
@@ -217,7 +218,8 @@ class Llama {
   void set_checkpointing(const Checkpointing& ac) { ac_ = ac; }
   const Checkpointing& checkpointing() const { return ac_; }
   void set_block_comm(BlockComm<T>* comm) { comm_ = comm; }  // not owned; null: no communication
-  void set_vocab_comm(VocabComm<T>* comm) { vocab_comm_ = comm; }  // not owned; tensor parallelism
+  // Where the vocabulary's rows are (core/model/vocabulary.h): not owned; null, every row here.
+  void set_vocabulary(Vocabulary<T>* vocabulary) { vocabulary_ = vocabulary; }
   // Context parallelism: forward and backward then take rank `rank`'s two chunks of each sequence
   // of cp·T_ tokens (BlockDims::cp), T_ tokens per row; the BlockComm computes attention.
   void set_context_split(int cp, int rank);
@@ -248,7 +250,7 @@ class Llama {
   void forward_block(MicroBatchState<T>& st, int layer, T* out);
   void check_ids(const int32_t* tokens, const int32_t* targets, int64_t n) const;
   static void check_documents(const int32_t* docs, int64_t B, int64_t row);
-  VocabComm<T>* vocab_comm() const;  // null unless sliced; Error when sliced without one
+  Vocabulary<T>& vocabulary();  // Error when the model is sliced and none was set
   int64_t vocab_rows() const { return tp_.sliced() ? tp_.vocab_rows : cfg_.vocab_size; }
 
   // The RoPE tables, cos and sin [positions, hd/2] each, for the positions a forward or a KV cache
@@ -276,7 +278,8 @@ class Llama {
   Checkpointing ac_;
   BlockComm<T>* comm_ = nullptr;
   int cp_ = 1, cp_rank_ = 0;
-  VocabComm<T>* vocab_comm_ = nullptr;
+  Vocabulary<T>* vocabulary_ = nullptr;
+  Vocabulary<T> whole_vocabulary_;  // every row on this rank
   UnitHooks* hooks_ = nullptr;
   bool bf16_ = false;
   bool park_bf16_ = true;

@@ -1,9 +1,11 @@
 #pragma once
-// How tensor parallelism cuts one model across the `tp` ranks of a tensor-parallel group
+// What tensor parallelism cuts one model into for the `tp` ranks of a tensor-parallel group
 // (Megatron-LM, Shoeybi et al. 2019): which query heads, key/value heads, SwiGLU columns and
-// vocabulary rows tensor-parallel rank `rank` holds. Everything else (the RMSNorm gains) is
-// replicated. The single-rank model built with a layout holds only its slices
-// (core/model/params.h maps each slice to its place in the whole Hugging Face tensor).
+// vocabulary rows tensor-parallel rank `rank` holds. The cut itself is tp_layout() in
+// core/parallel/tensor_parallel.cpp, the strategy's file; the model only reads the result.
+// Everything else (the RMSNorm gains) is replicated. The single-rank model built with a layout
+// holds only its slices (core/model/params.h maps each slice to its place in the whole Hugging
+// Face tensor).
 //
 //   query heads     nh / tp consecutive heads per rank (tp must divide nh)
 //   key/value heads the heads those queries read: with GQA group g = nh / nkv, query head j reads
@@ -43,10 +45,5 @@ struct TpLayout {
   bool replicates_kv_heads(const LlamaConfig& cfg) const { return cfg.num_key_value_heads < tp; }
   std::string describe() const;  // "tp rank 1 of 3: heads 2-3, kv heads 0-1, ffn 256-511, vocab 86-171"
 };
-
-// The layout of rank `rank` of `tp`. InputError naming the constraint when the model cannot be
-// cut that way (tp not dividing the heads or the SwiGLU width, more ranks than heads, query
-// heads that would span unequal key/value groups, a rank left without vocabulary rows).
-TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank, bool sequence_parallel = false);
 
 }  // namespace llama4d

@@ -89,7 +89,7 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
     groups.tensor = &mesh_->group("tp");
     tensor_comm_ = std::make_unique<TensorParallelComm<T>>(*groups.tensor, model.config(), expected);
     model.set_block_comm(tensor_comm_.get());
-    model.set_vocab_comm(tensor_comm_.get());
+    model.set_vocabulary(tensor_comm_.get());
   }
   if (cp > 1) {
     context_comm_ = std::make_unique<ContextParallelComm<T>>(mesh_->group("cp"), plan_.cp_algo);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/parallel/tensor_parallel.h"
 
 namespace llama4d {
 

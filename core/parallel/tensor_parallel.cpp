@@ -1,9 +1,23 @@
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019), top to bottom.
 //
 // The tp ranks of a tensor-parallel group hold different slices of every weight and run every
-// layer together on the SAME tokens. Which slice each rank holds is core/model/tp_layout.h; the
-// single-rank model (core/model) runs its slice with smaller shapes, and this file supplies the
-// communication at the points the model names (BlockComm, VocabComm).
+// layer together on the SAME tokens. The steps, and where each is in this file:
+//
+//   1. The cut (tp_layout): rank r holds query heads [r·nh/tp, (r+1)·nh/tp), the key/value heads
+//      they read, SwiGLU columns [r·I/tp, (r+1)·I/tp) and ceil(V/tp) vocabulary rows; RMSNorm gains
+//      whole. Llama's constructor (core/model/llama.cpp) allocates only that slice, and its
+//      block_dims() hands the block the slice's shapes (nh/tp heads, I/tp columns), so
+//      core/model/block.cpp runs its unchanged code as the column- and row-parallel products:
+//        q/k/v_proj, gate/up_proj   column-parallel: [BT, C] @ W_r^T -> this rank's heads/columns
+//        o_proj, down_proj          row-parallel:    this rank's columns of W -> a PARTIAL [BT, C]
+//   2. f and g (attention_input_backward ... mlp_output): the two communication points around
+//      those products, below.
+//   3. Sequence parallelism (attention_input ... norm_weight_grads): f and g split in their halves.
+//   4. Replicated key/value heads (key_value_weight_grads).
+//   5. The vocabulary-parallel embedding (embed, embed_backward).
+//   6. The vocabulary-parallel LM head and cross-entropy (gather_head_input, cross_entropy,
+//      cross_entropy_backward, head_input_grad, norm_gain_grad).
+//   7. The collectives (sum, max, sum_to_rows, gather_rows).
 //
 // One transformer block, with C the hidden size, nh/nkv the heads, I the SwiGLU width:
 //
@@ -66,10 +80,56 @@
 // does in torchtitan.
 #include "core/parallel/tensor_parallel.h"
 
+#include <algorithm>
+
+#include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor/buffer.h"
 
 namespace llama4d {
+
+// ---- 1. The cut ---------------------------------------------------------------------------------
+
+TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank, bool sequence_parallel) {
+  cfg.validate();
+  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, I = cfg.intermediate_size,
+                V = cfg.vocab_size;
+  const std::string what = "tensor parallelism tp=" + std::to_string(tp) + ": ";
+  if (tp < 1) throw InputError(what + "tp must be >= 1");
+  if (rank < 0 || rank >= tp) throw Error(what + "rank " + std::to_string(rank) + " is outside the group");
+  if (tp > nh)
+    throw InputError(what + "more ranks than the " + std::to_string(nh) + " attention heads (a head is never split)");
+  if (nh % tp != 0)
+    throw InputError(what + "tp must divide num_attention_heads (" + std::to_string(nh) + ")");
+  if (I % tp != 0) throw InputError(what + "tp must divide intermediate_size (" + std::to_string(I) + ")");
+  TpLayout t;
+  t.tp = tp, t.rank = rank;
+  t.sequence_parallel = sequence_parallel && tp > 1;
+  t.heads = nh / tp;
+  t.heads_begin = rank * t.heads;
+  const int64_t group = nh / nkv;  // query heads per key/value head
+  const int64_t first_kv = t.heads_begin / group, last_kv = (t.heads_begin + t.heads - 1) / group;
+  t.kv_heads_begin = first_kv;
+  t.kv_heads = last_kv - first_kv + 1;
+  // The kernel maps local query head j to local key/value head j / (heads / kv_heads): that must
+  // be the head it reads in the whole model.
+  bool equal_groups = t.heads % t.kv_heads == 0;
+  for (int64_t j = 0; equal_groups && j < t.heads; ++j)
+    equal_groups = (t.heads_begin + j) / group - first_kv == j / (t.heads / t.kv_heads);
+  if (!equal_groups)
+    throw InputError(what + "rank " + std::to_string(rank) + "'s query heads split key/value groups unequally (" +
+                     std::to_string(nh) + " heads, " + std::to_string(nkv) + " key/value heads)");
+  t.ffn = I / tp;
+  t.ffn_begin = rank * t.ffn;
+  t.vocab_padded_rows = (V + tp - 1) / tp;
+  t.vocab_begin = std::min<int64_t>(V, rank * t.vocab_padded_rows);
+  t.vocab_rows = std::min<int64_t>(V, t.vocab_begin + t.vocab_padded_rows) - t.vocab_begin;
+  if (t.vocab_rows < 1)
+    throw InputError(what + "rank " + std::to_string(rank) + " would hold no vocabulary rows (vocab_size " +
+                     std::to_string(V) + ", " + std::to_string(t.vocab_padded_rows) + " rows per rank)");
+  return t;
+}
+
 
 template <class T>
 TensorParallelComm<T>::TensorParallelComm(ProcessGroup& tp, const LlamaConfig& cfg, const TpLayout& layout)
@@ -79,7 +139,7 @@ TensorParallelComm<T>::TensorParallelComm(ProcessGroup& tp, const LlamaConfig& c
                 " does not match the layout (" + layout.describe() + ")");
 }
 
-// ---- f and g ----------------------------------------------------------------------------------
+// ---- 2. f and g -------------------------------------------------------------------------------
 
 template <class T>
 void TensorParallelComm<T>::attention_input_backward(T* dn1, const BlockDims& d) {
@@ -105,7 +165,7 @@ void TensorParallelComm<T>::mlp_output(T* y, const BlockDims& d) {
   sum(y, d.BT() * d.C, "g forward: down_proj partial sums");
 }
 
-// ---- Sequence parallelism's gathers -----------------------------------------------------------
+// ---- 3. Sequence parallelism's gathers --------------------------------------------------------
 
 template <class T>
 void TensorParallelComm<T>::attention_input(T* n1, const BlockDims& d) {
@@ -132,7 +192,7 @@ void TensorParallelComm<T>::norm_weight_grads(T* g, const BlockDims& d) {
   sum(g, d.C, "sequence-parallel norm gain gradient");
 }
 
-// ---- Replicated key/value heads ---------------------------------------------------------------
+// ---- 4. Replicated key/value heads ------------------------------------------------------------
 
 // Each rank places its heads' gradients at their place in a zeroed [2, nkv·hd, C] buffer (k, then
 // v) and the group sums it: a head's entry is then the sum over exactly the ranks holding it
@@ -152,7 +212,87 @@ void TensorParallelComm<T>::key_value_weight_grads(T* gk, T* gv, const BlockDims
   ops::copy(gv, both.data() + whole + at, mine);
 }
 
-// ---- The collectives --------------------------------------------------------------------------
+// ---- 5. The vocabulary-parallel embedding ------------------------------------------------------
+
+// x[rows, C]: this rank's vocabulary rows [vocab_begin, vocab_begin + V) looked up for every token
+// (zeros for the tokens another rank holds), summed over the ranks: the whole lookup. Under
+// sequence parallelism the partial lookups of every row are reduce-scattered, so each rank keeps
+// the sum for its rows.
+template <class T>
+void TensorParallelComm<T>::embed(T* x, const int32_t* tokens, const T* table, int64_t BT, int64_t C, int64_t V,
+                                  MemoryTracker* memory) {
+  if (!sequence_parallel()) {
+    ops::embedding_forward_rows(x, tokens, table, BT, C, layout_.vocab_begin, V);
+    return sum(x, BT * C, "vocab-parallel embedding");
+  }
+  Buffer<T> all(memory, MemoryCategory::scratch, BT * C, "embedding partial lookups (all rows)");
+  ops::embedding_forward_rows(all.data(), tokens, table, BT, C, layout_.vocab_begin, V);
+  sum_to_rows(all.data(), BT, C, "vocab-parallel embedding: reduce-scatter");
+  const int64_t row0 = BlockDims::sequence_row0(BT, layout_.tp, layout_.rank);
+  const int64_t rows = BlockDims::sequence_row0(BT, layout_.tp, layout_.rank + 1) - row0;
+  ops::copy(x, all.data() + row0 * C, rows * C);
+}
+
+// Each rank adds every token's gradient into its own rows; no communication, except that under
+// sequence parallelism a rank's rows take gradients from every token, so the rows are gathered.
+template <class T>
+void TensorParallelComm<T>::embed_backward(T* g_table, const T* dx, const int32_t* tokens, int64_t BT, int64_t C,
+                                           int64_t V, MemoryTracker* memory) {
+  if (!sequence_parallel()) return ops::embedding_backward_rows(g_table, dx, tokens, BT, C, layout_.vocab_begin, V);
+  Buffer<T> all(memory, MemoryCategory::scratch, BT * C, "embedding output gradient (all rows)");
+  const int64_t row0 = BlockDims::sequence_row0(BT, layout_.tp, layout_.rank);
+  const int64_t rows = BlockDims::sequence_row0(BT, layout_.tp, layout_.rank + 1) - row0;
+  ops::copy(all.data() + row0 * C, dx, rows * C);
+  gather_rows(all.data(), BT, C, "sequence-parallel embedding gradient: gather");
+  ops::embedding_backward_rows(g_table, all.data(), tokens, BT, C, layout_.vocab_begin, V);
+}
+
+// ---- 6. The vocabulary-parallel LM head and cross-entropy -----------------------------------------
+
+// Sequence parallelism: the final norm's rows of every rank, before the column-parallel LM head.
+template <class T>
+void TensorParallelComm<T>::gather_head_input(T* n, int64_t BT, int64_t C) {
+  if (sequence_parallel()) gather_rows(n, BT, C, "sequence-parallel head input: gather");
+}
+
+// Per token: the max over all columns, then the sum of exp(logit - max) over all columns, and the
+// target's logit (from the one rank holding it): three all-reduces of BT numbers, never [BT, V].
+// lse[BT] keeps max + log(sum) for the backward.
+template <class T>
+void TensorParallelComm<T>::cross_entropy(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t BT,
+                                          int64_t V, MemoryTracker* memory) {
+  Buffer<T> row_max(memory, MemoryCategory::scratch, BT, "vocab-parallel row max");
+  Buffer<T> sum_exp(memory, MemoryCategory::scratch, BT, "vocab-parallel sum of exp");
+  Buffer<T> target(memory, MemoryCategory::scratch, BT, "vocab-parallel target logit");
+  ops::vocab_slice_max_and_target(row_max.data(), target.data(), logits, targets, BT, V, layout_.vocab_begin);
+  max(row_max.data(), BT, "vocab-parallel loss: max");
+  ops::vocab_slice_sum_exp(sum_exp.data(), logits, row_max.data(), BT, V);
+  sum(sum_exp.data(), BT, "vocab-parallel loss: sum of exp");
+  sum(target.data(), BT, "vocab-parallel loss: target logit");
+  ops::cross_entropy_from_stats(losses, lse, row_max.data(), sum_exp.data(), target.data(), targets, BT);
+}
+
+// softmax - onehot for this rank's columns, from the whole row's log-sum-exp: no communication.
+template <class T>
+void TensorParallelComm<T>::cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
+                                                   T loss_scale, int64_t BT, int64_t V) {
+  ops::cross_entropy_backward_slice(dlogits, logits, lse, targets, loss_scale, BT, V, layout_.vocab_begin);
+}
+
+// f before the LM head: each rank's dlogits @ W_r is a partial dn [BT, C]; summed over the ranks,
+// or under sequence parallelism reduce-scattered to the rows' owners.
+template <class T>
+void TensorParallelComm<T>::head_input_grad(T* dn, int64_t BT, int64_t C) {
+  if (sequence_parallel()) return sum_to_rows(dn, BT, C, "sequence-parallel head input gradient: reduce-scatter");
+  sum(dn, BT * C, "f backward: head input gradient");
+}
+
+template <class T>
+void TensorParallelComm<T>::norm_gain_grad(T* g, int64_t C) {
+  sum(g, C, "sequence-parallel norm gain gradient");
+}
+
+// ---- 7. The collectives ------------------------------------------------------------------------
 
 template <class T>
 void TensorParallelComm<T>::sum(T* x, int64_t n, const char* what) {

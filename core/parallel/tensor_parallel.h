@@ -1,21 +1,30 @@
 #pragma once
-// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): the communication of one
-// tensor-parallel rank. See tensor_parallel.cpp for the whole story, top to bottom.
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) with sequence parallelism and the
+// vocabulary-parallel embedding and cross-entropy. The whole story, top to bottom, is
+// tensor_parallel.cpp.
 #include <vector>
 
 #include "core/comm/process_group.h"
 #include "core/model/block.h"
 #include "core/model/config.h"
-#include "core/model/head.h"
 #include "core/model/tp_layout.h"
+#include "core/model/vocabulary.h"
 
 namespace llama4d {
 
-// Fills in the model's communication points for a rank that holds the slice `layout` of every
-// weight (core/model/tp_layout.h). Install on the model with set_block_comm and set_vocab_comm.
-// Every call is collective over `tp` (all its ranks make the same calls in the same order).
+// Which slice of every weight rank `rank` of `tp` holds (the struct: core/model/tp_layout.h).
+// InputError naming the constraint when the model cannot be cut that way (tp not dividing the
+// heads or the SwiGLU width, more ranks than heads, query heads that would span unequal
+// key/value groups, a rank left without vocabulary rows).
+TpLayout tp_layout(const LlamaConfig& cfg, int tp, int rank, bool sequence_parallel = false);
+
+// The communication of a rank that holds the slice `layout`: the model's block points
+// (BlockComm: f, g and sequence parallelism's halves) and its vocabulary (Vocabulary: the
+// embedding and the loss over this rank's rows). Install with Llama::set_block_comm and
+// Llama::set_vocabulary. Every call is collective over `tp` (all its ranks make the same calls in
+// the same order).
 template <class T>
-class TensorParallelComm final : public BlockComm<T>, public VocabComm<T> {
+class TensorParallelComm final : public BlockComm<T>, public Vocabulary<T> {
  public:
   TensorParallelComm(ProcessGroup& tp, const LlamaConfig& cfg, const TpLayout& layout);
 
@@ -40,20 +49,35 @@ class TensorParallelComm final : public BlockComm<T>, public VocabComm<T> {
   bool sums_key_value_weight_grads() const override { return replicated_kv_; }
   void key_value_weight_grads(T* gk, T* gv, const BlockDims& d) override;
 
-  // ---- Vocabulary-parallel embedding and loss ----------------------------------------------
-  int64_t vocab_begin() const override { return layout_.vocab_begin; }
-  void sum(T* x, int64_t n, const char* what) override;
-  void max(T* x, int64_t n, const char* what) override;
+  // ---- Vocabulary-parallel embedding ------------------------------------------------------------
+  bool split() const override { return true; }
   int64_t sequence_shards() const override { return layout_.sequence_parallel ? layout_.tp : 1; }
   int64_t sequence_rank() const override { return layout_.sequence_parallel ? layout_.rank : 0; }
-  void sum_to_rows(T* x, int64_t BT, int64_t C, const char* what) override;
-  void gather_rows(T* x, int64_t BT, int64_t C, const char* what) override;
+  void embed(T* x, const int32_t* tokens, const T* table, int64_t BT, int64_t C, int64_t V,
+             MemoryTracker* memory) override;
+  void embed_backward(T* g_table, const T* dx, const int32_t* tokens, int64_t BT, int64_t C, int64_t V,
+                      MemoryTracker* memory) override;
+
+  // ---- Vocabulary-parallel LM head and cross-entropy --------------------------------------------
+  void gather_head_input(T* n, int64_t BT, int64_t C) override;
+  void cross_entropy(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t BT, int64_t V,
+                     MemoryTracker* memory) override;
+  void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, T loss_scale,
+                              int64_t BT, int64_t V) override;
+  void head_input_grad(T* dn, int64_t BT, int64_t C) override;          // f
+  void norm_gain_grad(T* g, int64_t C) override;
 
   ProcessGroup& group() const { return tp_; }
 
  private:
+  // The collectives over the group, in place, labelled for the traffic log.
+  void sum(T* x, int64_t n, const char* what);
+  void max(T* x, int64_t n, const char* what);
+  void sum_to_rows(T* x, int64_t BT, int64_t C, const char* what);  // reduce-scatter of x[BT, C]
+  void gather_rows(T* x, int64_t BT, int64_t C, const char* what);  // all-gather of x[BT, C]
   // Elements of each rank's rows of a [BT, C] buffer under sequence parallelism.
   std::vector<int64_t> row_counts(int64_t BT, int64_t C) const;
+  bool sequence_parallel() const { return layout_.sequence_parallel && layout_.tp > 1; }
 
   ProcessGroup& tp_;
   LlamaConfig cfg_;

@@ -19,6 +19,7 @@
 #include "core/model/params.h"
 #include "core/model/tp_layout.h"
 #include "core/optim/segmented_norm.h"
+#include "core/parallel/tensor_parallel.h"
 #include "lessons/common/clock.h"
 #include "lessons/common/lesson.h"
 

@@ -46,7 +46,7 @@ std::vector<std::vector<double>> rank_grads(int tp, bool sp, const char* ac, boo
     Llama<double> m(cfg, &world.memory(), layout);
     TensorParallelComm<double> comm(world, cfg, layout);
     m.set_block_comm(&comm);
-    m.set_vocab_comm(&comm);
+    m.set_vocabulary(&comm);
     m.set_checkpointing(Checkpointing::parse(ac, int(cfg.num_hidden_layers)));
     m.init_weights(7);
     m.zero_grad();
