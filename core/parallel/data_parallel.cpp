@@ -38,9 +38,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
       : model_(model),
         cfg_(cfg),
         data_(*groups.data),
-        tensor_(groups.tensor),
-        pipeline_(groups.pipeline),
-        tied_(groups.tied),
+        groups_(groups),
         segments_(held_segments(model)),
         adamw_(adamw, model.param_specs(), 0, model.num_params(), &model.memory()),
         tracer_(data_.trace(), model.num_layers()) {}
@@ -65,26 +63,20 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     pending_.clear();
     for (auto& [s, wire] : wires_) ops::from_bf16(model_.grads() + s.begin, wire.data(), s.numel(), false);
     wires_.clear();
-    sum_tied_embedding_grads(tied_, model_.unit_grads(embedding_unit()), segments_[0].numel(), cfg_.bf16_grad_reduce);
-    const LossSum global = all_reduce_loss(pipeline_, all_reduce_loss(data_, local));
+    sum_tied_embedding_grads(groups_.tied, model_.unit_grads(embedding_unit()), segments_[0].numel(),
+                             cfg_.bf16_grad_reduce);
+    const LossSum global = global_loss(groups_, local);
 
     // 3. Clip and step, identically on every rank (same gradients, same order of operations).
     T* g = model_.grads();
     std::vector<double> partials;
     for (const Segment& s : segments_)
       if (counts_segment(model_, s.unit)) append_chunk_partials(partials, g + s.begin, s.numel());
-    const double replicas = tensor_ ? replica_sum_squares(model_.param_specs(), 0, model_.num_params(), g) : 0.0;
-    const double sum_sq = tensor_parallel_sum_squares(tensor_, pipeline_sum_squares(pipeline_, model_, partials),
-                                                      pipeline_sum(pipeline_, replicas, "grad-norm replicas (pipeline stages)"));
+    const double sum_sq = global_grad_sum_squares(
+        groups_, model_, partials, [&] { return replica_sum_squares(model_.param_specs(), 0, model_.num_params(), g); });
     if (grad_clip > 0) apply_grad_clip(g, model_.num_params(), clip_coefficient(sum_sq, grad_clip));
     adamw_.step(model_.params(), g, lr);
-
-    StepStats st;
-    st.loss = global.mean();
-    st.tokens = global.tokens;
-    st.lr = lr;
-    st.grad_norm = std::sqrt(sum_sq);
-    return st;
+    return step_stats(global, lr, sum_sq);
   }
 
   LossSum evaluate(const Batch& b) override { return this->passes().evaluate(model_, b); }
@@ -160,9 +152,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   Llama<T>& model_;
   DataParallelConfig cfg_;  // the stage is none; what matters here is bf16_grad_reduce
   ProcessGroup& data_;
-  ProcessGroup* tensor_;
-  ProcessGroup* pipeline_;
-  ProcessGroup* tied_;  // pp with tied embeddings, first and last stage only
+  DataParallelGroups groups_;
   std::vector<Segment> segments_;
   AdamW<T> adamw_;
   UnitTracer tracer_;

@@ -2,8 +2,10 @@
 // The data-parallel family: every rank holds the same model (or a shard of it), trains on its
 // own rows of the global batch, and the ranks combine gradients so every optimizer step equals
 // the single-device step. One interface, two implementations:
-//   DistributedDataParallel (data_parallel.cpp)  replicate everything, all-reduce gradients
-//   ZeroDataParallel        (zero.cpp)           ZeRO-1/2/3 (FSDP) and HSDP
+//   DistributedDataParallel   (data_parallel.cpp)  replicate everything, all-reduce gradients
+//   ZeroDataParallel          (zero.cpp)           ZeRO-1/2 and HSDP: gradients reduce-scattered,
+//                                                  AdamW on each rank's pieces, weights all-gathered
+//   FullyShardedDataParallel  (fsdp.cpp)           ZeRO-3: the weights sharded too, gathered per unit
 // A strategy plugs into the single-rank model through UnitHooks; it never copies the model.
 #include <cstdint>
 #include <memory>
@@ -113,7 +115,8 @@ class DataParallelStrategy : public UnitHooks, public PassEvents {
   Passes<T>* passes_ = &sequential_;
 };
 
-// The two implementations (data_parallel.cpp, zero.cpp); make_data_parallel picks one.
+// The implementations (data_parallel.cpp; zero.cpp, which makes fsdp.cpp's at stage 3);
+// make_data_parallel picks one.
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_distributed_data_parallel(Llama<T>& model, const DataParallelGroups& groups,
                                                                          const DataParallelConfig& config,

@@ -17,6 +17,11 @@ LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local) {
   return {v[0], int64_t(v[1])};
 }
 
+LossSum global_loss(const DataParallelGroups& groups, const LossSum& local) {
+  return all_reduce_loss(groups.pipeline && groups.pipeline->size() > 1 ? groups.pipeline : nullptr,
+                         all_reduce_loss(*groups.data, local));
+}
+
 LossSum all_reduce_loss(ProcessGroup* pipeline, const LossSum& local) {
   return pipeline && pipeline->size() > 1 ? all_reduce_loss(*pipeline, local) : local;
 }

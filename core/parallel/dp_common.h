@@ -1,6 +1,14 @@
 #pragma once
-// Small pieces every data-parallel strategy shares: summing losses across ranks and timing
-// units for the trace.
+// What every data-parallel strategy's step shares, so each strategy's step reads
+// "reduce -> clip -> AdamW":
+//   after its own reduction over the data-parallel ranks,
+//     sum_tied_embedding_grads   the tied embedding's two copies (pipeline: first + last stage)
+//     global_loss                the step's loss over the data ranks, then the pipeline stages
+//     global_grad_sum_squares    the gradient norm over the pipeline stages and tensor slices
+//     step_stats                 what the step reports
+// and the helpers under them, and the units' spans on the trace.
+#include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,6 +23,9 @@
 #include "core/tensor/dtype.h"
 
 namespace llama4d {
+
+// The step's loss: summed over the data group (every data and context rank), then the pipeline.
+LossSum global_loss(const DataParallelGroups& groups, const LossSum& local);
 
 // (loss_sum, tokens) summed over `group` in rank order, in fp64: every rank gets the same bits,
 // equal to a single device adding the ranks' sums in that order.
@@ -91,6 +102,32 @@ void sum_tied_embedding_grads(ProcessGroup* tied, T* g, int64_t n, bool bf16_gra
 // A double summed over the pipeline group (a quantity each stage has for its own units); `v`
 // itself without one.
 double pipeline_sum(ProcessGroup* pipeline, double v, const char* label);
+
+// The squared gradient norm of the whole model, from this rank's slice once its gradients are
+// reduced over the data-parallel ranks: `partials` are the chunk partials of the slice's counted
+// segments in the single-device order (all of them on one rank; gathered over the shard group
+// under ZeRO), summed over the pipeline stages; with tensor parallelism, minus the slice's
+// replicas (`slice_replicas()`, called only then: values another tensor-parallel rank counts),
+// summed over the pipeline stages and the tensor-parallel ranks.
+template <class T>
+double global_grad_sum_squares(const DataParallelGroups& groups, const Llama<T>& model,
+                               const std::vector<double>& partials, const std::function<double()>& slice_replicas) {
+  ProcessGroup* pipeline = groups.pipeline && groups.pipeline->size() > 1 ? groups.pipeline : nullptr;
+  const double slice_sum_sq = pipeline_sum_squares(pipeline, model, partials);
+  if (!groups.tensor) return slice_sum_sq;
+  return tensor_parallel_sum_squares(groups.tensor, slice_sum_sq,
+                                     pipeline_sum(pipeline, slice_replicas(), "grad-norm replicas (pipeline stages)"));
+}
+
+// What the step reports: the global mean loss, its tokens, the pre-clip norm.
+inline StepStats step_stats(const LossSum& global, double lr, double grad_sum_squares) {
+  StepStats st;
+  st.loss = global.mean();
+  st.tokens = global.tokens;
+  st.lr = lr;
+  st.grad_norm = std::sqrt(grad_sum_squares);
+  return st;
+}
 
 // Records one compute span per unit and pass on the rank's trace ("forward layer 3", "backward
 // head"), so the Chrome trace shows gradient reductions overlapping the backward of earlier

@@ -76,7 +76,7 @@
 //
 // Memory per rank: every matrix / tp (the vocabulary rows rounded up); RMSNorm gains whole.
 // Gradients and AdamW moments follow the weights, and data parallelism (ZeRO included) shards
-// this rank's slice further across its data-parallel group (core/parallel/zero.cpp), as FSDP + TP
+// this rank's slice further across its data-parallel group (core/parallel/zero.cpp, fsdp.cpp), as FSDP + TP
 // does in torchtitan.
 #include "core/parallel/tensor_parallel.h"
 

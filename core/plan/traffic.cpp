@@ -58,9 +58,9 @@
 // forward and one gradient send backward, each of the rank's residual rows·C (BT·C, or its SP
 // rows). The schedule (gpipe, 1f1b, interleaved, zb-h1) only orders them. After backward:
 // loss AR of 2 f64, the grad-norm partials AR (every unit's chunk partials, one f64 per 512
-// elements of the slice's segment), and an AR of 1 f64 for the tp replicas' share (DP always,
-// ZeRO with tp). Tied embeddings: the first and last stage all-reduce the embedding gradient
-// (DP: the whole slice; ZeRO: each shard rank's piece) in the group "tied embedding (...)".
+// elements of the slice's segment), and with tp an AR of 1 f64 for the replicas' share. Tied
+// embeddings: the first and last stage all-reduce the embedding gradient (DP: the whole slice;
+// ZeRO: each shard rank's piece) in the group "tied embedding (...)".
 //
 // ---- Data parallelism: per (tp rank, pp rank) slice ------------------------------------------
 // The data group is cp x dp (all data ranks and context ranks share weights). D its size; under
@@ -405,7 +405,7 @@ void pipeline_norm(const Step& p, int64_t t, Tally& out) {
   for (int64_t u = 0; u < p.L + 2; ++u) partials += norm_partials(p.unit_numel(u, t));
   const int64_t n = p.cp * p.dp();  // pp groups of this tp rank
   int64_t bytes = all_reduce_bytes(p.pp, 2, kF64) + all_reduce_bytes(p.pp, partials, kF64), calls = 2;
-  if (p.zero() == 0 || p.tp > 1) bytes += all_reduce_bytes(p.pp, 1, kF64), calls += 1;
+  if (p.tp > 1) bytes += all_reduce_bytes(p.pp, 1, kF64), calls += 1;
   out.add("pp", p.pp, n * bytes, n * calls);
 }
 

@@ -121,9 +121,9 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
   StepReporter steps(say, o.step, "",
                      " (grads include the full gradients of layers whose reduction is still in flight;\n"
                      "how many depends on thread timing, so it can differ between ranks and runs)",
-                     "core/parallel/zero.cpp: ZeroDataParallel::step(); the hooks before_forward(), after_forward() "
-                     "(gather, prefetch, reshard) and before_backward(), after_backward() (re-gather, reduce-scatter, "
-                     "free)");
+                     "core/parallel/zero.cpp: ZeroDataParallel::step() and the hooks (after_backward() starts each "
+                     "reduce-scatter); core/parallel/fsdp.cpp (ZeRO-3): params_needed() gathers and prefetches, "
+                     "params_done_forward() and params_done_backward() free");
   const std::vector<PhaseView> phases = run_phases(s, data, [&](const PhaseView& p) {
     if (p.step > 0)
       return steps.show(p, [&] {
@@ -138,8 +138,8 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
         if (o.step) say.say("\n");
       });
     say.phase("the shard map, and memory at rest (" + p.strategy + ")",
-              "core/parallel/shard_layout.cpp: ShardLayout::ShardLayout() cuts the segments; core/parallel/zero.cpp: "
-              "ZeroDataParallel::ZeroDataParallel() allocates the shards and the reduce-scatter buffer");
+              "core/parallel/shard_layout.cpp: ShardLayout::ShardLayout() cuts the segments; core/parallel/zero_reduce.cpp: "
+              "ShardedGradReducer() allocates the gradient shard and the reduce-scatter buffer");
     say.ask("Z1", q1);
     say.ask("Z2", q2);
     say.ask("Z3", q3);
@@ -348,7 +348,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     const PhaseView off = run_phases(no_prefetch, data, nullptr)[1];
     const PhaseView& on = phases[1];
     say.phase("time: what prefetching buys, on the simulated clock",
-              "core/parallel/zero.cpp: before_forward() and before_backward() call start_gather() for the next unit");
+              "core/parallel/fsdp.cpp: params_needed() calls start_gather() for the next unit");
     say.ask("Z12", q12);
     say.ask("Z13", q13);
     if (o.step) say.say("\n");

@@ -600,7 +600,7 @@ int run(LessonOptions o, const PpArgs& a) {
   say.pause();
 
   // ---- 7. pp x dp with ZeRO-3: reshard after forward, or keep? -------------------------------------
-  say.phase("pp x dp with ZeRO-3: why Llama 3 kept the parameters", "core/parallel/zero.cpp (keeps_params_for_step)");
+  say.phase("pp x dp with ZeRO-3: why Llama 3 kept the parameters", "core/parallel/fsdp.cpp (keeps_params_for_step)");
   {
     const int pp2 = std::min(p, 2);
     ParallelPlan z = ParallelPlan::parse("pp=" + std::to_string(pp2) + ",dp=2");

@@ -638,7 +638,7 @@ int run(LessonOptions o, const CpArgs& a) {
 
   // ---- 8. cp x dp under ZeRO-3 -----------------------------------------------------------------------
   say.phase("cp x dp with ZeRO-3: the shards span cp x dp",
-            "core/parallel/parallel_trainer.cpp (gradient dims: cp, then dp), core/parallel/zero.cpp");
+            "core/parallel/parallel_trainer.cpp (gradient dims: cp, then dp), core/parallel/fsdp.cpp");
   const int cpz = 2;
   RunSetup z = s;
   z.plan = ParallelPlan::parse("cp=" + std::to_string(cpz) + ",dp=2");
