@@ -9,6 +9,7 @@
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
 #include "core/model/sampler.h"
+#include "core/model/decode.h"
 
 namespace llama4d::cli {
 
@@ -45,7 +46,7 @@ nlohmann::json run_generate(const GenerateArgs& a) {
     throw InputError("prompt + --max-new-tokens = " + std::to_string(total) + " exceeds max_position_embeddings " +
                      std::to_string(cfg.max_position_embeddings));
 
-  KVCache<T> cache = model.make_kv_cache(1, total);
+  Decoder<T> decoder(model, 1, total);
   std::vector<T> logits(static_cast<size_t>(cfg.vocab_size));
   std::vector<float> logits_f(logits.size());
   Sampler sampler(a.sampler);
@@ -54,7 +55,7 @@ nlohmann::json run_generate(const GenerateArgs& a) {
 
   if (!a.json) std::fputs(a.prompt.c_str(), stdout);  // the continuation follows the prompt
   const auto t0 = std::chrono::steady_clock::now();
-  model.decode(ids.data(), 1, int64_t(ids.size()), cache, logits.data());
+  decoder.feed(ids.data(), int64_t(ids.size()), logits.data());
   std::vector<int32_t> generated;
   std::string text;
   for (int64_t i = 0; i < a.max_new_tokens; ++i) {
@@ -65,7 +66,7 @@ nlohmann::json run_generate(const GenerateArgs& a) {
     const std::string piece = tok.decode(std::span<const int32_t>(&generated.back(), 1));
     text += piece;
     if (!a.json) std::fwrite(piece.data(), 1, piece.size(), stdout), std::fflush(stdout);
-    if (i + 1 < a.max_new_tokens) model.decode(&next, 1, 1, cache, logits.data());
+    if (i + 1 < a.max_new_tokens) decoder.feed(&next, 1, logits.data());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!a.json) std::fputc('\n', stdout);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/model/bf16_parking.h"
+#include "core/model/initialization.h"
 #include "core/ops.h"
 
 namespace llama4d {
@@ -19,29 +20,6 @@ std::string unit_name(int unit, int num_layers) {
   return "layer " + std::to_string(unit - 1);
 }
 
-namespace {
-
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-
-// splitmix64: its k-th output depends only on seed + k * golden, so draw j of a stream can be
-// computed without drawing the j before it (what sharded initialisation needs).
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += kGolden);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Standard normal draw j of the stream `seed` by Box-Muller over outputs 2j+1 and 2j+2
-// (std::normal_distribution is implementation-defined; we want the same weights everywhere).
-double normal_draw(uint64_t seed, int64_t j) {
-  uint64_t state = seed + uint64_t(2 * j) * kGolden;
-  const double u1 = (double(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-  const double u2 = double(splitmix64(state) >> 11) * 0x1.0p-53;          // [0, 1)
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-}
-
-}  // namespace
 
 template <class T>
 int64_t MicroBatchState<T>::activation_bytes() const {
@@ -265,71 +243,16 @@ T* Llama<T>::grad(std::string_view name) {
   throw Error("parameter " + p.name + " lies in no unit");
 }
 
-namespace {
-
-// Elements [begin, end) of the flat parameter buffer into out[0, end - begin).
-template <class T>
-void draw_range(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end, T* out) {
-  // Draw j of a matrix is the one its element j of the WHOLE tensor gets on one device, so a
-  // tensor-parallel slice, or a pipeline rank's stages, hold exactly the values of that part of the model.
-  for (const ParamSpec& p : specs) {
-    const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
-    const bool gain = p.shape.size() == 1;  // RMSNorm gains start at 1 and draw nothing
-    if (lo < hi)
-      for_each_whole_run(p, lo - p.offset, hi - p.offset, [&](int64_t at, int64_t whole, int64_t n) {
-        for (int64_t i = 0; i < n; ++i)
-          out[p.offset + at + i - begin] = gain ? T(1) : T(0.02 * normal_draw(seed, p.first_draw + whole + i));
-      });
-  }
-}
-
-// Elements per host thread at least: a draw costs about 20 ns (a log, a cosine and a square
-// root), so a piece takes a few milliseconds, well above starting a thread.
-constexpr int64_t kDrawsPerThread = int64_t(1) << 16;
-
-}  // namespace
-
-template <class T>
-void Llama<T>::init_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end, T* out) {
-  // Every element is drawn from its own index alone, so contiguous pieces on the calling thread's
-  // compute threads give the same values as one thread. That helps a rank that owns several
-  // cores (one-device training, bench, a replay): `medium`'s 91M draws took 1.5 s on one core
-  // here. Virtual GPUs that share the cores draw on one thread each, as before.
-  const int64_t n = std::max<int64_t>(end - begin, 0);
-  const int64_t threads = std::clamp<int64_t>(n / kDrawsPerThread, 1, ops::backend_threads());
-  if (threads == 1) return draw_range(specs, seed, begin, end, out);
-  const int64_t piece = (n + threads - 1) / threads;
-  std::vector<std::jthread> team;  // joined when this returns, or if starting one throws
-  team.reserve(size_t(threads - 1));
-  for (int64_t t = 1; t < threads; ++t) {
-    const int64_t lo = begin + t * piece, hi = std::min(end, lo + piece);
-    if (lo < hi) team.emplace_back([&specs, seed, lo, hi, out, begin] { draw_range(specs, seed, lo, hi, out + (lo - begin)); });
-  }
-  draw_range(specs, seed, begin, std::min(end, begin + piece), out);
-}
-
-template <class T>
-void Llama<T>::init_device_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end,
-                                  T* device_out) {
-  constexpr int64_t kChunk = int64_t(1) << 20;  // host staging: 4-8 MiB at a time
-  std::vector<T> host(size_t(std::min(kChunk, std::max<int64_t>(end - begin, 0))));
-  for (int64_t b = begin; b < end; b += kChunk) {
-    const int64_t e = std::min(end, b + kChunk);
-    init_values(specs, seed, b, e, host.data());
-    ops::device_memcpy(device_out + (b - begin), host.data(), (e - b) * int64_t(sizeof(T)));
-  }
-}
-
 template <class T>
 void Llama<T>::init_weights(uint64_t seed) {
   if (param_res_ == Residency::whole) {
-    init_device_values(specs_, seed, 0, total_, params());
+    init_param_device_values(specs_, seed, 0, total_, params());
     return;
   }
   for (int u = 0; u < num_units(); ++u) {
     if (!holds_unit(u)) continue;
     allocate_unit_params(u, "parameters of " + unit_name(u, num_layers()));
-    init_device_values(specs_, seed, unit_range(u).begin, unit_range(u).end, unit_params(u));
+    init_param_device_values(specs_, seed, unit_range(u).begin, unit_range(u).end, unit_params(u));
   }
 }
 
@@ -718,63 +641,6 @@ LossSum Llama<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t
 template <class T>
 void Llama<T>::backward(T loss_scale) {
   backward(state_, loss_scale, nullptr);
-}
-
-template <class T>
-KVCache<T> Llama<T>::make_kv_cache(int64_t B, int64_t max_len) {
-  if (max_len > cfg_.max_position_embeddings)
-    throw InputError("KV cache length " + std::to_string(max_len) + " exceeds max_position_embeddings " +
-                     std::to_string(cfg_.max_position_embeddings));
-  KVCache<T> c;
-  c.B = B, c.max_len = max_len;
-  const int64_t per_layer = B * max_len * cfg_.kv_dim();
-  for (int l = 0; l < num_layers(); ++l) {
-    c.k.emplace_back(memory_, MemoryCategory::activations, per_layer, "KV cache keys");
-    c.v.emplace_back(memory_, MemoryCategory::activations, per_layer, "KV cache values");
-  }
-  return c;
-}
-
-template <class T>
-void Llama<T>::decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& cache, T* logits_last) {
-  if (B != cache.B) throw InputError("decode batch " + std::to_string(B) + " != KV cache batch " + std::to_string(cache.B));
-  if (cache.len + Tn > cache.max_len)
-    throw InputError("KV cache full: " + std::to_string(cache.len) + " + " + std::to_string(Tn) + " tokens > " +
-                     std::to_string(cache.max_len));
-  if (tp_.sliced() || !holds_all_units())
-    throw Error("Llama::decode runs on one device (whole model), not on a tensor- or pipeline-parallel part of it");
-  check_ids(tokens, nullptr, B * Tn);
-  cover_positions(cache.max_len);  // every step of this cache reads the same tables
-  const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
-  const BlockDims d = block_dims(B, Tn);
-  // Nothing is kept for a backward: one set of block activations and two residual buffers
-  // serve every layer in turn.
-  BlockActivations<T> a;
-  a.allocate(memory_, d);
-  Buffer<T> x(memory_, MemoryCategory::activations, B * Tn * C, "decode x");
-  Buffer<T> y(memory_, MemoryCategory::activations, B * Tn * C, "decode x (next)");
-  // The ids come from the host (the sampler); kernels read the backend's memory.
-  Buffer<int32_t> ids(memory_, MemoryCategory::activations, B * Tn, "decode token ids");
-  ops::device_memcpy(ids.data(), tokens, B * Tn * int64_t(sizeof(int32_t)));
-  ops::embedding_forward(x.data(), ids.data(), unit_params(embedding_unit()), B * Tn, C);
-  round_if_bf16(x.data(), B * Tn * C, bf16_);
-  for (int l = 0; l < num_layers(); ++l) {
-    BlockKvCache<T> kv{cache.k[size_t(l)].data(), cache.v[size_t(l)].data(), cache.len, cache.max_len};
-    Buffer<T> rounded;
-    block_forward(y.data(), a, block_params(l, rounded), x.data(), d, rope(), cache.len, comm_, &kv);
-    std::swap(x, y);
-  }
-  cache.len += Tn;
-  // Only each row's last position needs logits.
-  Buffer<T> last(memory_, MemoryCategory::activations, B * C, "last positions");
-  for (int64_t b = 0; b < B; ++b) ops::copy(last.data() + b * C, x.data() + (b * Tn + Tn - 1) * C, C);
-  HeadActivations<T> ha;
-  ha.allocate(memory_, B, C, V);
-  ha.bf16 = bf16_;
-  Buffer<T> rounded_head, rounded_embedding;
-  const auto [norm_w, lm_w] = head_params_for_compute(rounded_head, rounded_embedding);
-  head_forward(ha, last.data(), norm_w, lm_w, nullptr, B, C, V, cfg_.rms_norm_eps, whole_vocabulary_);
-  ops::copy(logits_last, ha.logits.data(), B * V);
 }
 
 template struct MicroBatchState<float>;

@@ -1,6 +1,7 @@
 #pragma once
 // One Llama 3 model on one rank, as units (core/model/units.h) with a hand-written forward and
-// backward, per-micro-batch activation state, activation checkpointing and KV-cache decoding.
+// backward, per-micro-batch activation state and activation checkpointing. KV-cache decoding is
+// core/model/decode.h.
 // T is float or double.
 //
 // Data flow of the training forward (B sequences of T_ tokens, C hidden, V vocab):
@@ -36,13 +37,6 @@
 #include "core/tensor/memory_tracker.h"
 
 namespace llama4d {
-
-// Keys and values of every layer for incremental decoding: [L][B, max_len, nkv, hd] each.
-template <class T>
-struct KVCache {
-  int64_t B = 0, max_len = 0, len = 0;  // len = positions already cached
-  std::vector<Buffer<T>> k, v;          // one buffer per layer
-};
 
 // Which part of a backward to run. Zero-bubble pipeline schedules (Qi et al. 2023, "Zero Bubble
 // Pipeline Parallelism": "B" then "W") split it: `input` computes only what the input gradient
@@ -147,17 +141,9 @@ class Llama {
   T* param(std::string_view name);
   T* grad(std::string_view name);
 
-  // Deterministic initialisation from a seed: matrices ~ N(0, 0.02), RMSNorm weights = 1.
-  // Allocates and fills every segment.
+  // Deterministic initialisation from a seed (core/model/initialization.h): matrices ~ N(0, 0.02),
+  // RMSNorm weights = 1. Allocates and fills every segment.
   void init_weights(uint64_t seed);
-  // The same values for flat elements [begin, end) only, written to out[end - begin]: sharded
-  // initialisation equals single-device initialisation element for element, because draw j
-  // of the generator can be computed directly (splitmix64 is counter-based).
-  // out is host memory; init_device_values writes device memory (staged through the host in
-  // chunks, so the generator stays one host function whatever the backend).
-  static void init_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end, T* out);
-  static void init_device_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64_t begin, int64_t end,
-                                 T* device_out);
   // Zeroes every held gradient (whole: allocates the flat buffer first).
   void zero_grad();
 
@@ -192,12 +178,6 @@ class Llama {
   // logits[B, T_, V] of the last whole-model forward, until its backward.
   const T* logits() const { return state_.head.logits.data(); }
 
-  // ---- Inference -------------------------------------------------------------------------------
-  // Feeds tokens[B, Tn] at positions cache.len .. cache.len+Tn-1, appends their keys/values and
-  // writes the last position's logits to logits_last[B, V].
-  KVCache<T> make_kv_cache(int64_t B, int64_t max_len);
-  void decode(const int32_t* tokens, int64_t B, int64_t Tn, KVCache<T>& cache, T* logits_last);
-
   // ---- Precision ---------------------------------------------------------------------------------
   // bf16 mixed precision, Llama 3's recipe ("The Llama 3 Herd of Models", 2024, on numerical
   // stability: bf16 compute, gradients accumulated and reduced in fp32). The parameters this model
@@ -228,6 +208,8 @@ class Llama {
  private:
   template <class>
   friend class ScopedHooks;
+  template <class>
+  friend class Decoder;  // KV-cache decoding (core/model/decode.h) runs the blocks one position at a time
 
   BlockDims block_dims(int64_t B, int64_t T_, const int32_t* docs = nullptr) const;
   BlockDims block_dims(const MicroBatchState<T>& st) const;  // with st's document ids

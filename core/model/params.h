@@ -43,7 +43,7 @@ struct ParamSpec {
   // rank counts (the RMSNorm gains on ranks > 0, key/value heads held by several ranks).
   int64_t counted_begin = 0, counted_end = -1;  // -1: to the end
   // Initialisation: element j of the whole tensor takes normal draw first_draw + j of the
-  // model's stream (core/model/llama.h, init_values), wherever the spec lands in a rank's buffer.
+  // model's stream (core/model/initialization.h), wherever the spec lands in a rank's buffer.
   int64_t first_draw = 0;
 
   bool sliced() const { return !whole_shape.empty() && whole_shape != shape; }

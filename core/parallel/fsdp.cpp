@@ -29,6 +29,7 @@
 // Traffic per rank per step (S = 4N bytes, ring): 3 (dp-1)/dp S, an all-gather for the forward,
 // another for the backward and the gradients' reduce-scatter; 2 (dp-1)/dp S with --keep-params.
 #include "core/error.h"
+#include "core/model/initialization.h"
 #include "core/ops.h"
 #include "core/parallel/zero.h"
 
@@ -50,7 +51,7 @@ class FullyShardedDataParallel final : public ZeroDataParallel<T> {
   void init_weights(uint64_t seed) override {
     for (size_t s = 0; s < this->layout_.segments().size(); ++s) {
       const Piece p = this->layout_.piece(s, this->rank_);
-      Llama<T>::init_device_values(this->model_.param_specs(), seed, p.begin, p.end, piece_weights(s));
+      init_param_device_values(this->model_.param_specs(), seed, p.begin, p.end, piece_weights(s));
     }
   }
 

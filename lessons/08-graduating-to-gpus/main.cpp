@@ -26,6 +26,7 @@
 #include "core/model/params.h"
 #include "core/ops.h"
 #include "core/tensor/bf16_rounding.h"
+#include "core/model/initialization.h"
 #include "lessons/common/lesson.h"
 
 namespace llama4d::lesson {
@@ -70,7 +71,7 @@ RoundingStats round_initial_weights(const LlamaConfig& model, uint64_t seed) {
   const std::vector<ParamSpec> specs = llama_param_specs(model);
   const int64_t N = flat_numel(specs);
   std::vector<float> w(static_cast<size_t>(N));
-  Llama<float>::init_values(specs, seed, 0, N, w.data());  // what every run below starts from
+  init_param_values<float>(specs, seed, 0, N, w.data());  // what every run below starts from
   RoundingStats s;
   s.values = N;
   double sum = 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/model/decode.h"
 #include "core/model/llama.h"
 #include "tests/ops/operand_log.h"
 #include "tests/model/model_test_util.h"
@@ -25,7 +26,7 @@ void check_decode_matches_forward(bool tied, bool rope_scaling, double tol) {
 
   // Decode calls: prompt of 3 in one call, then 2 at once, then single tokens.
   const std::vector<int64_t> chunks = {3, 2, 1, 1, 1, 1};
-  KVCache<T> cache = m.make_kv_cache(B, total);
+  Decoder<T> decoder(m, B, total);
   std::vector<T> step_logits(size_t(B * V));
   int64_t len = 0;
   double worst = 0;
@@ -33,9 +34,9 @@ void check_decode_matches_forward(bool tied, bool rope_scaling, double tol) {
     std::vector<int32_t> chunk(size_t(B * n));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < n; ++t) chunk[size_t(b * n + t)] = seq.tokens[size_t(b * total + len + t)];
-    m.decode(chunk.data(), B, n, cache, step_logits.data());
+    decoder.feed(chunk.data(), n, step_logits.data());
     len += n;
-    ASSERT_EQ(cache.len, len);
+    ASSERT_EQ(decoder.len(), len);
 
     // Reference: a fresh training forward over the prefix [0, len) of each row.
     std::vector<int32_t> prefix(size_t(B * len));
@@ -54,7 +55,7 @@ void check_decode_matches_forward(bool tied, bool rope_scaling, double tol) {
               sizeof(T) == 8 ? "fp64" : "fp32", int(tied), int(rope_scaling), worst);
   // The cache is full now: one more token must be refused, not written past the end.
   std::vector<int32_t> one(size_t(B), 0);
-  EXPECT_THROW(m.decode(one.data(), B, 1, cache, step_logits.data()), InputError);
+  EXPECT_THROW(decoder.feed(one.data(), 1, step_logits.data()), InputError);
 }
 
 TEST(KvCache, DecodeMatchesForwardFp64) {
@@ -76,9 +77,9 @@ TEST(KvCache, BatchRowsAreIndependent) {
   test::perturb_params(m, 24);
   std::vector<int32_t> a = {1, 2, 3, 4, 5, 6}, c = {9, 8, 7, 4, 5, 6};  // [2, 3] each
   std::vector<double> la(size_t(2 * V)), lc(size_t(2 * V));
-  KVCache<double> ka = m.make_kv_cache(2, 3), kc = m.make_kv_cache(2, 3);
-  m.decode(a.data(), 2, 3, ka, la.data());
-  m.decode(c.data(), 2, 3, kc, lc.data());
+  Decoder<double> da(m, 2, 3), dc(m, 2, 3);
+  da.feed(a.data(), 3, la.data());
+  dc.feed(c.data(), 3, lc.data());
   for (int64_t v = 0; v < V; ++v) EXPECT_EQ(la[size_t(V + v)], lc[size_t(V + v)]);
   EXPECT_GT(test::rel_error(la.data(), lc.data(), V), 1e-6);  // row 0 did change
 }
@@ -90,11 +91,11 @@ TEST(KvCache, DecodeTakesBackendMemory) {
   const LlamaConfig cfg = test::tiny_config(false, true);
   Llama<float> m(cfg);
   m.init_weights(17);
-  KVCache<float> cache = m.make_kv_cache(2, 4);
+  Decoder<float> decoder(m, 2, 4);
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6};
   std::vector<float> logits(size_t(2 * cfg.vocab_size));
-  m.decode(prompt.data(), 2, 3, cache, logits.data());
-  m.decode(prompt.data(), 2, 1, cache, logits.data());
+  decoder.feed(prompt.data(), 3, logits.data());
+  decoder.feed(prompt.data(), 1, logits.data());
   const test::OperandLog log = logging.log();
   EXPECT_GT(log.products_as_stored, 0);
   EXPECT_TRUE(log.not_backend_memory.empty()) << log.not_backend_memory.front();
@@ -104,18 +105,16 @@ TEST(KvCache, RejectsBadInput) {
   const LlamaConfig cfg = test::tiny_config(false, false);
   Llama<double> m(cfg);
   m.init_weights(1);
-  EXPECT_THROW(m.make_kv_cache(1, cfg.max_position_embeddings + 1), InputError);
-  KVCache<double> cache = m.make_kv_cache(2, 4);
+  EXPECT_THROW(Decoder<double>(m, 1, cfg.max_position_embeddings + 1), InputError);
+  Decoder<double> decoder(m, 2, 4);
   std::vector<double> logits(size_t(2 * cfg.vocab_size));
   std::vector<int32_t> bad = {0, int32_t(cfg.vocab_size)};
-  EXPECT_THROW(m.decode(bad.data(), 2, 1, cache, logits.data()), InputError);
+  EXPECT_THROW(decoder.feed(bad.data(), 1, logits.data()), InputError);
   std::vector<int32_t> neg = {-1, 0};
-  EXPECT_THROW(m.decode(neg.data(), 2, 1, cache, logits.data()), InputError);
-  std::vector<int32_t> ok = {0, 1, 2};
-  EXPECT_THROW(m.decode(ok.data(), 3, 1, cache, logits.data()), InputError);  // batch != cache batch
+  EXPECT_THROW(decoder.feed(neg.data(), 1, logits.data()), InputError);
   std::vector<int32_t> five(10, 1);
-  EXPECT_THROW(m.decode(five.data(), 2, 5, cache, logits.data()), InputError);  // longer than the cache
-  EXPECT_EQ(cache.len, 0);
+  EXPECT_THROW(decoder.feed(five.data(), 5, logits.data()), InputError);  // longer than the cache
+  EXPECT_EQ(decoder.len(), 0);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/model/decode.h"
 #include "core/model/llama.h"
 #include "tests/model/model_test_util.h"
 #include "tests/ops/operand_log.h"
@@ -166,9 +167,9 @@ TEST(ModelBasics, RopeTablesAreChargedForThePositionsRead) {
   m.forward(b5.tokens.data(), b5.targets.data(), b5.B, b5.T);
   EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(7)) << "a shorter sequence shrank the tables";
 
-  KVCache<float> cache = m.make_kv_cache(1, 12);
+  Decoder<float> decoder(m, 1, 12);
   std::vector<float> logits(size_t(cfg.vocab_size));
-  m.decode(b5.tokens.data(), 1, 3, cache, logits.data());
+  decoder.feed(b5.tokens.data(), 3, logits.data());
   EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(12));
   EXPECT_EQ(memory.peak(MemoryCategory::other), table_bytes(12)) << "the old tables outlived the new ones";
   const LossSum again = m.forward(b7.tokens.data(), b7.targets.data(), b7.B, b7.T);

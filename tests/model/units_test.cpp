@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/model/initialization.h"
 #include "model_test_util.h"
 
 namespace llama4d {
@@ -144,7 +145,7 @@ TEST(Units, MicroBatchesInFlight) {
   EXPECT_EQ(fly.memory().live(MemoryCategory::activations), 0);
 }
 
-// Per-unit residency holds the same numbers as the whole buffer, and init_values over any
+// Per-unit residency holds the same numbers as the whole buffer, and init_param_values over any
 // slice equals the whole initialisation element for element (what ZeRO-3 shards compute).
 TEST(Units, PerUnitStorageAndShardedInitMatchWhole) {
   LlamaConfig cfg = test::tiny_config(false, false);
@@ -162,7 +163,7 @@ TEST(Units, PerUnitStorageAndShardedInitMatchWhole) {
   for (int64_t begin : {int64_t(0), int64_t(1), n / 3, n - 5})
     for (int64_t end : {begin, begin + 1, std::min(n, begin + 517), n}) {
       std::vector<double> slice(size_t(end - begin) + 1, -1.0);  // one past: must stay untouched
-      Llama<double>::init_values(whole.param_specs(), 77, begin, end, slice.data());
+      init_param_values<double>(whole.param_specs(), 77, begin, end, slice.data());
       EXPECT_EQ(std::memcmp(slice.data(), whole.params() + begin, size_t(end - begin) * sizeof(double)), 0)
           << "[" << begin << ", " << end << ")";
       EXPECT_EQ(slice.back(), -1.0);
@@ -175,7 +176,7 @@ TEST(Units, PerUnitStorageAndShardedInitMatchWhole) {
             int64_t(sizeof(double)) * (n - (whole.unit_range(2).end - whole.unit_range(2).begin)));
 }
 
-// init_values splits its range over the calling thread's compute threads: the values must not
+// init_param_values splits its range over the calling thread's compute threads: the values must not
 // depend on how many (a vocabulary of 40,000 makes 1.3M draws, enough for 16 pieces).
 TEST(Units, InitDrawsTheSameValuesOnAnyThreadCount) {
   LlamaConfig cfg = test::tiny_config(false, false);
@@ -187,12 +188,12 @@ TEST(Units, InitDrawsTheSameValuesOnAnyThreadCount) {
   for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, n}, {12345, n - 7}}) {
     ops::set_backend_threads(1);
     std::vector<float> one(size_t(end - begin));
-    Llama<float>::init_values(specs, 3, begin, end, one.data());
+    init_param_values<float>(specs, 3, begin, end, one.data());
     for (int threads : {2, 3, 16}) {
       ops::set_backend_threads(threads);
       if (ops::backend_threads() != threads) GTEST_SKIP() << "this build has no compute threads (no OpenMP)";
       std::vector<float> many(size_t(end - begin) + 1, -1.0f);  // one past: must stay untouched
-      Llama<float>::init_values(specs, 3, begin, end, many.data());
+      init_param_values<float>(specs, 3, begin, end, many.data());
       EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0)
           << threads << " threads, [" << begin << ", " << end << ")";
       EXPECT_EQ(many.back(), -1.0f);

@@ -10,6 +10,7 @@
 #include "core/model/llama.h"
 #include "core/model/params.h"
 #include "core/model/tp_layout.h"
+#include "core/model/initialization.h"
 #include "core/parallel/tensor_parallel.h"
 #include "parallel_test_util.h"
 #include "tests/common/tier.h"
@@ -105,13 +106,13 @@ TEST(TpLayout, SlicesCoverEveryWholeTensorOnceWithTheSameValues) {
     const LlamaConfig c = small_shaped(heads, kv);
     const std::vector<ParamSpec> whole = llama_param_specs(c);
     std::vector<double> whole_values(size_t(flat_numel(whole)));
-    Llama<double>::init_values(whole, 5, 0, flat_numel(whole), whole_values.data());
+    init_param_values<double>(whole, 5, 0, flat_numel(whole), whole_values.data());
     std::vector<int> counted(whole_values.size(), 0);
     for (int r = 0; r < tp; ++r) {
       const std::vector<ParamSpec> mine = llama_param_specs(c, tp_layout(c, tp, r));
       ASSERT_EQ(mine.size(), whole.size());
       std::vector<double> values(size_t(flat_numel(mine)));
-      Llama<double>::init_values(mine, 5, 0, flat_numel(mine), values.data());
+      init_param_values<double>(mine, 5, 0, flat_numel(mine), values.data());
       for (size_t i = 0; i < mine.size(); ++i) {
         const ParamSpec& p = mine[i];
         ASSERT_EQ(p.name, whole[i].name);
