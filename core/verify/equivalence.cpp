@@ -390,6 +390,51 @@ ReplayResult<T> train_on_one_device(const EquivalenceOptions& o, const TextDatas
   return out;
 }
 
+namespace {
+
+// The verdict from every rank's findings: bitwise where the plan's sums can be replayed in their
+// order (ordered reductions, no context parallelism), else within the measured bounds per step;
+// and the worst tensor, the largest errors, the plain trainer's check.
+void judge(EquivalenceReport& rep, const EquivalenceOptions& o, DType compute) {
+  const size_t S = size_t(o.train.steps);
+  bool tokens_equal = true;
+  rep.errors_per_step.assign(S, StepErrors{});
+  for (const RankComparison& r : rep.per_rank) {
+    rep.bitwise = rep.bitwise && r.loss.bitwise && r.grad_norm.bitwise && r.grads.bitwise && r.params.bitwise && r.tokens_equal;
+    tokens_equal = tokens_equal && r.tokens_equal;
+    for (size_t s = 0; s < S; ++s) rep.errors_per_step[s].merge(r.per_step[s]);
+  }
+  for (const StepErrors& e : rep.errors_per_step) rep.max_errors.merge(e);
+  double worst = -1;
+  for (const TensorComparison& t : rep.tensors)
+    for (const ErrorStats& e : {t.grad, t.param}) {
+      rep.max_abs_err = std::max(rep.max_abs_err, e.max_abs);
+      if (e.max_rel > worst) worst = rep.max_rel_err = e.max_rel, rep.worst_tensor = t.name;
+    }
+  if (rep.plain_checked) {
+    rep.plain_tolerance = kPlainTolerance;
+    rep.plain_per_tensor = o.plan.size("tp") > 1 || o.plan.size("cp") > 1;
+    rep.plain_ok = rep.plain_max_rel_err <= kPlainTolerance;
+  }
+  const bool complete = int(rep.per_rank.size()) == rep.ranks;
+  // Context parallelism splits the sums inside attention: not bitwise. Tensor parallelism's
+  // split sums are replayed in rank order (tensor_parallel_replay.h), so without cp it is.
+  const bool sliced = o.plan.size("tp") > 1 || o.plan.size("cp") > 1;
+  if (o.plan.algo == ReduceAlgo::ordered && o.plan.size("cp") == 1) {
+    rep.ok = complete && rep.bitwise && rep.plain_ok;
+  } else {
+    rep.ok = complete && tokens_equal && rep.plain_ok;
+    for (size_t s = 0; s < S; ++s) {
+      const int64_t step = int64_t(s) + 1;
+      rep.bounds_per_step.push_back(sliced ? tensor_parallel_tolerance(compute, step)
+                                           : ring_tolerance(compute, step, o.plan.bf16_grad_reduce));
+      rep.ok = rep.ok && rep.errors_per_step[s].within(rep.bounds_per_step[s]);
+    }
+  }
+}
+
+}  // namespace
+
 template <class T>
 EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& data, const RankLauncher& launch) {
   EquivalenceReport rep;
@@ -508,40 +553,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
   });
 
   // 3. The verdict.
-  bool tokens_equal = true;
-  rep.errors_per_step.assign(S, StepErrors{});
-  for (const RankComparison& r : rep.per_rank) {
-    rep.bitwise = rep.bitwise && r.loss.bitwise && r.grad_norm.bitwise && r.grads.bitwise && r.params.bitwise && r.tokens_equal;
-    tokens_equal = tokens_equal && r.tokens_equal;
-    for (size_t s = 0; s < S; ++s) rep.errors_per_step[s].merge(r.per_step[s]);
-  }
-  for (const StepErrors& e : rep.errors_per_step) rep.max_errors.merge(e);
-  double worst = -1;
-  for (const TensorComparison& t : rep.tensors)
-    for (const ErrorStats& e : {t.grad, t.param}) {
-      rep.max_abs_err = std::max(rep.max_abs_err, e.max_abs);
-      if (e.max_rel > worst) worst = rep.max_rel_err = e.max_rel, rep.worst_tensor = t.name;
-    }
-  if (rep.plain_checked) {
-    rep.plain_tolerance = kPlainTolerance;
-    rep.plain_per_tensor = o.plan.size("tp") > 1 || o.plan.size("cp") > 1;
-    rep.plain_ok = rep.plain_max_rel_err <= kPlainTolerance;
-  }
-  const bool complete = int(rep.per_rank.size()) == rep.ranks;
-  // Context parallelism splits the sums inside attention: not bitwise. Tensor parallelism's
-  // split sums are replayed in rank order (tensor_parallel_replay.h), so without cp it is.
-  const bool sliced = o.plan.size("tp") > 1 || o.plan.size("cp") > 1;
-  if (o.plan.algo == ReduceAlgo::ordered && o.plan.size("cp") == 1) {
-    rep.ok = complete && rep.bitwise && rep.plain_ok;
-  } else {
-    rep.ok = complete && tokens_equal && rep.plain_ok;
-    for (size_t s = 0; s < S; ++s) {
-      const int64_t step = int64_t(s) + 1;
-      rep.bounds_per_step.push_back(sliced ? tensor_parallel_tolerance(compute, step)
-                                           : ring_tolerance(compute, step, o.plan.bf16_grad_reduce));
-      rep.ok = rep.ok && rep.errors_per_step[s].within(rep.bounds_per_step[s]);
-    }
-  }
+  judge(rep, o, compute);
   return rep;
 }
 

@@ -65,6 +65,8 @@ class TensorParallelReplay {
   struct Slice;  // what tp rank r holds (tensor_parallel_replay.cpp)
 
  private:
+  struct Pass;  // one forward_backward, phase by phase
+
   LlamaConfig cfg_;
   int tp_;
   bool sp_;
