@@ -70,6 +70,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor/buffer.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -141,7 +142,7 @@ namespace {
 
 // K and V of the whole sequence, [2][B][S][nkv][hd] (keys, then values), from every rank's.
 template <class T>
-Buffer<T> gather_key_values(ProcessGroup& cp, const T* k, const T* v, const BlockDims& d, const char* label) {
+Buffer<T> gather_key_values(ProcessGroup& cp, const T* k, const T* v, const BlockDims& d, std::string_view label) {
   const int64_t row = d.nkv * d.hd, n = d.BT() * row, whole = n * d.cp;
   MemoryTracker* memory = &cp.memory();
   // In place: this rank's K and V go straight into their slot of the gathered buffer.
@@ -150,7 +151,7 @@ Buffer<T> gather_key_values(ProcessGroup& cp, const T* k, const T* v, const Bloc
   ops::copy(mine, k, n);
   ops::copy(mine + n, v, n);
   AllGatherOptions o;
-  o.label = label;
+  o.label = std::string(label);
   cp.all_gather(gathered.data(), mine, 2 * n, dtype_of<T>(), o)->wait();
   Buffer<T> kv(memory, MemoryCategory::scratch, 2 * whole, "context parallelism: whole-sequence keys and values");
   relayout(kv.data(), gathered.data(), d, true);
@@ -164,7 +165,7 @@ void ContextParallelComm<T>::attention(T* out, T* lse, const T* q, const T* k, c
   if (algo_ == ContextAlgo::ring) return ring_attention(out, lse, q, k, v, d);
   const int64_t c = d.cp_chunk(), S = d.T * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
   const int64_t whole = d.B * S * kvrow;
-  const Buffer<T> kv = gather_key_values(cp_, k, v, d, "context parallelism: all-gather keys and values");
+  const Buffer<T> kv = gather_key_values(cp_, k, v, d, label::kCpAllGather);
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t part = 0; part < 2; ++part) {
       const int64_t at = (b * d.T + part * c) * qrow;  // this part's queries and outputs
@@ -179,7 +180,7 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
   if (algo_ == ContextAlgo::ring) return ring_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d);
   const int64_t c = d.cp_chunk(), S = d.T * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
   const int64_t whole = d.B * S * kvrow, n = d.BT() * kvrow;
-  Buffer<T> kv = gather_key_values(cp_, k, v, d, "context parallelism: all-gather keys and values (backward)");
+  Buffer<T> kv = gather_key_values(cp_, k, v, d, label::kCpAllGatherBackward);
   MemoryTracker* memory = &cp_.memory();
   // dK, dV of the whole sequence from this rank's queries: [2][B][S][nkv][hd].
   Buffer<T> dkv(memory, MemoryCategory::scratch, 2 * whole, "context parallelism: whole-sequence key/value gradients");
@@ -197,7 +198,7 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
   relayout(dkv.data(), scattered, d, false);
   T* mine = scattered + cp_.rank() * 2 * n;
   ReduceScatterOptions o;
-  o.label = "context parallelism: reduce-scatter key/value gradients";
+  o.label = label::kCpReduceScatter;
   cp_.reduce_scatter(mine, scattered, 2 * n, dtype_of<T>(), ReduceOp::sum, o)->wait();
   ops::add_forward(dk, dk, mine, n);
   ops::add_forward(dv, dv, mine + n, n);
@@ -251,14 +252,14 @@ void for_each_visible_pair(const BlockDims& d, int64_t src, Fn&& fn) {
 // One hop: `block` (elements) goes to rank r+1 and the next arrives into `next` from rank r-1.
 // Sends complete once buffered, so every rank sends first and then receives.
 template <class T>
-void ContextParallelComm<T>::pass_on(const T* block, T* next, int64_t elements, int step, const char* label) {
+void ContextParallelComm<T>::pass_on(const T* block, T* next, int64_t elements, int step, std::string_view label) {
   const int P = cp_.size(), r = cp_.rank();
   SendOptions so;
   so.tag = step;
-  so.label = label;
+  so.label = std::string(label);
   RecvOptions ro;
   ro.tag = step;
-  ro.label = label;
+  ro.label = std::string(label);
   cp_.send(block, elements, dtype_of<T>(), (r + 1) % P, so)->wait();
   cp_.recv(next, elements, dtype_of<T>(), (r + P - 1) % P, ro)->wait();
 }
@@ -285,7 +286,7 @@ void ContextParallelComm<T>::ring_attention(T* out, T* lse, const T* q, const T*
                             ops::attention_merge(out + at, lse + lse_at, part_out.data(), part_lse.data(), 1, c, d.nh, d.hd);
                           });
     if (s + 1 == d.cp) break;
-    pass_on(block.data(), next.data(), 2 * n, s, "context parallelism: ring keys and values");
+    pass_on(block.data(), next.data(), 2 * n, s, label::kCpRingKeysValues);
     std::swap(block, next);
   }
 }
@@ -309,12 +310,12 @@ void ContextParallelComm<T>::ring_attention_backward(T* dq, T* dk, T* dv, const 
                                                     kv + kv_at, kv + n + kv_at, out + at, lse + lse_at, shape);
                           });
     if (s + 1 == d.cp) break;
-    pass_on(block.data(), next.data(), 4 * n, s, "context parallelism: ring keys, values and gradients");
+    pass_on(block.data(), next.data(), 4 * n, s, label::kCpRingWithGradients);
     std::swap(block, next);
   }
   // The accumulator in hand belongs to rank r+1 (it started there cp-1 hops ago): one more hop
   // of the gradients alone brings every accumulator home (cp > 1 always here).
-  pass_on(block.data() + 2 * n, next.data() + 2 * n, 2 * n, d.cp, "context parallelism: ring key/value gradients home");
+  pass_on(block.data() + 2 * n, next.data() + 2 * n, 2 * n, d.cp, label::kCpRingGradientsHome);
   ops::add_forward(dk, dk, next.data() + 2 * n, n);
   ops::add_forward(dv, dv, next.data() + 3 * n, n);
 }

@@ -2,6 +2,7 @@
 // Context parallelism: the communication of one context-parallel rank, and how a batch is cut
 // along the sequence. See context_parallel.cpp for the whole story, top to bottom.
 #include <cstdint>
+#include <string_view>
 
 #include "core/comm/process_group.h"
 #include "core/data/batch_sampler.h"
@@ -32,7 +33,7 @@ class ContextParallelComm final : public BlockComm<T> {
   void ring_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                                const T* lse, const BlockDims& d);
   // One hop around the ring: `block` goes to rank r+1, the next arrives from rank r-1.
-  void pass_on(const T* block, T* next, int64_t elements, int step, const char* label);
+  void pass_on(const T* block, T* next, int64_t elements, int step, std::string_view label);
 
   ProcessGroup& cp_;
   ContextAlgo algo_;

@@ -27,6 +27,7 @@
 #include "core/optim/segmented_norm.h"
 #include "core/parallel/data_parallel.h"
 #include "core/parallel/dp_common.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -103,7 +104,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
       const Segment& s = segments_[size_t(u)];
       AllReduceOptions o;
       o.async_op = true;
-      o.label = "grad bucket " + unit_name(u, model_.num_layers());
+      o.label = label::grad_bucket(unit_name(u, model_.num_layers()));
       if (!cfg_.bf16_grad_reduce) {
         pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
         continue;

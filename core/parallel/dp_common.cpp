@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/optim/grad_clip.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -30,7 +31,7 @@ double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, do
   if (!tensor) return slice_sum_sq;
   double v = slice_sum_sq - replicas;
   AllReduceOptions o;
-  o.label = "grad-norm (tensor-parallel slices)";
+  o.label = label::kGradNormTensorSlices;
   tensor->all_reduce(&v, 1, DType::f64, ReduceOp::sum, o)->wait();
   return v;
 }

@@ -32,6 +32,7 @@
 #include "core/model/initialization.h"
 #include "core/ops.h"
 #include "core/parallel/zero.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -112,7 +113,7 @@ class FullyShardedDataParallel final : public ZeroDataParallel<T> {
       model().allocate_unit_params(si, "gathered parameters of " + unit_name(si, model().num_layers()));
       AllGatherOptions o;
       o.async_op = true;
-      o.label = "params " + unit_name(si, model().num_layers());
+      o.label = label::params(unit_name(si, model().num_layers()));
       gather_work_[s] = this->shard_.all_gather_v(model().unit_params(si), piece_weights(s),
                                                   this->layout_.piece_counts(s), dtype_of<T>(), o);
     }

@@ -43,6 +43,7 @@
 #include "core/comm/trace.h"
 #include "core/error.h"
 #include "core/parallel/pipeline_picture.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -120,14 +121,14 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
     const UnitRange units = chunks[size_t(a.chunk)];
     MicroBatchState<T>& st = states[k];
     const int64_t n = boundary_numel(model, b);
-    const std::string label = "pipeline: " + a.describe(v > 1);
+    const std::string name = std::string(label::kPipeline) + a.describe(v > 1);
     switch (a.op) {
       case Op::recv_activation:
       case Op::recv_gradient: {
         inbox[k] = Buffer<T>(&model.memory(), MemoryCategory::comm_buffers, n, a.op == Op::recv_activation ? "received activation" : "received gradient");
         RecvOptions o;
         o.tag = s.tag(rank, a);
-        o.label = label;
+        o.label = name;
         pp_.recv(inbox[k].data(), n, dtype_of<T>(), a.peer, o)->wait();
         break;
       }
@@ -138,7 +139,7 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
         const T* src = a.op == Op::send_activation ? st.x[size_t(units.end - 1)].data() : st.input_grad.data();
         SendOptions o;
         o.tag = s.tag(rank, a);
-        o.label = label;
+        o.label = name;
         o.async_op = true;
         (a.op == Op::send_activation ? activation_sent : gradient_sent)[k] = pp_.send(src, n, dtype_of<T>(), a.peer, o);
         break;
@@ -232,14 +233,14 @@ void run_modelled_pipeline(ProcessGroup& pp, const PipelineSchedule& s, const St
       continue;
     }
     const bool recv = a.op == Op::recv_activation || a.op == Op::recv_gradient;
-    const std::string label = "pipeline: " + a.describe(s.chunks > 1);
+    const std::string name = std::string(label::kPipeline) + a.describe(s.chunks > 1);
     if (recv) {
       RecvOptions o;
-      o.tag = s.tag(rank, a), o.label = label;
+      o.tag = s.tag(rank, a), o.label = name;
       pp.recv(nullptr, 0, DType::f32, a.peer, o)->wait();
     } else {
       SendOptions o;
-      o.tag = s.tag(rank, a), o.label = label;
+      o.tag = s.tag(rank, a), o.label = name;
       pp.send(nullptr, 0, DType::f32, a.peer, o)->wait();
     }
   }

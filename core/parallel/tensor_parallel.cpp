@@ -85,6 +85,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor/buffer.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -189,7 +190,7 @@ void TensorParallelComm<T>::mlp_output_backward(T* dy, const BlockDims& d) {
 
 template <class T>
 void TensorParallelComm<T>::norm_weight_grads(T* g, const BlockDims& d) {
-  sum(g, d.C, "sequence-parallel norm gain gradient");
+  sum(g, d.C, label::kNormGainGrad);
 }
 
 // ---- 4. Replicated key/value heads ------------------------------------------------------------
@@ -207,7 +208,7 @@ void TensorParallelComm<T>::key_value_weight_grads(T* gk, T* gv, const BlockDims
   ops::fill(both.data(), T(0), 2 * whole);
   ops::copy(both.data() + at, gk, mine);
   ops::copy(both.data() + whole + at, gv, mine);
-  sum(both.data(), 2 * whole, "key/value replicas: weight gradient sum");
+  sum(both.data(), 2 * whole, label::kKeyValueReplicas);
   ops::copy(gk, both.data() + at, mine);
   ops::copy(gv, both.data() + whole + at, mine);
 }
@@ -265,10 +266,10 @@ void TensorParallelComm<T>::cross_entropy(T* losses, T* lse, const T* logits, co
   Buffer<T> sum_exp(memory, MemoryCategory::scratch, BT, "vocab-parallel sum of exp");
   Buffer<T> target(memory, MemoryCategory::scratch, BT, "vocab-parallel target logit");
   ops::vocab_slice_max_and_target(row_max.data(), target.data(), logits, targets, BT, V, layout_.vocab_begin);
-  max(row_max.data(), BT, "vocab-parallel loss: max");
+  max(row_max.data(), BT, label::kVocabLossMax);
   ops::vocab_slice_sum_exp(sum_exp.data(), logits, row_max.data(), BT, V);
-  sum(sum_exp.data(), BT, "vocab-parallel loss: sum of exp");
-  sum(target.data(), BT, "vocab-parallel loss: target logit");
+  sum(sum_exp.data(), BT, label::kVocabLossSumExp);
+  sum(target.data(), BT, label::kVocabLossTarget);
   ops::cross_entropy_from_stats(losses, lse, row_max.data(), sum_exp.data(), target.data(), targets, BT);
 }
 
@@ -289,22 +290,22 @@ void TensorParallelComm<T>::head_input_grad(T* dn, int64_t BT, int64_t C) {
 
 template <class T>
 void TensorParallelComm<T>::norm_gain_grad(T* g, int64_t C) {
-  sum(g, C, "sequence-parallel norm gain gradient");
+  sum(g, C, label::kNormGainGrad);
 }
 
 // ---- 7. The collectives ------------------------------------------------------------------------
 
 template <class T>
-void TensorParallelComm<T>::sum(T* x, int64_t n, const char* what) {
+void TensorParallelComm<T>::sum(T* x, int64_t n, std::string_view what) {
   AllReduceOptions o;
-  o.label = what;
+  o.label = std::string(what);
   tp_.all_reduce(x, n, dtype_of<T>(), ReduceOp::sum, o)->wait();
 }
 
 template <class T>
-void TensorParallelComm<T>::max(T* x, int64_t n, const char* what) {
+void TensorParallelComm<T>::max(T* x, int64_t n, std::string_view what) {
   AllReduceOptions o;
-  o.label = what;
+  o.label = std::string(what);
   tp_.all_reduce(x, n, dtype_of<T>(), ReduceOp::max, o)->wait();
 }
 
@@ -320,17 +321,17 @@ std::vector<int64_t> TensorParallelComm<T>::row_counts(int64_t BT, int64_t C) co
 }
 
 template <class T>
-void TensorParallelComm<T>::sum_to_rows(T* x, int64_t BT, int64_t C, const char* what) {
+void TensorParallelComm<T>::sum_to_rows(T* x, int64_t BT, int64_t C, std::string_view what) {
   ReduceScatterOptions o;
-  o.label = what;
+  o.label = std::string(what);
   T* mine = x + BlockDims::sequence_row0(BT, layout_.tp, layout_.rank) * C;
   tp_.reduce_scatter_v(mine, x, row_counts(BT, C), dtype_of<T>(), ReduceOp::sum, o)->wait();
 }
 
 template <class T>
-void TensorParallelComm<T>::gather_rows(T* x, int64_t BT, int64_t C, const char* what) {
+void TensorParallelComm<T>::gather_rows(T* x, int64_t BT, int64_t C, std::string_view what) {
   AllGatherOptions o;
-  o.label = what;
+  o.label = std::string(what);
   const T* mine = x + BlockDims::sequence_row0(BT, layout_.tp, layout_.rank) * C;
   tp_.all_gather_v(x, mine, row_counts(BT, C), dtype_of<T>(), o)->wait();
 }

@@ -2,6 +2,7 @@
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) with sequence parallelism and the
 // vocabulary-parallel embedding and cross-entropy. The whole story, top to bottom, is
 // tensor_parallel.cpp.
+#include <string_view>
 #include <vector>
 
 #include "core/comm/process_group.h"
@@ -71,10 +72,10 @@ class TensorParallelComm final : public BlockComm<T>, public Vocabulary<T> {
 
  private:
   // The collectives over the group, in place, labelled for the traffic log.
-  void sum(T* x, int64_t n, const char* what);
-  void max(T* x, int64_t n, const char* what);
-  void sum_to_rows(T* x, int64_t BT, int64_t C, const char* what);  // reduce-scatter of x[BT, C]
-  void gather_rows(T* x, int64_t BT, int64_t C, const char* what);  // all-gather of x[BT, C]
+  void sum(T* x, int64_t n, std::string_view what);
+  void max(T* x, int64_t n, std::string_view what);
+  void sum_to_rows(T* x, int64_t BT, int64_t C, std::string_view what);  // reduce-scatter of x[BT, C]
+  void gather_rows(T* x, int64_t BT, int64_t C, std::string_view what);  // all-gather of x[BT, C]
   // Elements of each rank's rows of a [BT, C] buffer under sequence parallelism.
   std::vector<int64_t> row_counts(int64_t BT, int64_t C) const;
   bool sequence_parallel() const { return layout_.sequence_parallel && layout_.tp > 1; }

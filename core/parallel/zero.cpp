@@ -52,6 +52,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/optim/grad_clip.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -130,7 +131,7 @@ void ZeroDataParallel<T>::after_update() {
     if (layout_.segments()[s].numel() == 0) continue;  // a unit another pipeline stage holds
     AllGatherOptions o;
     o.async_op = true;
-    o.label = "updated parameters";
+    o.label = label::kUpdatedParameters;
     T* seg = model_.params() + layout_.segments()[s].begin;
     works.push_back(shard_.all_gather_v(seg, model_.params() + layout_.piece(s, rank_).begin, layout_.piece_counts(s),
                                         dtype_of<T>(), o));

@@ -3,6 +3,7 @@
 #include "core/optim/grad_clip.h"
 #include "core/optim/segmented_norm.h"
 #include "core/parallel/dp_common.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -37,7 +38,7 @@ double ShardedAdamW<T>::grad_sum_squares(ProcessGroup& shard, const DataParallel
   for (int64_t c : counts) total += c;
   std::vector<double> all(static_cast<size_t>(total));
   AllGatherOptions o;
-  o.label = "grad-norm partials";
+  o.label = label::kGradNormPartials;
   shard.all_gather_v(all.data(), mine.data(), counts, DType::f64, o)->wait();
   // `all` is rank-major; walk it segment-major.
   std::vector<int64_t> cursor(size_t(n), 0);

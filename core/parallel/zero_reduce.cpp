@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/parallel/dp_common.h"
+#include "core/comm/traffic_labels.h"
 
 namespace llama4d {
 
@@ -42,7 +43,7 @@ void ShardedGradReducer<T>::start(size_t s) {
   const std::string unit = unit_name(layout_.segments()[s].unit, model_.num_layers());
   ReduceScatterOptions o;
   o.async_op = true;
-  o.label = "grads " + unit;
+  o.label = label::grads(unit);
   in_flight_.push_back(s);
   reduced_this_pass_.push_back(s);
   T* full = model_.unit_grads(int(s));
@@ -75,7 +76,7 @@ void ShardedGradReducer<T>::start_replica_reduce(size_t s, const std::string& un
   if (p.numel() == 0) return;
   AllReduceOptions o;
   o.async_op = true;
-  o.label = "grads across replicas " + unit;
+  o.label = label::grads_across_replicas(unit);
   if (bf16_)
     replica_work_[s] = replicate_->all_reduce(wire_recv_.data() + p.shard_offset, p.numel(), DType::bf16, ReduceOp::sum, o);
   else

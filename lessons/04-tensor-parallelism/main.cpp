@@ -247,7 +247,7 @@ const std::vector<std::pair<const char*, const char*>> kEndLabels = {
 
 int64_t sum_over(const std::vector<TrafficRecord>& records,
                  const std::vector<std::pair<const char*, const char*>>& labels,
-                 int64_t (*of)(const std::vector<TrafficRecord>&, const std::string&, const std::string&)) {
+                 int64_t (*of)(const std::vector<TrafficRecord>&, std::string_view, std::string_view)) {
   int64_t n = 0;
   for (const auto& [op, label] : labels) n += of(records, op, label);
   return n;

@@ -357,7 +357,7 @@ std::string fold_label(const std::string& label) {
   return label.substr(0, at) + key + "*";
 }
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 }  // namespace
 
@@ -512,14 +512,14 @@ std::vector<RankMemory> peak_of(const PhaseView& p) {
 
 // ---- Measured traffic ------------------------------------------------------------------------
 
-int64_t sent_bytes(const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix) {
+int64_t sent_bytes(const std::vector<TrafficRecord>& records, std::string_view op, std::string_view prefix) {
   int64_t n = 0;
   for (const TrafficRecord& r : records)
     if (r.op == op && starts_with(r.label, prefix)) n += r.bytes_sent;
   return n;
 }
 
-int64_t call_count(const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix) {
+int64_t call_count(const std::vector<TrafficRecord>& records, std::string_view op, std::string_view prefix) {
   int64_t n = 0;
   for (const TrafficRecord& r : records)
     if (r.op == op && starts_with(r.label, prefix)) ++n;
@@ -532,7 +532,7 @@ int64_t total_sent(const std::vector<TrafficRecord>& records) {
   return n;
 }
 
-std::vector<int64_t> per_rank_sent(const PhaseView& p, const std::string& op, const std::string& prefix) {
+std::vector<int64_t> per_rank_sent(const PhaseView& p, std::string_view op, std::string_view prefix) {
   std::vector<int64_t> out;
   for (const RankSnapshot& r : p.ranks) out.push_back(sent_bytes(r.traffic, op, prefix));
   return out;

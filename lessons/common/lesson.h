@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +22,7 @@
 
 #include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"
+#include "core/comm/traffic_labels.h"
 #include "core/comm/traffic_log.h"
 #include "core/model/config.h"
 #include "core/parallel/parallel_trainer.h"
@@ -162,12 +164,13 @@ std::vector<RankMemory> peak_of(const PhaseView& p);
 
 // ---- Measured traffic ------------------------------------------------------------------------
 
-// Bytes one rank sent in records of `op` ("all_reduce", ...) whose label starts with `prefix`.
-int64_t sent_bytes(const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix);
-int64_t call_count(const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix);
+// Bytes one rank sent in records of `op` ("all_reduce", ...) whose label starts with `prefix`
+// (core/comm/traffic_labels.h names the labels).
+int64_t sent_bytes(const std::vector<TrafficRecord>& records, std::string_view op, std::string_view prefix);
+int64_t call_count(const std::vector<TrafficRecord>& records, std::string_view op, std::string_view prefix);
 int64_t total_sent(const std::vector<TrafficRecord>& records);
 // sent_bytes for every rank of a phase.
-std::vector<int64_t> per_rank_sent(const PhaseView& p, const std::string& op, const std::string& prefix);
+std::vector<int64_t> per_rank_sent(const PhaseView& p, std::string_view op, std::string_view prefix);
 
 // ---- Wire volume per rank, from the README formulas ------------------------------------------
 // A collective over n ranks where rank i owns chunk counts[i] (elements of `elem` bytes):
