@@ -6,10 +6,11 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config ccache
-  libcli11-dev libgtest-dev nlohmann-json3-dev
+  libcli11-dev libgtest-dev nlohmann-json3-dev libpcre2-dev
   libopenmpi-dev openmpi-bin
   python3-torch python3-numpy python3-matplotlib libopenblas0-pthread
   jupyter-nbconvert python3-ipykernel
+  python3-venv
 )
 
 missing=()

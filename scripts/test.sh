@@ -8,9 +8,14 @@ cd "$(dirname "$0")/.."
 presets=("$@")
 [ ${#presets[@]} -gt 0 ] || presets=(release asan tsan)
 jobs=$(nproc 2>/dev/null || echo 2)
+scripts/setup.sh
+# The tests' Python (tests/requirements.txt, e.g. Hugging Face tokenizers for tests/tokenizer):
+# a virtual environment made once, then reused. Only the test run needs it; scripts/main.sh
+# builds without it and never calls pip.
+python=$(scripts/python_env.sh)
 for preset in "${presets[@]}"; do
   echo "=== $preset: build"
-  scripts/build.sh "$preset"
+  scripts/build.sh "$preset" -DLLAMA4D_TEST_PYTHON="$python"
   echo "=== $preset: test"
   ctest --preset "$preset" -j "$jobs"
 done

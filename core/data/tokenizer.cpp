@@ -1,5 +1,8 @@
 #include "core/data/tokenizer.h"
 
+#include <cstring>
+
+#include "core/data/hash.h"
 #include "core/error.h"
 
 namespace llama4d {
@@ -29,8 +32,22 @@ std::vector<int32_t> ByteTokenizer::encode(std::string_view text, const EncodeOp
   std::vector<int32_t> ids;
   ids.reserve(text.size() + 2);
   if (opt.add_bos) ids.push_back(kBeginOfTextToken);
-  // Through unsigned char: plain char is signed on x86, and byte 0xE2 must become 226, not -30.
-  for (char c : text) ids.push_back(int32_t(static_cast<unsigned char>(c)));
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (opt.allow_special && text[i] == '<') {  // every special name starts with "<|"
+      int32_t found = -1;
+      for (int32_t id = kNumByteTokens; id < kByteVocabSize && found < 0; ++id) {
+        const std::string name = special_name(id);
+        if (text.substr(i, name.size()) == name) found = id;
+      }
+      if (found >= 0) {
+        ids.push_back(found);
+        i += special_name(found).size() - 1;
+        continue;
+      }
+    }
+    // Through unsigned char: plain char is signed on x86, and byte 0xE2 must become 226, not -30.
+    ids.push_back(int32_t(static_cast<unsigned char>(text[i])));
+  }
   if (opt.add_eos) ids.push_back(kEndOfTextToken);
   return ids;
 }
@@ -48,5 +65,19 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids, const DecodeOpti
   }
   return out;
 }
+
+std::optional<int32_t> ByteTokenizer::do_token_to_id(std::string_view token) const {
+  if (token.size() == 1) return int32_t(static_cast<unsigned char>(token[0]));
+  for (int32_t id = kNumByteTokens; id < kByteVocabSize; ++id)
+    if (special_name(id) == token) return id;
+  return std::nullopt;
+}
+
+std::string ByteTokenizer::do_id_to_token(int32_t id) const {
+  check_id(id);
+  return id < kNumByteTokens ? std::string(1, static_cast<char>(static_cast<unsigned char>(id))) : special_name(id);
+}
+
+uint64_t ByteTokenizer::do_fingerprint() const { return hash_bytes("llama4d byte tokenizer, 264 ids"); }
 
 }  // namespace llama4d
