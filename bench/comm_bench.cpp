@@ -111,8 +111,7 @@ void issue(ProcessGroup& pg, const std::string& op, Point& p, DType t) {
   } else if (op == "all_to_all") {
     pg.all_to_all(p.out.data(), p.in.data(), p.per_rank, t);
   } else if (op == "sendrecv") {
-    SendOptions so;
-    so.async_op = true;
+    SendOptions so{.async_op = true};
     auto w = pg.send(p.in.data(), p.count, t, (me + 1) % n, so);
     pg.recv(p.out.data(), p.count, t, (me + n - 1) % n);
     w->wait();

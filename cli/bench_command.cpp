@@ -71,7 +71,7 @@ nlohmann::json run_parallel_bench(const BenchArgs& a, const LlamaConfig& cfg, co
   std::mutex mu;
   launcher.run(ranks, [&](ProcessGroup& world) {
     if (world.rank() == 0) threads = ops::backend_threads();  // this rank's share (RankLaunch sets it)
-    Llama<T> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
+    Llama<T> model = plan.make_model<T>(cfg, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, opt, plan);
     std::vector<double> mine;
     for (int64_t i = 0; i < a.warmup + a.iters; ++i) {

@@ -89,8 +89,7 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
     launcher.run(a.pp, [&](ProcessGroup& world) {
       Llama<float> model(cfg, &world.memory(), {}, p.held_units(cfg, world.rank()));
       ParallelTrainer<float> trainer(world, model, data, opt, p);
-      BarrierOptions b;
-      b.label = "set-up done";
+      BarrierOptions b{.label = "set-up done"};
       world.barrier(b)->wait();
       world.trace().clear();
       trainer.step();

@@ -278,7 +278,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   std::mutex mu;
   std::string strategy;
   launcher.run(ranks, [&](ProcessGroup& world) {
-    Llama<T> model(r.cfg, &world.memory(), plan.tp_layout(r.cfg, world.rank()), plan.held_units(r.cfg, world.rank()));
+    Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
     if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
     const bool lead = world.rank() == 0 && launcher.reporting();

@@ -127,9 +127,7 @@ NcclBootstrap bootstrap_from_group(ProcessGroup& host_group, std::optional<int> 
       if (bytes.size() != buf.size()) throw Error("nccl bootstrap: rank 0 passed " + std::to_string(bytes.size()) + " bytes");
       buf = bytes;
     }
-    BroadcastOptions o;
-    o.root = 0;
-    o.label = "nccl unique ids";
+    BroadcastOptions o{.root = 0, .label = "nccl unique ids"};
     host_group.broadcast(buf.data(), int64_t(buf.size()), DType::u8, o)->wait();
     return buf;
   };

@@ -17,52 +17,52 @@ namespace llama4d {
 struct AllReduceOptions {
   std::chrono::milliseconds timeout{0};
   bool async_op = false;
-  std::string label;
+  std::string label{};
 };
 
 struct ReduceScatterOptions {
   std::chrono::milliseconds timeout{0};
   bool async_op = false;
-  std::string label;
+  std::string label{};
 };
 
 struct AllGatherOptions {
   std::chrono::milliseconds timeout{0};
   bool async_op = false;
-  std::string label;
+  std::string label{};
 };
 
 struct BroadcastOptions {
   int root = 0;  // group rank whose buffer everyone receives
   std::chrono::milliseconds timeout{0};
   bool async_op = false;
-  std::string label;
+  std::string label{};
 };
 
 struct AllToAllOptions {
   std::chrono::milliseconds timeout{0};
   bool async_op = false;
-  std::string label;
+  std::string label{};
 };
 
 struct SendOptions {
   int tag = 0;  // a recv matches a send with the same (source, tag), in order
   std::chrono::milliseconds timeout{0};
   bool async_op = false;
-  std::string label;
+  std::string label{};
 };
 
 struct RecvOptions {
   int tag = 0;
   std::chrono::milliseconds timeout{0};
   bool async_op = false;
-  std::string label;
+  std::string label{};
 };
 
 struct BarrierOptions {
   std::chrono::milliseconds timeout{0};
   bool async_op = false;
-  std::string label;
+  std::string label{};
 };
 
 }  // namespace llama4d

@@ -150,8 +150,7 @@ Buffer<T> gather_key_values(ProcessGroup& cp, const T* k, const T* v, const Bloc
   T* mine = gathered.data() + cp.rank() * 2 * n;
   ops::copy(mine, k, n);
   ops::copy(mine + n, v, n);
-  AllGatherOptions o;
-  o.label = std::string(label);
+  AllGatherOptions o{.label = std::string(label)};
   cp.all_gather(gathered.data(), mine, 2 * n, dtype_of<T>(), o)->wait();
   Buffer<T> kv(memory, MemoryCategory::scratch, 2 * whole, "context parallelism: whole-sequence keys and values");
   relayout(kv.data(), gathered.data(), d, true);
@@ -197,8 +196,7 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
   T* scattered = kv.data();
   relayout(dkv.data(), scattered, d, false);
   T* mine = scattered + cp_.rank() * 2 * n;
-  ReduceScatterOptions o;
-  o.label = label::kCpReduceScatter;
+  ReduceScatterOptions o{.label = std::string(label::kCpReduceScatter)};
   cp_.reduce_scatter(mine, scattered, 2 * n, dtype_of<T>(), ReduceOp::sum, o)->wait();
   ops::add_forward(dk, dk, mine, n);
   ops::add_forward(dv, dv, mine + n, n);
@@ -254,12 +252,8 @@ void for_each_visible_pair(const BlockDims& d, int64_t src, Fn&& fn) {
 template <class T>
 void ContextParallelComm<T>::pass_on(const T* block, T* next, int64_t elements, int step, std::string_view label) {
   const int P = cp_.size(), r = cp_.rank();
-  SendOptions so;
-  so.tag = step;
-  so.label = std::string(label);
-  RecvOptions ro;
-  ro.tag = step;
-  ro.label = std::string(label);
+  SendOptions so{.tag = step, .label = std::string(label)};
+  RecvOptions ro{.tag = step, .label = std::string(label)};
   cp_.send(block, elements, dtype_of<T>(), (r + 1) % P, so)->wait();
   cp_.recv(next, elements, dtype_of<T>(), (r + P - 1) % P, ro)->wait();
 }

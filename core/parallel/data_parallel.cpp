@@ -102,9 +102,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     // on a last stage with the embedding's copy, the head finishes that copy too).
     for (int u : model_.segments_final_after(unit)) {
       const Segment& s = segments_[size_t(u)];
-      AllReduceOptions o;
-      o.async_op = true;
-      o.label = label::grad_bucket(unit_name(u, model_.num_layers()));
+      AllReduceOptions o{.async_op = true, .label = label::grad_bucket(unit_name(u, model_.num_layers()))};
       if (!cfg_.bf16_grad_reduce) {
         pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
         continue;

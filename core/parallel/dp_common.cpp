@@ -12,8 +12,7 @@ namespace llama4d {
 LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local) {
   // Token counts are exact in a double (< 2^53), so one fp64 all-reduce carries both.
   double v[2] = {local.loss_sum, double(local.tokens)};
-  AllReduceOptions o;
-  o.label = "loss";
+  AllReduceOptions o{.label = "loss"};
   group.all_reduce(v, 2, DType::f64, ReduceOp::sum, o)->wait();
   return {v[0], int64_t(v[1])};
 }
@@ -30,8 +29,7 @@ LossSum all_reduce_loss(ProcessGroup* pipeline, const LossSum& local) {
 double tensor_parallel_sum_squares(ProcessGroup* tensor, double slice_sum_sq, double replicas) {
   if (!tensor) return slice_sum_sq;
   double v = slice_sum_sq - replicas;
-  AllReduceOptions o;
-  o.label = label::kGradNormTensorSlices;
+  AllReduceOptions o{.label = std::string(label::kGradNormTensorSlices)};
   tensor->all_reduce(&v, 1, DType::f64, ReduceOp::sum, o)->wait();
   return v;
 }
@@ -53,16 +51,14 @@ double pipeline_sum_squares(ProcessGroup* pipeline, const std::vector<int64_t>& 
     at += n;
   }
   if (mine != partials.size()) throw Error("pipeline_sum_squares: more partials than the held segments have");
-  AllReduceOptions o;
-  o.label = "grad-norm partials (pipeline stages)";
+  AllReduceOptions o{.label = "grad-norm partials (pipeline stages)"};
   pipeline->all_reduce(all.data(), total, DType::f64, ReduceOp::sum, o)->wait();
   return combine_chunk_sums(all.data(), total);
 }
 
 double pipeline_sum(ProcessGroup* pipeline, double v, const char* label) {
   if (!pipeline || pipeline->size() == 1) return v;
-  AllReduceOptions o;
-  o.label = label;
+  AllReduceOptions o{.label = label};
   pipeline->all_reduce(&v, 1, DType::f64, ReduceOp::sum, o)->wait();
   return v;
 }

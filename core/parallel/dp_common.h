@@ -88,8 +88,7 @@ Buffer<bf16> bf16_wire(MemoryTracker& memory, const T* g, int64_t n, const std::
 template <class T>
 void sum_tied_embedding_grads(ProcessGroup* tied, T* g, int64_t n, bool bf16_grad_reduce) {
   if (!tied || n == 0) return;
-  AllReduceOptions o;
-  o.label = "tied embedding grads (first + last stage)";
+  AllReduceOptions o{.label = "tied embedding grads (first + last stage)"};
   if (!bf16_grad_reduce) {
     tied->all_reduce(g, n, dtype_of<T>(), ReduceOp::sum, o)->wait();
     return;

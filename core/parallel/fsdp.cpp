@@ -111,9 +111,7 @@ class FullyShardedDataParallel final : public ZeroDataParallel<T> {
       const size_t s = size_t(si);
       if (model().unit_params(si)) continue;  // gathered, or its gather is in flight
       model().allocate_unit_params(si, "gathered parameters of " + unit_name(si, model().num_layers()));
-      AllGatherOptions o;
-      o.async_op = true;
-      o.label = label::params(unit_name(si, model().num_layers()));
+      AllGatherOptions o{.async_op = true, .label = label::params(unit_name(si, model().num_layers()))};
       gather_work_[s] = this->shard_.all_gather_v(model().unit_params(si), piece_weights(s),
                                                   this->layout_.piece_counts(s), dtype_of<T>(), o);
     }

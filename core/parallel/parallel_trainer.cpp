@@ -212,8 +212,7 @@ int32_t attempt(std::exception_ptr& error, Fn&& fn) {
 // failure on one rank makes all of them stop instead of waiting for it.
 int first_failed_rank(ProcessGroup& world, int32_t failed, const std::string& label) {
   int32_t first = failed ? world.rank() : world.size();
-  AllReduceOptions o;
-  o.label = label;
+  AllReduceOptions o{.label = label};
   world.all_reduce(&first, 1, DType::i32, ReduceOp::min, o)->wait();
   return first < world.size() ? first : -1;
 }
@@ -247,8 +246,7 @@ void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
     });
   // Phase 1 ends with the staging path reaching every rank (other processes cannot derive it).
   int64_t length = failed ? -1 : int64_t(staging.size());
-  BroadcastOptions b;
-  b.label = "checkpoint staged";
+  BroadcastOptions b{.label = "checkpoint staged"};
   world_.broadcast(&length, 1, DType::i64, b)->wait();
   if (length < 0) throw_checkpoint_failure(error, 0, dir);
   staging.resize(size_t(length));

@@ -126,9 +126,7 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
       case Op::recv_activation:
       case Op::recv_gradient: {
         inbox[k] = Buffer<T>(&model.memory(), MemoryCategory::comm_buffers, n, a.op == Op::recv_activation ? "received activation" : "received gradient");
-        RecvOptions o;
-        o.tag = s.tag(rank, a);
-        o.label = name;
+        RecvOptions o{.tag = s.tag(rank, a), .label = name};
         pp_.recv(inbox[k].data(), n, dtype_of<T>(), a.peer, o)->wait();
         break;
       }
@@ -137,10 +135,7 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
         // The output stays in the state until its backward (activation) or until the send has
         // buffered it (input gradient), so the send may read it later.
         const T* src = a.op == Op::send_activation ? st.x[size_t(units.end - 1)].data() : st.input_grad.data();
-        SendOptions o;
-        o.tag = s.tag(rank, a);
-        o.label = name;
-        o.async_op = true;
+        SendOptions o{.tag = s.tag(rank, a), .async_op = true, .label = name};
         (a.op == Op::send_activation ? activation_sent : gradient_sent)[k] = pp_.send(src, n, dtype_of<T>(), a.peer, o);
         break;
       }
@@ -199,9 +194,7 @@ LossSum PipelineRunner<T>::evaluate(Llama<T>& model, const Batch& b) {
     if (stage > 0) {
       const PipelineAction a{Op::recv_activation, 0, c, (stage - 1) % p};
       in = Buffer<T>(&model.memory(), MemoryCategory::comm_buffers, n, "received activation");
-      RecvOptions o;
-      o.tag = tags.tag(rank, a);
-      o.label = "pipeline (evaluation): " + a.describe(layout_.chunks > 1);
+      RecvOptions o{.tag = tags.tag(rank, a), .label = "pipeline (evaluation): " + a.describe(layout_.chunks > 1)};
       pp_.recv(in.data(), n, dtype_of<T>(), a.peer, o)->wait();
     }
     MicroBatchState<T> st;  // dropped after the send: no backward follows
@@ -212,9 +205,7 @@ LossSum PipelineRunner<T>::evaluate(Llama<T>& model, const Batch& b) {
     loss.tokens += part.tokens;
     if (!last) {
       const PipelineAction a{Op::send_activation, 0, c, (stage + 1) % p};
-      SendOptions o;
-      o.tag = tags.tag(rank, a);
-      o.label = "pipeline (evaluation): " + a.describe(layout_.chunks > 1);
+      SendOptions o{.tag = tags.tag(rank, a), .label = "pipeline (evaluation): " + a.describe(layout_.chunks > 1)};
       pp_.send(st.x[size_t(units.end - 1)].data(), n, dtype_of<T>(), a.peer, o)->wait();
     }
   }
@@ -235,12 +226,10 @@ void run_modelled_pipeline(ProcessGroup& pp, const PipelineSchedule& s, const St
     const bool recv = a.op == Op::recv_activation || a.op == Op::recv_gradient;
     const std::string name = std::string(label::kPipeline) + a.describe(s.chunks > 1);
     if (recv) {
-      RecvOptions o;
-      o.tag = s.tag(rank, a), o.label = name;
+      RecvOptions o{.tag = s.tag(rank, a), .label = name};
       pp.recv(nullptr, 0, DType::f32, a.peer, o)->wait();
     } else {
-      SendOptions o;
-      o.tag = s.tag(rank, a), o.label = name;
+      SendOptions o{.tag = s.tag(rank, a), .label = name};
       pp.send(nullptr, 0, DType::f32, a.peer, o)->wait();
     }
   }

@@ -19,6 +19,7 @@
 #include "core/comm/device_mesh.h"
 #include "core/model/checkpointing.h"
 #include "core/model/config.h"
+#include "core/model/llama.h"
 #include "core/model/tp_layout.h"
 #include "core/parallel/context_algo.h"
 #include "core/parallel/data_parallel.h"
@@ -77,6 +78,12 @@ struct ParallelPlan {
   // (empty without pp: all of them).
   PipelineLayout pipeline_layout(const LlamaConfig& cfg) const;
   std::vector<UnitRange> held_units(const LlamaConfig& cfg, int world_rank) const;
+  // World rank `world_rank`'s model: its tensor-parallel slice of its pipeline stages' units, its
+  // storage charged to `memory` (the rank's). Allocates nothing yet.
+  template <class T>
+  Llama<T> make_model(const LlamaConfig& cfg, MemoryTracker& memory, int world_rank) const {
+    return Llama<T>(cfg, &memory, tp_layout(cfg, world_rank), held_units(cfg, world_rank));
+  }
   // InputError naming the constraint when some rank's slice or stage of `cfg` cannot be cut,
   // or the schedule cannot run `micro_batches` per step (0: not checked), before any rank starts.
   void check_model(const LlamaConfig& cfg, int micro_batches = 0) const;

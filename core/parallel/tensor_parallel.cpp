@@ -297,15 +297,13 @@ void TensorParallelComm<T>::norm_gain_grad(T* g, int64_t C) {
 
 template <class T>
 void TensorParallelComm<T>::sum(T* x, int64_t n, std::string_view what) {
-  AllReduceOptions o;
-  o.label = std::string(what);
+  AllReduceOptions o{.label = std::string(what)};
   tp_.all_reduce(x, n, dtype_of<T>(), ReduceOp::sum, o)->wait();
 }
 
 template <class T>
 void TensorParallelComm<T>::max(T* x, int64_t n, std::string_view what) {
-  AllReduceOptions o;
-  o.label = std::string(what);
+  AllReduceOptions o{.label = std::string(what)};
   tp_.all_reduce(x, n, dtype_of<T>(), ReduceOp::max, o)->wait();
 }
 
@@ -322,16 +320,14 @@ std::vector<int64_t> TensorParallelComm<T>::row_counts(int64_t BT, int64_t C) co
 
 template <class T>
 void TensorParallelComm<T>::sum_to_rows(T* x, int64_t BT, int64_t C, std::string_view what) {
-  ReduceScatterOptions o;
-  o.label = std::string(what);
+  ReduceScatterOptions o{.label = std::string(what)};
   T* mine = x + BlockDims::sequence_row0(BT, layout_.tp, layout_.rank) * C;
   tp_.reduce_scatter_v(mine, x, row_counts(BT, C), dtype_of<T>(), ReduceOp::sum, o)->wait();
 }
 
 template <class T>
 void TensorParallelComm<T>::gather_rows(T* x, int64_t BT, int64_t C, std::string_view what) {
-  AllGatherOptions o;
-  o.label = std::string(what);
+  AllGatherOptions o{.label = std::string(what)};
   const T* mine = x + BlockDims::sequence_row0(BT, layout_.tp, layout_.rank) * C;
   tp_.all_gather_v(x, mine, row_counts(BT, C), dtype_of<T>(), o)->wait();
 }

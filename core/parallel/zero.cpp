@@ -129,9 +129,7 @@ void ZeroDataParallel<T>::after_update() {
   std::vector<std::shared_ptr<Work>> works;
   for (size_t s = 0; s < layout_.segments().size(); ++s) {
     if (layout_.segments()[s].numel() == 0) continue;  // a unit another pipeline stage holds
-    AllGatherOptions o;
-    o.async_op = true;
-    o.label = label::kUpdatedParameters;
+    AllGatherOptions o{.async_op = true, .label = std::string(label::kUpdatedParameters)};
     T* seg = model_.params() + layout_.segments()[s].begin;
     works.push_back(shard_.all_gather_v(seg, model_.params() + layout_.piece(s, rank_).begin, layout_.piece_counts(s),
                                         dtype_of<T>(), o));
@@ -217,9 +215,7 @@ void ZeroDataParallel<T>::gather_shards(T* full, const T* shard, const char* lab
   std::vector<std::shared_ptr<Work>> works;
   for (size_t s = 0; s < layout_.segments().size(); ++s) {
     if (layout_.segments()[s].numel() == 0) continue;  // a unit another pipeline stage holds
-    AllGatherOptions o;
-    o.async_op = true;
-    o.label = label;
+    AllGatherOptions o{.async_op = true, .label = label};
     works.push_back(shard_.all_gather_v(full + layout_.segments()[s].begin, shard + layout_.piece(s, rank_).shard_offset,
                                         layout_.piece_counts(s), dtype_of<T>(), o));
   }

@@ -37,8 +37,7 @@ double ShardedAdamW<T>::grad_sum_squares(ProcessGroup& shard, const DataParallel
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   std::vector<double> all(static_cast<size_t>(total));
-  AllGatherOptions o;
-  o.label = label::kGradNormPartials;
+  AllGatherOptions o{.label = std::string(label::kGradNormPartials)};
   shard.all_gather_v(all.data(), mine.data(), counts, DType::f64, o)->wait();
   // `all` is rank-major; walk it segment-major.
   std::vector<int64_t> cursor(size_t(n), 0);
@@ -58,8 +57,7 @@ double ShardedAdamW<T>::grad_sum_squares(ProcessGroup& shard, const DataParallel
       const Piece p = layout_.piece(s, rank_);
       replicas += replica_sum_squares(model_.param_specs(), p.begin, p.end, grads(s));
     }
-    AllReduceOptions r;
-    r.label = "grad-norm replicas";
+    AllReduceOptions r{.label = "grad-norm replicas"};
     shard.all_reduce(&replicas, 1, DType::f64, ReduceOp::sum, r)->wait();
     return replicas;
   });

@@ -41,9 +41,7 @@ void ShardedGradReducer<T>::begin_step() {
 template <class T>
 void ShardedGradReducer<T>::start(size_t s) {
   const std::string unit = unit_name(layout_.segments()[s].unit, model_.num_layers());
-  ReduceScatterOptions o;
-  o.async_op = true;
-  o.label = label::grads(unit);
+  ReduceScatterOptions o{.async_op = true, .label = label::grads(unit)};
   in_flight_.push_back(s);
   reduced_this_pass_.push_back(s);
   T* full = model_.unit_grads(int(s));
@@ -74,9 +72,7 @@ template <class T>
 void ShardedGradReducer<T>::start_replica_reduce(size_t s, const std::string& unit) {
   const Piece p = layout_.piece(s, rank_);
   if (p.numel() == 0) return;
-  AllReduceOptions o;
-  o.async_op = true;
-  o.label = label::grads_across_replicas(unit);
+  AllReduceOptions o{.async_op = true, .label = label::grads_across_replicas(unit)};
   if (bf16_)
     replica_work_[s] = replicate_->all_reduce(wire_recv_.data() + p.shard_offset, p.numel(), DType::bf16, ReduceOp::sum, o);
   else

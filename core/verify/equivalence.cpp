@@ -468,7 +468,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
   std::mutex mu;
   int lowest_rank = rep.ranks;
   launch([&](ProcessGroup& world) {
-    Llama<T> model(o.model, &world.memory(), o.plan.tp_layout(o.model, world.rank()), o.plan.held_units(o.model, world.rank()));
+    Llama<T> model = o.plan.make_model<T>(o.model, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, o.train, o.plan);
     // A tensor-parallel rank compares its slices with the same slices of the references.
     // A pipeline rank compares the tensors of its stages.
@@ -524,8 +524,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
       put(&findings[tensors_at + per_tensor * whole_index[i]], grad_errs[i]);
       put(&findings[tensors_at + per_tensor * whole_index[i] + kStatsDoubles], param_errs[i]);
     }
-    AllReduceOptions ao;
-    ao.label = "equivalence findings";
+    AllReduceOptions ao{.label = "equivalence findings"};
     world.all_reduce(findings.data(), int64_t(findings.size()), DType::f64, ReduceOp::max, ao)->wait();
 
     std::lock_guard<std::mutex> lock(mu);

@@ -412,8 +412,7 @@ void check_broadcast(ProcessGroup& pg) {
           want[size_t(i)] = int_value(t, root, i);
           buf.set(i, me == root ? want[size_t(i)] : int_value(t, me, i + 1));
         }
-        BroadcastOptions o;
-        o.root = root;
+        BroadcastOptions o{.root = root};
         pg.broadcast(buf.data(), count, t, o);
         expect_values(buf, want, ctx);
         const int pos = (me - root + n) % n;  // place in the chain root -> root+1 -> ...
@@ -529,9 +528,7 @@ void check_barrier_and_async(ProcessGroup& pg) {
     for (int64_t i = 0; i < count; ++i) bufs.back().set(i, int_value(DType::i64, me, i + k));
   }
   std::vector<std::shared_ptr<Work>> works;
-  AllReduceOptions ao;
-  ao.async_op = true;
-  ao.label = "async bucket";
+  AllReduceOptions ao{.async_op = true, .label = "async bucket"};
   for (int k = 0; k < 4; ++k) works.push_back(pg.all_reduce(bufs[size_t(k)].data(), count, DType::i64, ReduceOp::sum, ao));
   for (int k = 3; k >= 0; --k) {
     works[size_t(k)]->wait();
@@ -549,8 +546,7 @@ void check_barrier_and_async(ProcessGroup& pg) {
   // reduces the broadcast values.
   Buffer b(DType::i32, 9);
   for (int64_t i = 0; i < 9; ++i) b.set(i, me == 0 ? double(i) : -100.0);
-  BroadcastOptions bo;
-  bo.async_op = true;
+  BroadcastOptions bo{.async_op = true};
   auto w = pg.broadcast(b.data(), 9, DType::i32, bo);
   pg.all_reduce(b.data(), 9, DType::i32, ReduceOp::sum);
   w->wait();

@@ -52,8 +52,7 @@ TEST(VirtualAccounting, RingAcrossNodesCountsLinksAndTime) {
   const int64_t S = count * 4;
   cluster.run([&](ProcessGroup& pg) {
     std::vector<float> v(size_t(count), 1.0f);
-    AllReduceOptions ao;
-    ao.label = "grads";
+    AllReduceOptions ao{.label = "grads"};
     pg.all_reduce(v.data(), count, DType::f32, ReduceOp::sum, ao);
     for (float x : v) ASSERT_EQ(x, 16.0f);
   });
@@ -140,8 +139,7 @@ TEST(VirtualAccounting, SimulatedClocksFollowTheSlowestRankAndOverlap) {
     // Synchronous: everyone waited for rank 3, then for the transfer.
     EXPECT_NEAR(pg.trace().sim_now_us(), 400.0 + ar_us, 1e-6);
     // Async: the second all_reduce overlaps 1000 us of compute and costs nothing extra.
-    AllReduceOptions ao;
-    ao.async_op = true;
+    AllReduceOptions ao{.async_op = true};
     auto w = pg.all_reduce(v.data(), count, DType::f32, ReduceOp::sum, ao);
     { ComputeScope c(pg.trace(), "backward", 1000.0); }
     w->wait();
@@ -254,8 +252,7 @@ TEST(VirtualGroups, SameRanksTwiceMakeDistinctGroups) {
     EXPECT_EQ(a->world_ranks(), mine);
     // Interleave async collectives on both: they must not match each other.
     int64_t x = world.rank(), y = 100 * world.rank();
-    AllReduceOptions ao;
-    ao.async_op = true;
+    AllReduceOptions ao{.async_op = true};
     auto wb = b->all_reduce(&y, 1, DType::i64, ReduceOp::sum, ao);
     auto wa = a->all_reduce(&x, 1, DType::i64, ReduceOp::sum, ao);
     wa->wait();
@@ -276,8 +273,7 @@ TEST(VirtualGroups, BadArgumentsAreInputErrors) {
     std::vector<float> v(8);
     EXPECT_THROW(pg.all_reduce(v.data(), -1, DType::f32, ReduceOp::sum), InputError);
     EXPECT_THROW(pg.all_reduce(v.data(), 4, DType::f16, ReduceOp::sum), InputError);
-    BroadcastOptions bo;
-    bo.root = 2;
+    BroadcastOptions bo{.root = 2};
     EXPECT_THROW(pg.broadcast(v.data(), 4, DType::f32, bo), InputError);
     EXPECT_THROW(pg.send(v.data(), 4, DType::f32, pg.rank()), InputError);
     EXPECT_THROW(pg.reduce_scatter_v(v.data(), v.data(), {1, 2, 3}, DType::f32, ReduceOp::sum), InputError);

@@ -224,8 +224,7 @@ TEST(VirtualFaults, AsyncWorkFailsWhenAPeerDies) {
   const Outcome out = run_scenario(opts(3, 30s), [&](ProcessGroup& pg) {
     if (pg.rank() == 2) throw std::runtime_error("rank two crashed");
     std::vector<float> v(64, 1.0f);
-    AllReduceOptions ao;
-    ao.async_op = true;
+    AllReduceOptions ao{.async_op = true};
     auto w = pg.all_reduce(v.data(), 64, DType::f32, ReduceOp::sum, ao);
     try {
       w->wait();

@@ -149,7 +149,7 @@ TEST(FourDEquivalence, ValidationWithUnevenWindowsMatchesOneDevice) {
     plan.zero = ZeroStage::zero3;
     std::vector<LossSum> got(size_t(plan.world_size()));
     test::virtual_launcher(plan.world_size())([&](ProcessGroup& world) {
-      Llama<double> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
+      Llama<double> model = plan.make_model<double>(cfg, world.memory(), world.rank());
       ParallelTrainer<double> trainer(world, model, data, opt, plan);
       got[size_t(world.rank())] = trainer.validate(0);
     });

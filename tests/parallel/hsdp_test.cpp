@@ -62,7 +62,7 @@ void train_one_step(VirtualCluster& cluster, const HsdpCase& c) {
   const TrainOptions opt = test::options(1, c.micro_batch_size);
   cluster.run([&](ProcessGroup& world) {
     ops::set_backend_threads(1);
-    Llama<float> model(four_layer_tiny(), &world.memory(), plan.tp_layout(four_layer_tiny(), world.rank()), plan.held_units(four_layer_tiny(), world.rank()));
+    Llama<float> model = plan.make_model<float>(four_layer_tiny(), world.memory(), world.rank());
     ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
     trainer.step();
   });

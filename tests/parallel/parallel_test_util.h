@@ -64,7 +64,7 @@ inline void train_steps(VirtualCluster& cluster, const LlamaConfig& cfg, const T
                         const ParallelPlan& plan, int steps, const TextDataset& data = corpus()) {
   cluster.run([&](ProcessGroup& world) {
     ops::set_backend_threads(1);
-    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
+    Llama<float> model = plan.make_model<float>(cfg, world.memory(), world.rank());
     ParallelTrainer<float> trainer(world, model, data, opt, plan);
     for (int i = 0; i < steps; ++i) trainer.step();
   });

@@ -232,7 +232,7 @@ StepRecord one_step(const LlamaConfig& cfg, Kind k, int p, int m, int chunks = 1
   rec.params_held.resize(size_t(p));
   cluster.run([&](ProcessGroup& world) {
     ops::set_backend_threads(1);
-    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
+    Llama<float> model = plan.make_model<float>(cfg, world.memory(), world.rank());
     ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
     trainer.step();
     rec.memory[size_t(world.rank())] = trainer.strategy().peak_memory();

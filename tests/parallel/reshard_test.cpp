@@ -173,7 +173,7 @@ TEST(Reshard, TensorParallelSaveResumesOnSameAndOtherTp) {
   std::vector<double> straight_losses;
   std::vector<std::vector<double>> held(4);  // each rank's gathered slices after step 2
   test::virtual_launcher(4)([&](ProcessGroup& world) {
-    Llama<double> model(cfg, &world.memory(), saved_plan.tp_layout(cfg, world.rank()), saved_plan.held_units(cfg, world.rank()));
+    Llama<double> model = saved_plan.make_model<double>(cfg, world.memory(), world.rank());
     ParallelTrainer<double> t(world, model, test::corpus(), opt, saved_plan);
     t.step();
     t.step();
@@ -204,7 +204,7 @@ TEST(Reshard, TensorParallelSaveResumesOnSameAndOtherTp) {
   auto resume = [&](const ParallelPlan& plan) {
     std::vector<double> losses;
     test::virtual_launcher(plan.world_size())([&](ProcessGroup& world) {
-      Llama<double> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
+      Llama<double> model = plan.make_model<double>(cfg, world.memory(), world.rank());
       ParallelTrainer<double> t(world, model, test::corpus(), opt, plan);
       t.load_checkpoint(dir);
       std::vector<double> l;

@@ -133,7 +133,7 @@ TEST_P(StepTraffic, PredictionEqualsTheLogPerGroup) {
   std::vector<TrafficRecord> first_step;
   cluster.run([&](ProcessGroup& world) {
     ops::set_backend_threads(1);
-    Llama<float> model(cfg, &world.memory(), plan.tp_layout(cfg, world.rank()), plan.held_units(cfg, world.rank()));
+    Llama<float> model = plan.make_model<float>(cfg, world.memory(), world.rank());
     ParallelTrainer<float> trainer(world, model, data, opt, plan);
     // Each rank's log is its own: clear it once this rank's earlier work is done.
     world.traffic().clear();
