@@ -177,7 +177,7 @@ void restart_metrics(const std::string& path, int64_t steps_done) {
 struct TrainerCalls {
   std::function<StepStats()> step;
   std::function<int64_t()> steps_done;
-  std::function<double(int64_t windows)> validate;  // mean loss
+  std::function<double(int64_t windows)> validation_loss;  // mean
   std::function<void(const std::string& dir)> save;
 };
 
@@ -202,7 +202,7 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
     if (!std::isfinite(st.loss))
       throw Error("training diverged: loss is " + std::to_string(st.loss) + " at step " + std::to_string(st.step));
     const bool eval_now = a.eval_every > 0 && (st.step % a.eval_every == 0 || st.step == last);
-    if (eval_now) val_loss = t.validate(a.eval_windows);
+    if (eval_now) val_loss = t.validation_loss(a.eval_windows);
     if (lead) {
       nlohmann::json row = {{"step", st.step}, {"loss", st.loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
                             {"tokens_per_s", double(st.tokens) / st.seconds}};
@@ -215,7 +215,7 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
     }
     if (a.save_every > 0 && st.step % a.save_every == 0 && st.step != last) t.save(a.out + "/checkpoint");
   }
-  if (std::isnan(val_loss) && a.eval_every > 0) val_loss = t.validate(a.eval_windows);
+  if (std::isnan(val_loss) && a.eval_every > 0) val_loss = t.validation_loss(a.eval_windows);
   const std::string ckpt = a.out + "/checkpoint";
   t.save(ckpt);
   if (lead && steps_this_run == 0)  // a resumed run that had already finished: no loss to report
@@ -255,7 +255,7 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
   // One rank: the step's ops may queue on a GPU's stream. A parallel run's steps share buffers
   // with collectives and other ranks, so there every op waits.
   const TrainerCalls calls{[&] { return trainer.step_queued(); }, [&] { return trainer.steps_done(); },
-                           [&](int64_t w) { return trainer.validate(w).mean(); },
+                           [&](int64_t w) { return trainer.validation_loss(w).mean(); },
                            [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
   nlohmann::json j = train_loop(a, a.opt, calls, true);
   j["unigram_entropy_nats"] = unigram.nats;
@@ -291,7 +291,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
                (long long)rank_micro_batch_rows(a.opt, plan.dp()));
     }
     const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
-                             [&](int64_t w) { return trainer.validate(w).mean(); },
+                             [&](int64_t w) { return trainer.validation_loss(w).mean(); },
                              [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
     nlohmann::json j = train_loop(a, a.opt, calls, lead);
     std::lock_guard<std::mutex> lock(mu);
@@ -366,7 +366,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
   cmd->add_option("--weight-decay", a->opt.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
   cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->check(unsigned_integer())->capture_default_str();
-  cmd->add_option("--eval-every", a->eval_every, "validate every N steps (0: never)")->capture_default_str();
+  cmd->add_option("--eval-every", a->eval_every, "the validation loss every N steps (0: never)")->capture_default_str();
   cmd->add_option("--eval-windows", a->eval_windows, "validation windows per evaluation")->capture_default_str();
   cmd->add_option("--save-every", a->save_every, "also checkpoint every N steps")->capture_default_str();
   cmd->add_option("--log-every", a->log_every, "print progress every N steps")->capture_default_str();

@@ -38,11 +38,11 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
                           const AdamWConfig& adamw)
       : model_(model),
         cfg_(cfg),
-        data_(*groups.data),
+        dp_cp_(*groups.dp_cp),
         groups_(groups),
         segments_(held_segments(model)),
         adamw_(adamw, model.param_specs(), 0, model.num_params(), &model.memory()),
-        tracer_(data_.trace(), model.num_layers()) {}
+        tracer_(dp_cp_.trace(), model.num_layers()) {}
 
   void init_weights(uint64_t seed) override {
     model_.init_weights(seed);
@@ -104,11 +104,11 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
       const Segment& s = segments_[size_t(u)];
       AllReduceOptions o{.async_op = true, .label = label::grad_bucket(unit_name(u, model_.num_layers()))};
       if (!cfg_.bf16_grad_reduce) {
-        pending_.push_back(data_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
+        pending_.push_back(dp_cp_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
         continue;
       }
       Buffer<bf16> wire = bf16_wire(model_.memory(), model_.grads() + s.begin, s.numel(), "bf16 " + o.label);
-      pending_.push_back(data_.all_reduce(wire.data(), s.numel(), DType::bf16, ReduceOp::sum, o));
+      pending_.push_back(dp_cp_.all_reduce(wire.data(), s.numel(), DType::bf16, ReduceOp::sum, o));
       wires_.emplace_back(s, std::move(wire));
     }
   }
@@ -125,7 +125,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     // Every replica holds everything: replica d writes elements [n*d/dp, n*(d+1)/dp), so the
     // ranks share the writing.
     // The tied head's copy of the embedding is the first stage's to write.
-    const int64_t n = model_.num_params(), dp = data_.size(), d = data_.rank();
+    const int64_t n = model_.num_params(), dp = dp_cp_.size(), d = dp_cp_.rank();
     const int64_t copy_end = counts_segment(model_, embedding_unit()) ? 0 : segments_[0].end;  // the copy leads the buffer
     const int64_t b = std::max(copy_end, n * d / dp), e = std::max(b, n * (d + 1) / dp);
     ckpt.params(b, e, model_.params() + b);
@@ -144,13 +144,13 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
 
   RankMemory peak_memory() const override { return memory_peaks(model_.memory()); }
   std::string describe() const override {
-    return "DP over " + std::to_string(data_.size()) + " ranks" + cfg_.reduce_note();
+    return "DP over " + std::to_string(dp_cp_.size()) + " ranks" + cfg_.reduce_note();
   }
 
  private:
   Llama<T>& model_;
   DataParallelConfig cfg_;  // the stage is none; what matters here is bf16_grad_reduce
-  ProcessGroup& data_;
+  ProcessGroup& dp_cp_;
   DataParallelGroups groups_;
   std::vector<Segment> segments_;
   AdamW<T> adamw_;

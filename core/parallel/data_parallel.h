@@ -49,10 +49,13 @@ struct DataParallelConfig {
   std::string reduce_note() const { return bf16_grad_reduce ? ", bf16 gradients" : ""; }
 };
 
-// Groups a data-parallel rank talks in. For DP and ZeRO `shard == data` and no replicate group;
-// for HSDP `shard` is the dp_shard group, `replicate` the dp_replicate group and `data` both.
+// Groups a data-parallel rank talks in. For DP and ZeRO `shard == dp_cp` and no replicate group;
+// for HSDP `shard` is the dp_shard group, `replicate` the dp_replicate group and `dp_cp` both.
 struct DataParallelGroups {
-  ProcessGroup* data = nullptr;       // all data-parallel ranks: losses are summed here
+  // Every rank that holds this rank's weights and sums gradients with it: the data-parallel ranks
+  // and, under context parallelism, the context-parallel ones (torchtitan's dp_cp mesh); losses
+  // are summed here too.
+  ProcessGroup* dp_cp = nullptr;
   ProcessGroup* shard = nullptr;      // ranks that split parameters / grads / optimizer states
   ProcessGroup* replicate = nullptr;  // HSDP: ranks holding the same shard (nullptr otherwise)
   // Tensor parallelism: the ranks holding the other slices of this rank's model

@@ -19,7 +19,7 @@ LossSum all_reduce_loss(ProcessGroup& group, const LossSum& local) {
 
 LossSum global_loss(const DataParallelGroups& groups, const LossSum& local) {
   return all_reduce_loss(groups.pipeline && groups.pipeline->size() > 1 ? groups.pipeline : nullptr,
-                         all_reduce_loss(*groups.data, local));
+                         all_reduce_loss(*groups.dp_cp, local));
 }
 
 LossSum all_reduce_loss(ProcessGroup* pipeline, const LossSum& local) {

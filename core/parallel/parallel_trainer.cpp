@@ -76,14 +76,14 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   DataParallelGroups groups;
   // Pure data parallelism: the data group is the world itself (messages say "rank 3", not
   // "rank 3 of 'dp' (world rank 3)").
-  rows_group_ = plan_.dp() == world.size() ? &world : &mesh_->group(data_dims);
+  dp_group_ = plan_.dp() == world.size() ? &world : &mesh_->group(data_dims);
   // Context parallelism: the cp ranks of a data rank hold the same weights and see different
   // tokens of the same rows, so gradients are summed (and ZeRO shards) over cp x dp, as
   // torchtitan folds cp into FSDP's mesh.
   const int cp = plan_.size("cp");
   if (cp > 1) data_dims.insert(data_dims.begin(), "cp");
-  groups.data = cp > 1 ? (plan_.dp() * cp == world.size() ? &world : &mesh_->group(data_dims)) : rows_group_;
-  groups.shard = plan_.hsdp() ? (cp > 1 ? &mesh_->group({"cp", "dp_shard"}) : &mesh_->group("dp_shard")) : groups.data;
+  groups.dp_cp = cp > 1 ? (plan_.dp() * cp == world.size() ? &world : &mesh_->group(data_dims)) : dp_group_;
+  groups.shard = plan_.hsdp() ? (cp > 1 ? &mesh_->group({"cp", "dp_shard"}) : &mesh_->group("dp_shard")) : groups.dp_cp;
   groups.replicate = plan_.hsdp() ? &mesh_->group("dp_replicate") : nullptr;
   if (expected.sliced()) {
     groups.tensor = &mesh_->group("tp");
@@ -123,7 +123,7 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
     }
     pipeline_ = std::make_unique<PipelineRunner<T>>(*groups.pipeline, plan_.schedule, plan_.pipeline_layout(model.config()));
   }
-  data_group_ = groups.data;
+  dp_cp_group_ = groups.dp_cp;
   strategy_ = make_data_parallel(model, groups, plan_.data_parallel(), opt_.adamw);
   strategy_->set_passes(pipeline_.get());
   strategy_->init_weights(opt_.seed);  // each rank allocates and computes only what it keeps
@@ -143,7 +143,7 @@ std::string ParallelTrainer<T>::describe() const {
   }
   if (s.empty()) return strategy_->describe();
   // A single data-parallel rank without ZeRO does nothing worth naming.
-  if (rows_group_->size() == 1 && plan_.zero == ZeroStage::none) return s;
+  if (dp_group_->size() == 1 && plan_.zero == ZeroStage::none) return s;
   return s + ", " + strategy_->describe();
 }
 
@@ -158,7 +158,7 @@ StepStats ParallelTrainer<T>::step() {
   const auto t0 = std::chrono::steady_clock::now();
   // Ranks of one tensor-parallel group share a data rank: they run the same rows.
   std::vector<Batch> mbs =
-      data_rank_micro_batches(data_.train(), opt_, steps_done_, rows_group_->rank(), rows_group_->size());
+      data_rank_micro_batches(data_.train(), opt_, steps_done_, dp_group_->rank(), dp_group_->size());
   for (Batch& b : mbs) b = local_tokens(b);
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
   StepStats st = strategy_->step(mbs, lr_at_step(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
@@ -170,11 +170,11 @@ StepStats ParallelTrainer<T>::step() {
 }
 
 template <class T>
-LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
+LossSum ParallelTrainer<T>::validation_loss(int64_t max_windows) {
   const TokenSpan val = data_.validation();
   int64_t windows = num_eval_windows(int64_t(val.size()), opt_.seq_len);
   if (max_windows > 0) windows = std::min(windows, max_windows);
-  const int64_t dp = rows_group_->size(), d = rows_group_->rank();
+  const int64_t dp = dp_group_->size(), d = dp_group_->rank();
   const int64_t w0 = windows * d / dp, w1 = windows * (d + 1) / dp;
   const int64_t rows = std::max<int64_t>(1, rank_micro_batch_rows(opt_, int(dp)));
   // Every data rank makes the same number of evaluate calls, because under ZeRO-3 each one gathers
@@ -191,7 +191,7 @@ LossSum ParallelTrainer<T>::validate(int64_t max_windows) {
     local.loss_sum += part.loss_sum;
     local.tokens += part.tokens;
   }
-  return all_reduce_loss(pipeline_ ? &pipeline_->group() : nullptr, all_reduce_loss(*data_group_, local));
+  return all_reduce_loss(pipeline_ ? &pipeline_->group() : nullptr, all_reduce_loss(*dp_cp_group_, local));
 }
 
 namespace {

@@ -43,7 +43,7 @@ class ParallelTrainer {
 
   StepStats step();
   int64_t steps_done() const { return steps_done_; }
-  int data_rank() const { return rows_group_->rank(); }
+  int data_rank() const { return dp_group_->rank(); }
   const ParallelPlan& plan() const { return plan_; }
   DataParallelStrategy<T>& strategy() { return *strategy_; }
   // "TP over 2 ranks with SP, ZeRO-3 over 2 ranks", "DP over 4 ranks".
@@ -53,7 +53,7 @@ class ParallelTrainer {
   PipelineRunner<T>* pipeline() { return pipeline_.get(); }
 
   // Collective. Validation windows are split across ranks and their losses summed.
-  LossSum validate(int64_t max_windows);
+  LossSum validation_loss(int64_t max_windows);
   // Collective: every rank writes its share of the weights and AdamW moments straight into one
   // unsharded (HF-layout) checkpoint, so no rank holds the whole state and any mesh can resume
   // it. All-or-nothing; every rank returns once it is complete, or throws if any rank failed.
@@ -72,8 +72,8 @@ class ParallelTrainer {
   ParallelPlan plan_;
   LrSchedule schedule_;
   std::unique_ptr<DeviceMesh> mesh_;
-  ProcessGroup* rows_group_ = nullptr;  // the data-parallel ranks: who runs which rows
-  ProcessGroup* data_group_ = nullptr;  // who sums gradients: those and the context-parallel ranks
+  ProcessGroup* dp_group_ = nullptr;     // the data-parallel ranks: who runs which rows
+  ProcessGroup* dp_cp_group_ = nullptr;  // who sums gradients: those and the context-parallel ranks
   std::unique_ptr<TensorParallelComm<T>> tensor_comm_;  // tensor parallelism only
   std::unique_ptr<ContextParallelComm<T>> context_comm_;  // context parallelism only
   std::unique_ptr<TensorContextComm<T>> tensor_context_comm_;  // both: the model's block points

@@ -99,7 +99,7 @@ StepStats Trainer<T>::step_queued() {
 }
 
 template <class T>
-LossSum Trainer<T>::validate(int64_t max_windows) const {
+LossSum Trainer<T>::validation_loss(int64_t max_windows) const {
   return evaluate_loss(model_, data_.validation(), opt_.seq_len, opt_.micro(), max_windows, opt_.doc_mask);
 }
 

@@ -57,7 +57,7 @@ class Trainer {
   Llama<T>& model() { return model_; }
 
   // Validation loss over up to max_windows windows of the held-out split.
-  LossSum validate(int64_t max_windows) const;
+  LossSum validation_loss(int64_t max_windows) const;
 
   // Writes <dir>/config.json, model.safetensors (in T, so resume is bitwise),
   // optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>) and trainer_state.json, all or

@@ -143,7 +143,7 @@ TEST(FourDEquivalence, ValidationWithUnevenWindowsMatchesOneDevice) {
   Llama<double> one(cfg, &memory);
   one.init_weights(opt.seed);
   Trainer<double> single(one, data, opt);
-  const LossSum expected = single.validate(0);
+  const LossSum expected = single.validation_loss(0);
   for (const char* mesh : {"dp=2", "tp=2,cp=2,pp=2,dp=2"}) {
     ParallelPlan plan = ParallelPlan::parse(mesh);
     plan.zero = ZeroStage::zero3;
@@ -151,7 +151,7 @@ TEST(FourDEquivalence, ValidationWithUnevenWindowsMatchesOneDevice) {
     test::virtual_launcher(plan.world_size())([&](ProcessGroup& world) {
       Llama<double> model = plan.make_model<double>(cfg, world.memory(), world.rank());
       ParallelTrainer<double> trainer(world, model, data, opt, plan);
-      got[size_t(world.rank())] = trainer.validate(0);
+      got[size_t(world.rank())] = trainer.validation_loss(0);
     });
     for (size_t r = 0; r < got.size(); ++r) {
       EXPECT_EQ(got[r].tokens, expected.tokens) << mesh << " rank " << r;

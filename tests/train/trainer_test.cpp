@@ -20,12 +20,12 @@ TEST(Trainer, LossDecreasesOnTinyCorpus) {
   Llama<float> m(test::tiny_config());
   m.init_weights(opt.seed);
   Trainer<float> t(m, data, opt);
-  const double before = t.validate(8).mean();
+  const double before = t.validation_loss(8).mean();
   // An untrained model is close to uniform over the 264-token vocabulary.
   EXPECT_NEAR(before, std::log(264.0), 0.3);
   double last = 0;
   for (int i = 0; i < 40; ++i) last = t.step().loss;
-  const double after = t.validate(8).mean();
+  const double after = t.validation_loss(8).mean();
   EXPECT_LT(last, before - 1.0);
   EXPECT_LT(after, before - 1.0);
 }
