@@ -9,6 +9,7 @@
 
 #include "core/data/dataset.h"
 #include "core/comm/text_table.h"
+#include "core/comm/traffic_labels.h"
 #include "core/model/params.h"
 #include "core/parallel/shard_layout.h"
 #include "lessons/common/clock.h"
@@ -238,12 +239,12 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     m_grad.push_back(r1.peak.grads);
     m_total.push_back(total_sent(r1.traffic));
   }
-  const std::vector<int64_t> m_rs = per_rank_sent(last, "reduce_scatter", "grads layer"),
-                             m_rs_embed = per_rank_sent(last, "reduce_scatter", "grads embedding"),
-                             m_rs_head = per_rank_sent(last, "reduce_scatter", "grads head"),
-                             m_rep = per_rank_sent(last, "all_reduce", "grads across replicas"),
-                             m_ag = per_rank_sent(last, "all_gather", stage == 3 ? "params" : "updated parameters"),
-                             m_norm = per_rank_sent(last, "all_gather", "grad-norm partials");
+  const std::vector<int64_t> m_rs = per_rank_sent(last, "reduce_scatter", label::grads("layer")),
+                             m_rs_embed = per_rank_sent(last, "reduce_scatter", label::grads("embedding")),
+                             m_rs_head = per_rank_sent(last, "reduce_scatter", label::grads("head")),
+                             m_rep = per_rank_sent(last, "all_reduce", label::grads_across_replicas("")),
+                             m_ag = per_rank_sent(last, "all_gather", stage == 3 ? label::params("") : std::string(label::kUpdatedParameters)),
+                             m_norm = per_rank_sent(last, "all_gather", label::kGradNormPartials);
   std::vector<int64_t> m_grad_red = zeros;
   for (int w = 0; w < W; ++w) m_grad_red[size_t(w)] = m_rs[size_t(w)] + m_rs_embed[size_t(w)] + m_rs_head[size_t(w)];
 
@@ -335,10 +336,10 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
 
   // ---- Time on the simulated clock: what prefetching buys (ZeRO-3) and HSDP's two links.
   const PhaseView& timed = phases.back();
-  auto durations_ns = [](const std::vector<TrafficRecord>& records, const std::string& op, const std::string& prefix) {
+  auto durations_ns = [](const std::vector<TrafficRecord>& records, std::string_view op, std::string_view prefix) {
     double us = 0;
     for (const TrafficRecord& r : records)
-      if (r.op == op && r.label.rfind(prefix, 0) == 0) us += r.sim_end_us - r.sim_start_us;
+      if (r.op == op && r.label.starts_with(prefix)) us += r.sim_end_us - r.sim_start_us;
     return ns(us);
   };
   if (stage == 3) {
@@ -358,7 +359,7 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
       t_on.push_back(on.ranks[size_t(r)].time), t_off.push_back(off.ranks[size_t(r)].time);
       busy_on.push_back(ns(t_on.back().comm_us)), busy_off.push_back(ns(t_off.back().comm_us));
       saved.push_back(ns(t_off.back().wait_us) - ns(t_on.back().wait_us));
-      gathers.push_back(durations_ns(off.ranks[size_t(r)].traffic, "all_gather", "params"));
+      gathers.push_back(durations_ns(off.ranks[size_t(r)].traffic, "all_gather", label::params("")));
       // Without prefetching a step lasts at most compute + comm busy; with it at least the larger of
       // the two (one comm stream, every result waited for), so it saves at most the smaller (+1 ns).
       most.push_back(std::min(ns(t_off.back().comm_us), ns(t_on.back().compute_us)) + 1);
@@ -392,10 +393,10 @@ int run(const LessonOptions& o, const ZeroArgs& z) {
     for (int r = 0; r < W; ++r) {
       double formula = 0;
       for (const TrafficRecord& t : timed.ranks[size_t(r)].traffic)
-        if (t.label.rfind("grads across replicas", 0) == 0)
+        if (t.label.starts_with(label::grads_across_replicas("")))
           formula += collective_us(t, s.cluster.algo, s.cluster.cluster.infiniband);
       lo.push_back(ns(formula) - 1), hi.push_back(ns(formula) + 1);
-      measured.push_back(durations_ns(timed.ranks[size_t(r)].traffic, "all_reduce", "grads across replicas"));
+      measured.push_back(durations_ns(timed.ranks[size_t(r)].traffic, "all_reduce", label::grads_across_replicas("")));
     }
     sheet.range("Z14", "HSDP on the simulated clock: how long do the all-reduces across replicas take per step (ns)?",
                 "per unit and micro-batch, an all-reduce of its piece over q ranks, every hop InfiniBand: alpha " +
