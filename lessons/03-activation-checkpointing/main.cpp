@@ -25,6 +25,7 @@
 #include "core/tensor/memory_tracker.h"
 #include "lessons/common/clock.h"
 #include "lessons/common/lesson.h"
+#include "lessons/common/numbers.h"
 
 namespace llama4d::lesson {
 namespace {
@@ -210,20 +211,6 @@ std::vector<double> time_policy(const LlamaConfig& cfg, const Checkpointing& ac,
 }
 
 // ---- Printing ------------------------------------------------------------------------------------
-
-std::string fixed(double v, int digits) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(digits);
-  s << v;
-  return s.str();
-}
-
-std::string sci(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", v);
-  return buf;
-}
 
 // What each policy holds per block from forward to backward, in words.
 std::string keeps(const Checkpointing& ac, int L) {
