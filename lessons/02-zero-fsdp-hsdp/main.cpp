@@ -202,8 +202,9 @@ std::vector<PhaseView> train_and_show_steps(Narrator& say, const LessonOptions& 
 
 // What the formulas say for each world rank w (shard index j = w % n, replica w / n).
 struct Expected {
-  std::vector<int64_t> shard, opt, comm, state_rest, par_lo, grad_lo, grad_hi;  // elements, bytes
-  std::vector<int64_t> rs, rep, ag, norm, total;                              // bytes sent per step
+  std::vector<int64_t> shard;                                            // [world rank] elements owned
+  std::vector<int64_t> opt, comm, state_rest, par_lo, grad_lo, grad_hi;  // [world rank] bytes held
+  std::vector<int64_t> rs, rep, ag, norm, total;                         // [world rank] bytes sent per step
   std::vector<int64_t> partials;  // [shard rank] fp64 grad-norm partials: one per 512 elements
   bool layout_matches = true;     // every piece of every segment as ShardLayout cuts it
 };
@@ -234,6 +235,7 @@ std::pair<int64_t, int64_t> full_gradients_held(const ZeroRun& z) {
   return {tied_embed + sizes.front(), tied_embed + three};
 }
 
+// Z1-Z6 by the formulas: the shard, the state at rest, the reduce-scatter buffer, the peaks.
 void expect_memory(const ZeroRun& z, Expected& e) {
   const int stage = z.stage;
   const int64_t N = z.N, gathered = gathered_while_resharding(z);
@@ -256,6 +258,7 @@ void expect_memory(const ZeroRun& z, Expected& e) {
   }
 }
 
+// Z7-Z11 by the formulas: the bytes each rank sends per step, per collective and in all.
 void expect_traffic(const ZeroRun& z, ReduceAlgo algo, Expected& e) {
   const int n = z.n, q = z.q;
   const int64_t M = z.M;
@@ -287,8 +290,10 @@ void expect_traffic(const ZeroRun& z, ReduceAlgo algo, Expected& e) {
 // What was measured, per world rank: the state at rest (phase 0), the peaks and the bytes sent
 // per collective of the last step.
 struct Measured {
-  std::vector<int64_t> shard, state, opt, comm, par, grad, total;
-  std::vector<int64_t> grad_reduce, rep, ag, norm;  // by the strategies' labels
+  std::vector<int64_t> shard;                        // [world rank] elements, as ShardLayout cuts them
+  std::vector<int64_t> state, opt, comm, par, grad;  // [world rank] bytes held
+  std::vector<int64_t> total;                        // [world rank] bytes sent by every collective
+  std::vector<int64_t> grad_reduce, rep, ag, norm;   // [world rank] bytes sent, by the strategies' labels
 };
 
 Measured measured_per_rank(const ZeroRun& z, const PhaseView& rest, const PhaseView& last) {
