@@ -25,6 +25,7 @@
 #include "core/tensor/memory_tracker.h"
 #include "lessons/common/clock.h"
 #include "lessons/common/lesson.h"
+#include "lessons/common/numbers.h"
 
 namespace llama4d::lesson {
 namespace {
@@ -211,20 +212,6 @@ std::vector<double> time_policy(const LlamaConfig& cfg, const Checkpointing& ac,
 
 // ---- Printing ------------------------------------------------------------------------------------
 
-std::string fixed(double v, int digits) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(digits);
-  s << v;
-  return s.str();
-}
-
-std::string sci(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", v);
-  return buf;
-}
-
 // What each policy holds per block from forward to backward, in words.
 std::string keeps(const Checkpointing& ac, int L) {
   switch (ac.kind) {
@@ -296,349 +283,453 @@ std::vector<Policy> parse_policies(const std::string& list, int L) {
   return out;
 }
 
-int run(const LessonOptions& o, const AcArgs& a) {
-  Narrator say(o);
-  const LlamaConfig cfg = LlamaConfig::preset(o.preset);
-  if (cfg.num_parameters() > 100'000'000)
+// What every phase reads: the model, the one micro-batch of B x T tokens every policy runs on a
+// single device, and the policies (none among them: the reference of memory and gradients).
+struct AcRun {
+  LlamaConfig cfg;
+  int L = 0;
+  std::vector<Policy> policies;
+  std::vector<std::string> labels;  // [policy] as the tables and the exercises name it
+  size_t none_index = 0;            // policies[none_index] is none
+  TrainOptions train;
+  TextDataset data;
+  Batch batch;
+  int64_t B = 0, T = 0;
+  Sizes d;  // bytes of what the tokens, a block and the head store for this batch
+};
+
+AcRun ac_run(const LessonOptions& o, const AcArgs& a) {
+  AcRun r;
+  r.cfg = LlamaConfig::preset(o.preset);
+  if (r.cfg.num_parameters() > 100'000'000)
     throw InputError("--preset " + o.preset + ": the lesson runs the model on this machine; use tiny, small or medium "
                      "(the README works the formulas out for Llama 3 405B)");
-  if (o.seq_len > cfg.max_position_embeddings)
+  if (o.seq_len > r.cfg.max_position_embeddings)
     throw InputError("--seq-len " + std::to_string(o.seq_len) + " exceeds the preset's max_position_embeddings " +
-                     std::to_string(cfg.max_position_embeddings));
+                     std::to_string(r.cfg.max_position_embeddings));
   if (a.timing_steps < 1) throw InputError("--timing-steps must be >= 1");
   if (!(a.gemm_seconds > 0)) throw InputError("--gemm-seconds must be > 0");
-  const int L = int(cfg.num_hidden_layers);
-  const std::vector<Policy> policies = parse_policies(a.policies, L);
-  const TrainOptions train = o.train_options();
-  const TextDataset data = load_dataset(default_corpus_path(), train.seq_len);
-  const Batch batch = sample_rows(data.train(), train.seq_len, train.seed, 0, 0, o.rows);
-  const int64_t B = batch.B, T = batch.T, C = cfg.hidden_size, nh = cfg.num_attention_heads,
-                nkv = cfg.num_key_value_heads, hd = cfg.head_dim, I = cfg.intermediate_size, V = cfg.vocab_size;
-  const Sizes d = sizes_of(cfg, B, T);
-  std::vector<std::string> labels;
-  for (const Policy& p : policies) labels.push_back(p.label());
+  r.L = int(r.cfg.num_hidden_layers);
+  r.policies = parse_policies(a.policies, r.L);
+  for (const Policy& p : r.policies) r.labels.push_back(p.label());
+  r.none_index = size_t(std::find_if(r.policies.begin(), r.policies.end(), [](const Policy& p) {
+                          return p.ac.kind == Checkpointing::Kind::none;
+                        }) - r.policies.begin());
+  r.train = o.train_options();
+  r.data = load_dataset(default_corpus_path(), r.train.seq_len);
+  r.batch = sample_rows(r.data.train(), r.train.seq_len, r.train.seed, 0, 0, o.rows);
+  r.B = r.batch.B, r.T = r.batch.T;
+  r.d = sizes_of(r.cfg, r.B, r.T);
+  return r;
+}
+
+// How many times its input a block's activations are.
+double block_to_input(const Sizes& d) { return double(d.block()) / double(d.x()); }
+
+// The exercise sheet with each exercise's column names (sheet_report prints them). Every
+// exercise here is per column, none has a textbook value.
+struct LabelledSheet {
+  ExerciseSheet sheet;
   std::map<std::string, std::vector<std::string>> columns;
 
-  // ---- (a) the model, the batch, and what a block stores ---------------------------------------
+  void exact(const std::string& id, std::vector<std::string> names, std::string question, std::string formula,
+             std::vector<int64_t> expected, std::vector<int64_t> measured, std::string note = "") {
+    sheet.exact(id, std::move(question), std::move(formula), -1, std::move(expected), std::move(measured), std::move(note));
+    columns[id] = std::move(names);
+  }
+  void range(const std::string& id, std::vector<std::string> names, std::string question, std::string formula,
+             std::vector<int64_t> lower, std::vector<int64_t> upper, std::vector<int64_t> measured, std::string note) {
+    sheet.range(id, std::move(question), std::move(formula), std::move(lower), std::move(upper), std::move(measured),
+                std::move(note));
+    columns[id] = std::move(names);
+  }
+};
+
+// ---- (a) the model, the batch, and what a block stores ------------------------------------------
+
+void show_block_storage(Narrator& say, const LessonOptions& o, const AcRun& r) {
+  const LlamaConfig& cfg = r.cfg;
+  const Sizes& d = r.d;
+  const int64_t B = r.B, T = r.T, C = cfg.hidden_size, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads,
+                hd = cfg.head_dim, I = cfg.intermediate_size, V = cfg.vocab_size;
   say.phase("the model, the batch, and what a block stores");
-  say.say("Model '" + o.preset + "': L = " + std::to_string(L) + " blocks, C = " + std::to_string(C) + ", nh = " +
+  say.say("Model '" + o.preset + "': L = " + std::to_string(r.L) + " blocks, C = " + std::to_string(C) + ", nh = " +
           std::to_string(nh) + " query heads, nkv = " + std::to_string(nkv) + " key/value heads, hd = " +
           std::to_string(hd) + ", I = " + std::to_string(I) + ", V = " + std::to_string(V) + "; N = " +
           grouped(cfg.num_parameters()) + " parameters.\nOne micro-batch of B = " + std::to_string(B) +
           " rows x T = " + std::to_string(T) + " tokens, fp32 (s = 4 bytes), on a single device.\n\n"
           "What one block's forward writes for its backward (bytes for this batch):\n\n");
-  {
-    const int64_t s = 4, BT = B * T;
-    std::vector<std::vector<std::string>> rows = {{"tensor", "shape", "elements per token", "bytes", "none", "selective", "full / every:k"}};
-    auto row = [&](const std::string& name, const std::string& shape, int64_t per_token, bool selective_keeps) {
-      rows.push_back({name, shape, grouped(per_token), grouped(s * BT * per_token), "kept",
-                      selective_keeps ? "kept" : "recomputed", "recomputed"});
-    };
-    rows.push_back({"x_l (block input)", "[B,T,C]", grouped(C), grouped(s * BT * C), "kept", "kept", "kept every k-th"});
-    row("q (after RoPE)", "[B,T,nh,hd]", nh * hd, true);
-    row("k (after RoPE), v", "[B,T,nkv,hd] x2", 2 * nkv * hd, true);
-    row("h (after attention)", "[B,T,C]", C, true);
-    row("gate, up", "[B,T,I] x2", 2 * I, true);
-    row("n1, n2 (RMSNorm out)", "[B,T,C] x2", 2 * C, false);
-    row("rstd1, rstd2", "[B,T] x2", 2, false);
-    row("att (attention out)", "[B,T,nh,hd]", nh * hd, false);
-    row("lse (log-sum-exp)", "[B,nh,T]", nh, false);
-    row("act = silu(gate) up", "[B,T,I]", I, false);
-    rows.push_back({"block (without x_l)", "", grouped(d.block() / (s * BT)), grouped(d.block()), "", "", ""});
-    rows.push_back({"  of which kept by selective", "", grouped(d.kept() / (s * BT)), grouped(d.kept()), "", "", ""});
-    rows.push_back({"head: n, rstd, logits, losses", "[B,T,C+1+V+1]", grouped(C + 1 + V + 1), grouped(d.head()), "", "", ""});
-    say.say(format_table(rows));
-  }
-  const double ratio = double(d.block()) / double(d.x());
-  say.say("\nA block writes " + fixed(ratio, 1) + "x its input: that is why keeping only inputs pays. Attention keeps\n"
+  const int64_t s = 4, BT = B * T;
+  std::vector<std::vector<std::string>> rows = {{"tensor", "shape", "elements per token", "bytes", "none", "selective", "full / every:k"}};
+  auto row = [&](const std::string& name, const std::string& shape, int64_t per_token, bool selective_keeps) {
+    rows.push_back({name, shape, grouped(per_token), grouped(s * BT * per_token), "kept",
+                    selective_keeps ? "kept" : "recomputed", "recomputed"});
+  };
+  rows.push_back({"x_l (block input)", "[B,T,C]", grouped(C), grouped(s * BT * C), "kept", "kept", "kept every k-th"});
+  row("q (after RoPE)", "[B,T,nh,hd]", nh * hd, true);
+  row("k (after RoPE), v", "[B,T,nkv,hd] x2", 2 * nkv * hd, true);
+  row("h (after attention)", "[B,T,C]", C, true);
+  row("gate, up", "[B,T,I] x2", 2 * I, true);
+  row("n1, n2 (RMSNorm out)", "[B,T,C] x2", 2 * C, false);
+  row("rstd1, rstd2", "[B,T] x2", 2, false);
+  row("att (attention out)", "[B,T,nh,hd]", nh * hd, false);
+  row("lse (log-sum-exp)", "[B,nh,T]", nh, false);
+  row("act = silu(gate) up", "[B,T,I]", I, false);
+  rows.push_back({"block (without x_l)", "", grouped(d.block() / (s * BT)), grouped(d.block()), "", "", ""});
+  rows.push_back({"  of which kept by selective", "", grouped(d.kept() / (s * BT)), grouped(d.kept()), "", "", ""});
+  rows.push_back({"head: n, rstd, logits, losses", "[B,T,C+1+V+1]", grouped(C + 1 + V + 1), grouped(d.head()), "", "", ""});
+  say.say(format_table(rows));
+  say.say("\nA block writes " + fixed(block_to_input(d), 1) + "x its input: that is why keeping only inputs pays. Attention keeps\n"
           "only the log-sum-exp, never the T x T scores, so nothing here grows with T^2.\n");
   say.pause();
+}
 
-  // ---- (b) activation memory per policy ----------------------------------------------------------
-  say.phase("activation memory per policy: formula vs allocator");
+// ---- (b) activation memory per policy -------------------------------------------------------------
+
+// [policy] one forward + backward each, and what the formulas say of it.
+struct MemoryRuns {
   std::vector<Measured> runs;
-  for (const Policy& p : policies) runs.push_back(measure(cfg, p.ac, batch, train.seed));
-  const size_t none_index = size_t(std::find_if(policies.begin(), policies.end(), [](const Policy& p) {
-                                     return p.ac.kind == Checkpointing::Kind::none;
-                                   }) - policies.begin());
-  const int64_t none_peak = runs[none_index].peak;
-  std::vector<int64_t> exp_forward, exp_peak, m_forward, m_peak, m_left, exp_left;
-  {
-    std::vector<std::vector<std::string>> rows = {{"policy", "keeps from forward to backward", "after forward", "formula",
-                                                   "peak (high-water mark)", "formula", "of none", "scratch peak"}};
-    for (size_t i = 0; i < policies.size(); ++i) {
-      const Measured& m = runs[i];
-      exp_forward.push_back(end_of_forward(d, policies[i].ac));
-      exp_peak.push_back(peak_formula(d, policies[i].ac));
-      m_forward.push_back(m.after_forward);
-      m_peak.push_back(m.peak);
-      m_left.push_back(m.left);
-      exp_left.push_back(0);
-      rows.push_back({labels[i], keeps(policies[i].ac, L), grouped(m.after_forward), grouped(exp_forward.back()),
-                      grouped(m.peak), grouped(exp_peak.back()),
-                      fixed(100.0 * double(m.peak) / double(none_peak), 1) + "%", grouped(m.scratch_peak)});
-    }
-    say.say("Bytes of the 'activations' category on the model's tracker: live when the forward returns, and the\n"
-            "highest value during forward + backward (the allocator's numbers; the formulas are the README's):\n\n");
-    say.say(format_table(rows));
+  std::vector<int64_t> exp_forward, exp_peak, exp_left, m_forward, m_peak, m_left;
+  int64_t none_peak = 0;
+};
+
+MemoryRuns show_memory_per_policy(Narrator& say, const AcRun& r) {
+  say.phase("activation memory per policy: formula vs allocator");
+  MemoryRuns mem;
+  for (const Policy& p : r.policies) mem.runs.push_back(measure(r.cfg, p.ac, r.batch, r.train.seed));
+  mem.none_peak = mem.runs[r.none_index].peak;
+  std::vector<std::vector<std::string>> rows = {{"policy", "keeps from forward to backward", "after forward", "formula",
+                                                 "peak (high-water mark)", "formula", "of none", "scratch peak"}};
+  for (size_t i = 0; i < r.policies.size(); ++i) {
+    const Measured& m = mem.runs[i];
+    mem.exp_forward.push_back(end_of_forward(r.d, r.policies[i].ac));
+    mem.exp_peak.push_back(peak_formula(r.d, r.policies[i].ac));
+    mem.m_forward.push_back(m.after_forward);
+    mem.m_peak.push_back(m.peak);
+    mem.m_left.push_back(m.left);
+    mem.exp_left.push_back(0);
+    rows.push_back({r.labels[i], keeps(r.policies[i].ac, r.L), grouped(m.after_forward), grouped(mem.exp_forward.back()),
+                    grouped(m.peak), grouped(mem.exp_peak.back()),
+                    fixed(100.0 * double(m.peak) / double(mem.none_peak), 1) + "%", grouped(m.scratch_peak)});
   }
+  say.say("Bytes of the 'activations' category on the model's tracker: live when the forward returns, and the\n"
+          "highest value during forward + backward (the allocator's numbers; the formulas are the README's):\n\n");
+  say.say(format_table(rows));
   say.say("\nselective drops the cheap half of each block; full and every:k drop whole blocks and pay with a\n"
           "transient: one block's activations while it runs forward, and in backward a whole segment rebuilt.\n"
           "(A segment's top block is recomputed only up to act: its output is never read again.)\n");
   say.pause();
+  return mem;
+}
 
-  // ---- (c) the price in time: MFU and HFU ----------------------------------------------------------
-  say.phase("the price: recomputation, MFU and HFU");
+// ---- (c) the price in time: MFU and HFU ---------------------------------------------------------
+
+// [policy] wall-clock seconds and the FLOPs they bought, then the simulated clock's time.
+struct Price {
+  std::vector<std::vector<double>> seconds;
+  std::vector<double> medians, mfu, hfu;
+  double peak_flops = 0, train_per_token = 0;
+  std::vector<int64_t> exp_recompute, m_recompute, sim_formula, sim_measured;
+};
+
+// The policies' median forward + backward on this machine, MFU and HFU against its peak GEMM.
+void show_wall_clock(Narrator& say, const AcArgs& a, const AcRun& r, Price& price) {
   say.say("Timing " + std::to_string(a.timing_steps) + " forward + backward passes per policy after a warm-up (" +
           std::to_string(ops::backend_threads()) + " threads), then this machine's peak fp32 GEMM for " +
           fixed(a.gemm_seconds, 1) + " s ...\n");
-  std::vector<std::vector<double>> seconds;
-  for (const Policy& p : policies) seconds.push_back(time_policy(cfg, p.ac, batch, train.seed, a.timing_steps));
-  const double peak_flops = ops::measure_peak_gemm_flops(1024, a.gemm_seconds);
-  const double train_per_token = training_flops_per_token(cfg, T);
-  const double tokens = double(B * T), t_none = median(seconds[none_index]);
-  std::vector<int64_t> exp_recompute, m_recompute;
-  std::vector<double> medians, mfu, hfu;
-  {
-    std::vector<std::vector<std::string>> rows = {{"policy", "recompute FLOP/token", "+% FLOPs", "fwd+bwd ms (median)",
-                                                   "+% time", "MFU", "HFU"}};
-    for (size_t i = 0; i < policies.size(); ++i) {
-      const double re = recompute_flops_per_token(cfg, T, policies[i].ac), t = median(seconds[i]);
-      exp_recompute.push_back(recompute_formula(cfg, T, policies[i].ac));
-      m_recompute.push_back(std::llround(re));
-      medians.push_back(t);
-      mfu.push_back(tokens * train_per_token / t / peak_flops);
-      hfu.push_back(tokens * (train_per_token + re) / t / peak_flops);
-      rows.push_back({labels[i], grouped(m_recompute.back()), fixed(100.0 * re / train_per_token, 1),
-                      fixed(1e3 * t, 2), fixed(100.0 * (t / t_none - 1), 1), fixed(100 * mfu.back(), 1) + "%",
-                      fixed(100 * hfu.back(), 1) + "%"});
-    }
-    say.say("\nTraining FLOPs per token (forward + backward, 6 N_matmul + 12 L nh hd T): " + grouped(std::llround(train_per_token)) +
-            ";\npeak fp32 GEMM here (1024^3): " + fixed(peak_flops / 1e9, 1) + " GFLOP/s.\n\n");
-    say.say(format_table(rows));
+  for (const Policy& p : r.policies) price.seconds.push_back(time_policy(r.cfg, p.ac, r.batch, r.train.seed, a.timing_steps));
+  price.peak_flops = ops::measure_peak_gemm_flops(1024, a.gemm_seconds);
+  price.train_per_token = training_flops_per_token(r.cfg, r.T);
+  const double peak_flops = price.peak_flops, train_per_token = price.train_per_token;
+  const double tokens = double(r.B * r.T), t_none = median(price.seconds[r.none_index]);
+  std::vector<std::vector<std::string>> rows = {{"policy", "recompute FLOP/token", "+% FLOPs", "fwd+bwd ms (median)",
+                                                 "+% time", "MFU", "HFU"}};
+  for (size_t i = 0; i < r.policies.size(); ++i) {
+    const double re = recompute_flops_per_token(r.cfg, r.T, r.policies[i].ac), t = median(price.seconds[i]);
+    price.exp_recompute.push_back(recompute_formula(r.cfg, r.T, r.policies[i].ac));
+    price.m_recompute.push_back(std::llround(re));
+    price.medians.push_back(t);
+    price.mfu.push_back(tokens * train_per_token / t / peak_flops);
+    price.hfu.push_back(tokens * (train_per_token + re) / t / peak_flops);
+    rows.push_back({r.labels[i], grouped(price.m_recompute.back()), fixed(100.0 * re / train_per_token, 1),
+                    fixed(1e3 * t, 2), fixed(100.0 * (t / t_none - 1), 1), fixed(100 * price.mfu.back(), 1) + "%",
+                    fixed(100 * price.hfu.back(), 1) + "%"});
   }
+  say.say("\nTraining FLOPs per token (forward + backward, 6 N_matmul + 12 L nh hd T): " + grouped(std::llround(train_per_token)) +
+          ";\npeak fp32 GEMM here (1024^3): " + fixed(peak_flops / 1e9, 1) + " GFLOP/s.\n\n");
+  say.say(format_table(rows));
   say.say("\nMFU counts only the model's FLOPs, so recomputation lowers it; HFU also counts the recomputed ones.\n"
           "Wall-clock times are this machine's and noisy (small matrices also run below the GEMM peak).\n");
+}
+
+// The same forward + backward on a modelled GPU's clock, against the README's FLOP count.
+void show_simulated_clock(Narrator& say, const AcRun& r, const MemoryRuns& mem, Price& price) {
   const double tflops = ClusterSpec{}.gpu_tflops;
-  std::vector<int64_t> sim_formula, sim_measured;
-  {
-    std::vector<std::vector<std::string>> rows = {{"policy", "fwd+bwd us (simulated)", "+% time", "formula us"}};
-    for (size_t i = 0; i < policies.size(); ++i) {
-      const double f = simulated_formula_us(cfg, policies[i].ac, B, T, tflops);
-      sim_formula.push_back(ns(f));
-      sim_measured.push_back(ns(runs[i].simulated_us));
-      rows.push_back({labels[i], fixed(runs[i].simulated_us, 3),
-                      fixed(100.0 * (runs[i].simulated_us / runs[none_index].simulated_us - 1), 1), fixed(f, 3)});
-    }
-    say.say("\nThe same forward + backward on the simulated clock of a GPU computing " + fixed(tflops, 0) +
-            " TFLOP/s (an H100's dense BF16 peak):\nevery op's FLOPs at that rate, so recomputation costs exactly "
-            "its FLOPs (exercise C1).\n\n");
-    say.say(format_table(rows));
+  std::vector<std::vector<std::string>> rows = {{"policy", "fwd+bwd us (simulated)", "+% time", "formula us"}};
+  for (size_t i = 0; i < r.policies.size(); ++i) {
+    const double f = simulated_formula_us(r.cfg, r.policies[i].ac, r.B, r.T, tflops);
+    const double us = mem.runs[i].simulated_us;
+    price.sim_formula.push_back(ns(f));
+    price.sim_measured.push_back(ns(us));
+    rows.push_back({r.labels[i], fixed(us, 3), fixed(100.0 * (us / mem.runs[r.none_index].simulated_us - 1), 1),
+                    fixed(f, 3)});
   }
-  say.pause();
+  say.say("\nThe same forward + backward on the simulated clock of a GPU computing " + fixed(tflops, 0) +
+          " TFLOP/s (an H100's dense BF16 peak):\nevery op's FLOPs at that rate, so recomputation costs exactly "
+          "its FLOPs (exercise C1).\n\n");
+  say.say(format_table(rows));
+}
 
-  // ---- (d) where to put the checkpoints: every:k for k = 1..L --------------------------------------
+Price show_price(Narrator& say, const AcArgs& a, const AcRun& r, const MemoryRuns& mem) {
+  say.phase("the price: recomputation, MFU and HFU");
+  Price price;
+  show_wall_clock(say, a, r, price);
+  show_simulated_clock(say, r, mem, price);
+  say.pause();
+  return price;
+}
+
+// ---- (d) where to put the checkpoints: every:k for k = 1..L --------------------------------------
+
+// [k - 1] the every:k peak by formula and by the allocator; the k that need least (1-based).
+struct Spacing {
+  std::vector<int64_t> k_list, k_formula, k_measured, best_formula, best_measured;
+  int sqrt_k = 0;  // what every:sqrt picks
+};
+
+// The positions (1-based) where v is least.
+std::vector<int64_t> argmins(const std::vector<int64_t>& v) {
+  std::vector<int64_t> ks;
+  const int64_t best = *std::min_element(v.begin(), v.end());
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] == best) ks.push_back(int64_t(i) + 1);
+  return ks;
+}
+
+Spacing show_checkpoint_spacing(Narrator& say, const AcRun& r) {
+  const int L = r.L;
+  const Sizes& d = r.d;
   say.phase("where to put the checkpoints: every:k for k = 1.." + std::to_string(L));
-  std::vector<int64_t> k_formula, k_measured, k_list;
-  {
-    std::vector<std::vector<std::string>> rows = {{"k", "kept inputs", "forward", "head", "backward (worst segment)",
-                                                   "peak formula", "peak measured", ""}};
-    for (int k = 1; k <= L; ++k) {
-      Checkpointing ac;
-      ac.kind = Checkpointing::Kind::every;
-      ac.every = k;
-      const EveryTerms t = every_terms(d, k);
-      k_list.push_back(k);
-      k_formula.push_back(std::max({t.forward, t.head, t.backward}));
-      k_measured.push_back(measure(cfg, ac, batch, train.seed).peak);
-      const int64_t seg_end = std::min<int64_t>(L, t.worst_segment_begin + k);
-      rows.push_back({std::to_string(k), std::to_string(kept_inputs(L - 1, k)), grouped(t.forward), grouped(t.head),
-                      grouped(t.backward) + " [" + std::to_string(t.worst_segment_begin) + ", " + std::to_string(seg_end) + ")",
-                      grouped(k_formula.back()), grouped(k_measured.back()), ""});
-    }
-    const int64_t best = *std::min_element(k_formula.begin(), k_formula.end());
-    for (size_t i = 0; i < k_formula.size(); ++i)
-      if (k_formula[i] == best) rows[i + 1].back() = "<- least";
-    say.say("The three moments that can set the peak: a block's forward, the head, and the backward's largest\n"
-            "rebuilt segment (bytes):\n\n");
-    say.say(format_table(rows));
+  Spacing sp;
+  std::vector<std::vector<std::string>> rows = {{"k", "kept inputs", "forward", "head", "backward (worst segment)",
+                                                 "peak formula", "peak measured", ""}};
+  for (int k = 1; k <= L; ++k) {
+    const EveryTerms t = every_terms(d, k);
+    sp.k_list.push_back(k);
+    sp.k_formula.push_back(std::max({t.forward, t.head, t.backward}));
+    sp.k_measured.push_back(measure(r.cfg, {.kind = Checkpointing::Kind::every, .every = k}, r.batch, r.train.seed).peak);
+    const int64_t seg_end = std::min<int64_t>(L, t.worst_segment_begin + k);
+    rows.push_back({std::to_string(k), std::to_string(kept_inputs(L - 1, k)), grouped(t.forward), grouped(t.head),
+                    grouped(t.backward) + " [" + std::to_string(t.worst_segment_begin) + ", " + std::to_string(seg_end) + ")",
+                    grouped(sp.k_formula.back()), grouped(sp.k_measured.back()), ""});
   }
-  auto argmins = [](const std::vector<int64_t>& v) {
-    std::vector<int64_t> ks;
-    const int64_t best = *std::min_element(v.begin(), v.end());
-    for (size_t i = 0; i < v.size(); ++i)
-      if (v[i] == best) ks.push_back(int64_t(i) + 1);
-    return ks;
-  };
-  const std::vector<int64_t> best_formula = argmins(k_formula), best_measured = argmins(k_measured);
-  const int sqrt_k = Checkpointing::parse("every:sqrt", L).every;
+  sp.best_formula = argmins(sp.k_formula);
+  sp.best_measured = argmins(sp.k_measured);
+  for (int64_t k : sp.best_formula) rows[size_t(k)].back() = "<- least";
+  say.say("The three moments that can set the peak: a block's forward, the head, and the backward's largest\n"
+          "rebuilt segment (bytes):\n\n");
+  say.say(format_table(rows));
+  sp.sqrt_k = Checkpointing::parse("every:sqrt", L).every;
   const double k_star = std::sqrt(double(L) * double(d.x()) / double(d.x() + d.block()));
-  say.say("\nChen et al.'s sqrt(L) rule gives k = ceil(sqrt(" + std::to_string(L) + ")) = " + std::to_string(sqrt_k) +
-          ".\nIt assumes a layer stores as much as its input; a block here stores " + fixed(ratio, 1) +
+  say.say("\nChen et al.'s sqrt(L) rule gives k = ceil(sqrt(" + std::to_string(L) + ")) = " + std::to_string(sp.sqrt_k) +
+          ".\nIt assumes a layer stores as much as its input; a block here stores " + fixed(block_to_input(d), 1) +
           "x its input, so memory ~\n(L/k) x + k (x + block) is least near k = sqrt(L x / (x + block)) = " +
-          fixed(k_star, 2) + ": the least peak is at k = " + std::to_string(best_formula.front()) + ".\n");
+          fixed(k_star, 2) + ": the least peak is at k = " + std::to_string(sp.best_formula.front()) + ".\n");
   say.pause();
+  return sp;
+}
 
-  // ---- (e) equivalence: gradients per policy, and ZeRO-3 on virtual GPUs ---------------------------
-  say.phase("equivalence: the same gradients, bit for bit");
+// ---- (e) equivalence: gradients per policy, and ZeRO-3 on virtual GPUs ----------------------------
+
+struct Equivalence {
+  std::vector<std::string> other_labels;  // [policy but none]
   std::vector<int64_t> bitwise_expected, bitwise_measured;
-  std::vector<std::string> other_labels;
-  {
-    const Measured& ref = runs[none_index];
-    std::vector<std::vector<std::string>> rows = {{"policy", "loss (sum over tokens)", "loss bitwise", "gradients bitwise", "max |diff|"}};
-    for (size_t i = 0; i < policies.size(); ++i) {
-      if (i == none_index) continue;
-      const Measured& m = runs[i];
-      const bool loss_same = std::memcmp(&m.loss, &ref.loss, sizeof(double)) == 0;
-      const bool grads_same = m.grads.size() == ref.grads.size() &&
-                              std::memcmp(m.grads.data(), ref.grads.data(), m.grads.size() * sizeof(float)) == 0;
-      double worst = 0;
-      for (size_t j = 0; j < std::min(m.grads.size(), ref.grads.size()); ++j)
-        worst = std::max(worst, double(std::fabs(m.grads[j] - ref.grads[j])));
-      other_labels.push_back(labels[i]);
-      bitwise_expected.push_back(1);
-      bitwise_measured.push_back(loss_same && grads_same ? 1 : 0);
-      rows.push_back({labels[i], fixed(m.loss, 6), loss_same ? "yes" : "NO", grads_same ? "yes" : "NO", sci(worst)});
-    }
-    say.say("Every policy against none, all " + grouped(cfg.num_parameters()) +
-            " gradient entries compared with memcmp\n(a recomputed tensor comes from the same ops on the same "
-            "inputs, so from the same bits):\n\n");
-    say.say(format_table(rows));
+  RunSetup s;  // the ZeRO-3 + AC plan on --ranks virtual GPUs
+  EquivalenceReport report;
+  bool equivalent = false;
+  std::vector<std::string> rank_labels;  // [rank]
+  std::vector<int64_t> zero_expected, zero_measured;
+};
+
+// Every policy's loss and gradients against none's, with memcmp.
+void compare_policies_bitwise(Narrator& say, const AcRun& r, const MemoryRuns& mem, Equivalence& e) {
+  const Measured& ref = mem.runs[r.none_index];
+  std::vector<std::vector<std::string>> rows = {{"policy", "loss (sum over tokens)", "loss bitwise", "gradients bitwise", "max |diff|"}};
+  for (size_t i = 0; i < r.policies.size(); ++i) {
+    if (i == r.none_index) continue;
+    const Measured& m = mem.runs[i];
+    const bool loss_same = std::memcmp(&m.loss, &ref.loss, sizeof(double)) == 0;
+    const bool grads_same = m.grads.size() == ref.grads.size() &&
+                            std::memcmp(m.grads.data(), ref.grads.data(), m.grads.size() * sizeof(float)) == 0;
+    double worst = 0;
+    for (size_t j = 0; j < std::min(m.grads.size(), ref.grads.size()); ++j)
+      worst = std::max(worst, double(std::fabs(m.grads[j] - ref.grads[j])));
+    e.other_labels.push_back(r.labels[i]);
+    e.bitwise_expected.push_back(1);
+    e.bitwise_measured.push_back(loss_same && grads_same ? 1 : 0);
+    rows.push_back({r.labels[i], fixed(m.loss, 6), loss_same ? "yes" : "NO", grads_same ? "yes" : "NO", sci(worst)});
   }
-  RunSetup s;
-  s.model = cfg;
-  s.train = train;
+  say.say("Every policy against none, all " + grouped(r.cfg.num_parameters()) +
+          " gradient entries compared with memcmp\n(a recomputed tensor comes from the same ops on the same "
+          "inputs, so from the same bits):\n\n");
+  say.say(format_table(rows));
+}
+
+// ZeRO-3 with the --ac policy on --ranks virtual GPUs, replayed on one device without it; each
+// rank's activation peak against the A2 formula for its micro-batch.
+void run_zero3_with_ac(Narrator& say, const LessonOptions& o, const AcArgs& a, const AcRun& r, Equivalence& e) {
+  RunSetup& s = e.s;
+  s.model = r.cfg;
+  s.train = r.train;
   s.plan = ParallelPlan::parse("dp=" + std::to_string(o.ranks));
   s.plan.zero = ZeroStage::zero3;
-  s.plan.ac = Checkpointing::parse(a.verify_ac, L);
+  s.plan.ac = Checkpointing::parse(a.verify_ac, r.L);
   s.plan.validate();
   s.cluster = o.cluster_options();
   say.say("\nAnd on " + std::to_string(o.ranks) + " virtual GPUs: " + s.plan.describe() + ",\n" +
-          std::to_string(train.steps) + " AdamW step(s), each rank " + std::to_string(o.micro_batches) +
-          " micro-batch(es) of " + std::to_string(o.rows) + " x " + std::to_string(T) +
+          std::to_string(r.train.steps) + " AdamW step(s), each rank " + std::to_string(o.micro_batches) +
+          " micro-batch(es) of " + std::to_string(o.rows) + " x " + std::to_string(r.T) +
           ", replayed on one device without checkpointing ...\n");
-  const EquivalenceReport report = run_equivalence(s, data);
-  const bool equivalent = report.ok && (s.cluster.algo != ReduceAlgo::ordered || report.bitwise);
-  const int64_t rank_peak = peak_formula(sizes_of(cfg, o.rows, T), s.plan.ac);
-  std::vector<int64_t> zero_expected, zero_measured;
-  std::vector<std::string> rank_labels;
-  for (size_t r = 0; r < report.memory.size(); ++r) {
-    rank_labels.push_back("rank " + std::to_string(r));
-    zero_expected.push_back(rank_peak);
-    zero_measured.push_back(report.memory[r].activations);
+  e.report = run_equivalence(s, r.data);
+  e.equivalent = e.report.ok && (s.cluster.algo != ReduceAlgo::ordered || e.report.bitwise);
+  const int64_t rank_peak = peak_formula(sizes_of(r.cfg, o.rows, r.T), s.plan.ac);
+  for (size_t k = 0; k < e.report.memory.size(); ++k) {
+    e.rank_labels.push_back("rank " + std::to_string(k));
+    e.zero_expected.push_back(rank_peak);
+    e.zero_measured.push_back(e.report.memory[k].activations);
   }
-  say.pause();
+}
 
-  // ---- exercises -------------------------------------------------------------------------------
-  say.phase("exercises: formula vs measured");
-  ExerciseSheet sheet;
-  sheet.exact("A1", "How many bytes of activations does the forward leave for the backward, per policy?",
-              "none: 2 ids + (L+1) x + L block + head; selective: 2 ids + (L+1) x + L kept + head; every:k: "
-              "2 ids + (ceil(L/k) + 1) x + head",
-              -1, exp_forward, m_forward);
-  columns["A1"] = labels;
-  sheet.exact("A2", "What is the activation high-water mark of one forward + backward, per policy?",
-              "none: the end of the forward; selective: max(end of forward, ids + (L+1) x + L kept + one block's "
-              "recomputable half); every:k: max(forward of the last block, the head, the largest rebuilt segment)",
-              -1, exp_peak, m_peak,
-              "Exact to the byte: every tensor is a Buffer charged to the model's tracker when allocated.");
-  columns["A2"] = labels;
-  sheet.exact("A3", "How many bytes of activations are left when the backward returns?",
-              "none: each unit's activations and input are freed by its backward", -1, exp_left, m_left);
-  columns["A3"] = labels;
-  sheet.exact("F1", "How many FLOPs does one training token cost (forward + backward)?",
-              "6 (L (2 C nh hd + 2 C nkv hd + 3 C I) + V C) + 12 L nh hd T", -1,
-              {training_formula(cfg, T)}, {std::llround(train_per_token)},
-              "The MFU numerator; an embedding lookup is no matmul, RMSNorm and SwiGLU are O(C) per token.");
-  columns["F1"] = {"per token"};
-  sheet.exact("F2", "How many FLOPs per token does each policy add by recomputing?",
-              "none 0; selective the attention core's forward 4 L nh hd T; every:k (full = every:1) one forward of "
-              "every block less each segment's top down_proj: 2 L (2 C nh hd + 2 C nkv hd + 3 C I) + 4 L nh hd T "
-              "- 2 C I ceil(L/k)",
-              -1, exp_recompute, m_recompute,
-              "Measured = core/model/flops.h (recompute_flops_per_token), the HFU numerator's extra term.");
-  columns["F2"] = labels;
+Equivalence show_equivalence(Narrator& say, const LessonOptions& o, const AcArgs& a, const AcRun& r,
+                             const MemoryRuns& mem) {
+  say.phase("equivalence: the same gradients, bit for bit");
+  Equivalence e;
+  compare_policies_bitwise(say, r, mem, e);
+  run_zero3_with_ac(say, o, a, r, e);
+  say.pause();
+  return e;
+}
+
+// ---- exercises ------------------------------------------------------------------------------------
+
+LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const MemoryRuns& mem, const Price& price,
+                             const Spacing& sp, const Equivalence& e) {
+  LabelledSheet x;
+  x.exact("A1", r.labels, "How many bytes of activations does the forward leave for the backward, per policy?",
+          "none: 2 ids + (L+1) x + L block + head; selective: 2 ids + (L+1) x + L kept + head; every:k: "
+          "2 ids + (ceil(L/k) + 1) x + head",
+          mem.exp_forward, mem.m_forward);
+  x.exact("A2", r.labels, "What is the activation high-water mark of one forward + backward, per policy?",
+          "none: the end of the forward; selective: max(end of forward, ids + (L+1) x + L kept + one block's "
+          "recomputable half); every:k: max(forward of the last block, the head, the largest rebuilt segment)",
+          mem.exp_peak, mem.m_peak, "Exact to the byte: every tensor is a Buffer charged to the model's tracker when allocated.");
+  x.exact("A3", r.labels, "How many bytes of activations are left when the backward returns?",
+          "none: each unit's activations and input are freed by its backward", mem.exp_left, mem.m_left);
+  x.exact("F1", {"per token"}, "How many FLOPs does one training token cost (forward + backward)?",
+          "6 (L (2 C nh hd + 2 C nkv hd + 3 C I) + V C) + 12 L nh hd T", {training_formula(r.cfg, r.T)},
+          {std::llround(price.train_per_token)},
+          "The MFU numerator; an embedding lookup is no matmul, RMSNorm and SwiGLU are O(C) per token.");
+  x.exact("F2", r.labels, "How many FLOPs per token does each policy add by recomputing?",
+          "none 0; selective the attention core's forward 4 L nh hd T; every:k (full = every:1) one forward of "
+          "every block less each segment's top down_proj: 2 L (2 C nh hd + 2 C nkv hd + 3 C I) + 4 L nh hd T "
+          "- 2 C I ceil(L/k)",
+          price.exp_recompute, price.m_recompute,
+          "Measured = core/model/flops.h (recompute_flops_per_token), the HFU numerator's extra term.");
   std::vector<int64_t> sim_low, sim_high;
-  for (int64_t f : sim_formula) sim_low.push_back(f - 1), sim_high.push_back(f + 1);
-  sheet.range("C1", "On the simulated clock, how long does one forward + backward take, per policy (ns)?",
-              "(sum over units of forward + backward FLOPs + the policy's recomputed FLOPs) / GPU rate; attention "
-              "counts the T(T+1)/2 causal pairs per head",
-              sim_low, sim_high, sim_measured,
-              "Measured: the clock the ops' FLOP reports advanced (core/comm/trace.h); within 1 ns of rounding.");
-  columns["C1"] = labels;
+  for (int64_t f : price.sim_formula) sim_low.push_back(f - 1), sim_high.push_back(f + 1);
+  x.range("C1", r.labels, "On the simulated clock, how long does one forward + backward take, per policy (ns)?",
+          "(sum over units of forward + backward FLOPs + the policy's recomputed FLOPs) / GPU rate; attention "
+          "counts the T(T+1)/2 causal pairs per head",
+          sim_low, sim_high, price.sim_measured,
+          "Measured: the clock the ops' FLOP reports advanced (core/comm/trace.h); within 1 ns of rounding.");
   std::vector<std::string> k_labels;
-  for (int64_t k : k_list) k_labels.push_back("k=" + std::to_string(k));
-  sheet.exact("K1", "What is the activation peak of every:k, for every k from 1 to L?",
-              "max(forward of the last block, the head, the largest rebuilt segment) as in A2", -1, k_formula,
-              k_measured);
-  columns["K1"] = k_labels;
-  sheet.exact("K2", "Which k needs least activation memory?",
-              "the k minimising the K1 formula (about sqrt(L x / (x + block)), not sqrt(L), when a block stores much "
-              "more than its input)",
-              -1, best_formula, best_measured,
-              "Expected: the argmin of the formula over k = 1..L; measured: the argmin of the allocator's peaks. "
-              "every:sqrt picks k = " + std::to_string(sqrt_k) + ".");
-  columns["K2"] = std::vector<std::string>(std::max(best_formula.size(), best_measured.size()), "least k");
-  sheet.exact("E1", "Does any policy change the loss or a single bit of the gradients?",
-              "no: 1 = loss and every gradient entry bitwise equal to none (memcmp)", -1, bitwise_expected,
-              bitwise_measured);
-  columns["E1"] = other_labels;
-  sheet.exact("Z1", "ZeRO-3 with AC " + s.plan.ac.describe() + ": what is each rank's activation peak?",
-              "the A2 formula for one rank's micro-batch (B = " + std::to_string(o.rows) +
-                  "): sharding the state does not change what a rank's forward keeps",
-              -1, zero_expected, zero_measured);
-  columns["Z1"] = rank_labels;
-  say.say(sheet_report(sheet, columns));
+  for (int64_t k : sp.k_list) k_labels.push_back("k=" + std::to_string(k));
+  x.exact("K1", k_labels, "What is the activation peak of every:k, for every k from 1 to L?",
+          "max(forward of the last block, the head, the largest rebuilt segment) as in A2", sp.k_formula, sp.k_measured);
+  x.exact("K2", std::vector<std::string>(std::max(sp.best_formula.size(), sp.best_measured.size()), "least k"),
+          "Which k needs least activation memory?",
+          "the k minimising the K1 formula (about sqrt(L x / (x + block)), not sqrt(L), when a block stores much "
+          "more than its input)",
+          sp.best_formula, sp.best_measured,
+          "Expected: the argmin of the formula over k = 1..L; measured: the argmin of the allocator's peaks. "
+          "every:sqrt picks k = " + std::to_string(sp.sqrt_k) + ".");
+  x.exact("E1", e.other_labels, "Does any policy change the loss or a single bit of the gradients?",
+          "no: 1 = loss and every gradient entry bitwise equal to none (memcmp)", e.bitwise_expected, e.bitwise_measured);
+  x.exact("Z1", e.rank_labels, "ZeRO-3 with AC " + e.s.plan.ac.describe() + ": what is each rank's activation peak?",
+          "the A2 formula for one rank's micro-batch (B = " + std::to_string(o.rows) +
+              "): sharding the state does not change what a rank's forward keeps",
+          e.zero_expected, e.zero_measured);
+  return x;
+}
+
+// The --json summary: the shape, every policy's memory, FLOPs and times, the every:k sweep, the
+// exercises and the ZeRO-3 run's equivalence.
+nlohmann::json summary_json(const LessonOptions& o, const AcRun& r, const MemoryRuns& mem, const Price& price,
+                            const Spacing& sp, const Equivalence& e, const ExerciseSheet& sheet, bool passed) {
+  const LlamaConfig& cfg = r.cfg;
+  const Sizes& d = r.d;
+  nlohmann::json per_policy = nlohmann::json::array();
+  for (size_t i = 0; i < r.policies.size(); ++i)
+    per_policy.push_back({{"spec", r.policies[i].spec},
+                          {"policy", r.policies[i].ac.describe()},
+                          {"after_forward_bytes", mem.m_forward[i]},
+                          {"after_forward_formula", mem.exp_forward[i]},
+                          {"peak_bytes", mem.m_peak[i]},
+                          {"peak_formula", mem.exp_peak[i]},
+                          {"fraction_of_none", double(mem.m_peak[i]) / double(mem.none_peak)},
+                          {"scratch_peak_bytes", mem.runs[i].scratch_peak},
+                          {"recompute_flops_per_token", price.m_recompute[i]},
+                          {"recompute_flops_formula", price.exp_recompute[i]},
+                          {"step_seconds", price.seconds[i]},
+                          {"step_seconds_median", price.medians[i]},
+                          {"mfu", price.mfu[i]},
+                          {"hfu", price.hfu[i]},
+                          {"loss_sum", mem.runs[i].loss}});
+  nlohmann::json every_k = nlohmann::json::array();
+  for (size_t i = 0; i < sp.k_list.size(); ++i)
+    every_k.push_back({{"k", sp.k_list[i]}, {"peak_formula", sp.k_formula[i]}, {"peak_bytes", sp.k_measured[i]}});
+  return {{"lesson", "03-activation-checkpointing"},
+          {"preset", o.preset},
+          {"parameters", cfg.num_parameters()},
+          {"shape", {{"B", r.B}, {"T", r.T}, {"C", cfg.hidden_size}, {"nh", cfg.num_attention_heads},
+                     {"nkv", cfg.num_key_value_heads}, {"hd", cfg.head_dim}, {"I", cfg.intermediate_size},
+                     {"V", cfg.vocab_size}, {"L", r.L}}},
+          {"bytes", {{"x", d.x()}, {"block", d.block()}, {"kept", d.kept()}, {"recomputable", d.recomputable()},
+                     {"head", d.head()}, {"ids", d.ids()}}},
+          {"policies", per_policy},
+          {"training_flops_per_token", price.train_per_token},
+          {"peak_gemm_flops_per_s", price.peak_flops},
+          {"threads", ops::backend_threads()},
+          {"every_k", every_k},
+          {"least_k_formula", sp.best_formula},
+          {"least_k_measured", sp.best_measured},
+          {"sqrt_k", sp.sqrt_k},
+          {"plan", e.s.plan.to_json()},
+          {"zero3_memory_peak", memory_json(e.report.memory)},
+          {"exercises", sheet.to_json()},
+          {"equivalence", equivalence_json(e.report)},
+          {"passed", passed}};
+}
+
+int run(const LessonOptions& o, const AcArgs& a) {
+  Narrator say(o);
+  const AcRun r = ac_run(o, a);
+  show_block_storage(say, o, r);
+  const MemoryRuns mem = show_memory_per_policy(say, r);
+  const Price price = show_price(say, a, r, mem);
+  const Spacing spacing = show_checkpoint_spacing(say, r);
+  const Equivalence e = show_equivalence(say, o, a, r, mem);
+
+  say.phase("exercises: formula vs measured");
+  const LabelledSheet x = check_formulas(o, r, mem, price, spacing, e);
+  say.say(sheet_report(x.sheet, x.columns));
   say.pause();
 
   say.phase("equivalence with one device");
-  say.say(report.table());
-  say.say("\nPeak bytes per rank of the " + s.plan.describe() + " run:\n\n" + memory_table(report.memory));
-  const bool passed = sheet.failed() == 0 && equivalent;
-
-  if (o.json) {
-    nlohmann::json per_policy = nlohmann::json::array();
-    for (size_t i = 0; i < policies.size(); ++i)
-      per_policy.push_back({{"spec", policies[i].spec},
-                            {"policy", policies[i].ac.describe()},
-                            {"after_forward_bytes", m_forward[i]},
-                            {"after_forward_formula", exp_forward[i]},
-                            {"peak_bytes", m_peak[i]},
-                            {"peak_formula", exp_peak[i]},
-                            {"fraction_of_none", double(m_peak[i]) / double(none_peak)},
-                            {"scratch_peak_bytes", runs[i].scratch_peak},
-                            {"recompute_flops_per_token", m_recompute[i]},
-                            {"recompute_flops_formula", exp_recompute[i]},
-                            {"step_seconds", seconds[i]},
-                            {"step_seconds_median", medians[i]},
-                            {"mfu", mfu[i]},
-                            {"hfu", hfu[i]},
-                            {"loss_sum", runs[i].loss}});
-    nlohmann::json every_k = nlohmann::json::array();
-    for (size_t i = 0; i < k_list.size(); ++i)
-      every_k.push_back({{"k", k_list[i]}, {"peak_formula", k_formula[i]}, {"peak_bytes", k_measured[i]}});
-    const nlohmann::json j = {
-        {"lesson", "03-activation-checkpointing"},
-        {"preset", o.preset},
-        {"parameters", cfg.num_parameters()},
-        {"shape", {{"B", B}, {"T", T}, {"C", C}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"I", I}, {"V", V}, {"L", L}}},
-        {"bytes", {{"x", d.x()}, {"block", d.block()}, {"kept", d.kept()}, {"recomputable", d.recomputable()},
-                   {"head", d.head()}, {"ids", d.ids()}}},
-        {"policies", per_policy},
-        {"training_flops_per_token", train_per_token},
-        {"peak_gemm_flops_per_s", peak_flops},
-        {"threads", ops::backend_threads()},
-        {"every_k", every_k},
-        {"least_k_formula", best_formula},
-        {"least_k_measured", best_measured},
-        {"sqrt_k", sqrt_k},
-        {"plan", s.plan.to_json()},
-        {"zero3_memory_peak", memory_json(report.memory)},
-        {"exercises", sheet.to_json()},
-        {"equivalence", equivalence_json(report)},
-        {"passed", passed}};
-    std::printf("%s\n", j.dump().c_str());
-  }
+  say.say(e.report.table());
+  say.say("\nPeak bytes per rank of the " + e.s.plan.describe() + " run:\n\n" + memory_table(e.report.memory));
+  const bool passed = x.sheet.failed() == 0 && e.equivalent;
+  if (o.json) std::printf("%s\n", summary_json(o, r, mem, price, spacing, e, x.sheet, passed).dump().c_str());
   return passed ? 0 : 1;
 }
 
