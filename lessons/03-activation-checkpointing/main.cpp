@@ -25,7 +25,7 @@
 #include "core/tensor/memory_tracker.h"
 #include "lessons/common/clock.h"
 #include "lessons/common/lesson.h"
-#include "lessons/common/numbers.h"
+#include "lessons/common/number_format.h"
 
 namespace llama4d::lesson {
 namespace {
@@ -567,7 +567,7 @@ void compare_policies_bitwise(Narrator& say, const AcRun& r, const MemoryRuns& m
     e.other_labels.push_back(r.labels[i]);
     e.bitwise_expected.push_back(1);
     e.bitwise_measured.push_back(loss_same && grads_same ? 1 : 0);
-    rows.push_back({r.labels[i], fixed(m.loss, 6), loss_same ? "yes" : "NO", grads_same ? "yes" : "NO", sci(worst)});
+    rows.push_back({r.labels[i], fixed(m.loss, 6), loss_same ? "yes" : "NO", grads_same ? "yes" : "NO", significant(worst)});
   }
   say.say("Every policy against none, all " + grouped(r.cfg.num_parameters()) +
           " gradient entries compared with memcmp\n(a recomputed tensor comes from the same ops on the same "

@@ -9,11 +9,10 @@
 // the measurements, and compares with one device.
 //   lesson04_tensor_parallel [--tp 2] [--sp on|off] [--dp 1] [--ac none|full] [--vocab-size 262] [--step] [--json]
 #include <algorithm>
-#include <map>
-#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/comm/text_table.h"
+#include "core/comm/traffic_labels.h"
 #include "core/data/dataset.h"
 #include "core/error.h"
 #include "core/model/params.h"
@@ -231,13 +230,14 @@ Expected expected(const LlamaConfig& cfg, const ParallelPlan& plan, int64_t B, i
   return e;
 }
 
-// The traffic labels of the blocks' f and g (and SP's halves), and of the embedding and head.
-const std::vector<std::pair<const char*, const char*>> kBlockLabels = {
+// The traffic labels of the blocks' f and g (and SP's halves), and of the embedding and head, as
+// tensor_parallel.cpp writes them (core/comm/traffic_labels.h does not name these): op, label prefix.
+const std::vector<std::pair<std::string_view, std::string_view>> kBlockLabels = {
     {"all_reduce", "g forward"},          {"all_reduce", "f backward: attention"},
     {"all_reduce", "f backward: MLP"},    {"all_gather", "SP forward"},
     {"reduce_scatter", "SP forward"},     {"all_gather", "SP backward"},
     {"reduce_scatter", "SP backward"}};
-const std::vector<std::pair<const char*, const char*>> kEndLabels = {
+const std::vector<std::pair<std::string_view, std::string_view>> kEndLabels = {
     {"all_reduce", "vocab-parallel embedding"},
     {"reduce_scatter", "vocab-parallel embedding"},
     {"all_reduce", "f backward: head input"},
@@ -246,15 +246,29 @@ const std::vector<std::pair<const char*, const char*>> kEndLabels = {
     {"all_gather", "sequence-parallel embedding gradient"}};
 
 int64_t sum_over(const std::vector<TrafficRecord>& records,
-                 const std::vector<std::pair<const char*, const char*>>& labels,
+                 const std::vector<std::pair<std::string_view, std::string_view>>& labels,
                  int64_t (*of)(const std::vector<TrafficRecord>&, std::string_view, std::string_view)) {
   int64_t n = 0;
   for (const auto& [op, label] : labels) n += of(records, op, label);
   return n;
 }
 
-int run(LessonOptions o, const TpArgs& a) {
-  Narrator say(o);
+// ---- The run, phase by phase -------------------------------------------------------------------
+
+// What every phase reads: the run, its rows and the README's notation (B rows of T tokens per
+// micro-batch, M micro-batches per data rank, W = tp x dp ranks).
+struct TpLesson {
+  const LessonOptions& o;
+  RunSetup s;
+  TextDataset data;
+  int tp, dp, W;
+  bool sp, full;  // sequence parallelism; full activation checkpointing
+  int64_t B, T, BT, M;
+  ReduceAlgo algo;
+  const LlamaConfig& cfg() const { return s.model; }
+};
+
+TpLesson set_up(LessonOptions& o, const TpArgs& a) {
   const int tp = a.tp, dp = a.dp, W = tp * dp;
   o.ranks = W;
   RunSetup s;
@@ -269,233 +283,309 @@ int run(LessonOptions o, const TpArgs& a) {
   s.plan.validate();
   s.plan.check_model(s.model);
   s.cluster = o.cluster_options();
-  const bool sp = s.plan.sequence_parallel, full = a.ac == "full";
-  const int64_t B = o.rows, T = o.seq_len, BT = B * T, M = o.micro_batches;
-  const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
-  const LlamaConfig& cfg = s.model;
-  const int64_t C = cfg.hidden_size, hd = cfg.head_dim, L = cfg.num_hidden_layers, nh = cfg.num_attention_heads,
-                nkv = cfg.num_key_value_heads, I = cfg.intermediate_size, V = cfg.vocab_size, N = cfg.num_parameters();
+  TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
+  const bool sp = s.plan.sequence_parallel;
   const ReduceAlgo algo = s.cluster.algo;
+  return {.o = o, .s = std::move(s), .data = std::move(data), .tp = tp, .dp = dp, .W = W, .sp = sp,
+          .full = a.ac == "full", .B = o.rows, .T = o.seq_len, .BT = o.rows * o.seq_len, .M = o.micro_batches,
+          .algo = algo};
+}
 
+void show_mesh_and_batch(Narrator& say, const TpLesson& l) {
+  const LlamaConfig& cfg = l.cfg();
   say.phase("the mesh and the batch");
-  say.say("Model '" + o.preset + "': N = " + grouped(N) + " parameters; C = " + std::to_string(C) + ", " +
-          std::to_string(nh) + " query heads and " + std::to_string(nkv) + " key/value heads of " + std::to_string(hd) +
-          ", SwiGLU I = " + std::to_string(I) + ", vocabulary V = " + std::to_string(V) + ", " + std::to_string(L) +
-          " layers.\nMesh " + s.plan.describe_mesh() + (sp ? " with sequence parallelism" : " without sequence parallelism") +
-          ", " + std::string(reduce_algo_name(algo)) + " reductions; " + s.cluster.cluster.describe() + ".\n\n");
-  say.say(mesh_table(s.plan, s.cluster.cluster));
-  say.say("\nThe ranks of a tensor-parallel group read the SAME rows (B*T = " + std::to_string(BT) +
+  say.say("Model '" + l.o.preset + "': N = " + grouped(cfg.num_parameters()) + " parameters; C = " +
+          std::to_string(cfg.hidden_size) + ", " + std::to_string(cfg.num_attention_heads) + " query heads and " +
+          std::to_string(cfg.num_key_value_heads) + " key/value heads of " + std::to_string(cfg.head_dim) +
+          ", SwiGLU I = " + std::to_string(cfg.intermediate_size) + ", vocabulary V = " + std::to_string(cfg.vocab_size) +
+          ", " + std::to_string(cfg.num_hidden_layers) + " layers.\nMesh " + l.s.plan.describe_mesh() +
+          (l.sp ? " with sequence parallelism" : " without sequence parallelism") + ", " +
+          std::string(reduce_algo_name(l.algo)) + " reductions; " + l.s.cluster.cluster.describe() + ".\n\n");
+  say.say(mesh_table(l.s.plan, l.s.cluster.cluster));
+  say.say("\nThe ranks of a tensor-parallel group read the SAME rows (B*T = " + std::to_string(l.BT) +
           " tokens per micro-batch); data ranks read different ones. Rows of step 1 per data rank:\n\n");
-  say.say(batch_table(data, s.train, dp, 0));
+  say.say(batch_table(l.data, l.s.train, l.dp, 0));
   say.pause();
+}
 
-  StepReporter steps(say, o.step,
+// Right after construction: every tensor's slice, the heads, columns and rows per rank, and what
+// each rank holds.
+void show_slices(Narrator& say, const TpLesson& l, const PhaseView& p) {
+  const LlamaConfig& cfg = l.cfg();
+  const int tp = l.tp;
+  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, V = cfg.vocab_size;
+  say.phase("what each rank holds (" + p.strategy + ")");
+  say.say("Every weight is cut " + std::to_string(tp) +
+          " ways. Shapes are Hugging Face's [out, in]: a column-parallel layer (Megatron's Y = XA with A split by "
+          "columns)\nholds a block of out-features, i.e. ROWS of the [out, in] tensor; a row-parallel layer holds "
+          "a block of in-features (columns).\nLayer 0 stands for every layer.\n\n");
+  say.say(slice_table(cfg, tp));
+  say.say("\nHeads, SwiGLU columns and vocabulary rows per tensor-parallel rank (query head j reads KV head j / " +
+          std::to_string(nh / nkv) + "):\n\n");
+  say.say(heads_table(cfg, tp));
+  if (nkv < tp)
+    say.say("\ntp = " + std::to_string(tp) + " > " + std::to_string(nkv) +
+            " key/value heads: a KV head is held by several ranks, each of which computes its gradient from its own\n"
+            "query heads only; the replicas' gradients are summed every micro-batch (exercise T7).\n");
+  if (V % tp != 0)
+    say.say("\nV = " + std::to_string(V) + " is not a multiple of tp: each rank's share is ceil(V/tp) = " +
+            std::to_string((V + tp - 1) / tp) + " rows and the last rank holds what is left (padding never stored).\n");
+  say.say("\nBytes live on each virtual GPU right after construction (params, grads, AdamW of the slice only):\n\n");
+  say.say(memory_table(live_of(p)));
+  say.pause();
+}
+
+std::vector<PhaseView> train_and_show_steps(Narrator& say, const TpLesson& l) {
+  StepReporter steps(say, l.o.step,
                      "g = the all-reduce after a row-parallel layer (forward), f = the one before a column-parallel "
                      "layer (backward);\nwith SP each becomes a reduce-scatter + an all-gather of the same bytes. "
                      "'grad bucket' and 'loss' are the data-parallel\nreductions of lesson 01" +
-                         std::string(dp == 1 ? ": over a data-parallel group of one rank they move nothing." : "."),
+                         std::string(l.dp == 1 ? ": over a data-parallel group of one rank they move nothing." : "."),
                      " (scratch: the backward's temporaries)");
-  const std::vector<PhaseView> phases = run_phases(s, data, [&](const PhaseView& p) {
+  return run_phases(l.s, l.data, [&](const PhaseView& p) {
     if (p.step > 0) return steps.show(p);
-    say.phase("what each rank holds (" + p.strategy + ")");
-    say.say("Every weight is cut " + std::to_string(tp) +
-            " ways. Shapes are Hugging Face's [out, in]: a column-parallel layer (Megatron's Y = XA with A split by "
-            "columns)\nholds a block of out-features, i.e. ROWS of the [out, in] tensor; a row-parallel layer holds "
-            "a block of in-features (columns).\nLayer 0 stands for every layer.\n\n");
-    say.say(slice_table(cfg, tp));
-    say.say("\nHeads, SwiGLU columns and vocabulary rows per tensor-parallel rank (query head j reads KV head j / " +
-            std::to_string(nh / nkv) + "):\n\n");
-    say.say(heads_table(cfg, tp));
-    if (nkv < tp)
-      say.say("\ntp = " + std::to_string(tp) + " > " + std::to_string(nkv) +
-              " key/value heads: a KV head is held by several ranks, each of which computes its gradient from its own\n"
-              "query heads only; the replicas' gradients are summed every micro-batch (exercise T7).\n");
-    if (V % tp != 0)
-      say.say("\nV = " + std::to_string(V) + " is not a multiple of tp: each rank's share is ceil(V/tp) = " +
-              std::to_string((V + tp - 1) / tp) + " rows and the last rank holds what is left (padding never stored).\n");
-    say.say("\nBytes live on each virtual GPU right after construction (params, grads, AdamW of the slice only):\n\n");
-    say.say(memory_table(live_of(p)));
-    say.pause();
+    show_slices(say, l, p);
   });
+}
 
-  // ---- The same steps with the other --sp setting, for S3 and S4 ------------------------------
-  RunSetup flipped = s;
-  flipped.plan.sequence_parallel = !sp;
+// The same steps with the other --sp setting, one step, for S3 and S4.
+std::vector<PhaseView> run_other_sp(const TpLesson& l) {
+  RunSetup flipped = l.s;
+  flipped.plan.sequence_parallel = !l.sp;
   flipped.train.steps = 1;
-  const std::vector<PhaseView> other = run_phases(flipped, data, nullptr);
+  return run_phases(flipped, l.data, nullptr);
+}
 
-  // ---- Exercises -----------------------------------------------------------------------------
-  say.phase("exercises: formula vs measured");
-  const PhaseView& rest = phases.front();
-  const PhaseView& last = phases.back();
-  const Expected e = expected(cfg, s.plan, B, T, M, full, algo, sp);
+// What was measured, per world rank: memory at rest (params, state) and in the last step, and
+// the last step's collectives by the labels of Expected.
+struct Measured {
+  std::vector<int64_t> params, state, act, scratch, total, block_calls, block, ends, loss_calls, loss, kv, gain, norm;
+};
 
-  // What was measured, per world rank.
-  std::vector<int64_t> m_params, m_state, m_act, m_scratch, m_total, m_block_calls, m_block, m_ends, m_loss_calls;
-  for (int w = 0; w < W; ++w) {
-    const RankSnapshot& r0 = rest.ranks[size_t(w)];
-    const RankSnapshot& r1 = last.ranks[size_t(w)];
-    m_params.push_back(r0.live.params);
-    m_state.push_back(r0.live.params + r0.live.grads + r0.live.optimizer);
-    m_act.push_back(r1.peak.activations);
-    m_scratch.push_back(r1.peak.scratch);
-    m_total.push_back(total_sent(r1.traffic));
-    m_block_calls.push_back(sum_over(r1.traffic, kBlockLabels, call_count));
-    m_block.push_back(sum_over(r1.traffic, kBlockLabels, sent_bytes));
-    m_ends.push_back(sum_over(r1.traffic, kEndLabels, sent_bytes));
-    m_loss_calls.push_back(call_count(r1.traffic, "all_reduce", "vocab-parallel loss"));
+Measured measure(const PhaseView& rest, const PhaseView& last) {
+  Measured m;
+  for (size_t w = 0; w < last.ranks.size(); ++w) {
+    const RankSnapshot& r0 = rest.ranks[w];
+    const RankSnapshot& r1 = last.ranks[w];
+    m.params.push_back(r0.live.params);
+    m.state.push_back(r0.live.params + r0.live.grads + r0.live.optimizer);
+    m.act.push_back(r1.peak.activations);
+    m.scratch.push_back(r1.peak.scratch);
+    m.total.push_back(total_sent(r1.traffic));
+    m.block_calls.push_back(sum_over(r1.traffic, kBlockLabels, call_count));
+    m.block.push_back(sum_over(r1.traffic, kBlockLabels, sent_bytes));
+    m.ends.push_back(sum_over(r1.traffic, kEndLabels, sent_bytes));
+    m.loss_calls.push_back(call_count(r1.traffic, "all_reduce", label::kVocabLoss));
   }
-  const std::vector<int64_t> m_loss = per_rank_sent(last, "all_reduce", "vocab-parallel loss"),
-                             m_kv = per_rank_sent(last, "all_reduce", "key/value replicas"),
-                             m_gain = per_rank_sent(last, "all_reduce", "sequence-parallel norm gain"),
-                             m_norm = per_rank_sent(last, "all_reduce", "grad-norm (tensor-parallel");
+  m.loss = per_rank_sent(last, "all_reduce", label::kVocabLoss);
+  m.kv = per_rank_sent(last, "all_reduce", label::kKeyValueReplicas);
+  m.gain = per_rank_sent(last, "all_reduce", label::kNormGainGrad);
+  m.norm = per_rank_sent(last, "all_reduce", label::kGradNormTensorSlices);
+  return m;
+}
 
-  const double dtp = tp, ring = 2 * (dtp - 1) / dtp, BTC4 = 4.0 * double(BT * C);
+// T1-T5: the slice each rank holds, and the bytes and calls of the blocks' f and g and of the
+// embedding's and head's.
+void check_slices_and_f_g(ExerciseSheet& sheet, const TpLesson& l, const Expected& e, const Measured& m) {
+  const LlamaConfig& cfg = l.cfg();
+  const int tp = l.tp;
+  const bool sp = l.sp, full = l.full;
+  const int64_t L = cfg.num_hidden_layers, N = cfg.num_parameters(), M = l.M;
+  const double dtp = tp, ring = 2 * (dtp - 1) / dtp, BTC4 = 4.0 * double(l.BT * cfg.hidden_size);
   const int64_t per_layer = sp ? (full ? 11 : 8) : (full ? 5 : 4);
   const std::string ac_note =
       full ? sp ? " + full checkpointing's recompute: o_proj's reduce-scatter and the all-gathers of n1 and n2 again "
                   "(the recompute stops before down_proj): 11 L M"
                 : " + full checkpointing's recompute repeats o_proj's g (it stops before down_proj): 5 L M"
            : "";
-  ExerciseSheet sheet;
   sheet.exact("T1", "How many bytes of parameters does each rank hold?",
               "4 x its slice: embedding and LM head ceil(V/tp) rows (the last rank what is left), per layer nh/tp query "
               "heads, the KV heads they read, I/tp SwiGLU columns, and both RMSNorm gains whole",
-              -1, e.params, m_params,
+              -1, e.params, m.params,
               "One device holds 4N = " + grouped(4 * N) + " bytes; 4N/tp would be " + grouped(4 * N / tp) +
-                  ": the replicated norms" + std::string(nkv < tp ? " and KV heads" : "") + " make the slice larger.");
+                  ": the replicated norms" + std::string(cfg.num_key_value_heads < tp ? " and KV heads" : "") +
+                  " make the slice larger.");
   sheet.exact("T2", "How much model state (params + grads + AdamW) does each rank keep between steps?",
-              "16 bytes per element of its slice (fp32 weights and gradients, two AdamW moments)", -1, e.state, m_state);
+              "16 bytes per element of its slice (fp32 weights and gradients, two AdamW moments)", -1, e.state, m.state);
   sheet.exact("T3", "How many collectives per step do the blocks' f and g operators make?",
               sp ? "each of the 4 all-reduces per layer and micro-batch (g after o_proj and down_proj in forward, f "
                    "before q/k/v and gate/up in backward) becomes a reduce-scatter + an all-gather: 8 L M" + ac_note
                  : "4 all-reduces per layer and micro-batch: g after o_proj and down_proj (forward), f before q/k/v and "
                    "gate/up (backward): 4 L M" + ac_note,
-              double(per_layer * L * M), e.block_calls, m_block_calls);
+              double(per_layer * L * M), e.block_calls, m.block_calls);
   sheet.exact("T4", "How many bytes does each rank send for them per step?",
               "each all-reduce of B*T*C fp32 numbers sends 2 (tp-1)/tp of the buffer per rank" +
                   std::string(sp ? "; SP's reduce-scatters and all-gathers (tp-1)/tp each: the same bytes" : "") +
                   (full ? "; " + std::to_string(per_layer) + " per layer and micro-batch" : ": 4 L M x 2 (tp-1)/tp x 4 BTC"),
-              double(per_layer * L * M) * (sp ? ring / 2 : ring) * BTC4, e.block, m_block);
+              double(per_layer * L * M) * (sp ? ring / 2 : ring) * BTC4, e.block, m.block);
   sheet.exact("T5", "And around the embedding and the head?",
               "the vocabulary-parallel embedding's partial lookups (a g) and the LM head's input gradient (an f): 2 M "
               "[B*T, C] sums" + std::string(sp ? ", as reduce-scatters and all-gathers" : ""),
-              2.0 * double(M) * ring * BTC4, e.ends, m_ends);
+              2.0 * double(M) * ring * BTC4, e.ends, m.ends);
+}
+
+// T6-T10: the vocabulary-parallel loss, the replicated key/value heads, SP's norm gains, the
+// gradient norm, and the step's total.
+void check_loss_replicas_and_total(ExerciseSheet& sheet, const TpLesson& l, const Expected& e, const Measured& m) {
+  const LlamaConfig& cfg = l.cfg();
+  const int64_t C = cfg.hidden_size, hd = cfg.head_dim, L = cfg.num_hidden_layers, nkv = cfg.num_key_value_heads;
+  const int64_t M = l.M;
+  const double dtp = l.tp, ring = 2 * (dtp - 1) / dtp;
   sheet.exact("T6", "How many bytes does the vocabulary-parallel loss send per step?",
               "3 all-reduces of B*T numbers per micro-batch (max, sum of exp, target logit): 3 M x 2 (tp-1)/tp x 4 BT, "
               "never the [B*T, V] logits",
-              3.0 * double(M) * ring * 4 * double(BT), e.loss, m_loss);
-  sheet.exact("T6b", "How many all-reduces is that?", "3 per micro-batch", 3.0 * double(M), e.loss_calls, m_loss_calls);
+              3.0 * double(M) * ring * 4 * double(l.BT), e.loss, m.loss);
+  sheet.exact("T6b", "How many all-reduces is that?", "3 per micro-batch", 3.0 * double(M), e.loss_calls, m.loss_calls);
   sheet.exact("T7", "What do the replicated key/value heads send?",
-              nkv < tp ? "per layer and micro-batch one all-reduce of the k and v weight gradients of all heads, "
-                         "2 nkv hd C numbers (non-holders add zeros): L M x 2 (tp-1)/tp x 4 (2 nkv hd C)"
-                       : "nothing: tp <= num_key_value_heads, every KV head lives on exactly one rank",
-              nkv < tp ? double(L * M) * ring * 4 * double(2 * nkv * hd * C) : 0.0, e.kv, m_kv);
-  if (sp)
+              nkv < l.tp ? "per layer and micro-batch one all-reduce of the k and v weight gradients of all heads, "
+                           "2 nkv hd C numbers (non-holders add zeros): L M x 2 (tp-1)/tp x 4 (2 nkv hd C)"
+                         : "nothing: tp <= num_key_value_heads, every KV head lives on exactly one rank",
+              nkv < l.tp ? double(L * M) * ring * 4 * double(2 * nkv * hd * C) : 0.0, e.kv, m.kv);
+  if (l.sp)
     sheet.exact("T8", "SP: what do the RMSNorm gains' gradients cost?",
                 "each rank's rows give only part of a gain's gradient: (2L + 1) M all-reduces of C numbers",
-                double((2 * L + 1) * M) * ring * 4 * double(C), e.gain, m_gain);
+                double((2 * L + 1) * M) * ring * 4 * double(C), e.gain, m.gain);
   sheet.exact("T9", "And the gradient norm for clipping?",
               "each rank's sum of squares over the elements it counts (replicas once), summed: 1 fp64 all-reduce", -1,
-              e.norm, m_norm);
+              e.norm, m.norm);
   sheet.exact("T10", "In total, per rank and step?",
-              "the sum of the above" + std::string(dp > 1 ? " + the data-parallel all-reduce of the slice's gradients "
-                                                            "and of the loss (lesson 01, over the dp group)"
-                                                          : "") +
+              "the sum of the above" + std::string(l.dp > 1 ? " + the data-parallel all-reduce of the slice's gradients "
+                                                              "and of the loss (lesson 01, over the dp group)"
+                                                            : "") +
                   ": nothing else moves",
-              -1, e.total, m_total);
-  // Time on the simulated clock (one node: every hop is NVLink).
-  if (s.cluster.cluster.nodes == 1) {
-    std::vector<int64_t> busy_low, busy_high, busy, hidden;
-    for (int w = 0; w < W; ++w) {
-      const RankSnapshot& r1 = last.ranks[size_t(w)];
-      double formula = 0;
-      for (const TrafficRecord& t : r1.traffic) formula += tp_collective_us(t, BT, algo, s.cluster.cluster.nvlink);
-      busy_low.push_back(ns(formula) - 1), busy_high.push_back(ns(formula) + 1);
-      busy.push_back(ns(r1.time.comm_us));
-      hidden.push_back(ns(std::max(0.0, r1.time.comm_us - r1.time.wait_us)));
-    }
-    sheet.range("T11", "On the simulated clock, how long do the step's collectives keep each rank's links busy (ns)?",
-                "the sum over the step's collectives of the alpha-beta time: all-reduce = reduce-scatter + all-gather, "
-                "each " + std::string(algo == ReduceAlgo::ring ? "(n-1) steps of alpha + chunk / bandwidth"
-                                                               : "one phase of alpha + the busiest rank's bytes / bandwidth"),
-                busy_low, busy_high, busy, "Within 1 ns of rounding; a group of one rank costs nothing.");
-    if (dp == 1)
-      sheet.exact("T12", "How much of that communication hides behind compute (ns)?",
-                  "none: every f and g is synchronous, the next matmul needs its result (measured: busy - exposed)",
-                  0.0, std::vector<int64_t>(size_t(W), 0), hidden,
-                  "Data parallelism's bucketed all-reduces (lesson 01) overlap; tensor parallelism's cannot, which is "
-                  "why Llama 3 keeps tp inside a node's NVLink.");
-  }
-  if (!full) {
-    sheet.exact("S1", "How many bytes of activations does each rank keep for the backward?",
-                "per micro-batch, with rows = " +
-                    std::string(sp ? "this rank's rows [BT r/tp, BT (r+1)/tp) of the B*T tokens" : "B*T") +
-                    ": tokens + targets 8 BT, residual stream 4 (L+1) rows C, per block 4 [BT (2C + 2q + 2kv + nh/tp "
-                    "+ 3 I/tp) + rows (C + 2)], head 4 [BT (C + V/tp + 2) + rows]",
-                -1, e.act, m_act,
-                sp ? "The residual stream, h and the norms' statistics hold 1/tp of the rows; n1 and n2 are kept "
-                     "gathered (all rows) for the weight gradients."
-                   : "Without SP the residual stream [B*T, C] is the same on every rank: rerun with --sp on.");
-    sheet.exact("S2", "What is the peak of backward scratch?",
-                "the residual gradient (rows x C) + one block's temporaries BT (2C + 2q + 2kv + 3 I/tp) + the larger "
-                "of the head's dlogits and dn, BT (V/tp + C), and" +
-                    std::string(nkv < tp ? " the replicated KV heads' gradients apart and summed, 2 kv C + 2 nkv hd C"
-                                         : " nothing else (no KV replicas)") +
-                    (sp ? "; + C for a norm gain's gradient apart" : ""),
-                -1, e.scratch, m_scratch);
-  }
-  {
-    const PhaseView& on = sp ? phases[1] : other[1];
-    const PhaseView& off = sp ? other[1] : phases[1];
-    const Expected e_on = sp ? e : expected(cfg, s.plan, B, T, M, full, algo, true);
-    const Expected e_off = sp ? expected(cfg, s.plan, B, T, M, full, algo, false) : e;
-    std::vector<int64_t> x_traffic, m_traffic, x_act, m_act_saved;
-    for (int w = 0; w < W; ++w) {
-      x_traffic.push_back(e_on.total[size_t(w)] - e_off.total[size_t(w)]);
-      m_traffic.push_back(total_sent(on.ranks[size_t(w)].traffic) - total_sent(off.ranks[size_t(w)].traffic));
-      x_act.push_back(e_off.act[size_t(w)] - e_on.act[size_t(w)]);
-      m_act_saved.push_back(off.ranks[size_t(w)].peak.activations - on.ranks[size_t(w)].peak.activations);
-    }
-    sheet.exact("S3", "How many more bytes does SP send than plain TP (--sp on minus --sp off, one step)?",
-                "only the RMSNorm gains' gradients, (2L + 1) M x 2 (tp-1)/tp x 4C: every all-reduce became a "
-                "reduce-scatter + an all-gather of the same bytes" +
-                    std::string(full ? "; + with full checkpointing one all-gather of n2 per layer and micro-batch "
-                                       "(the recompute rebuilds n2 from h's rows and gathers it again)"
-                                     : ""),
-                double((2 * L + 1) * M) * ring * 4 * double(C) + (full ? double(L * M) * ring / 2 * BTC4 : 0.0),
-                x_traffic, m_traffic, "Measured: this run and a one-step run with --sp " + std::string(sp ? "off" : "on") + ".");
-    if (!full)
-      sheet.exact("S4", "How many bytes of activations does SP save per rank?",
-                  "(tp-1)/tp of the rows of everything kept per row outside the tensor-parallel regions: the residual "
-                  "stream x_0..x_L, each block's h, rstd1 and rstd2, the final norm's rstd: 4 (tp-1)/tp BT [(L+1) C + "
-                  "L (C + 2) + 1]",
-                  4.0 * (dtp - 1) / dtp * double(BT) * double((L + 1) * C + L * (C + 2) + 1), x_act, m_act_saved,
-                  "n1, n2 and the final norm's output are kept gathered (all rows): Megatron-LM keeps only the rows and "
-                  "gathers them again in backward, saving 4 (tp-1)/tp BT C more per norm.");
-  }
-  EquivalenceReport report;
-  bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
-  say.say("\nThe same steps in fp64, against the plain single-device trainer (its own order of additions):\n\n");
-  const EquivalenceReport report64 = run_equivalence_fp64(s, data);
-  say.say(report64.table());
-  equivalent = equivalent && report64.ok && report64.plain_checked && report64.plain_max_rel_err <= 1e-12;
+              -1, e.total, m.total);
+}
 
-  return finish_lesson("04-tensor-parallelism", o.json, o.preset, s, phases, sheet, report, equivalent,
+// T11, T12: the collectives on the simulated clock (one node: every hop is NVLink).
+void check_time(ExerciseSheet& sheet, const TpLesson& l, const PhaseView& last) {
+  std::vector<int64_t> busy_low, busy_high, busy, hidden;
+  for (const RankSnapshot& r1 : last.ranks) {
+    double formula = 0;
+    for (const TrafficRecord& t : r1.traffic) formula += tp_collective_us(t, l.BT, l.algo, l.s.cluster.cluster.nvlink);
+    busy_low.push_back(ns(formula) - 1), busy_high.push_back(ns(formula) + 1);
+    busy.push_back(ns(r1.time.comm_us));
+    hidden.push_back(ns(std::max(0.0, r1.time.comm_us - r1.time.wait_us)));
+  }
+  sheet.range("T11", "On the simulated clock, how long do the step's collectives keep each rank's links busy (ns)?",
+              "the sum over the step's collectives of the alpha-beta time: all-reduce = reduce-scatter + all-gather, "
+              "each " + std::string(l.algo == ReduceAlgo::ring ? "(n-1) steps of alpha + chunk / bandwidth"
+                                                               : "one phase of alpha + the busiest rank's bytes / bandwidth"),
+              busy_low, busy_high, busy, "Within 1 ns of rounding; a group of one rank costs nothing.");
+  if (l.dp == 1)
+    sheet.exact("T12", "How much of that communication hides behind compute (ns)?",
+                "none: every f and g is synchronous, the next matmul needs its result (measured: busy - exposed)",
+                0.0, std::vector<int64_t>(size_t(l.W), 0), hidden,
+                "Data parallelism's bucketed all-reduces (lesson 01) overlap; tensor parallelism's cannot, which is "
+                "why Llama 3 keeps tp inside a node's NVLink.");
+}
+
+// S1, S2: activations kept for the backward and the backward's scratch (without recompute).
+void check_activations(ExerciseSheet& sheet, const TpLesson& l, const Expected& e, const Measured& m) {
+  const bool sp = l.sp;
+  sheet.exact("S1", "How many bytes of activations does each rank keep for the backward?",
+              "per micro-batch, with rows = " +
+                  std::string(sp ? "this rank's rows [BT r/tp, BT (r+1)/tp) of the B*T tokens" : "B*T") +
+                  ": tokens + targets 8 BT, residual stream 4 (L+1) rows C, per block 4 [BT (2C + 2q + 2kv + nh/tp "
+                  "+ 3 I/tp) + rows (C + 2)], head 4 [BT (C + V/tp + 2) + rows]",
+              -1, e.act, m.act,
+              sp ? "The residual stream, h and the norms' statistics hold 1/tp of the rows; n1 and n2 are kept "
+                   "gathered (all rows) for the weight gradients."
+                 : "Without SP the residual stream [B*T, C] is the same on every rank: rerun with --sp on.");
+  sheet.exact("S2", "What is the peak of backward scratch?",
+              "the residual gradient (rows x C) + one block's temporaries BT (2C + 2q + 2kv + 3 I/tp) + the larger "
+              "of the head's dlogits and dn, BT (V/tp + C), and" +
+                  std::string(l.cfg().num_key_value_heads < l.tp
+                                  ? " the replicated KV heads' gradients apart and summed, 2 kv C + 2 nkv hd C"
+                                  : " nothing else (no KV replicas)") +
+                  (sp ? "; + C for a norm gain's gradient apart" : ""),
+              -1, e.scratch, m.scratch);
+}
+
+// S3, S4: SP against plain TP, one step each: the bytes it adds and the activations it saves.
+void check_sp_against_plain(ExerciseSheet& sheet, const TpLesson& l, const PhaseView& this_run,
+                            const PhaseView& other_run, const Expected& e) {
+  const LlamaConfig& cfg = l.cfg();
+  const int64_t C = cfg.hidden_size, L = cfg.num_hidden_layers, M = l.M, BT = l.BT;
+  const double dtp = l.tp, ring = 2 * (dtp - 1) / dtp, BTC4 = 4.0 * double(BT * C);
+  const bool sp = l.sp, full = l.full;
+  const PhaseView& on = sp ? this_run : other_run;
+  const PhaseView& off = sp ? other_run : this_run;
+  const Expected e_on = sp ? e : expected(cfg, l.s.plan, l.B, l.T, M, full, l.algo, true);
+  const Expected e_off = sp ? expected(cfg, l.s.plan, l.B, l.T, M, full, l.algo, false) : e;
+  std::vector<int64_t> x_traffic, m_traffic, x_act, m_act_saved;
+  for (size_t w = 0; w < size_t(l.W); ++w) {
+    x_traffic.push_back(e_on.total[w] - e_off.total[w]);
+    m_traffic.push_back(total_sent(on.ranks[w].traffic) - total_sent(off.ranks[w].traffic));
+    x_act.push_back(e_off.act[w] - e_on.act[w]);
+    m_act_saved.push_back(off.ranks[w].peak.activations - on.ranks[w].peak.activations);
+  }
+  sheet.exact("S3", "How many more bytes does SP send than plain TP (--sp on minus --sp off, one step)?",
+              "only the RMSNorm gains' gradients, (2L + 1) M x 2 (tp-1)/tp x 4C: every all-reduce became a "
+              "reduce-scatter + an all-gather of the same bytes" +
+                  std::string(full ? "; + with full checkpointing one all-gather of n2 per layer and micro-batch "
+                                     "(the recompute rebuilds n2 from h's rows and gathers it again)"
+                                   : ""),
+              double((2 * L + 1) * M) * ring * 4 * double(C) + (full ? double(L * M) * ring / 2 * BTC4 : 0.0),
+              x_traffic, m_traffic, "Measured: this run and a one-step run with --sp " + std::string(sp ? "off" : "on") + ".");
+  if (!full)
+    sheet.exact("S4", "How many bytes of activations does SP save per rank?",
+                "(tp-1)/tp of the rows of everything kept per row outside the tensor-parallel regions: the residual "
+                "stream x_0..x_L, each block's h, rstd1 and rstd2, the final norm's rstd: 4 (tp-1)/tp BT [(L+1) C + "
+                "L (C + 2) + 1]",
+                4.0 * (dtp - 1) / dtp * double(BT) * double((L + 1) * C + L * (C + 2) + 1), x_act, m_act_saved,
+                "n1, n2 and the final norm's output are kept gathered (all rows): Megatron-LM keeps only the rows and "
+                "gathers them again in backward, saving 4 (tp-1)/tp BT C more per norm.");
+}
+
+// The exercise sheet, then the steps on one device: in fp32 within the harness's bounds, in fp64
+// within 1e-12 of the plain single-device trainer.
+bool check_equivalence(Narrator& say, ExerciseSheet& sheet, const TpLesson& l, EquivalenceReport& report,
+                       EquivalenceReport& report64) {
+  const bool equivalent = finish_with_equivalence(say, sheet, l.s, l.data, report);
+  say.say("\nThe same steps in fp64, against the plain single-device trainer (its own order of additions):\n\n");
+  report64 = run_equivalence_fp64(l.s, l.data);
+  say.say(report64.table());
+  return equivalent && report64.ok && report64.plain_checked && report64.plain_max_rel_err <= 1e-12;
+}
+
+// Per tensor-parallel rank: its heads, key/value heads, SwiGLU columns and vocabulary rows.
+nlohmann::json slices_json(const LlamaConfig& cfg, int tp) {
+  nlohmann::json slices = nlohmann::json::array();
+  for (int r = 0; r < tp; ++r) {
+    const TpLayout t = tp_layout(cfg, tp, r);
+    slices.push_back({{"tp_rank", r},
+                      {"heads", {t.heads_begin, t.heads}},
+                      {"kv_heads", {t.kv_heads_begin, t.kv_heads}},
+                      {"ffn", {t.ffn_begin, t.ffn}},
+                      {"vocab", {t.vocab_begin, t.vocab_rows}},
+                      {"replicated_kv", holds_replica(cfg, tp, r)},
+                      {"elements", flat_numel(llama_param_specs(cfg, t))}});
+  }
+  return slices;
+}
+
+int run(LessonOptions o, const TpArgs& a) {
+  Narrator say(o);
+  const TpLesson l = set_up(o, a);
+  show_mesh_and_batch(say, l);
+  const std::vector<PhaseView> phases = train_and_show_steps(say, l);
+  const std::vector<PhaseView> other = run_other_sp(l);
+
+  say.phase("exercises: formula vs measured");
+  const Expected e = expected(l.cfg(), l.s.plan, l.B, l.T, l.M, l.full, l.algo, l.sp);
+  const Measured m = measure(phases.front(), phases.back());
+  ExerciseSheet sheet;
+  check_slices_and_f_g(sheet, l, e, m);
+  check_loss_replicas_and_total(sheet, l, e, m);
+  if (l.s.cluster.cluster.nodes == 1) check_time(sheet, l, phases.back());
+  if (!l.full) check_activations(sheet, l, e, m);
+  check_sp_against_plain(sheet, l, phases[1], other[1], e);
+  EquivalenceReport report, report64;
+  const bool equivalent = check_equivalence(say, sheet, l, report, report64);
+  return finish_lesson("04-tensor-parallelism", o.json, o.preset, l.s, phases, sheet, report, equivalent,
                        [&](nlohmann::json& j) {
-                         nlohmann::json slices = nlohmann::json::array();
-                         for (int r = 0; r < tp; ++r) {
-                           const TpLayout t = tp_layout(cfg, tp, r);
-                           slices.push_back({{"tp_rank", r},
-                                             {"heads", {t.heads_begin, t.heads}},
-                                             {"kv_heads", {t.kv_heads_begin, t.kv_heads}},
-                                             {"ffn", {t.ffn_begin, t.ffn}},
-                                             {"vocab", {t.vocab_begin, t.vocab_rows}},
-                                             {"replicated_kv", holds_replica(cfg, tp, r)},
-                                             {"elements", flat_numel(llama_param_specs(cfg, t))}});
-                         }
-                         j["slices"] = slices;
-                         j["sequence_parallel"] = sp;
+                         j["slices"] = slices_json(l.cfg(), l.tp);
+                         j["sequence_parallel"] = l.sp;
                          j["equivalence_fp64"] = fp64_equivalence_json(report64);
                        });
 }

@@ -15,6 +15,7 @@
 #include "core/plan/llama3.h"
 #include "core/plan/traffic.h"
 #include "lessons/common/lesson.h"
+#include "lessons/common/number_format.h"
 
 namespace llama4d::lesson {
 namespace {
@@ -24,12 +25,6 @@ struct FourDArgs {
   int zero = 3;
   std::string ac = "selective";
 };
-
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
 
 std::string traffic_rows(const PlanReport& r) {
   std::vector<std::vector<std::string>> rows = {{"dim", "group", "bytes / GPU / step", "link", "exposed ms"}};
@@ -46,11 +41,9 @@ std::map<std::string, int64_t> measured_group_bytes(const PhaseView& p) {
   return out;
 }
 
-int run(LessonOptions o, const FourDArgs& a) {
-  Narrator say(o);
-  ExerciseSheet sheet;
-
-  // ---- 1. Llama 3 405B on 16,384 GPUs --------------------------------------------------------------
+// Phase 1: the paper's three layouts of Llama 3 405B through the planner. Returns each plan's
+// report (with the paper's MFU), for the JSON summary.
+nlohmann::json show_llama3_layouts(Narrator& say) {
   say.phase("Llama 3 405B on 16,384 H100s: the paper's three layouts, as the planner sees them",
             "core/plan/planner.cpp (plan_step), core/plan/memory.cpp, core/plan/traffic.cpp");
   std::vector<std::vector<std::string>> rows = {
@@ -73,8 +66,11 @@ int run(LessonOptions o, const FourDArgs& a) {
           "model before\nFSDP divides them by dp; activations are what a pipeline rank keeps for its micro-batches "
           "in flight.\n");
   say.pause();
+  return llama3;
+}
 
-  // ---- 2. Why this order ---------------------------------------------------------------------------
+// Phase 2: the 8,192-GPU layout in Llama 3's order and reversed. Returns both step times.
+nlohmann::json show_why_this_order(Narrator& say) {
   say.phase("why [tp, cp, pp, dp]: the innermost dimensions share a node", "core/comm/device_mesh.h, core/plan/planner.cpp");
   say.ask("O1", "The 8,192-GPU layout with the order reversed (dp innermost): how many times longer is its step?");
   const Llama3Layout l8k = llama3_405b_layouts().front();  // tp=8,cp=1,pp=16,dp=64
@@ -89,9 +85,17 @@ int run(LessonOptions o, const FourDArgs& a) {
           "activations; data parallelism talks once per unit per step and hides\nbehind compute. So the group that "
           "talks most and cannot hide gets the fastest link.\n");
   say.pause();
+  return {{"llama3_step_seconds", llama_order.step_seconds}, {"reversed_step_seconds", reversed.step_seconds}};
+}
 
-  // ---- 3. The same plan on 16 virtual GPUs ---------------------------------------------------------
-  const RunSetup s = mesh_run_setup(o, a.mesh, a.zero, a.ac);
+// What the planner predicts for the run on virtual GPUs, before anything runs.
+struct Prediction {
+  PlanReport step;
+  std::vector<MemoryPrediction> memory;         // [world rank]
+  std::map<std::string, GroupTraffic> traffic;  // per mesh group, summed over its ranks
+};
+
+Prediction predict(const RunSetup& s) {
   StepShape shape;
   shape.model = s.model;
   shape.plan = s.plan;
@@ -100,46 +104,47 @@ int run(LessonOptions o, const FourDArgs& a) {
   shape.micro_batch_size = s.train.micro_batch_size;
   ClusterModel virtual_cluster;
   virtual_cluster.cluster = s.cluster.cluster;
-  const PlanReport predicted = plan_step(shape, virtual_cluster);
-  const std::vector<MemoryPrediction> memory = predict_memory(shape);
-  const std::map<std::string, GroupTraffic> traffic = predict_step_traffic(shape);
+  return {plan_step(shape, virtual_cluster), predict_memory(shape), predict_step_traffic(shape)};
+}
 
+// Phase 3: every rank's coordinates on the mesh, and the planner's prediction.
+void show_mesh_and_prediction(Narrator& say, const RunSetup& s, const PlanReport& predicted) {
   say.phase("the same layout on " + std::to_string(s.plan.world_size()) + " virtual GPUs: " + s.plan.describe(),
             "core/parallel/parallel_trainer.cpp (the groups), core/parallel/tensor_context_comm.h (tp x cp)");
-  {
-    std::vector<std::vector<std::string>> mesh = {{"rank", "node"}};
-    for (const MeshDim& d : s.plan.mesh) mesh[0].push_back(d.name);
-    for (int w = 0; w < s.plan.world_size(); ++w) {
-      mesh.push_back({std::to_string(w), std::to_string(s.cluster.cluster.node_of(w))});
-      for (const MeshDim& d : s.plan.mesh) mesh.back().push_back(std::to_string(s.plan.coordinate(d.name, w)));
-    }
-    std::string formula = "rank = ", close;  // mixed radix: c0 + size0 (c1 + size1 (c2 + ...))
-    for (size_t i = 0; i < s.plan.mesh.size(); ++i) {
-      if (i > 0) formula += " + " + std::to_string(s.plan.mesh[i - 1].size) + " (", close += ")";
-      formula += s.plan.mesh[i].name;
-    }
-    say.say(formula + close + " (innermost first): the first dimension's group is neighbouring ranks, the last's the "
-            "farthest apart.\n\n" + format_table(mesh) + "\nThe planner's prediction, before anything runs:\n\n" +
-            predicted.table() + "\n");
+  std::vector<std::vector<std::string>> mesh = {{"rank", "node"}};
+  for (const MeshDim& d : s.plan.mesh) mesh[0].push_back(d.name);
+  for (int w = 0; w < s.plan.world_size(); ++w) {
+    mesh.push_back({std::to_string(w), std::to_string(s.cluster.cluster.node_of(w))});
+    for (const MeshDim& d : s.plan.mesh) mesh.back().push_back(std::to_string(s.plan.coordinate(d.name, w)));
   }
+  std::string formula = "rank = ", close;  // mixed radix: c0 + size0 (c1 + size1 (c2 + ...))
+  for (size_t i = 0; i < s.plan.mesh.size(); ++i) {
+    if (i > 0) formula += " + " + std::to_string(s.plan.mesh[i - 1].size) + " (", close += ")";
+    formula += s.plan.mesh[i].name;
+  }
+  say.say(formula + close + " (innermost first): the first dimension's group is neighbouring ranks, the last's the "
+          "farthest apart.\n\n" + format_table(mesh) + "\nThe planner's prediction, before anything runs:\n\n" +
+          predicted.table() + "\n");
   say.pause();
+}
 
-  const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
+std::vector<PhaseView> train_and_show_steps(Narrator& say, const LessonOptions& o, const RunSetup& s,
+                                            const TextDataset& data) {
   StepReporter reporter(say, o.step,
                         "Four groups talk: 'SP ...' and 'vocab-parallel ...' over tp, 'context parallelism' over cp, "
                         "'pipeline' sends over pp,\n'params' / 'grads' (ZeRO-3) over cp+dp; the grad-norm and loss "
                         "all-reduces cross them all.",
                         " (what each rank's allocator handed out)", "core/parallel/parallel_trainer.cpp (step)");
-  const std::vector<PhaseView> phases = run_phases(s, data, [&](const PhaseView& p) {
+  return run_phases(s, data, [&](const PhaseView& p) {
     if (p.step >= 1) reporter.show(p);
   });
-  const PhaseView& first = phases.at(1);
+}
 
-  // ---- 4. Predicted vs measured ------------------------------------------------------------------
-  say.phase("predicted vs measured", "core/plan/memory.cpp, core/plan/traffic.cpp");
-  const int W = s.plan.world_size();
+// M1-M4: the planner's memory per category per rank against the first step's peaks.
+void check_memory(ExerciseSheet& sheet, const RunSetup& s, const PhaseView& first,
+                  const std::vector<MemoryPrediction>& memory) {
   std::vector<int64_t> p_params, m_params, p_opt, m_opt, p_comm, m_comm, lo_grads, hi_grads, m_grads;
-  for (int w = 0; w < W; ++w) {
+  for (int w = 0; w < s.plan.world_size(); ++w) {
     const RankMemory& m = first.ranks[size_t(w)].peak;
     const MemoryPrediction& p = memory[size_t(w)];
     p_params.push_back(p.params), m_params.push_back(m.params);
@@ -156,6 +161,11 @@ int run(LessonOptions o, const FourDArgs& a) {
   if (!p_comm.empty())
     sheet.exact("M4", "Communication buffer bytes on each rank?", "the reduce-scatter's output: one shard", -1, p_comm,
                 m_comm);
+}
+
+// T1, T2, ...: per mesh group, the planner's bytes against what all ranks sent in the first step.
+void check_group_traffic(ExerciseSheet& sheet, const std::map<std::string, GroupTraffic>& traffic,
+                         const PhaseView& first) {
   const std::map<std::string, int64_t> measured = measured_group_bytes(first);
   int id = 1;
   for (const auto& [group, t] : traffic) {
@@ -164,26 +174,46 @@ int run(LessonOptions o, const FourDArgs& a) {
                 "traffic.cpp's formula for every collective of the step", -1, {t.bytes_sent},
                 {it == measured.end() ? 0 : it->second}, "one number: the sum over all ranks of every such group");
   }
-  if (s.plan.size("pp") > 1) {
-    const double replay = simulate_pipeline_schedule(make_pipeline_schedule(s.plan.schedule, s.plan.size("pp"),
-                                                                            int(o.micro_batches), s.plan.pp_chunks))
-                              .bubble_fraction();
-    Exercise bubble;
-    bubble.id = "B1";
-    bubble.question = "The pipeline's idle share of a step with uniform stages?";
-    bubble.formula = "(p-1)/(m+p-1) for 1F1B: " + fixed(predicted.bubble_fraction, 6);
-    bubble.note = "the schedule's lists replayed on the simulated clock: " + fixed(replay, 6);
-    bubble.pass = std::abs(replay - predicted.bubble_fraction) < 1e-12;
-    sheet.add(bubble);
-  }
+}
+
+// B1: the planner's bubble against the schedule's lists replayed on the simulated clock.
+void check_bubble(ExerciseSheet& sheet, const LessonOptions& o, const RunSetup& s, const PlanReport& predicted) {
+  const double replay = simulate_pipeline_schedule(make_pipeline_schedule(s.plan.schedule, s.plan.size("pp"),
+                                                                          int(o.micro_batches), s.plan.pp_chunks))
+                            .bubble_fraction();
+  Exercise bubble;
+  bubble.id = "B1";
+  bubble.question = "The pipeline's idle share of a step with uniform stages?";
+  bubble.formula = "(p-1)/(m+p-1) for 1F1B: " + fixed(predicted.bubble_fraction, 6);
+  bubble.note = "the schedule's lists replayed on the simulated clock: " + fixed(replay, 6);
+  bubble.pass = std::abs(replay - predicted.bubble_fraction) < 1e-12;
+  sheet.add(bubble);
+}
+
+int run(LessonOptions o, const FourDArgs& a) {
+  Narrator say(o);
+  ExerciseSheet sheet;
+  const nlohmann::json llama3 = show_llama3_layouts(say);
+  const nlohmann::json order = show_why_this_order(say);
+  const RunSetup s = mesh_run_setup(o, a.mesh, a.zero, a.ac);
+  const Prediction predicted = predict(s);
+  show_mesh_and_prediction(say, s, predicted.step);
+  const TextDataset data = load_dataset(default_corpus_path(), s.train.seq_len);
+  const std::vector<PhaseView> phases = train_and_show_steps(say, o, s, data);
+  const PhaseView& first = phases.at(1);
+
+  say.phase("predicted vs measured", "core/plan/memory.cpp, core/plan/traffic.cpp");
+  check_memory(sheet, s, first, predicted.memory);
+  check_group_traffic(sheet, predicted.traffic, first);
+  if (s.plan.size("pp") > 1) check_bubble(sheet, o, s, predicted.step);
   say.pause();
 
   EquivalenceReport report;
   const bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
   return finish_lesson("07-llama3-4d", o.json, o.preset, s, phases, sheet, report, equivalent, [&](nlohmann::json& j) {
     j["llama3_405b"] = llama3;
-    j["order"] = {{"llama3_step_seconds", llama_order.step_seconds}, {"reversed_step_seconds", reversed.step_seconds}};
-    j["predicted"] = predicted.to_json();
+    j["order"] = order;
+    j["predicted"] = predicted.step.to_json();
   });
 }
 

@@ -5,9 +5,8 @@
 // with fp32 gradient reductions, as Llama 3 trained; bf16 on the wire too) and measures what
 // changes (the numbers, the activations kept, the bytes of the gradient reductions) and what does
 // not (the collectives, what a rank keeps between steps). Where a GPU is usable it trains the same
-// plan there and compares; then it runs the
-// torchrun-style rendezvous a multi-GPU job starts with, and ends with the bf16 run against one
-// device.
+// plan there and compares; then it runs the torchrun-style rendezvous a multi-GPU job starts with,
+// and ends with the bf16 run against one device.
 //   lesson08_graduating_to_gpus [--mesh dp=4] [--zero 2] [--gpu auto|off] [--steps 2] [--step] [--json]
 #include <algorithm>
 #include <cmath>
@@ -21,13 +20,15 @@
 
 #include "backends/store/rendezvous.h"
 #include "core/comm/text_table.h"
+#include "core/comm/traffic_labels.h"
 #include "core/error.h"
+#include "core/model/initialization.h"
 #include "core/model/llama.h"
 #include "core/model/params.h"
 #include "core/ops.h"
 #include "core/tensor/bf16_rounding.h"
-#include "core/model/initialization.h"
 #include "lessons/common/lesson.h"
+#include "lessons/common/number_format.h"
 
 namespace llama4d::lesson {
 namespace {
@@ -41,12 +42,6 @@ struct GpuArgs {
 // bf16 keeps 8 significant bits (7 stored + the implicit one), so rounding to nearest moves a
 // value by at most half a unit in the last place: a relative error of at most u = 2^-8.
 constexpr double kUnitRoundoff = 1.0 / 256;
-
-std::string sci(double v, int digits = 3) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
-  return buf;
-}
 
 // Why a compute backend cannot run here ("" when it can); the CPU backend is active again after.
 std::string unusable(const std::string& device) {
@@ -108,7 +103,7 @@ struct CallMatch {
 // across replicas (the labels core/parallel/ gives them). Not the gradient norm's partials.
 bool is_grad_reduction(const TrafficRecord& r) {
   return (r.op == "reduce_scatter" || r.op == "all_reduce") &&
-         (r.label.rfind("grads ", 0) == 0 || r.label.rfind("grad bucket", 0) == 0);
+         (r.label.starts_with(label::grads("")) || r.label.starts_with(label::grad_bucket("")));
 }
 
 // Each record of `a` pairs with at most one of `b` (sends to two peers can share a key).
@@ -159,8 +154,8 @@ std::string losses_table(const std::vector<const Variant*>& runs) {
   for (size_t k = 1; k < runs[0]->phases.size(); ++k) {
     std::vector<std::string> row = {std::to_string(k)};
     const double ref = runs[0]->phases[k].stats.loss;
-    for (const Variant* v : runs) row.push_back(sci(v->phases[k].stats.loss, 9));
-    for (size_t i = 1; i < runs.size(); ++i) row.push_back(sci(std::abs(runs[i]->phases[k].stats.loss - ref) / ref, 3));
+    for (const Variant* v : runs) row.push_back(significant(v->phases[k].stats.loss, 9));
+    for (size_t i = 1; i < runs.size(); ++i) row.push_back(significant(std::abs(runs[i]->phases[k].stats.loss - ref) / ref, 3));
     rows.push_back(row);
   }
   return format_table(rows);
@@ -318,12 +313,11 @@ LaunchResult rendezvous_on_threads(int world) {
   throw Error("rendezvous: five free ports in a row were taken before the store could listen");
 }
 
-int run(LessonOptions o, const GpuArgs& a) {
-  Narrator say(o);
-  ExerciseSheet sheet;
-  if (a.gpu != "auto" && a.gpu != "off") throw InputError("--gpu " + a.gpu + ": use auto or off");
+// ---- The phases ------------------------------------------------------------------------------
 
-  // ---- 1. The backends ----------------------------------------------------------------------------
+// Phase 1: the compute backends linked into this build and whether each can run here. Returns
+// them for the JSON summary.
+nlohmann::json show_backends(Narrator& say) {
   say.phase("one code path, backends chosen at run time", "core/ops.h (ComputeBackend), core/tensor/compute_backend.cpp");
   std::vector<std::vector<std::string>> devices = {{"--device", "usable here", "why not"}};
   nlohmann::json devices_json = nlohmann::json::array();
@@ -332,7 +326,6 @@ int run(LessonOptions o, const GpuArgs& a) {
     devices.push_back({name, why.empty() ? "yes" : "no", why.empty() ? "" : why});
     devices_json.push_back({{"device", name}, {"usable", why.empty()}, {"why_not", why}});
   }
-  const std::string gpu_why = unusable("cuda");
   say.say("Compute backends linked into this build (each registers its table of kernels; --device picks one):\n\n" +
           format_table(devices) +
           "\nThe model calls ops::matmul, ops::attention_forward, ...; the strategies call a ProcessGroup's\n"
@@ -340,12 +333,43 @@ int run(LessonOptions o, const GpuArgs& a) {
           "--backend virtual: ranks are threads of one process (this lesson). --backend mpi: one process per rank.\n"
           "--backend nccl: one process per GPU, buffers in GPU memory (needs --device cuda).\n");
   say.pause();
+  return devices_json;
+}
 
-  // ---- 2. bf16, the number -----------------------------------------------------------------------
-  const RunSetup base = mesh_run_setup(o, a.mesh, a.zero, "none");
-  if (base.plan.dp() * base.plan.size("cp") < 2)
-    throw InputError("--mesh " + a.mesh + ": the lesson reduces gradients in bf16, which needs dp x cp > 1");
+// P1: no weight moves by more than u when rounded, and random ones come close to it.
+void check_unit_roundoff(ExerciseSheet& sheet, const RoundingStats& rs) {
+  Exercise e;
+  e.id = "P1";
+  e.question = "The largest relative change rounding a weight to bf16 can make?";
+  e.formula = "half a unit in the last of 8 significant bits: u = 2^-8 = " + significant(kUnitRoundoff);
+  e.value = rs.max_relative;
+  e.pass = rs.max_relative <= kUnitRoundoff && rs.max_relative > kUnitRoundoff / 2;
+  e.note = "measured over the " + grouped(rs.values) + " initial weights: " + significant(rs.max_relative, 6) +
+           " (random values come close to u, never past it)";
+  sheet.add(e);
+}
 
+// P2: (2 - 2^-7) 2^127, all 7 mantissa bits set and the largest exponent. The float just below the
+// midpoint to 2^128 rounds down to it; the midpoint itself is a tie whose even neighbour is 2^128,
+// which bf16 cannot hold: infinity.
+void check_largest_bf16(ExerciseSheet& sheet) {
+  const double largest = (2.0 - 1.0 / 128) * std::ldexp(1.0, 127);
+  const float midpoint = float((2.0 - 1.0 / 256) * std::ldexp(1.0, 127));
+  const float below = std::nextafter(midpoint, 0.0f);
+  Exercise e;
+  e.id = "P2";
+  e.question = "The largest finite bf16?";
+  e.formula = "(2 - 2^-7) 2^127 = " + significant(largest, 8) + "; a value from halfway to 2^128 up becomes infinity";
+  e.value = double(nearest_bf16(below));
+  e.pass = *e.value == largest && std::isinf(nearest_bf16(midpoint));
+  e.note = "measured: " + significant(below, 9) + " -> " + significant(nearest_bf16(below), 9) + ", " +
+           significant(midpoint, 9) + " -> " + significant(nearest_bf16(midpoint), 9);
+  sheet.add(e);
+}
+
+// Phase 2: a few numbers and the model's initial weights rounded to bf16 (P1, P2). Returns the
+// weights' rounding, for the JSON summary.
+RoundingStats show_bf16_number(Narrator& say, ExerciseSheet& sheet, const LessonOptions& o, const RunSetup& base) {
   say.phase("bf16: fp32's range, 8 significant bits", "core/tensor/bf16_rounding.h (nearest_bf16)");
   say.ask("P1", "The largest relative change rounding a weight to bf16 can make?");
   std::vector<std::vector<std::string>> examples = {{"x", "nearest bf16", "relative change", "fp16 would give"}};
@@ -354,7 +378,7 @@ int run(LessonOptions o, const GpuArgs& a) {
       {70000.0, "inf (max 65504)"}, {1e-9, "0 (min subnormal 6e-8)"}, {3e38, "inf"}};
   for (const auto& [x, fp16] : xs) {
     const float r = nearest_bf16(float(x));
-    examples.push_back({sci(x, 12), sci(r, 12), sci(std::abs(r - x) / x, 3), fp16});
+    examples.push_back({significant(x, 12), significant(r, 12), significant(std::abs(r - x) / x, 3), fp16});
   }
   const RoundingStats rs = round_initial_weights(base.model, base.train.seed);
   say.say("bf16 is the top half of an fp32: 1 sign bit, 8 exponent bits (fp32's range, up to about 3.39e38), 7\n"
@@ -363,207 +387,234 @@ int run(LessonOptions o, const GpuArgs& a) {
           "\n1 + 2^-8 lies halfway between 1 and the next bf16, 1 + 2^-7: a tie, rounded to the even mantissa (1).\n"
           "The " + grouped(rs.values) + " initial weights of '" + o.preset + "' (seed " + std::to_string(base.train.seed) +
           ") rounded to bf16: " + grouped(rs.unchanged) + " unchanged (the RMSNorm gains are 1),\nmean relative change " +
-          sci(rs.mean_relative) + ", largest " + sci(rs.max_relative) + ".\n");
-  {
-    Exercise e;
-    e.id = "P1";
-    e.question = "The largest relative change rounding a weight to bf16 can make?";
-    e.formula = "half a unit in the last of 8 significant bits: u = 2^-8 = " + sci(kUnitRoundoff);
-    e.value = rs.max_relative;
-    e.pass = rs.max_relative <= kUnitRoundoff && rs.max_relative > kUnitRoundoff / 2;
-    e.note = "measured over the " + grouped(rs.values) + " initial weights: " + sci(rs.max_relative, 6) +
-             " (random values come close to u, never past it)";
-    sheet.add(e);
-  }
-  {
-    // (2 - 2^-7) 2^127: all 7 mantissa bits set, the largest exponent. The float just below the
-    // midpoint to 2^128 rounds down to it; the midpoint itself is a tie whose even neighbour is
-    // 2^128, which bf16 cannot hold: infinity.
-    const double largest = (2.0 - 1.0 / 128) * std::ldexp(1.0, 127);
-    const float midpoint = float((2.0 - 1.0 / 256) * std::ldexp(1.0, 127));
-    const float below = std::nextafter(midpoint, 0.0f);
-    Exercise e;
-    e.id = "P2";
-    e.question = "The largest finite bf16?";
-    e.formula = "(2 - 2^-7) 2^127 = " + sci(largest, 8) + "; a value from halfway to 2^128 up becomes infinity";
-    e.value = double(nearest_bf16(below));
-    e.pass = *e.value == largest && std::isinf(nearest_bf16(midpoint));
-    e.note = "measured: " + sci(below, 9) + " -> " + sci(nearest_bf16(below), 9) + ", " + sci(midpoint, 9) + " -> " +
-             sci(nearest_bf16(midpoint), 9);
-    sheet.add(e);
-  }
+          significant(rs.mean_relative) + ", largest " + significant(rs.max_relative) + ".\n");
+  check_unit_roundoff(sheet, rs);
+  check_largest_bf16(sheet);
   say.say("\nWhy Llama 3 needed no loss scaling: a gradient of 1e-9 is a normal number in bf16 and 0 in fp16. fp16\n"
           "training multiplies the loss by a large factor so small gradients survive, and backs off on overflow.\n");
   say.pause();
+  return rs;
+}
 
-  // ---- 3. The same plan, three precisions ---------------------------------------------------------
-  Variant f32 = make_variant(base, "fp32", "fp32 weights, activations and gradient reductions", false, false);
-  Variant bf16 = make_variant(base, "bf16", "bf16 compute from fp32 master weights, fp32 gradient reductions (Llama 3)",
-                              true, false);
-  Variant wire = make_variant(base, "bf16 wire", "bf16 compute, gradients reduced in bf16 and accumulated in fp32",
-                              true, true);
-  const TextDataset data = load_dataset(default_corpus_path(), base.train.seq_len);
+// The same plan in three precisions.
+struct Precisions {
+  Variant f32, bf16, wire;
+};
+
+// S2: per rank, the bytes the bf16 run keeps between steps against the fp32 run's.
+void check_kept_state(ExerciseSheet& sheet, const Precisions& p) {
+  std::vector<int64_t> expected, measured;
+  for (size_t r = 0; r < p.f32.phases.back().ranks.size(); ++r) {
+    expected.push_back(kept_state(p.f32.phases.back().ranks[r].live));
+    measured.push_back(kept_state(p.bf16.phases.back().ranks[r].live));
+  }
+  sheet.exact("S2", "Bytes each rank keeps between steps in bf16 (params + grads + optimizer + comm buffers)?",
+              "the fp32 run's: the same buffers, 4 bytes an element", -1, expected, measured,
+              "held after the last step; peaks inside a step move with the timing of reductions in flight");
+}
+
+// W1: per rank, the bf16-wire run's bytes against the bf16 run's with every gradient reduction's
+// halved (-1 expected when the two runs' calls do not pair up one to one).
+void check_wire_bytes(ExerciseSheet& sheet, const Precisions& p) {
+  std::vector<int64_t> expected, measured;
+  bool one_to_one = true;
+  int64_t narrowed = 0;
+  for (size_t r = 0; r < p.bf16.phases.back().ranks.size(); ++r) {
+    const std::vector<TrafficRecord>& tb = p.bf16.phases.back().ranks[r].traffic;
+    const std::vector<TrafficRecord>& tw = p.wire.phases.back().ranks[r].traffic;
+    const CallMatch m = match_calls(tb, tw);
+    one_to_one = one_to_one && m.matched == int64_t(tb.size()) && m.matched == int64_t(tw.size());
+    narrowed += m.bf16_in_b;
+    expected.push_back(m.grads_halved);
+    measured.push_back(m.bytes_b);
+  }
+  sheet.exact("W1", "With gradients reduced in bf16, how many bytes does each rank send per step?",
+              "the bf16 run's bytes, with each gradient reduction's halved (2 bytes an element instead of 4)", -1,
+              one_to_one ? expected : std::vector<int64_t>(expected.size(), -1), measured,
+              std::to_string(narrowed) + " collectives went as bf16 over all ranks; parameters, the loss and the "
+              "norm stay fp32/fp64" + std::string(one_to_one ? "" : "; the two runs' calls do not pair up"));
+}
+
+// Phase 3: fp32, bf16 and bf16 on the wire on virtual GPUs: losses, bytes and memory side by
+// side (S1, S2, W1).
+Precisions train_three_ways(Narrator& say, ExerciseSheet& sheet, const RunSetup& base, const TextDataset& data) {
+  Precisions p{
+      .f32 = make_variant(base, "fp32", "fp32 weights, activations and gradient reductions", false, false),
+      .bf16 = make_variant(base, "bf16", "bf16 compute from fp32 master weights, fp32 gradient reductions (Llama 3)",
+                           true, false),
+      .wire = make_variant(base, "bf16 wire", "bf16 compute, gradients reduced in bf16 and accumulated in fp32",
+                           true, true)};
   say.phase("the same plan in fp32, in bf16, and with bf16 on the wire: " + base.plan.describe() + " on " +
                 std::to_string(base.plan.world_size()) + " virtual GPUs",
             "core/model/llama.cpp (params_for_compute: the bf16 copy), core/parallel/dp_common.h (bf16_wire)");
   say.ask("W1", "With gradients reduced in bf16, how many bytes does each rank send per step?");
-  for (Variant* v : {&f32, &bf16, &wire}) v->phases = run_phases(v->setup, data, nullptr);
-  const std::vector<const Variant*> cpu_runs = {&f32, &bf16, &wire};
-  say.say("fp32: " + f32.what + ".\nbf16: " + bf16.what + ".\nbf16 wire: " + wire.what + ".\n\n" +
-          losses_table(cpu_runs) + "\nBytes all ranks sent in the last step:\n\n" + traffic_by_op(cpu_runs) +
-          "\nMemory (what rank 0's allocator handed out):\n\n" + memory_by_run(cpu_runs, 0) +
+  for (Variant* v : {&p.f32, &p.bf16, &p.wire}) v->phases = run_phases(v->setup, data, nullptr);
+  const std::vector<const Variant*> runs = {&p.f32, &p.bf16, &p.wire};
+  say.say("fp32: " + p.f32.what + ".\nbf16: " + p.bf16.what + ".\nbf16 wire: " + p.wire.what + ".\n\n" +
+          losses_table(runs) + "\nBytes all ranks sent in the last step:\n\n" + traffic_by_op(runs) +
+          "\nMemory (what rank 0's allocator handed out):\n\n" + memory_by_run(runs, 0) +
           "\nThe ops compute on bf16 values in fp32 containers: each unit's weights are rounded into a scratch copy\n"
           "when it runs, activations and gradients are rounded where a bf16 kernel would write them. What the forward\n"
           "keeps for the backward waits as bf16, 2 bytes an element: the activation peak drops. Parameters (the\n"
           "master weights), gradients and optimizer state are fp32 in all three runs, as in Llama 3.\n");
-  same_calls(sheet, "S1", "How many of the fp32 run's collectives does the bf16 run make?", f32, bf16);
-  {
-    std::vector<int64_t> expected, measured;
-    for (size_t r = 0; r < f32.phases.back().ranks.size(); ++r) {
-      expected.push_back(kept_state(f32.phases.back().ranks[r].live));
-      measured.push_back(kept_state(bf16.phases.back().ranks[r].live));
-    }
-    sheet.exact("S2", "Bytes each rank keeps between steps in bf16 (params + grads + optimizer + comm buffers)?",
-                "the fp32 run's: the same buffers, 4 bytes an element", -1, expected, measured,
-                "held after the last step; peaks inside a step move with the timing of reductions in flight");
-  }
-  {
-    std::vector<int64_t> expected, measured;
-    bool one_to_one = true;
-    int64_t narrowed = 0;
-    for (size_t r = 0; r < bf16.phases.back().ranks.size(); ++r) {
-      const std::vector<TrafficRecord>& tb = bf16.phases.back().ranks[r].traffic;
-      const std::vector<TrafficRecord>& tw = wire.phases.back().ranks[r].traffic;
-      const CallMatch m = match_calls(tb, tw);
-      one_to_one = one_to_one && m.matched == int64_t(tb.size()) && m.matched == int64_t(tw.size());
-      narrowed += m.bf16_in_b;
-      expected.push_back(m.grads_halved);
-      measured.push_back(m.bytes_b);
-    }
-    sheet.exact("W1", "With gradients reduced in bf16, how many bytes does each rank send per step?",
-                "the bf16 run's bytes, with each gradient reduction's halved (2 bytes an element instead of 4)", -1,
-                one_to_one ? expected : std::vector<int64_t>(expected.size(), -1), measured,
-                std::to_string(narrowed) + " collectives went as bf16 over all ranks; parameters, the loss and the "
-                "norm stay fp32/fp64" + std::string(one_to_one ? "" : "; the two runs' calls do not pair up"));
-  }
+  same_calls(sheet, "S1", "How many of the fp32 run's collectives does the bf16 run make?", p.f32, p.bf16);
+  check_kept_state(sheet, p);
+  check_wire_bytes(sheet, p);
   say.pause();
+  return p;
+}
 
-  // ---- 4. The same plan on one real GPU ------------------------------------------------------------
+// The worst relative difference, over the steps, between two runs' losses.
+double worst_loss_difference(const Variant& cpu, const Variant& gpu) {
+  double worst = 0;
+  for (size_t k = 1; k < cpu.phases.size(); ++k)
+    worst = std::max(worst, std::abs(gpu.phases[k].stats.loss - cpu.phases[k].stats.loss) / cpu.phases[k].stats.loss);
+  return worst;
+}
+
+// G3, G4: the GPU's losses against the CPU's.
+void check_gpu_losses(ExerciseSheet& sheet, const Precisions& cpu, const Variant& gf32, const Variant& gbf16) {
+  const double worst = worst_loss_difference(cpu.f32, gf32);
+  Exercise e;
+  e.id = "G3";
+  e.question = "How far apart are the fp32 losses on the CPU and on the GPU?";
+  e.formula = "within 1e-5 relative: the same sums, some added in another order on the GPU";
+  e.value = worst;
+  e.pass = worst <= 1e-5;
+  e.note = "measured, worst step: " + significant(worst);
+  sheet.add(e);
+  // bf16: one last-bit difference can move a rounding by a whole bf16 step, and the runs drift
+  // apart. The bound is the loosest the equivalence harness holds a bf16 run's loss to (gradients
+  // rounded to bf16 and summed in another order; ring_tolerance in core/verify/equivalence.cpp):
+  // 2.6e-3 relative at step 1, 1.7e-2 later. It is a consistency check; that the GPU rounds where
+  // the CPU does is tests/cuda's (CudaModel.TinyStepMatchesTheCpuBf16).
+  Exercise b;
+  b.id = "G4";
+  b.question = "How far apart are the bf16 losses on the CPU and on the GPU?";
+  b.formula = "within 2.6e-3 relative at step 1 and 1.7e-2 later: the harness's loosest bounds for bf16";
+  b.pass = true;
+  for (size_t k = 1; k < cpu.bf16.phases.size(); ++k) {
+    const double rel =
+        std::abs(gbf16.phases[k].stats.loss - cpu.bf16.phases[k].stats.loss) / cpu.bf16.phases[k].stats.loss;
+    b.pass = b.pass && rel <= (k == 1 ? 2.6e-3 : 1.7e-2);
+  }
+  b.value = worst_loss_difference(cpu.bf16, gbf16);
+  b.note = "measured, worst step: " + significant(*b.value);
+  sheet.add(b);
+}
+
+// Phase 4: the fp32 and bf16 runs again with --device cuda, where a GPU is usable (G1-G4); else
+// why not. Returns the GPU's part of the JSON summary.
+nlohmann::json train_on_gpu(Narrator& say, ExerciseSheet& sheet, const GpuArgs& a, const std::string& gpu_why,
+                            const Precisions& cpu, const TextDataset& data) {
   say.phase("the same plan on virtual GPUs over one real GPU (--device cuda)",
             "backends/cuda (the kernels), backends/virtual (ranks as threads sharing the device)");
-  nlohmann::json gpu_json = {{"ran", false}};
   if (a.gpu == "off" || !gpu_why.empty()) {
     const std::string why = a.gpu == "off" ? "--gpu off" : gpu_why;
-    gpu_json["why_not"] = why;
     say.say("Not run here (" + why + ").\nOn a machine with a GPU this phase trains the fp32 and bf16 runs above with "
             "--device cuda and checks\nthat every collective is the CPU's, call for call and byte for byte, and that "
             "the losses agree\n(fp32: within 1e-5 relative; bf16: within the equivalence harness's bounds). To train on the\n"
             "GPU by hand, with its ranks checked against a replay on the same GPU:\n\n"
             "  llama4d verify --device cuda --mesh " + a.mesh + " --zero " + std::to_string(a.zero) + " --dtype bf16\n");
-  } else {
-    Variant gf32{"fp32 GPU", f32.what, f32.setup, {}}, gbf16{"bf16 GPU", bf16.what, bf16.setup, {}};
-    ops::select_compute_backend("cuda");
-    try {
-      gf32.phases = run_phases(gf32.setup, data, nullptr);
-      gbf16.phases = run_phases(gbf16.setup, data, nullptr);
-    } catch (...) {
-      ops::select_compute_backend("cpu");
-      throw;
-    }
-    ops::select_compute_backend("cpu");
-    say.say(losses_table({&f32, &gf32}) + "\n" + losses_table({&bf16, &gbf16}));
-    same_calls(sheet, "G1", "How many of the CPU's collectives does the fp32 run on the GPU make?", f32, gf32);
-    same_calls(sheet, "G2", "How many of the CPU's collectives does the bf16 run on the GPU make?", bf16, gbf16);
-    double worst = 0;
-    for (size_t k = 1; k < f32.phases.size(); ++k)
-      worst = std::max(worst, std::abs(gf32.phases[k].stats.loss - f32.phases[k].stats.loss) / f32.phases[k].stats.loss);
-    Exercise e;
-    e.id = "G3";
-    e.question = "How far apart are the fp32 losses on the CPU and on the GPU?";
-    e.formula = "within 1e-5 relative: the same sums, some added in another order on the GPU";
-    e.value = worst;
-    e.pass = worst <= 1e-5;
-    e.note = "measured, worst step: " + sci(worst);
-    sheet.add(e);
-    // bf16: one last-bit difference can move a rounding by a whole bf16 step, and the runs drift
-    // apart. The bound is the loosest the equivalence harness holds a bf16 run's loss to (gradients
-    // rounded to bf16 and summed in another order; ring_tolerance in core/verify/equivalence.cpp):
-    // 2.6e-3 relative at step 1, 1.7e-2 later. It is a consistency check; that the GPU rounds where
-    // the CPU does is tests/cuda's (CudaModel.TinyStepMatchesTheCpuBf16).
-    Exercise b;
-    b.id = "G4";
-    b.question = "How far apart are the bf16 losses on the CPU and on the GPU?";
-    b.formula = "within 2.6e-3 relative at step 1 and 1.7e-2 later: the harness's loosest bounds for bf16";
-    b.pass = true;
-    double worst_bf16 = 0;
-    for (size_t k = 1; k < bf16.phases.size(); ++k) {
-      const double rel = std::abs(gbf16.phases[k].stats.loss - bf16.phases[k].stats.loss) / bf16.phases[k].stats.loss;
-      b.pass = b.pass && rel <= (k == 1 ? 2.6e-3 : 1.7e-2);
-      worst_bf16 = std::max(worst_bf16, rel);
-    }
-    b.value = worst_bf16;
-    b.note = "measured, worst step: " + sci(worst_bf16);
-    sheet.add(b);
-    gpu_json = {{"ran", true},
-                {"fp32", variant_json(gf32)},
-                {"bf16", variant_json(gbf16)},
-                {"fp32_worst_relative", worst},
-                {"bf16_worst_relative", worst_bf16}};
+    say.pause();
+    return {{"ran", false}, {"why_not", why}};
   }
+  Variant gf32{"fp32 GPU", cpu.f32.what, cpu.f32.setup, {}}, gbf16{"bf16 GPU", cpu.bf16.what, cpu.bf16.setup, {}};
+  ops::select_compute_backend("cuda");
+  try {
+    gf32.phases = run_phases(gf32.setup, data, nullptr);
+    gbf16.phases = run_phases(gbf16.setup, data, nullptr);
+  } catch (...) {
+    ops::select_compute_backend("cpu");
+    throw;
+  }
+  ops::select_compute_backend("cpu");
+  say.say(losses_table({&cpu.f32, &gf32}) + "\n" + losses_table({&cpu.bf16, &gbf16}));
+  same_calls(sheet, "G1", "How many of the CPU's collectives does the fp32 run on the GPU make?", cpu.f32, gf32);
+  same_calls(sheet, "G2", "How many of the CPU's collectives does the bf16 run on the GPU make?", cpu.bf16, gbf16);
+  check_gpu_losses(sheet, cpu, gf32, gbf16);
   say.pause();
+  return {{"ran", true},
+          {"fp32", variant_json(gf32)},
+          {"bf16", variant_json(gbf16)},
+          {"fp32_worst_relative", worst_loss_difference(cpu.f32, gf32)},
+          {"bf16_worst_relative", worst_loss_difference(cpu.bf16, gbf16)}};
+}
 
-  // ---- 5. Launching across GPUs ------------------------------------------------------------------
+// "a1b2c3d4... (128 B)": the first four bytes of an id and its size.
+std::string id_head(const std::vector<uint8_t>& id) {
+  char head[32];
+  std::snprintf(head, sizeof head, "%02x%02x%02x%02x... (%zu B)", id.size() > 0 ? id[0] : 0, id.size() > 1 ? id[1] : 0,
+                id.size() > 2 ? id[2] : 0, id.size() > 3 ? id[3] : 0, id.size());
+  return head;
+}
+
+// Phase 5: 2 to 4 threads as a launcher's processes meet through rank 0's store (L1). Returns
+// the launch, for the JSON summary.
+LaunchResult show_launch(Narrator& say, ExerciseSheet& sheet, const RunSetup& base) {
   const int world = std::max(2, std::min(4, base.plan.world_size()));
   say.phase("across GPUs: how " + std::to_string(world) + " processes find each other",
             "backends/store/launch_env.cpp, backends/store/rendezvous.cpp, backends/nccl/nccl_job.cpp");
-  const LaunchResult launch = rendezvous_on_threads(world);
-  {
-    std::vector<std::vector<std::string>> rows = {{"process", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR:PORT", "id received"}};
-    std::vector<int64_t> expected, measured;
-    for (int r = 0; r < world; ++r) {
-      const auto& env = launch.env[size_t(r)];
-      const std::vector<uint8_t>& got = launch.received[size_t(r)];
-      char head[32];
-      std::snprintf(head, sizeof head, "%02x%02x%02x%02x... (%zu B)", got.size() > 0 ? got[0] : 0, got.size() > 1 ? got[1] : 0,
-                    got.size() > 2 ? got[2] : 0, got.size() > 3 ? got[3] : 0, got.size());
-      rows.push_back({std::to_string(r), env.at("RANK"), env.at("WORLD_SIZE"), env.at("LOCAL_RANK"),
-                      env.at("MASTER_ADDR") + ":" + env.at("MASTER_PORT"), head});
-      int64_t same = 0;
-      for (size_t i = 0; i < std::min(got.size(), launch.id.size()); ++i) same += got[i] == launch.id[i] ? 1 : 0;
-      expected.push_back(int64_t(launch.id.size()));
-      measured.push_back(got.size() == launch.id.size() ? same : -1);
-    }
-    say.say("A multi-GPU job is one process per GPU. Before NCCL can build its rings, every process needs the same\n"
-            "128-byte unique id, made by rank 0. Under mpirun it travels over MPI. Under torchrun (or Slurm, or any\n"
-            "launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) rank 0 serves a small TCP\n"
-            "store and the others fetch it. Here " + std::to_string(world) +
-            " threads play the processes, each reading only its own variables:\n\n" + format_table(rows) +
-            "\nThen each process opens its GPU (LOCAL_RANK), joins the NCCL communicator with that id, and runs the\n"
-            "plan. The commands (README, phase 5):\n\n"
-            "  mpirun -np 8 llama4d train --device cuda --backend nccl --mesh tp=4,dp=2\n"
-            "  torchrun --nproc-per-node 8 --no-python llama4d train --device cuda --backend nccl --mesh tp=4,dp=2\n");
-    sheet.exact("L1", "How many bytes of rank 0's id does each process hold after the rendezvous?",
-                "all 128: one broadcast through the store, whatever the launcher", -1, expected, measured);
+  LaunchResult launch = rendezvous_on_threads(world);
+  std::vector<std::vector<std::string>> rows = {{"process", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR:PORT", "id received"}};
+  std::vector<int64_t> expected, measured;
+  for (int r = 0; r < world; ++r) {
+    const auto& env = launch.env[size_t(r)];
+    const std::vector<uint8_t>& got = launch.received[size_t(r)];
+    rows.push_back({std::to_string(r), env.at("RANK"), env.at("WORLD_SIZE"), env.at("LOCAL_RANK"),
+                    env.at("MASTER_ADDR") + ":" + env.at("MASTER_PORT"), id_head(got)});
+    int64_t same = 0;
+    for (size_t i = 0; i < std::min(got.size(), launch.id.size()); ++i) same += got[i] == launch.id[i] ? 1 : 0;
+    expected.push_back(int64_t(launch.id.size()));
+    measured.push_back(got.size() == launch.id.size() ? same : -1);
   }
+  say.say("A multi-GPU job is one process per GPU. Before NCCL can build its rings, every process needs the same\n"
+          "128-byte unique id, made by rank 0. Under mpirun it travels over MPI. Under torchrun (or Slurm, or any\n"
+          "launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) rank 0 serves a small TCP\n"
+          "store and the others fetch it. Here " + std::to_string(world) +
+          " threads play the processes, each reading only its own variables:\n\n" + format_table(rows) +
+          "\nThen each process opens its GPU (LOCAL_RANK), joins the NCCL communicator with that id, and runs the\n"
+          "plan. The commands (README, phase 5):\n\n"
+          "  mpirun -np 8 llama4d train --device cuda --backend nccl --mesh tp=4,dp=2\n"
+          "  torchrun --nproc-per-node 8 --no-python llama4d train --device cuda --backend nccl --mesh tp=4,dp=2\n");
+  sheet.exact("L1", "How many bytes of rank 0's id does each process hold after the rendezvous?",
+              "all 128: one broadcast through the store, whatever the launcher", -1, expected, measured);
   say.say("\n");  // the exercise report follows, then its pause
+  return launch;
+}
 
-  // ---- 6. Equivalence --------------------------------------------------------------------------------
-  {
-    // The bf16-wire run against its own replay (which rounds where the wire does), before the
-    // lesson's closing check of the Llama 3 run.
-    const EquivalenceReport w = run_equivalence(wire.setup, data);
-    const bool replayable = wire.setup.cluster.algo == ReduceAlgo::ordered && wire.setup.plan.size("cp") == 1;
-    Exercise e;
-    e.id = "E1";
-    e.question = "With bf16 on the wire, do the gradients still equal one device's?";
-    e.formula = "bit for bit, when one device rounds each rank's gradient and each reduction's sum as the wire does";
-    e.pass = w.ok && (!replayable || w.bitwise);
-    e.note = std::string("measured: ") + (w.bitwise ? "bitwise" : w.ok ? "within the harness's bounds" : "NOT equivalent");
-    sheet.add(e);
-  }
+// E1: the bf16-wire run against its own replay (which rounds where the wire does), before the
+// lesson's closing check of the Llama 3 run.
+void check_wire_equivalence(ExerciseSheet& sheet, const Variant& wire, const TextDataset& data) {
+  const EquivalenceReport w = run_equivalence(wire.setup, data);
+  const bool replayable = wire.setup.cluster.algo == ReduceAlgo::ordered && wire.setup.plan.size("cp") == 1;
+  Exercise e;
+  e.id = "E1";
+  e.question = "With bf16 on the wire, do the gradients still equal one device's?";
+  e.formula = "bit for bit, when one device rounds each rank's gradient and each reduction's sum as the wire does";
+  e.pass = w.ok && (!replayable || w.bitwise);
+  e.note = std::string("measured: ") + (w.bitwise ? "bitwise" : w.ok ? "within the harness's bounds" : "NOT equivalent");
+  sheet.add(e);
+}
+
+int run(LessonOptions o, const GpuArgs& a) {
+  Narrator say(o);
+  ExerciseSheet sheet;
+  if (a.gpu != "auto" && a.gpu != "off") throw InputError("--gpu " + a.gpu + ": use auto or off");
+  const nlohmann::json devices_json = show_backends(say);
+  const std::string gpu_why = unusable("cuda");
+  const RunSetup base = mesh_run_setup(o, a.mesh, a.zero, "none");
+  if (base.plan.dp() * base.plan.size("cp") < 2)
+    throw InputError("--mesh " + a.mesh + ": the lesson reduces gradients in bf16, which needs dp x cp > 1");
+  const RoundingStats rs = show_bf16_number(say, sheet, o, base);
+  const TextDataset data = load_dataset(default_corpus_path(), base.train.seq_len);
+  const Precisions p = train_three_ways(say, sheet, base, data);
+  const nlohmann::json gpu_json = train_on_gpu(say, sheet, a, gpu_why, p, data);
+  const LaunchResult launch = show_launch(say, sheet, base);
+  check_wire_equivalence(sheet, p.wire, data);
   EquivalenceReport report;
-  const bool equivalent = finish_with_equivalence(say, sheet, bf16.setup, data, report);
-  return finish_lesson("08-graduating-to-gpus", o.json, o.preset, bf16.setup, bf16.phases, sheet, report, equivalent,
+  const bool equivalent = finish_with_equivalence(say, sheet, p.bf16.setup, data, report);
+  return finish_lesson("08-graduating-to-gpus", o.json, o.preset, p.bf16.setup, p.bf16.phases, sheet, report, equivalent,
                        [&](nlohmann::json& j) {
                          j["devices"] = devices_json;
                          j["bf16_rounding"] = {{"values", rs.values},
@@ -571,9 +622,10 @@ int run(LessonOptions o, const GpuArgs& a) {
                                                {"max_relative", rs.max_relative},
                                                {"mean_relative", rs.mean_relative},
                                                {"unit_roundoff", kUnitRoundoff}};
-                         j["runs"] = {{"fp32", variant_json(f32)}, {"bf16", variant_json(bf16)}, {"bf16_wire", variant_json(wire)}};
+                         j["runs"] = {{"fp32", variant_json(p.f32)}, {"bf16", variant_json(p.bf16)},
+                                      {"bf16_wire", variant_json(p.wire)}};
                          j["gpu"] = gpu_json;
-                         j["launch"] = {{"processes", world}, {"id_bytes", launch.id.size()}};
+                         j["launch"] = {{"processes", launch.env.size()}, {"id_bytes", launch.id.size()}};
                        });
 }
 

@@ -1,16 +1,16 @@
-#include "lessons/common/numbers.h"
+#include "lessons/common/number_format.h"
 
 #include <cstdio>
 
 namespace llama4d::lesson {
 
-std::string fixed(double v, int digits) {
+std::string fixed(double v, int decimals) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
 }
 
-std::string sci(double v, int digits) {
+std::string significant(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*g", digits, v);
   return buf;
