@@ -21,6 +21,31 @@ inline constexpr std::string_view kGradNormPartials = "grad-norm partials";   //
 inline constexpr std::string_view kGradNormTensorSlices = "grad-norm (tensor-parallel slices)";
 
 // ---- Tensor parallelism (tensor_parallel.cpp) ----------------------------------------------------
+// Megatron's f and g in a block, and sequence parallelism's halves of them; each family's labels
+// start with the first string (for counting), then name the tensor.
+inline constexpr std::string_view kG = "g forward";  // the row-parallel outputs' all-reduce
+inline constexpr std::string_view kGAttention = "g forward: o_proj partial sums";
+inline constexpr std::string_view kGMlp = "g forward: down_proj partial sums";
+inline constexpr std::string_view kFAttention = "f backward: attention input gradient";
+inline constexpr std::string_view kFMlp = "f backward: MLP input gradient";
+inline constexpr std::string_view kFHead = "f backward: head input gradient";
+inline constexpr std::string_view kSpForward = "SP forward";
+inline constexpr std::string_view kSpAttentionInput = "SP forward: attention input all-gather";
+inline constexpr std::string_view kSpMlpInput = "SP forward: MLP input all-gather";
+inline constexpr std::string_view kSpAttentionOutput = "SP forward: o_proj reduce-scatter";
+inline constexpr std::string_view kSpMlpOutput = "SP forward: down_proj reduce-scatter";
+inline constexpr std::string_view kSpBackward = "SP backward";
+inline constexpr std::string_view kSpAttentionOutputGrad = "SP backward: o_proj output gradient all-gather";
+inline constexpr std::string_view kSpMlpOutputGrad = "SP backward: down_proj output gradient all-gather";
+inline constexpr std::string_view kSpAttentionInputGrad = "SP backward: attention input gradient reduce-scatter";
+inline constexpr std::string_view kSpMlpInputGrad = "SP backward: MLP input gradient reduce-scatter";
+// The vocabulary-parallel embedding and head (with sequence parallelism: their rows moved).
+inline constexpr std::string_view kVocabEmbedding = "vocab-parallel embedding";  // both below
+inline constexpr std::string_view kVocabEmbeddingSp = "vocab-parallel embedding: reduce-scatter";
+inline constexpr std::string_view kSpEmbeddingGrad = "sequence-parallel embedding gradient: gather";
+inline constexpr std::string_view kSpHeadInput = "sequence-parallel head input";  // both below
+inline constexpr std::string_view kSpHeadInputGather = "sequence-parallel head input: gather";
+inline constexpr std::string_view kSpHeadInputGrad = "sequence-parallel head input gradient: reduce-scatter";
 inline constexpr std::string_view kVocabLoss = "vocab-parallel loss";  // the three below
 inline constexpr std::string_view kVocabLossMax = "vocab-parallel loss: max";
 inline constexpr std::string_view kVocabLossSumExp = "vocab-parallel loss: sum of exp";

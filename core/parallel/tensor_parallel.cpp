@@ -144,48 +144,48 @@ TensorParallelComm<T>::TensorParallelComm(ProcessGroup& tp, const LlamaConfig& c
 
 template <class T>
 void TensorParallelComm<T>::attention_input_backward(T* dn1, const BlockDims& d) {
-  if (d.sp > 1) return sum_to_rows(dn1, d.BT(), d.C, "SP backward: attention input gradient reduce-scatter");
-  sum(dn1, d.BT() * d.C, "f backward: attention input gradient");
+  if (d.sp > 1) return sum_to_rows(dn1, d.BT(), d.C, label::kSpAttentionInputGrad);
+  sum(dn1, d.BT() * d.C, label::kFAttention);
 }
 
 template <class T>
 void TensorParallelComm<T>::mlp_input_backward(T* dn2, const BlockDims& d) {
-  if (d.sp > 1) return sum_to_rows(dn2, d.BT(), d.C, "SP backward: MLP input gradient reduce-scatter");
-  sum(dn2, d.BT() * d.C, "f backward: MLP input gradient");
+  if (d.sp > 1) return sum_to_rows(dn2, d.BT(), d.C, label::kSpMlpInputGrad);
+  sum(dn2, d.BT() * d.C, label::kFMlp);
 }
 
 template <class T>
 void TensorParallelComm<T>::attention_output(T* y, const BlockDims& d) {
-  if (d.sp > 1) return sum_to_rows(y, d.BT(), d.C, "SP forward: o_proj reduce-scatter");
-  sum(y, d.BT() * d.C, "g forward: o_proj partial sums");
+  if (d.sp > 1) return sum_to_rows(y, d.BT(), d.C, label::kSpAttentionOutput);
+  sum(y, d.BT() * d.C, label::kGAttention);
 }
 
 template <class T>
 void TensorParallelComm<T>::mlp_output(T* y, const BlockDims& d) {
-  if (d.sp > 1) return sum_to_rows(y, d.BT(), d.C, "SP forward: down_proj reduce-scatter");
-  sum(y, d.BT() * d.C, "g forward: down_proj partial sums");
+  if (d.sp > 1) return sum_to_rows(y, d.BT(), d.C, label::kSpMlpOutput);
+  sum(y, d.BT() * d.C, label::kGMlp);
 }
 
 // ---- 3. Sequence parallelism's gathers --------------------------------------------------------
 
 template <class T>
 void TensorParallelComm<T>::attention_input(T* n1, const BlockDims& d) {
-  if (d.sp > 1) gather_rows(n1, d.BT(), d.C, "SP forward: attention input all-gather");
+  if (d.sp > 1) gather_rows(n1, d.BT(), d.C, label::kSpAttentionInput);
 }
 
 template <class T>
 void TensorParallelComm<T>::mlp_input(T* n2, const BlockDims& d) {
-  if (d.sp > 1) gather_rows(n2, d.BT(), d.C, "SP forward: MLP input all-gather");
+  if (d.sp > 1) gather_rows(n2, d.BT(), d.C, label::kSpMlpInput);
 }
 
 template <class T>
 void TensorParallelComm<T>::attention_output_backward(T* dy, const BlockDims& d) {
-  if (d.sp > 1) gather_rows(dy, d.BT(), d.C, "SP backward: o_proj output gradient all-gather");
+  if (d.sp > 1) gather_rows(dy, d.BT(), d.C, label::kSpAttentionOutputGrad);
 }
 
 template <class T>
 void TensorParallelComm<T>::mlp_output_backward(T* dy, const BlockDims& d) {
-  if (d.sp > 1) gather_rows(dy, d.BT(), d.C, "SP backward: down_proj output gradient all-gather");
+  if (d.sp > 1) gather_rows(dy, d.BT(), d.C, label::kSpMlpOutputGrad);
 }
 
 template <class T>
@@ -224,11 +224,11 @@ void TensorParallelComm<T>::embed(T* x, const int32_t* tokens, const T* table, i
                                   MemoryTracker* memory) {
   if (!sequence_parallel()) {
     ops::embedding_forward_rows(x, tokens, table, BT, C, layout_.vocab_begin, V);
-    return sum(x, BT * C, "vocab-parallel embedding");
+    return sum(x, BT * C, label::kVocabEmbedding);
   }
   Buffer<T> all(memory, MemoryCategory::scratch, BT * C, "embedding partial lookups (all rows)");
   ops::embedding_forward_rows(all.data(), tokens, table, BT, C, layout_.vocab_begin, V);
-  sum_to_rows(all.data(), BT, C, "vocab-parallel embedding: reduce-scatter");
+  sum_to_rows(all.data(), BT, C, label::kVocabEmbeddingSp);
   const int64_t row0 = BlockDims::sequence_row0(BT, layout_.tp, layout_.rank);
   const int64_t rows = BlockDims::sequence_row0(BT, layout_.tp, layout_.rank + 1) - row0;
   ops::copy(x, all.data() + row0 * C, rows * C);
@@ -244,7 +244,7 @@ void TensorParallelComm<T>::embed_backward(T* g_table, const T* dx, const int32_
   const int64_t row0 = BlockDims::sequence_row0(BT, layout_.tp, layout_.rank);
   const int64_t rows = BlockDims::sequence_row0(BT, layout_.tp, layout_.rank + 1) - row0;
   ops::copy(all.data() + row0 * C, dx, rows * C);
-  gather_rows(all.data(), BT, C, "sequence-parallel embedding gradient: gather");
+  gather_rows(all.data(), BT, C, label::kSpEmbeddingGrad);
   ops::embedding_backward_rows(g_table, all.data(), tokens, BT, C, layout_.vocab_begin, V);
 }
 
@@ -253,7 +253,7 @@ void TensorParallelComm<T>::embed_backward(T* g_table, const T* dx, const int32_
 // Sequence parallelism: the final norm's rows of every rank, before the column-parallel LM head.
 template <class T>
 void TensorParallelComm<T>::gather_head_input(T* n, int64_t BT, int64_t C) {
-  if (sequence_parallel()) gather_rows(n, BT, C, "sequence-parallel head input: gather");
+  if (sequence_parallel()) gather_rows(n, BT, C, label::kSpHeadInputGather);
 }
 
 // Per token: the max over all columns, then the sum of exp(logit - max) over all columns, and the
@@ -284,8 +284,8 @@ void TensorParallelComm<T>::cross_entropy_backward(T* dlogits, const T* logits, 
 // or under sequence parallelism reduce-scattered to the rows' owners.
 template <class T>
 void TensorParallelComm<T>::head_input_grad(T* dn, int64_t BT, int64_t C) {
-  if (sequence_parallel()) return sum_to_rows(dn, BT, C, "sequence-parallel head input gradient: reduce-scatter");
-  sum(dn, BT * C, "f backward: head input gradient");
+  if (sequence_parallel()) return sum_to_rows(dn, BT, C, label::kSpHeadInputGrad);
+  sum(dn, BT * C, label::kFHead);
 }
 
 template <class T>

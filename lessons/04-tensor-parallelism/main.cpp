@@ -230,20 +230,15 @@ Expected expected(const LlamaConfig& cfg, const ParallelPlan& plan, int64_t B, i
   return e;
 }
 
-// The traffic labels of the blocks' f and g (and SP's halves), and of the embedding and head, as
-// tensor_parallel.cpp writes them (core/comm/traffic_labels.h does not name these): op, label prefix.
+// The traffic labels of the blocks' f and g (and SP's halves), and of the embedding and head
+// (core/comm/traffic_labels.h): op, label prefix.
 const std::vector<std::pair<std::string_view, std::string_view>> kBlockLabels = {
-    {"all_reduce", "g forward"},          {"all_reduce", "f backward: attention"},
-    {"all_reduce", "f backward: MLP"},    {"all_gather", "SP forward"},
-    {"reduce_scatter", "SP forward"},     {"all_gather", "SP backward"},
-    {"reduce_scatter", "SP backward"}};
+    {"all_reduce", label::kG},          {"all_reduce", label::kFAttention},   {"all_reduce", label::kFMlp},
+    {"all_gather", label::kSpForward},  {"reduce_scatter", label::kSpForward}, {"all_gather", label::kSpBackward},
+    {"reduce_scatter", label::kSpBackward}};
 const std::vector<std::pair<std::string_view, std::string_view>> kEndLabels = {
-    {"all_reduce", "vocab-parallel embedding"},
-    {"reduce_scatter", "vocab-parallel embedding"},
-    {"all_reduce", "f backward: head input"},
-    {"all_gather", "sequence-parallel head input"},
-    {"reduce_scatter", "sequence-parallel head input"},
-    {"all_gather", "sequence-parallel embedding gradient"}};
+    {"all_reduce", label::kVocabEmbedding}, {"reduce_scatter", label::kVocabEmbedding}, {"all_reduce", label::kFHead},
+    {"all_gather", label::kSpHeadInput},    {"reduce_scatter", label::kSpHeadInput},    {"all_gather", label::kSpEmbeddingGrad}};
 
 int64_t sum_over(const std::vector<TrafficRecord>& records,
                  const std::vector<std::pair<std::string_view, std::string_view>>& labels,
