@@ -14,7 +14,7 @@
 //   full       keep only each block's input; rerun the whole block's forward in its backward
 //              (one extra forward: +1/3 of the training FLOPs of the blocks).
 //   every:k    keep the input of every k-th block (blocks 0, k, 2k, ...); in backward, rerun a
-//              segment of k blocks from its kept input and keep the segment's activations
+//              run of k blocks from its kept input and keep the run's activations
 //              while it is differentiated (Chen et al. 2016, "Training Deep Nets with Sublinear
 //              Memory Cost"). full == every:1. Memory ~ (L/k) x + k (x + A) for an input x and a
 //              block's activations A, least near k = sqrt(L x / (x + A)); Chen et al.'s sqrt(L)

@@ -13,7 +13,7 @@
 //                  recomputable  n1 n2 [BT, C] (gathered under SP), rstd1 rstd2 [rows],
 //                  att [BT, nh hd], lse [BT, nh], act [BT, I]
 //                  none keeps both, selective the kept part (rebuilds the rest in the block's
-//                  backward), every:k nothing (reruns a segment from its kept input).
+//                  backward), every:k nothing (reruns a run from its kept input).
 //   head           n [BT, C], rstd [rows], logits [BT, V_t], losses [BT], and under tensor
 //                  parallelism (vocabulary-parallel loss) each token's log-sum-exp [BT].
 //   scratch        forward: the row-parallel output [BT, C] (SP), the embedding's partial
@@ -157,7 +157,7 @@ ChunkMemory chunk_memory(const StepShape& s, int t, int begin, int end) {
   const int64_t resident = act.now;
 
   // ---- backward: full (B) or its input half (I); the weight half (W) after -----------------
-  // Rebuilds what block l's backward reads: selective's recomputable part, or every:k's segment
+  // Rebuilds what block l's backward reads: selective's recomputable part, or every:k's run
   // from the nearest kept input below (each block of it complete, its outputs kept).
   auto rebuild = [&](Ledger& a, Ledger& sc, std::vector<bool>& xs, std::vector<Held>& blocks, int l) {
     if (blocks[size_t(l)] == Held::complete) return;

@@ -72,7 +72,7 @@ int64_t end_of_forward(const Sizes& d, const Checkpointing& ac) {
 // The three moments that can set an every:k peak (README, "The high-water mark").
 struct EveryTerms {
   int64_t forward = 0, head = 0, backward = 0;  // the largest of each
-  int64_t worst_segment_begin = 0;              // where the backward's largest segment starts
+  int64_t worst_run_begin = 0;              // where the backward's largest run starts
 };
 
 EveryTerms every_terms(const Sizes& d, int64_t k) {
@@ -82,13 +82,13 @@ EveryTerms every_terms(const Sizes& d, int64_t k) {
   // read until the block is done), its output x_{l+1}, and all of the block's activations.
   for (int64_t l = 0; l < L; ++l) t.forward = std::max(t.forward, d.ids() + (kept_inputs(l - 1, k) + 2) * d.x() + d.block());
   t.head = 2 * d.ids() + (kept_inputs(L - 1, k) + 1) * d.x() + d.head();
-  // Backward of segment [a, e): after the head is done (targets, x_L and the head freed), the
-  // segment is rerun from its kept input x_a: the recomputed inputs x_{a+1} .. x_{e-1} and the
+  // Backward of run [a, e): after the head is done (targets, x_L and the head freed), the
+  // run is rerun from its kept input x_a: the recomputed inputs x_{a+1} .. x_{e-1} and the
   // activations of all e - a blocks are live at once, on top of the kept inputs x_0 .. x_a.
   for (int64_t a = ((L - 1) / k) * k; a >= 0; a -= k) {
     const int64_t e = std::min(L, a + k);
     const int64_t bytes = d.ids() + (kept_inputs(a, k) + (e - a - 1)) * d.x() + (e - a) * d.block();
-    if (bytes > t.backward) t.backward = bytes, t.worst_segment_begin = a;
+    if (bytes > t.backward) t.backward = bytes, t.worst_run_begin = a;
   }
   return t;
 }
@@ -125,10 +125,10 @@ int64_t recompute_formula(const LlamaConfig& c, int64_t T, const Checkpointing& 
     case Checkpointing::Kind::none: return 0;
     case Checkpointing::Kind::selective: return attention_core_forward(c, T);
     case Checkpointing::Kind::every: {
-      // Every block's forward once more, except down_proj in each segment's top block.
-      const int64_t segments = (c.num_hidden_layers + ac.every - 1) / ac.every;
+      // Every block's forward once more, except down_proj in each run's top block.
+      const int64_t runs = (c.num_hidden_layers + ac.every - 1) / ac.every;
       return 2 * c.num_hidden_layers * block_matmul_weights(c) + attention_core_forward(c, T) -
-             2 * c.hidden_size * c.intermediate_size * segments;
+             2 * c.hidden_size * c.intermediate_size * runs;
     }
   }
   return -1;
@@ -168,7 +168,7 @@ Measured measure(const LlamaConfig& cfg, const Checkpointing& ac, const Batch& b
 // The README's answer for the simulated clock: every unit's forward and backward FLOPs
 // (core/model/flops.h, causal attention) plus what the policy recomputes, at the GPU's rate.
 //   selective  attention's forward once more per block
-//   every:k    every block's forward once more, less each segment's top down_proj
+//   every:k    every block's forward once more, less each run's top down_proj
 double simulated_formula_us(const LlamaConfig& cfg, const Checkpointing& ac, int64_t B, int64_t T, double tflops) {
   const int L = int(cfg.num_hidden_layers);
   double flops = 0;
@@ -416,8 +416,8 @@ MemoryRuns show_memory_per_policy(Narrator& say, const AcRun& r) {
           "highest value during forward + backward (the allocator's numbers; the formulas are the README's):\n\n");
   say.say(format_table(rows));
   say.say("\nselective drops the cheap half of each block; full and every:k drop whole blocks and pay with a\n"
-          "transient: one block's activations while it runs forward, and in backward a whole segment rebuilt.\n"
-          "(A segment's top block is recomputed only up to act: its output is never read again.)\n");
+          "transient: one block's activations while it runs forward, and in backward a whole run rebuilt.\n"
+          "(A run's top block is recomputed only up to act: its output is never read again.)\n");
   say.pause();
   return mem;
 }
@@ -511,23 +511,23 @@ Spacing show_checkpoint_spacing(Narrator& say, const AcRun& r) {
   const Sizes& d = r.d;
   say.phase("where to put the checkpoints: every:k for k = 1.." + std::to_string(L));
   Spacing sp;
-  std::vector<std::vector<std::string>> rows = {{"k", "kept inputs", "forward", "head", "backward (worst segment)",
+  std::vector<std::vector<std::string>> rows = {{"k", "kept inputs", "forward", "head", "backward (worst run)",
                                                  "peak formula", "peak measured", ""}};
   for (int k = 1; k <= L; ++k) {
     const EveryTerms t = every_terms(d, k);
     sp.k_list.push_back(k);
     sp.k_formula.push_back(std::max({t.forward, t.head, t.backward}));
     sp.k_measured.push_back(measure(r.cfg, {.kind = Checkpointing::Kind::every, .every = k}, r.batch, r.train.seed).peak);
-    const int64_t seg_end = std::min<int64_t>(L, t.worst_segment_begin + k);
+    const int64_t seg_end = std::min<int64_t>(L, t.worst_run_begin + k);
     rows.push_back({std::to_string(k), std::to_string(kept_inputs(L - 1, k)), grouped(t.forward), grouped(t.head),
-                    grouped(t.backward) + " [" + std::to_string(t.worst_segment_begin) + ", " + std::to_string(seg_end) + ")",
+                    grouped(t.backward) + " [" + std::to_string(t.worst_run_begin) + ", " + std::to_string(seg_end) + ")",
                     grouped(sp.k_formula.back()), grouped(sp.k_measured.back()), ""});
   }
   sp.best_formula = argmins(sp.k_formula);
   sp.best_measured = argmins(sp.k_measured);
   for (int64_t k : sp.best_formula) rows[size_t(k)].back() = "<- least";
   say.say("The three moments that can set the peak: a block's forward, the head, and the backward's largest\n"
-          "rebuilt segment (bytes):\n\n");
+          "rebuilt run (bytes):\n\n");
   say.say(format_table(rows));
   sp.sqrt_k = Checkpointing::parse("every:sqrt", L).every;
   const double k_star = std::sqrt(double(L) * double(d.x()) / double(d.x() + d.block()));
@@ -621,7 +621,7 @@ LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const Memor
           mem.exp_forward, mem.m_forward);
   x.exact("A2", r.labels, "What is the activation high-water mark of one forward + backward, per policy?",
           "none: the end of the forward; selective: max(end of forward, ids + (L+1) x + L kept + one block's "
-          "recomputable half); every:k: max(forward of the last block, the head, the largest rebuilt segment)",
+          "recomputable half); every:k: max(forward of the last block, the head, the largest rebuilt run)",
           mem.exp_peak, mem.m_peak, "Exact to the byte: every tensor is a Buffer charged to the model's tracker when allocated.");
   x.exact("A3", r.labels, "How many bytes of activations are left when the backward returns?",
           "none: each unit's activations and input are freed by its backward", mem.exp_left, mem.m_left);
@@ -631,7 +631,7 @@ LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const Memor
           "The MFU numerator; an embedding lookup is no matmul, RMSNorm and SwiGLU are O(C) per token.");
   x.exact("F2", r.labels, "How many FLOPs per token does each policy add by recomputing?",
           "none 0; selective the attention core's forward 4 L nh hd T; every:k (full = every:1) one forward of "
-          "every block less each segment's top down_proj: 2 L (2 C nh hd + 2 C nkv hd + 3 C I) + 4 L nh hd T "
+          "every block less each run's top down_proj: 2 L (2 C nh hd + 2 C nkv hd + 3 C I) + 4 L nh hd T "
           "- 2 C I ceil(L/k)",
           price.exp_recompute, price.m_recompute,
           "Measured = core/model/flops.h (recompute_flops_per_token), the HFU numerator's extra term.");
@@ -645,7 +645,7 @@ LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const Memor
   std::vector<std::string> k_labels;
   for (int64_t k : sp.k_list) k_labels.push_back("k=" + std::to_string(k));
   x.exact("K1", k_labels, "What is the activation peak of every:k, for every k from 1 to L?",
-          "max(forward of the last block, the head, the largest rebuilt segment) as in A2", sp.k_formula, sp.k_measured);
+          "max(forward of the last block, the head, the largest rebuilt run) as in A2", sp.k_formula, sp.k_measured);
   x.exact("K2", std::vector<std::string>(std::max(sp.best_formula.size(), sp.best_measured.size()), "least k"),
           "Which k needs least activation memory?",
           "the k minimising the K1 formula (about sqrt(L x / (x + block)), not sqrt(L), when a block stores much "
