@@ -134,15 +134,15 @@ inline void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, c
 //   x'[i]        = x[i] * cos - x[i+hd/2] * sin
 //   x'[i+hd/2]   = x[i+hd/2] * cos + x[i] * sin
 template <class T>
-inline void rope_forward(T* x, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd,
+inline void rope_forward(T* x, const T* cos, const T* sin, int64_t B, int64_t seq, int64_t nh, int64_t hd,
                          int64_t pos_start) {
-  kernels<T>().rope_forward(x, cos, sin, B, T_, nh, hd, pos_start);
+  kernels<T>().rope_forward(x, cos, sin, B, seq, nh, hd, pos_start);
 }
 // dx[B, T, nh, hd] in place: applies the transpose (inverse) rotation to the incoming gradient.
 template <class T>
-inline void rope_backward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd,
+inline void rope_backward(T* dx, const T* cos, const T* sin, int64_t B, int64_t seq, int64_t nh, int64_t hd,
                           int64_t pos_start) {
-  kernels<T>().rope_backward(dx, cos, sin, B, T_, nh, hd, pos_start);
+  kernels<T>().rope_backward(dx, cos, sin, B, seq, nh, hd, pos_start);
 }
 
 // ---- Causal grouped-query attention ---------------------------------------------------------
@@ -470,8 +470,8 @@ struct Kernels {
   void (*matmul_backward)(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC, GemmOperands operands, GradWrite dinp_write);
   void (*rmsnorm_forward)(T* out, T* rstd, const T* inp, const T* weight, int64_t BT, int64_t C, T eps);
   void (*rmsnorm_backward)(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const T* rstd, int64_t BT, int64_t C);
-  void (*rope_forward)(T* x, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd, int64_t pos_start);
-  void (*rope_backward)(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t nh, int64_t hd, int64_t pos_start);
+  void (*rope_forward)(T* x, const T* cos, const T* sin, int64_t B, int64_t seq, int64_t nh, int64_t hd, int64_t pos_start);
+  void (*rope_backward)(T* dx, const T* cos, const T* sin, int64_t B, int64_t seq, int64_t nh, int64_t hd, int64_t pos_start);
   void (*attention_forward)(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s);
   void (*attention_backward)(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse, const AttentionShape& s);
   void (*attention_merge)(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tq, int64_t nh, int64_t hd);

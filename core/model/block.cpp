@@ -166,14 +166,14 @@ BlockComm<T>& comm_or_none(BlockComm<T>* comm) {
 template <class T>
 void rope_at_positions(T* x, int64_t heads, const BlockDims& d, const RopeTables<T>& rope, int64_t pos_start,
                        bool backward) {
-  auto apply = [&](T* p, int64_t B, int64_t T_, int64_t start) {
-    if (start < 0 || start + T_ > rope.max_pos)
-      throw Error("RoPE: positions [" + std::to_string(start) + ", " + std::to_string(start + T_) +
+  auto apply = [&](T* p, int64_t B, int64_t seq, int64_t start) {
+    if (start < 0 || start + seq > rope.max_pos)
+      throw Error("RoPE: positions [" + std::to_string(start) + ", " + std::to_string(start + seq) +
                   ") are outside the tables' " + std::to_string(rope.max_pos));
     if (backward)
-      ops::rope_backward(p, rope.cos.data(), rope.sin.data(), B, T_, heads, d.hd, start);
+      ops::rope_backward(p, rope.cos.data(), rope.sin.data(), B, seq, heads, d.hd, start);
     else
-      ops::rope_forward(p, rope.cos.data(), rope.sin.data(), B, T_, heads, d.hd, start);
+      ops::rope_forward(p, rope.cos.data(), rope.sin.data(), B, seq, heads, d.hd, start);
   };
   if (d.cp == 1) return apply(x, d.B, d.T, pos_start);
   const int64_t c = d.cp_chunk(), row = heads * d.hd;

@@ -24,37 +24,37 @@ Decoder<T>::Decoder(Llama<T>& model, int64_t B, int64_t max_len) : model_(model)
 }
 
 template <class T>
-void Decoder<T>::feed(const int32_t* tokens, int64_t Tn, T* logits_last) {
+void Decoder<T>::feed(const int32_t* tokens, int64_t seq, T* logits_last) {
   Llama<T>& m = model_;
   const int64_t B = B_;
-  if (len_ + Tn > max_len_)
-    throw InputError("KV cache full: " + std::to_string(len_) + " + " + std::to_string(Tn) + " tokens > " +
+  if (len_ + seq > max_len_)
+    throw InputError("KV cache full: " + std::to_string(len_) + " + " + std::to_string(seq) + " tokens > " +
                      std::to_string(max_len_));
-  m.check_ids(tokens, nullptr, B * Tn);
+  m.check_ids(tokens, nullptr, B * seq);
   m.cover_positions(max_len_);  // every step of this cache reads the same tables
   const int64_t C = m.cfg_.hidden_size, V = m.cfg_.vocab_size;
-  const BlockDims d = m.block_dims(B, Tn);
+  const BlockDims d = m.block_dims(B, seq);
   // Nothing is kept for a backward: one set of block activations and two residual buffers
   // serve every layer in turn.
   BlockActivations<T> a;
   a.allocate(m.memory_, d);
-  Buffer<T> x(m.memory_, MemoryCategory::activations, B * Tn * C, "decode x");
-  Buffer<T> y(m.memory_, MemoryCategory::activations, B * Tn * C, "decode x (next)");
+  Buffer<T> x(m.memory_, MemoryCategory::activations, B * seq * C, "decode x");
+  Buffer<T> y(m.memory_, MemoryCategory::activations, B * seq * C, "decode x (next)");
   // The ids come from the host (the sampler); kernels read the backend's memory.
-  Buffer<int32_t> ids(m.memory_, MemoryCategory::activations, B * Tn, "decode token ids");
-  ops::device_memcpy(ids.data(), tokens, B * Tn * int64_t(sizeof(int32_t)));
-  ops::embedding_forward(x.data(), ids.data(), m.unit_params(embedding_unit()), B * Tn, C);
-  round_if_bf16(x.data(), B * Tn * C, m.bf16_);
+  Buffer<int32_t> ids(m.memory_, MemoryCategory::activations, B * seq, "decode token ids");
+  ops::device_memcpy(ids.data(), tokens, B * seq * int64_t(sizeof(int32_t)));
+  ops::embedding_forward(x.data(), ids.data(), m.unit_params(embedding_unit()), B * seq, C);
+  round_if_bf16(x.data(), B * seq * C, m.bf16_);
   for (int l = 0; l < m.num_layers(); ++l) {
     BlockKvCache<T> kv{k_[size_t(l)].data(), v_[size_t(l)].data(), len_, max_len_};
     Buffer<T> rounded;
     block_forward(y.data(), a, m.block_params(l, rounded), x.data(), d, m.rope(), len_, m.comm_, &kv);
     std::swap(x, y);
   }
-  len_ += Tn;
+  len_ += seq;
   // Only each row's last position needs logits.
   Buffer<T> last(m.memory_, MemoryCategory::activations, B * C, "last positions");
-  for (int64_t b = 0; b < B; ++b) ops::copy(last.data() + b * C, x.data() + (b * Tn + Tn - 1) * C, C);
+  for (int64_t b = 0; b < B; ++b) ops::copy(last.data() + b * C, x.data() + (b * seq + seq - 1) * C, C);
   HeadActivations<T> ha;
   ha.allocate(m.memory_, B, C, V);
   ha.bf16 = m.bf16_;

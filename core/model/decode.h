@@ -20,10 +20,10 @@ class Decoder {
   // pipeline-parallel part of a model.
   Decoder(Llama<T>& model, int64_t B, int64_t max_len);
 
-  // Feeds tokens[B, Tn] at positions len() .. len()+Tn-1, appends their keys and values and
+  // Feeds tokens[B, seq] at positions len() .. len()+seq-1, appends their keys and values and
   // writes each row's last position's logits to logits_last[B, V] (host memory, as tokens).
   // InputError for an id outside the vocabulary or more tokens than the cache has room for.
-  void feed(const int32_t* tokens, int64_t Tn, T* logits_last);
+  void feed(const int32_t* tokens, int64_t seq, T* logits_last);
 
   int64_t len() const { return len_; }  // positions already cached
   int64_t max_len() const { return max_len_; }

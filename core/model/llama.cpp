@@ -267,10 +267,10 @@ void Llama<T>::zero_grad() {
 }
 
 template <class T>
-BlockDims Llama<T>::block_dims(int64_t B, int64_t T_, const int32_t* docs) const {
+BlockDims Llama<T>::block_dims(int64_t B, int64_t seq, const int32_t* docs) const {
   // Under tensor parallelism the block works on this rank's heads and SwiGLU columns only.
   const bool s = tp_.sliced();
-  return {.B = B, .T = T_, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
+  return {.B = B, .T = seq, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
           .nkv = s ? tp_.kv_heads : cfg_.num_key_value_heads, .hd = cfg_.head_dim,
           .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps,
           .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0,
@@ -367,14 +367,14 @@ void Llama<T>::forward_block(MicroBatchState<T>& st, int layer, T* out) {
 
 template <class T>
 LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* tokens, const int32_t* targets,
-                          const T* hidden_in, int64_t B, int64_t T_, const int32_t* docs) {
+                          const T* hidden_in, int64_t B, int64_t seq, const int32_t* docs) {
   const int L = num_layers(), head = head_unit(L);
   if (r.begin < 0 || r.end > num_units() || r.begin >= r.end)
     throw Error("Llama::forward: unit range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ") is empty or outside the model");
-  if (T_ * cp_ > cfg_.max_position_embeddings)
-    throw InputError("sequence length " + std::to_string(T_ * cp_) + " exceeds max_position_embeddings " +
+  if (seq * cp_ > cfg_.max_position_embeddings)
+    throw InputError("sequence length " + std::to_string(seq * cp_) + " exceeds max_position_embeddings " +
                      std::to_string(cfg_.max_position_embeddings));
-  if (cp_ > 1 && (T_ % 2 != 0 || !comm_))
+  if (cp_ > 1 && (seq % 2 != 0 || !comm_))
     throw Error("Llama::forward: context parallelism needs an even number of tokens per row (two chunks) and a BlockComm");
   for (int u = r.begin; u < r.end; ++u)
     if (!runs_unit(u)) throw Error("Llama::forward: this rank does not hold " + unit_name(u, L));
@@ -385,22 +385,22 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   if (st.weight_pass_pending)
     throw Error("Llama::forward: this micro-batch's weight pass (BackwardPass::weight) is still pending; a forward "
                 "over its state would drop those weight gradients");
-  check_ids(has_embedding ? tokens : nullptr, has_head ? targets : nullptr, B * T_);
-  if (docs) check_documents(docs, B, T_ * cp_);
+  check_ids(has_embedding ? tokens : nullptr, has_head ? targets : nullptr, B * seq);
+  if (docs) check_documents(docs, B, seq * cp_);
 
   st.reset();
-  st.B = B, st.seq = T_, st.units = r;
-  if (std::max(r.begin, 1) < std::min(r.end, L + 1)) cover_positions(T_ * cp_);  // the range has a block
+  st.B = B, st.seq = seq, st.units = r;
+  if (std::max(r.begin, 1) < std::min(r.end, L + 1)) cover_positions(seq * cp_);  // the range has a block
   st.x.resize(size_t(L + 1));
   st.x_parked.resize(size_t(L + 1));
   st.blocks.resize(size_t(L));
   st.block_weight_inputs.resize(size_t(L));
-  const int64_t BT = B * T_, C = cfg_.hidden_size, V = vocab_rows();
+  const int64_t BT = B * seq, C = cfg_.hidden_size, V = vocab_rows();
   Vocabulary<T>& vocab = vocabulary();
   if (tp_.sliced() && !comm_) throw Error("Llama: a tensor-parallel slice runs only with a BlockComm");
   if (docs) {
-    st.docs = Buffer<int32_t>(memory_, MemoryCategory::activations, B * T_ * cp_, "document ids");
-    ops::device_memcpy(st.docs.data(), docs, B * T_ * cp_ * int64_t(sizeof(int32_t)));
+    st.docs = Buffer<int32_t>(memory_, MemoryCategory::activations, B * seq * cp_, "document ids");
+    ops::device_memcpy(st.docs.data(), docs, B * seq * cp_ * int64_t(sizeof(int32_t)));
   }
   const BlockDims d = block_dims(st);
   const int64_t rows = d.rows();  // residual-stream rows this rank holds
@@ -634,8 +634,8 @@ void Llama<T>::backward_weight(MicroBatchState<T>& st, UnitHooks& h) {
 }
 
 template <class T>
-LossSum Llama<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_, const int32_t* docs) {
-  return forward(state_, all_units(), tokens, targets, nullptr, B, T_, docs);
+LossSum Llama<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t seq, const int32_t* docs) {
+  return forward(state_, all_units(), tokens, targets, nullptr, B, seq, docs);
 }
 
 template <class T>

@@ -4,10 +4,10 @@
 // core/model/decode.h.
 // T is float or double.
 //
-// Data flow of the training forward (B sequences of T_ tokens, C hidden, V vocab):
-//   unit 0      tokens[B,T_] -> embedding -> x_0[B,T_,C]
+// Data flow of the training forward (B sequences of seq tokens, C hidden, V vocab):
+//   unit 0      tokens[B,seq] -> embedding -> x_0[B,seq,C]
 //   unit 1+l    x_{l+1} = h + ffn(rmsnorm(h)),  h = x_l + attn(rmsnorm(x_l))
-//   unit L+1    rmsnorm(x_L) -> lm_head -> logits[B,T_,V] -> cross-entropy with targets[B,T_]
+//   unit L+1    rmsnorm(x_L) -> lm_head -> logits[B,seq,V] -> cross-entropy with targets[B,seq]
 // Forward and backward run over any range of units, taking and returning the boundary tensor
 // (x at the range's start, or its gradient at the end), so a pipeline stage runs its layers and
 // keeps several micro-batches in flight, each in its own MicroBatchState.
@@ -148,15 +148,15 @@ class Llama {
   void zero_grad();
 
   // ---- Training over a range of units --------------------------------------------------------
-  // tokens[B,T_] when the range starts at the embedding, else hidden_in[B,T_,C] (copied);
-  // targets[B,T_] when it ends with the head (null: inference, no loss). docs[B, cp·T_]: the
+  // tokens[B,seq] when the range starts at the embedding, else hidden_in[B,seq,C] (copied);
+  // targets[B,seq] when it ends with the head (null: inference, no loss). docs[B, cp·seq]: the
   // document of every position of each whole row (Batch::docs; ids never decrease along a row,
   // InputError otherwise), which masks attention to each token's own document; null: causal
   // attention over the whole row. Returns the range's loss (zero unless the head ran). The
   // range's output x is st.x[last block + 1].
   LossSum forward(MicroBatchState<T>& st, UnitRange range, const int32_t* tokens, const int32_t* targets,
-                  const T* hidden_in, int64_t B, int64_t T_, const int32_t* docs = nullptr);
-  // Backward of st's range, last unit first. grad_out[B,T_,C] = gradient of the range's output
+                  const T* hidden_in, int64_t B, int64_t seq, const int32_t* docs = nullptr);
+  // Backward of st's range, last unit first. grad_out[B,seq,C] = gradient of the range's output
   // (null when the range ends with the head, which starts from the loss). Gradients ACCUMULATE
   // into the unit gradients. Leaves the input's gradient in st.input_grad when the range starts
   // at a block; frees the rest of st.
@@ -173,9 +173,9 @@ class Llama {
                 BackwardPass pass = BackwardPass::full);
 
   // The whole model through one internal state (one device, data parallelism).
-  LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T_, const int32_t* docs = nullptr);
+  LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t seq, const int32_t* docs = nullptr);
   void backward(T loss_scale);
-  // logits[B, T_, V] of the last whole-model forward, until its backward.
+  // logits[B, seq, V] of the last whole-model forward, until its backward.
   const T* logits() const { return state_.head.logits.data(); }
 
   // ---- Precision ---------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ class Llama {
   // Where the vocabulary's rows are (core/model/vocabulary.h): not owned; null, every row here.
   void set_vocabulary(Vocabulary<T>* vocabulary) { vocabulary_ = vocabulary; }
   // Context parallelism: forward and backward then take rank `rank`'s two chunks of each sequence
-  // of cp·T_ tokens (BlockDims::cp), T_ tokens per row; the BlockComm computes attention.
+  // of cp·seq tokens (BlockDims::cp), seq tokens per row; the BlockComm computes attention.
   void set_context_split(int cp, int rank);
   UnitHooks* hooks() const { return hooks_; }
 
@@ -211,7 +211,7 @@ class Llama {
   template <class>
   friend class Decoder;  // KV-cache decoding (core/model/decode.h) runs the blocks one position at a time
 
-  BlockDims block_dims(int64_t B, int64_t T_, const int32_t* docs = nullptr) const;
+  BlockDims block_dims(int64_t B, int64_t seq, const int32_t* docs = nullptr) const;
   BlockDims block_dims(const MicroBatchState<T>& st) const;  // with st's document ids
   // Unit u's parameters as its ops read them: the segment, or under bf16 compute a copy of it
   // rounded to bf16, made in `rounded` (scratch), which the caller holds while the ops run.

@@ -126,7 +126,7 @@ struct TensorParallelReplay<T>::Pass {
   };
 
   TensorParallelReplay& rp;
-  const int64_t B, Tn, BT, C, hd, L, nh, nkv, I;
+  const int64_t B, seq, BT, C, hd, L, nh, nkv, I;
   const T eps;
   T loss_scale;
   // The kernels read the backend's memory (core/ops.h): the batch's ids are copied there.
@@ -153,7 +153,7 @@ struct TensorParallelReplay<T>::Pass {
   BackendArray<T> dx, dh;               // [BT, C] the residual gradient, and at the attention's output
 
   Pass(TensorParallelReplay& replay, const Batch& b, T scale)
-      : rp(replay), B(b.B), Tn(b.T), BT(b.B * b.T), C(replay.cfg_.hidden_size), hd(replay.cfg_.head_dim),
+      : rp(replay), B(b.B), seq(b.T), BT(b.B * b.T), C(replay.cfg_.hidden_size), hd(replay.cfg_.head_dim),
         L(replay.cfg_.num_hidden_layers), nh(replay.cfg_.num_attention_heads), nkv(replay.cfg_.num_key_value_heads),
         I(replay.cfg_.intermediate_size), eps(T(replay.cfg_.rms_norm_eps)), loss_scale(scale), token_ids(b.tokens),
         target_ids(b.targets), tokens(token_ids.data()), targets(target_ids.data()), doc(b.documents()),
@@ -187,7 +187,7 @@ struct TensorParallelReplay<T>::Pass {
   }
   BlockWeights<T> grads(int64_t l) { return block_weights(rp.grads_.data() + layer_param_range(rp.specs_, int(l)).begin, whole); }
   ops::AttentionShape shape(const Slice& s) const {
-    return ops::AttentionShape{.B = B, .Tq = Tn, .Tk = Tn, .nh = s.nh, .nkv = s.nkv, .hd = hd, .q_doc = doc, .k_doc = doc,
+    return ops::AttentionShape{.B = B, .Tq = seq, .Tk = seq, .nh = s.nh, .nkv = s.nkv, .hd = hd, .q_doc = doc, .k_doc = doc,
                                .operands = operands()};
   }
   // Row-wise work (norms, residual adds): under SP each rank runs it on its rows; fn(r0, rows).
@@ -246,8 +246,8 @@ struct TensorParallelReplay<T>::Pass {
       ops::matmul_forward(ra.k.data(), a.n1.data(), w.wk + s.k0 * hd * C, BT, C, kvd, operands());
       ops::matmul_forward(ra.v.data(), a.n1.data(), w.wv + s.k0 * hd * C, BT, C, kvd, operands());
       rounded_all({&ra.q, &ra.k, &ra.v});
-      ops::rope_forward(ra.q.data(), rp.rope_.cos.data(), rp.rope_.sin.data(), B, Tn, s.nh, hd, 0);
-      ops::rope_forward(ra.k.data(), rp.rope_.cos.data(), rp.rope_.sin.data(), B, Tn, s.nkv, hd, 0);
+      ops::rope_forward(ra.q.data(), rp.rope_.cos.data(), rp.rope_.sin.data(), B, seq, s.nh, hd, 0);
+      ops::rope_forward(ra.k.data(), rp.rope_.cos.data(), rp.rope_.sin.data(), B, seq, s.nkv, hd, 0);
       rounded_all({&ra.q, &ra.k});
       ops::attention_forward(ra.att.data(), ra.lse.data(), ra.q.data(), ra.k.data(), ra.v.data(), shape(s));
       rounded_all({&ra.att});
@@ -389,8 +389,8 @@ struct TensorParallelReplay<T>::Pass {
       ops::attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), ra.q.data(), ra.k.data(), ra.v.data(),
                               ra.att.data(), ra.lse.data(), shape(s));
       rounded_all({&dq, &dk, &dv});
-      ops::rope_backward(dq.data(), rp.rope_.cos.data(), rp.rope_.sin.data(), B, Tn, s.nh, hd, 0);
-      ops::rope_backward(dk.data(), rp.rope_.cos.data(), rp.rope_.sin.data(), B, Tn, s.nkv, hd, 0);
+      ops::rope_backward(dq.data(), rp.rope_.cos.data(), rp.rope_.sin.data(), B, seq, s.nh, hd, 0);
+      ops::rope_backward(dk.data(), rp.rope_.cos.data(), rp.rope_.sin.data(), B, seq, s.nkv, hd, 0);
       rounded_all({&dq, &dk});
       zero(parts[size_t(r)], BT * C);
       T* dn = parts[size_t(r)].data();

@@ -131,28 +131,28 @@ TYPED_TEST(CudaRope, ForwardAndBackwardMatchTheCpu) {
   using T = TypeParam;
   LLAMA4D_REQUIRE_GPU();
   struct Shape {
-    int64_t B, T_, nh, hd, pos_start;
+    int64_t B, seq, nh, hd, pos_start;
   };
   // hd = 10: half = 5, so pairs do not line up with warps; the second shape spans many blocks.
   for (const Shape s : {Shape{2, 7, 3, 10, 5}, Shape{3, 33, 5, 64, 0}}) {
-    SCOPED_TRACE("T=" + std::to_string(s.T_) + " hd=" + std::to_string(s.hd));
-    const int64_t max_pos = s.pos_start + s.T_ + 3;
+    SCOPED_TRACE("T=" + std::to_string(s.seq) + " hd=" + std::to_string(s.hd));
+    const int64_t max_pos = s.pos_start + s.seq + 3;
     std::vector<T> cos, sin;
     rope_tables(cos, sin, max_pos, s.hd);
-    const size_t n = size_t(s.B * s.T_ * s.nh * s.hd);
+    const size_t n = size_t(s.B * s.seq * s.nh * s.hd);
     const auto x = test::random_values<T>(n, 11), dx0 = test::random_values<T>(n, 12);
     auto y = x, dx = dx0;
-    ops::rope_forward(y.data(), cos.data(), sin.data(), s.B, s.T_, s.nh, s.hd, s.pos_start);
-    ops::rope_backward(dx.data(), cos.data(), sin.data(), s.B, s.T_, s.nh, s.hd, s.pos_start);
+    ops::rope_forward(y.data(), cos.data(), sin.data(), s.B, s.seq, s.nh, s.hd, s.pos_start);
+    ops::rope_backward(dx.data(), cos.data(), sin.data(), s.B, s.seq, s.nh, s.hd, s.pos_start);
 
     OnGpu gpu;
     DeviceBuffer<T> gcos(cos), gsin(sin), gy(x), gdx(dx0);
-    ops::rope_forward(gy.data(), gcos.data(), gsin.data(), s.B, s.T_, s.nh, s.hd, s.pos_start);
+    ops::rope_forward(gy.data(), gcos.data(), gsin.data(), s.B, s.seq, s.nh, s.hd, s.pos_start);
     test::expect_close(gy.host(), y, "rope_forward");
-    ops::rope_backward(gdx.data(), gcos.data(), gsin.data(), s.B, s.T_, s.nh, s.hd, s.pos_start);
+    ops::rope_backward(gdx.data(), gcos.data(), gsin.data(), s.B, s.seq, s.nh, s.hd, s.pos_start);
     test::expect_close(gdx.host(), dx, "rope_backward");
     // The backward is the inverse rotation: applied to the forward's output it gives x back.
-    ops::rope_backward(gy.data(), gcos.data(), gsin.data(), s.B, s.T_, s.nh, s.hd, s.pos_start);
+    ops::rope_backward(gy.data(), gcos.data(), gsin.data(), s.B, s.seq, s.nh, s.hd, s.pos_start);
     test::expect_close(gy.host(), x, "rope_backward undoes rope_forward");
   }
 }

@@ -80,23 +80,23 @@ Outcome<T> run(const LlamaConfig& cfg, const char* ac, UnitRange r, Schedule sch
   m.init_weights(3);
   test::perturb_params(m, 8);
   m.zero_grad();
-  const int64_t B = 2, T_ = 7, C = cfg.hidden_size;
+  const int64_t B = 2, seq = 7, C = cfg.hidden_size;
   const bool has_embedding = r.contains(embedding_unit()), has_head = r.contains(head_unit(m.num_layers()));
   const T scale = T(1) / T(23);
 
   std::vector<test::Batch> batches;
   std::vector<std::vector<T>> hidden, grad_out;
   for (int i = 0; i < kMicroBatches; ++i) {
-    batches.push_back(test::make_batch(B, T_, cfg.vocab_size, 100 + uint64_t(i), true));
-    hidden.push_back(deterministic<T>(B * T_ * C, 200 + uint64_t(i)));
-    grad_out.push_back(deterministic<T>(B * T_ * C, 300 + uint64_t(i)));
+    batches.push_back(test::make_batch(B, seq, cfg.vocab_size, 100 + uint64_t(i), true));
+    hidden.push_back(deterministic<T>(B * seq * C, 200 + uint64_t(i)));
+    grad_out.push_back(deterministic<T>(B * seq * C, 300 + uint64_t(i)));
   }
   std::vector<MicroBatchState<T>> st(kMicroBatches);
   FlopCounter counter;
   auto forward = [&](int i) {
     const size_t k = size_t(i);
     m.forward(st[k], r, has_embedding ? batches[k].tokens.data() : nullptr,
-              has_head ? batches[k].targets.data() : nullptr, has_embedding ? nullptr : hidden[k].data(), B, T_);
+              has_head ? batches[k].targets.data() : nullptr, has_embedding ? nullptr : hidden[k].data(), B, seq);
   };
   auto backward = [&](int i, BackwardPass pass) {
     const size_t k = size_t(i);
