@@ -219,8 +219,7 @@ case "$part" in
     # Every part in one call, each step capped: what issue 13 asks of a GPU first (the ops and
     # steps against the CPU, every plan through verify, the launchers), then the benchmark
     # against PyTorch (eager) and where the GPU's time goes, then the CPU on every core (issue
-    # 16). The first H200 run (2026-11-28) took 5 s for tests/cuda, 1 to 5 s per verify, 50 s
-    # for the 124M benchmark with PyTorch and 110 s for the 1.5B one.
+    # 16). The steps' limits fit the times an H200 took for each (BENCHMARKS.md, GPU).
     tests
     verify dp2 dp4_zero3 tp2 pp2_1f1b cp2_allgather cp2_ring 4d
     launch

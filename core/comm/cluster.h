@@ -3,8 +3,9 @@
 // InfiniBand across nodes, each link an alpha-beta model: moving b bytes over one hop costs
 //   t = alpha + b / bandwidth.
 // Defaults are H100 SXM figures. NVLink 4: 450 GB/s per direction (NVIDIA's H100 datasheet quotes
-// 900 GB/s, which counts both directions of 18 links of 25 GB/s each way; the "Case Study: LLaMA 3"
-// write-up this project started from uses 900 per direction, twice too fast), alpha 1 us.
+// 900 GB/s, which counts both directions of 18 links of 25 GB/s each way; one of the source
+// documents this course is built on, the "Case Study: LLaMA 3" write-up, uses 900 per direction,
+// which is off: twice too fast), alpha 1 us.
 // InfiniBand: one 400 Gb/s ConnectX-7 NIC per GPU (the Llama 3 paper's RoCE/IB fabric), 50 GB/s
 // per direction, alpha 5 us. 80 GB of HBM3. Compute: 989 TFLOP/s, the H100 SXM's dense BF16
 // tensor-core peak (NVIDIA's datasheet quotes 1,979 with 2:4 sparsity), the precision Llama 3

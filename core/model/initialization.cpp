@@ -60,7 +60,7 @@ void init_param_values(const std::vector<ParamSpec>& specs, uint64_t seed, int64
   // Every element is drawn from its own index alone, so contiguous pieces on the calling thread's
   // compute threads give the same values as one thread. That helps a rank that owns several
   // cores (one-device training, bench, a replay): `medium`'s 91M draws took 1.5 s on one core
-  // here. Virtual GPUs that share the cores draw on one thread each, as before.
+  // here. Virtual GPUs that share the cores draw on one thread each.
   const int64_t n = std::max<int64_t>(end - begin, 0);
   const int64_t threads = std::clamp<int64_t>(n / kDrawsPerThread, 1, ops::backend_threads());
   if (threads == 1) return draw_range(specs, seed, begin, end, out);

@@ -29,8 +29,9 @@
 //   ZeRO-3: 3 (dp-1)/dp S  (all-gather for forward, again for backward, reduce-scatter of grads);
 //           2 (dp-1)/dp S when parameters stay gathered from forward to backward, which is what
 //           Llama 3 did (its paper: no resharding after forward) — i.e. ZeRO-2-like memory
-//           for the parameters in flight, NOT ZeRO-3's minimum. One of the seed documents
-//           calls Llama 3's FSDP "ZeRO-3"; it is the reshard_after_forward=false variant.
+//           for the parameters in flight, NOT ZeRO-3's minimum. One of the source documents
+//           this course is built on calls Llama 3's FSDP "ZeRO-3"; that is off because Llama 3
+//           kept the gathered parameters: the reshard_after_forward=false variant.
 // HSDP: shard inside a group (dp_shard, e.g. one node), replicate across groups (dp_replicate):
 //   each unit's gradient is reduce-scattered inside the shard group, then the unit's piece of
 //   the shard is all-reduced across replicas right behind it (as PyTorch FSDP2's HSDP), so the

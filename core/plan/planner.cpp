@@ -13,8 +13,8 @@
 // The FLOPs are core/model/flops.h's (6 N_matmul + 12 L nh hd T per token, the PaLM
 // convention), the bytes traffic.cpp's, the memory memory.cpp's.
 //
-// What this replaces. The "Case Study: LLaMA 3" analyzer this project started from
-// (LLaMA3Analyzer) got these wrong, each fixed here:
+// Where a source document is off. One of the source documents this course is built on, the
+// "Case Study: LLaMA 3" analyzer (LLaMA3Analyzer), gets these wrong; this model does otherwise:
 //   - peak 1,979 TFLOP/s is the H100's sparse figure; dense BF16 is 989 (core/comm/cluster.h);
 //   - NVLink 600 GB/s is an A100's; an H100's NVLink 4 moves 450 GB/s per direction;
 //   - optimizer 8 bytes per parameter forgets the fp32 master weights of mixed precision (12);

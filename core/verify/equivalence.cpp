@@ -71,12 +71,12 @@ StepErrors ring_tolerance(DType dtype, int64_t step, bool bf16_grad_reduce) {
 // (tp 3, tp 6, tp 2 x dp 2 ZeRO-2), seeds 1 and 7, 4 steps (28 runs). Worst seen:
 //   fp32 step 1   {3.5e-8, 2.8e-5, 3.3e-6, 1.0e-2, 7.0e-5}    later {6.9e-6, 2.5e-3, 1.6e-4, 1.0e-2, 1.4e-4}
 //   fp64 step 1   {2.8e-15, 5.1e-14, 5.8e-15, 1.7e-11, 1.4e-13}  later {1.9e-14, 7.1e-12, 3.1e-13, 2.1e-11, 1.4e-13}
-// Those runs compared TP with the whole model on one device, before the rank-order replay
-// (tensor_parallel_replay.h) existed: a row-parallel layer (o_proj, down_proj) adds tp partial
+// Those runs compared TP with the whole model on one device, not with the rank-order replay
+// (tensor_parallel_replay.h): a row-parallel layer (o_proj, down_proj) adds tp partial
 // dot products where one device runs one dot product over the whole row, the vocabulary-parallel
 // loss adds tp partial sums of exponentials, the column-parallel input gradients add tp partial
 // products, and replicated key/value heads add their replicas' weight gradients. With ordered
-// reductions TP is now bitwise against the replay; these bounds hold what the replay does not
+// reductions TP is bitwise against the replay; these bounds hold what the replay does not
 // follow: context parallelism (context_parallel_test measures it within them) and TP under ring
 // reductions, where each chunk's sum starts at another rank. Element errors of the parameters
 // are heavy-tailed as with ring reductions (AdamW turns a rounding difference in a near-zero

@@ -65,9 +65,9 @@ TEST(CliArgs, NcclNeedsTheCudaDevice) {
   if (LLAMA4D_CLI_NCCL) expect_bad_input(run("schedule --pp 2 --backend nccl"), "'schedule' computes on the CPU only");
 }
 
-// Each of these shapes only the ranks of a mesh; without one the run used to go ahead as a
-// single device and ignore it. --backend mpi without --mesh under mpirun started N one-rank
-// trainers writing the same --out.
+// Each of these shapes only the ranks of a mesh, so without one it would do nothing: a run would
+// go ahead as a single device and ignore it, and --backend mpi without --mesh under mpirun would
+// start N one-rank trainers writing the same --out. So each is refused.
 TEST(CliArgs, ParallelFlagsWithoutAMeshAreRefused) {
   for (const std::string flag :
        {"--zero 3", "--keep-params", "--hbm-gib 4", "--trace t.json", "--backend mpi", "--algo ring", "--gpus-per-node 2",
@@ -100,7 +100,7 @@ TEST(CliArgs, CpuOnlyFlagsAreRefusedOffTheCpu) {
                    "--reference-blas is the CPU backend's yardstick");
 }
 
-// A device or a FIFO as --data used to block forever (or read /dev/zero until memory ran out).
+// A device or a FIFO as --data would block forever (or read /dev/zero until memory ran out): refused.
 TEST(CliArgs, DataMustBeAFileOrDirectory) {
   const std::string dir = tmp("fifo");
   fs::create_directories(dir);
@@ -114,7 +114,7 @@ TEST(CliArgs, DataMustBeAFileOrDirectory) {
   fs::remove_all(dir);
 }
 
-// An unwritable --trace was found only after the whole run had been computed.
+// An unwritable --trace is found before training, not after the whole run has been computed.
 TEST(CliArgs, UnwritableTraceIsFoundBeforeTraining) {
   const std::string out = tmp("trace");
   const Result r = run(kTrain + "--mesh dp=2 --trace " + out + "/no/such/dir/t.json --out " + out);

@@ -17,8 +17,9 @@ using namespace llama4d::cli_test;
 // One device with gradient accumulation, --micro-batch-size equal to a rank's rows, against
 // `--mesh dp=N` (the rank's rows in one micro-batch): the checkpoint directories are byte for
 // byte the same, every file. Clipping is on (the default --grad-clip 1), so the gradient norm
-// reaches the weights too. Before the plain trainer summed micro-batches in the order of an
-// ordered all-reduce, model.safetensors differed from step 1 on (issue 14, item 15).
+// reaches the weights too. The plain trainer sums micro-batches in the order of an ordered
+// all-reduce (core/train/trainer.cpp); letting backward add each into the running sum instead
+// makes model.safetensors differ from step 1 on (issue 14, item 15).
 TEST(Cli, OneDeviceAccumulationEqualsDataParallelByteForByte) {
   const std::string common = " --preset tiny --seq-len 32 --batch-size 8 --steps 3 --eval-every 0";
   const std::string one = tmp("plain_one");

@@ -64,10 +64,10 @@ TEST(ResumeCli, Bf16ResumesInBf16Bitwise) {
 }
 LLAMA4D_TIER(ResumeCli, Bf16ResumesInBf16Bitwise, full);  // the resume code of the fp32 cases
 
-// Issue 14 item 2: a dp=4 ZeRO-3 run with the default micro-batch saved the resolved micro-batch
-// (the whole batch of 8), which no rank of 2 rows could split: not even dp=4 could resume it.
-// Now it resumes on its own mesh bitwise (3 + 3 steps = 6 straight steps, same bytes), and on
-// other meshes (dp=2, one device) to within rounding of the straight run.
+// Issue 14 item 2: a dp=4 ZeRO-3 run with the default micro-batch must not save the resolved
+// micro-batch (the whole batch of 8), which no rank of 2 rows can split, so that not even dp=4
+// could resume it. It resumes on its own mesh bitwise (3 + 3 steps = 6 straight steps, same
+// bytes), and on other meshes (dp=2, one device) to within rounding of the straight run.
 TEST(ResumeCli, DefaultMicroBatchResumesOnItsOwnMeshBitwiseAndOnOthers) {
   const std::string mesh = " --mesh dp=4 --zero 3";
   const std::string straight = tmp("resume_straight");
@@ -106,7 +106,7 @@ TEST(ResumeCli, DefaultMicroBatchResumesOnItsOwnMeshBitwiseAndOnOthers) {
 // Resuming on another mesh runs in Reshard.SaveOnZero3Dp4ResumeOnZero1Dp2.
 LLAMA4D_TIER(ResumeCli, DefaultMicroBatchResumesOnItsOwnMeshBitwiseAndOnOthers, full);
 
-// Issue 14 item 10: resume used to ignore these without a word. Each would change what the run
+// Issue 14 item 10: resume must not ignore these without a word. Each would change what the run
 // computes, so each is refused, naming the flag, before anything is written; the same value as
 // the checkpoint's is fine, and the flags that may change do.
 TEST(ResumeCli, FlagsThatChangeTheMathAreRefusedByName) {
@@ -174,9 +174,9 @@ TEST(ResumeCli, DataMayMoveButNotChange) {
   fs::remove_all(dir);
 }
 
-// Issue 14 item 4: --save-every and --eval-every (and the other loop settings) were dropped on
-// resume, so a kill after a resume lost everything since it. They are kept with the checkpoint
-// and restored unless given again.
+// Issue 14 item 4: --save-every and --eval-every (and the other loop settings) must survive a
+// resume, or a kill after a resume would lose everything since it. They are kept with the
+// checkpoint and restored unless given again.
 TEST(ResumeCli, LoopSettingsSurviveAResume) {
   const std::string dir = tmp("resume_loop");
   ASSERT_FALSE(
@@ -199,9 +199,9 @@ TEST(ResumeCli, LoopSettingsSurviveAResume) {
   fs::remove_all(dir);
 }
 
-// Issue 14 item 12: metrics.jsonl was appended across unrelated runs and repeated the steps a
-// killed run had logged after its last save. A new run starts it afresh; a resume keeps the rows
-// up to the checkpoint's step.
+// Issue 14 item 12: metrics.jsonl must hold each step once: never appended across unrelated
+// runs, never repeating the steps a killed run logged after its last save. A new run starts it
+// afresh; a resume keeps the rows up to the checkpoint's step.
 TEST(ResumeCli, MetricsHoldEachStepOnce) {
   const std::string dir = tmp("resume_metrics");
   fs::create_directories(dir);
@@ -220,7 +220,7 @@ TEST(ResumeCli, MetricsHoldEachStepOnce) {
   fs::remove_all(dir);
 }
 
-// Issue 14 item 16: resuming a finished run used to print "final loss nan". It trains nothing
+// Issue 14 item 16: resuming a finished run must not print "final loss nan". It trains nothing
 // (re-running a finished job is harmless), says so and how to extend it, and --steps extends it.
 TEST(ResumeCli, FinishedRunSaysHowToExtendIt) {
   const std::string dir = tmp("resume_finished");

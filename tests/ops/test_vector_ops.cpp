@@ -1,8 +1,8 @@
 // The buffer and vector ops (fill, copy, add_scaled, adamw_update, sum_squares_chunks,
 // sum_losses, the vocabulary-parallel embedding, round_to_bf16, to_bf16 / from_bf16, all_finite).
-// Where an op replaces a host loop the library used to run (AdamW's update, the gradient-norm
-// partials, the head's loss sum, the whole-table embedding), it is checked bit for bit against
-// that loop written out here, independently of the backend.
+// Where an op does the work of a plain host loop (AdamW's update, the gradient-norm partials,
+// the head's loss sum, the whole-table embedding), it is checked bit for bit against that loop
+// written out here, independently of the backend.
 #include <gtest/gtest.h>
 
 #include <algorithm>
