@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <regex>
 #include <nlohmann/json.hpp>
 
@@ -297,8 +298,7 @@ void check_stage_memory(Lesson& x, const PhaseView& at_rest) {
                 "4 x the parameters of its units: its layers (4 C^2-ish each), plus the embedding V C on the first "
                 "stage and the final norm + LM head C + V C on the last",
                 -1, e_params, m_params);
-  int64_t sum = 0;
-  for (int64_t s : m_state) sum += s;
+  const int64_t sum = std::accumulate(m_state.begin(), m_state.end(), int64_t{0});
   x.sheet.exact("P2", "And model state (params + grads + AdamW)? Summed over the ranks?",
                 "16 bytes per parameter held; the ranks together hold exactly one device's 16 N = " + grouped(16 * x.N),
                 -1, e_state, m_state, "Measured sum over ranks: " + grouped(sum) + (sum == 16 * x.N ? " = 16 N." : " != 16 N!"));
@@ -522,8 +522,7 @@ void check_boundary_traffic(Lesson& x, const StepRun& f1b) {
                 "m b s h numbers of activations to the next stage and m b s h of gradients to the previous: 4 m b s h "
                 "bytes per direction that rank has (the first and last stages have one direction)",
                 -1, e, got);
-  int64_t total = 0;
-  for (int64_t b : got) total += b;
+  const int64_t total = std::accumulate(got.begin(), got.end(), int64_t{0});
   x.sheet.exact("T2", "How many numbers cross one stage boundary per step (all ranks' sends / boundaries)?",
                 "2 m b s h: m activations forward, m gradients back", double(2 * m * bsh), {2 * m * bsh},
                 {total / 4 / (p - 1)});
