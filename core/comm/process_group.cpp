@@ -107,17 +107,8 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(void* out, const void* in, int64_
   if (!reduction_supported(dtype)) throw InputError("all_reduce: no reductions for " + std::string(dtype_name(dtype)));
   const int64_t bytes = count * int64_t(dtype_size(dtype));
   if (out != in && overlaps(out, bytes, in, bytes)) throw InputError("all_reduce: out and in overlap partially");
-  CommCall c;
-  c.op = CommOp::all_reduce;
-  c.out = out;
-  c.in = in;
-  c.count = count;
-  c.dtype = dtype;
-  c.reduce = op;
-  c.timeout = opts.timeout;
-  c.async_op = opts.async_op;
-  c.label = opts.label;
-  return run(std::move(c));
+  return run({.op = CommOp::all_reduce, .out = out, .in = in, .count = count, .dtype = dtype, .reduce = op,
+              .timeout = opts.timeout, .async_op = opts.async_op, .label = opts.label});
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(void* out, const void* in, int64_t count, DType dtype, ReduceOp op,
@@ -126,12 +117,17 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(void* out, const void* in, in
   return reduce_scatter_v(out, in, std::vector<int64_t>(size_t(size()), count), dtype, op, opts);
 }
 
+// One count per rank, none negative.
+void ProcessGroup::check_counts(const std::vector<int64_t>& counts, const char* what) const {
+  if (counts.size() != size_t(size()))
+    throw InputError(std::string(what) + ": need " + std::to_string(size()) + " counts, got " + std::to_string(counts.size()));
+  for (int64_t c : counts)
+    if (c < 0) throw InputError(std::string(what) + ": negative count " + std::to_string(c));
+}
+
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_v(void* out, const void* in, const std::vector<int64_t>& counts,
                                                      DType dtype, ReduceOp op, const ReduceScatterOptions& opts) {
-  if (counts.size() != size_t(size()))
-    throw InputError("reduce_scatter: need " + std::to_string(size()) + " counts, got " + std::to_string(counts.size()));
-  for (int64_t c : counts)
-    if (c < 0) throw InputError("reduce_scatter: negative count " + std::to_string(c));
+  check_counts(counts, "reduce_scatter");
   if (!reduction_supported(dtype))
     throw InputError("reduce_scatter: no reductions for " + std::string(dtype_name(dtype)));
   const int64_t total = sum_of(counts), mine = counts[size_t(rank())];
@@ -142,18 +138,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_v(void* out, const void* in, 
   const void* in_place = static_cast<const char*>(in) + my_offset * elem;
   if (out != in_place && overlaps(out, mine * elem, in, total * elem))
     throw InputError("reduce_scatter: out overlaps in but is not its block rank() (the in-place layout)");
-  CommCall c;
-  c.op = CommOp::reduce_scatter;
-  c.out = out;
-  c.in = in;
-  c.counts = counts;
-  c.dtype = dtype;
-  c.reduce = op;
-  c.timeout = opts.timeout;
-  c.async_op = opts.async_op;
-  c.label = opts.label;
-  c.uneven = !all_equal(counts);
-  return run(std::move(c));
+  return run({.op = CommOp::reduce_scatter, .out = out, .in = in, .counts = counts, .dtype = dtype, .reduce = op,
+              .timeout = opts.timeout, .async_op = opts.async_op, .uneven = !all_equal(counts), .label = opts.label});
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(void* out, const void* in, int64_t count, DType dtype,
@@ -164,10 +150,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather(void* out, const void* in, int64_
 
 std::shared_ptr<Work> ProcessGroup::all_gather_v(void* out, const void* in, const std::vector<int64_t>& counts,
                                                  DType dtype, const AllGatherOptions& opts) {
-  if (counts.size() != size_t(size()))
-    throw InputError("all_gather: need " + std::to_string(size()) + " counts, got " + std::to_string(counts.size()));
-  for (int64_t c : counts)
-    if (c < 0) throw InputError("all_gather: negative count " + std::to_string(c));
+  check_counts(counts, "all_gather");
   const int64_t total = sum_of(counts), mine = counts[size_t(rank())];
   check_buffer(out, total, "all_gather");
   check_buffer(in, mine, "all_gather");
@@ -176,67 +159,31 @@ std::shared_ptr<Work> ProcessGroup::all_gather_v(void* out, const void* in, cons
   const void* in_place = static_cast<const char*>(out) + my_offset * elem;
   if (in != in_place && overlaps(out, total * elem, in, mine * elem))
     throw InputError("all_gather: in overlaps out but is not its block rank() (the in-place layout)");
-  CommCall c;
-  c.op = CommOp::all_gather;
-  c.out = out;
-  c.in = in;
-  c.counts = counts;
-  c.dtype = dtype;
-  c.timeout = opts.timeout;
-  c.async_op = opts.async_op;
-  c.label = opts.label;
-  c.uneven = !all_equal(counts);
-  return run(std::move(c));
+  return run({.op = CommOp::all_gather, .out = out, .in = in, .counts = counts, .dtype = dtype, .timeout = opts.timeout,
+              .async_op = opts.async_op, .uneven = !all_equal(counts), .label = opts.label});
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(void* buf, int64_t count, DType dtype, const BroadcastOptions& opts) {
   check_buffer(buf, count, "broadcast");
   check_rank(opts.root, "broadcast: root");
-  CommCall c;
-  c.op = CommOp::broadcast;
-  c.out = buf;
-  c.in = buf;
-  c.count = count;
-  c.dtype = dtype;
-  c.root = opts.root;
-  c.timeout = opts.timeout;
-  c.async_op = opts.async_op;
-  c.label = opts.label;
-  return run(std::move(c));
+  return run({.op = CommOp::broadcast, .out = buf, .in = buf, .count = count, .dtype = dtype, .root = opts.root,
+              .timeout = opts.timeout, .async_op = opts.async_op, .label = opts.label});
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const void* buf, int64_t count, DType dtype, int dst, const SendOptions& opts) {
   check_buffer(buf, count, "send");
   check_rank(dst, "send: destination");
   if (dst == rank()) throw InputError("send: " + rank_label(dst) + " cannot send to itself");
-  CommCall c;
-  c.op = CommOp::send;
-  c.in = buf;
-  c.count = count;
-  c.dtype = dtype;
-  c.peer = dst;
-  c.tag = opts.tag;
-  c.timeout = opts.timeout;
-  c.async_op = opts.async_op;
-  c.label = opts.label;
-  return run(std::move(c));
+  return run({.op = CommOp::send, .in = buf, .count = count, .dtype = dtype, .peer = dst, .tag = opts.tag,
+              .timeout = opts.timeout, .async_op = opts.async_op, .label = opts.label});
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(void* buf, int64_t count, DType dtype, int src, const RecvOptions& opts) {
   check_buffer(buf, count, "recv");
   check_rank(src, "recv: source");
   if (src == rank()) throw InputError("recv: " + rank_label(src) + " cannot receive from itself");
-  CommCall c;
-  c.op = CommOp::recv;
-  c.out = buf;
-  c.count = count;
-  c.dtype = dtype;
-  c.peer = src;
-  c.tag = opts.tag;
-  c.timeout = opts.timeout;
-  c.async_op = opts.async_op;
-  c.label = opts.label;
-  return run(std::move(c));
+  return run({.op = CommOp::recv, .out = buf, .count = count, .dtype = dtype, .peer = src, .tag = opts.tag,
+              .timeout = opts.timeout, .async_op = opts.async_op, .label = opts.label});
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all(void* out, const void* in, int64_t count, DType dtype,
@@ -260,27 +207,13 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_v(void* out, const std::vector<in
   const int64_t elem = int64_t(dtype_size(dtype));
   if (out != in && overlaps(out, sum_of(recv_counts) * elem, in, sum_of(send_counts) * elem))
     throw InputError("all_to_all: out and in overlap partially");
-  CommCall c;
-  c.op = CommOp::all_to_all;
-  c.out = out;
-  c.in = in;
-  c.counts = send_counts;
-  c.recv_counts = recv_counts;
-  c.dtype = dtype;
-  c.timeout = opts.timeout;
-  c.async_op = opts.async_op;
-  c.label = opts.label;
-  c.uneven = !(all_equal(send_counts) && send_counts == recv_counts);
-  return run(std::move(c));
+  return run({.op = CommOp::all_to_all, .out = out, .in = in, .counts = send_counts, .recv_counts = recv_counts,
+              .dtype = dtype, .timeout = opts.timeout, .async_op = opts.async_op,
+              .uneven = !(all_equal(send_counts) && send_counts == recv_counts), .label = opts.label});
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& opts) {
-  CommCall c;
-  c.op = CommOp::barrier;
-  c.timeout = opts.timeout;
-  c.async_op = opts.async_op;
-  c.label = opts.label;
-  return run(std::move(c));
+  return run({.op = CommOp::barrier, .timeout = opts.timeout, .async_op = opts.async_op, .label = opts.label});
 }
 
 void ProcessGroup::record_comm(const CommCall& call, const CommPlan& plan, int64_t seq, double wall_start_us,

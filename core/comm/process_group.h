@@ -174,6 +174,7 @@ class ProcessGroup {
  private:
   std::shared_ptr<Work> run(CommCall call);
   void check_buffer(const void* p, int64_t count, const char* what) const;
+  void check_counts(const std::vector<int64_t>& counts, const char* what) const;  // one per rank, none negative
   void check_rank(int r, const char* what) const;
 
   Info info_;
