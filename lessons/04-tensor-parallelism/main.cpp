@@ -258,7 +258,7 @@ struct TpLesson {
   TextDataset data;
   int tp, dp, W;
   bool sp, full;  // sequence parallelism; full activation checkpointing
-  int64_t B, T, BT, M;
+  int64_t B, seq, BT, M;
   ReduceAlgo algo;
   const LlamaConfig& cfg() const { return s.model; }
 };
@@ -282,7 +282,7 @@ TpLesson set_up(LessonOptions& o, const TpArgs& a) {
   const bool sp = s.plan.sequence_parallel;
   const ReduceAlgo algo = s.cluster.algo;
   return {.o = o, .s = std::move(s), .data = std::move(data), .tp = tp, .dp = dp, .W = W, .sp = sp,
-          .full = a.ac == "full", .B = o.rows, .T = o.seq_len, .BT = o.rows * o.seq_len, .M = o.micro_batches,
+          .full = a.ac == "full", .B = o.rows, .seq = o.seq_len, .BT = o.rows * o.seq_len, .M = o.micro_batches,
           .algo = algo};
 }
 
@@ -505,8 +505,8 @@ void check_sp_against_plain(ExerciseSheet& sheet, const TpLesson& l, const Phase
   const bool sp = l.sp, full = l.full;
   const PhaseView& on = sp ? this_run : other_run;
   const PhaseView& off = sp ? other_run : this_run;
-  const Expected e_on = sp ? e : expected(cfg, l.s.plan, l.B, l.T, M, full, l.algo, true);
-  const Expected e_off = sp ? expected(cfg, l.s.plan, l.B, l.T, M, full, l.algo, false) : e;
+  const Expected e_on = sp ? e : expected(cfg, l.s.plan, l.B, l.seq, M, full, l.algo, true);
+  const Expected e_off = sp ? expected(cfg, l.s.plan, l.B, l.seq, M, full, l.algo, false) : e;
   std::vector<int64_t> x_traffic, m_traffic, x_act, m_act_saved;
   for (size_t w = 0; w < size_t(l.W); ++w) {
     x_traffic.push_back(e_on.total[w] - e_off.total[w]);
@@ -567,7 +567,7 @@ int run(LessonOptions o, const TpArgs& a) {
   const std::vector<PhaseView> other = run_other_sp(l);
 
   say.phase("exercises: formula vs measured");
-  const Expected e = expected(l.cfg(), l.s.plan, l.B, l.T, l.M, l.full, l.algo, l.sp);
+  const Expected e = expected(l.cfg(), l.s.plan, l.B, l.seq, l.M, l.full, l.algo, l.sp);
   const Measured m = measure(phases.front(), phases.back());
   ExerciseSheet sheet;
   check_slices_and_f_g(sheet, l, e, m);

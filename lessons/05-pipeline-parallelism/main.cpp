@@ -205,7 +205,7 @@ struct Lesson {
   RunSetup s{};                    // the main run: p pipeline ranks, one data rank
   Kind kind = Kind::one_f_one_b;   // --schedule
   int p = 0, m = 0, v = 1, L = 0;  // stages, micro-batches per step, chunks per rank (1 unless interleaved), layers
-  int64_t C = 0, B = 0, T = 0, N = 0;  // hidden size, rows per micro-batch, tokens per row, parameters
+  int64_t C = 0, B = 0, seq = 0, N = 0;  // hidden size, rows per micro-batch, tokens per row, parameters
   TextDataset data{};
   PipelineLayout layout{};  // the main run's stages
   TrainOptions one{};       // s.train for one step: the side runs
@@ -234,7 +234,7 @@ Lesson set_up(LessonOptions o, const PpArgs& a, Narrator& say) {
   s.plan.check_model(s.model, x.m);  // stages vs layers, m vs the schedule
   s.cluster = x.o.cluster_options();
   x.L = int(s.model.num_hidden_layers);
-  x.C = s.model.hidden_size, x.B = o.rows, x.T = o.seq_len, x.N = s.model.num_parameters();
+  x.C = s.model.hidden_size, x.B = o.rows, x.seq = o.seq_len, x.N = s.model.num_parameters();
   x.data = load_dataset(default_corpus_path(), s.train.seq_len);
   x.layout = s.plan.pipeline_layout(s.model);
   x.one = s.train;
@@ -252,7 +252,7 @@ void show_stages(Lesson& x) {
             " parameters, C = " + std::to_string(x.C) + ", vocabulary " + std::to_string(cfg.vocab_size) + ".\nMesh " +
             x.s.plan.describe_mesh() + ", schedule " + x.a.schedule +
             (v > 1 ? " with v = " + std::to_string(v) + " chunks per rank" : "") + ", m = " + std::to_string(x.m) +
-            " micro-batches of b = " + std::to_string(x.B) + " x s = " + std::to_string(x.T) +
+            " micro-batches of b = " + std::to_string(x.B) + " x s = " + std::to_string(x.seq) +
             " tokens per step.\nStages: " + x.layout.describe() + "\n\n");
   std::vector<std::vector<std::string>> rows = {{"rank", "virtual stages", "units", "parameters", "bytes (fp32)"}};
   for (int r = 0; r < p; ++r) {
@@ -504,7 +504,7 @@ void check_in_flight(Lesson& x, const ScheduleRuns& runs) {
 // T1, T2: what 1F1B's ranks send across their boundaries, per direction.
 void check_boundary_traffic(Lesson& x, const StepRun& f1b) {
   const int p = x.p, m = x.m;
-  const int64_t bsh = x.B * x.T * x.C;
+  const int64_t bsh = x.B * x.seq * x.C;
   std::vector<int64_t> e, got;
   std::vector<std::vector<std::string>> rows = {{"rank", "activations sent", "gradients sent", "messages"}};
   for (int r = 0; r < p; ++r) {
@@ -517,7 +517,7 @@ void check_boundary_traffic(Lesson& x, const StepRun& f1b) {
     got.push_back(act + grad);
   }
   x.say.say("One step of 1F1B (" + std::to_string(m) + " micro-batches of b s h = " + std::to_string(x.B) + " x " +
-            std::to_string(x.T) + " x " + std::to_string(x.C) + " = " + grouped(bsh) + " numbers):\n\n" + format_table(rows));
+            std::to_string(x.seq) + " x " + std::to_string(x.C) + " = " + grouped(bsh) + " numbers):\n\n" + format_table(rows));
   x.sheet.exact("T1", "How many bytes does each rank send per step?",
                 "m b s h numbers of activations to the next stage and m b s h of gradients to the previous: 4 m b s h "
                 "bytes per direction that rank has (the first and last stages have one direction)",
@@ -531,7 +531,7 @@ void check_boundary_traffic(Lesson& x, const StepRun& f1b) {
 // T3: the interleaved schedule's v chunks per rank, each a stage with its own boundaries.
 void check_interleaved_traffic(Lesson& x, const StepRun& ir) {
   const int p = x.p, m = x.m, v = x.a.chunks;
-  const int64_t bsh = x.B * x.T * x.C;
+  const int64_t bsh = x.B * x.seq * x.C;
   std::vector<int64_t> e, got;
   for (int r = 0; r < p; ++r) {
     // Rank r holds stages r, p + r, ...: every one sends forward unless it is the last stage,

@@ -334,8 +334,8 @@ std::string batch_table(const TextDataset& data, const TrainOptions& train, int 
     for (size_t m = 0; m < mbs.size(); ++m)
       for (int64_t b = 0; b < mbs[m].B; ++b, ++row) {
         std::string text;
-        for (int64_t t = 0; t < std::min<int64_t>(mbs[m].T, 40); ++t) {
-          const int32_t tok = mbs[m].tokens[size_t(b * mbs[m].T + t)];
+        for (int64_t t = 0; t < std::min<int64_t>(mbs[m].seq, 40); ++t) {
+          const int32_t tok = mbs[m].tokens[size_t(b * mbs[m].seq + t)];
           text += (tok >= 0x20 && tok < 0x7f) ? char(tok) : '.';  // newlines, UTF-8 bytes: '.'
         }
         rows.push_back({std::to_string(d), std::to_string(m), std::to_string(row), "\"" + text + "\""});
