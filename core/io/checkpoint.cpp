@@ -292,31 +292,23 @@ void load_model(const std::string& dir, const std::vector<ParamSpec>& specs, T* 
   read_flat_tensors(store, specs, params);
 }
 
-template std::vector<TensorToWrite> flat_tensors<float>(const std::vector<ParamSpec>&, const float*, DType,
-                                                     const std::string&);
-template void TensorStore::read<float>(const std::string&, const std::vector<int64_t>&, float*) const;
-template void read_flat_tensors<float>(const TensorStore&, const std::vector<ParamSpec>&, float*, const std::string&);
-template void TensorStore::read_range<float>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t,
-                                          float*) const;
-template void read_flat_range<float>(const TensorStore&, const std::vector<ParamSpec>&, int64_t, int64_t, float*,
-                                 const std::string&);
-template void write_model_files<float>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,
-                                     const float*, DType, int64_t);
-template void save_model<float>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const float*,
-                              DType, int64_t);
-template void load_model<float>(const std::string&, const std::vector<ParamSpec>&, float*);
-template std::vector<TensorToWrite> flat_tensors<double>(const std::vector<ParamSpec>&, const double*, DType,
-                                                     const std::string&);
-template void TensorStore::read<double>(const std::string&, const std::vector<int64_t>&, double*) const;
-template void read_flat_tensors<double>(const TensorStore&, const std::vector<ParamSpec>&, double*, const std::string&);
-template void TensorStore::read_range<double>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t,
-                                          double*) const;
-template void read_flat_range<double>(const TensorStore&, const std::vector<ParamSpec>&, int64_t, int64_t, double*,
-                                 const std::string&);
-template void write_model_files<double>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,
-                                     const double*, DType, int64_t);
-template void save_model<double>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const double*,
-                              DType, int64_t);
-template void load_model<double>(const std::string&, const std::vector<ParamSpec>&, double*);
+// Every templated function of this file, for float and double.
+#define LLAMA4D_CHECKPOINT_INSTANTIATE(T)                                                                          \
+  template std::vector<TensorToWrite> flat_tensors<T>(const std::vector<ParamSpec>&, const T*, DType,              \
+                                                      const std::string&);                                         \
+  template void TensorStore::read<T>(const std::string&, const std::vector<int64_t>&, T*) const;                   \
+  template void read_flat_tensors<T>(const TensorStore&, const std::vector<ParamSpec>&, T*, const std::string&);   \
+  template void TensorStore::read_range<T>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t, T*)  \
+      const;                                                                                                       \
+  template void read_flat_range<T>(const TensorStore&, const std::vector<ParamSpec>&, int64_t, int64_t, T*,        \
+                                   const std::string&);                                                            \
+  template void write_model_files<T>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,        \
+                                     const T*, DType, int64_t);                                                    \
+  template void save_model<T>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const T*,     \
+                              DType, int64_t);                                                                     \
+  template void load_model<T>(const std::string&, const std::vector<ParamSpec>&, T*);
+LLAMA4D_CHECKPOINT_INSTANTIATE(float)
+LLAMA4D_CHECKPOINT_INSTANTIATE(double)
+#undef LLAMA4D_CHECKPOINT_INSTANTIATE
 
 }  // namespace llama4d

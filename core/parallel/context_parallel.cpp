@@ -9,7 +9,7 @@
 //    each sequence of S tokens into 2·cp chunks of S/(2·cp) and gives rank r the chunks r and
 //    2·cp-1-r: an early chunk and its mirror image, so every rank scores the same number of
 //    (query, key) pairs up to one chunk's triangle. context_slice() does it to a batch; the
-//    model then runs T = S/cp tokens per row (BlockDims::cp) with RoPE at the true positions.
+//    model then runs seq = S/cp tokens per row (BlockDims::seq, BlockDims::cp) with RoPE at the true positions.
 //
 // 2. All-gather attention (Llama 3's choice). Before attention each rank all-gathers the keys
 //    and values of the whole sequence, [B, S, nkv, hd] each, and computes its own queries
