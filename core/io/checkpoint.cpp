@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/atomic_dir.h"
 #include "core/io/atomic_file.h"
 #include "core/io/tensor_files.h"
 
@@ -280,6 +281,7 @@ void save_model(const std::string& dir, const LlamaConfig& cfg, const std::vecto
 }
 
 LlamaConfig load_config(const std::string& dir) {
+  recover_interrupted_replace(dir);  // a save killed between its two renames (no atomic exchange)
   std::error_code ec;
   if (fs::is_regular_file(dir, ec)) return LlamaConfig::from_file(dir);
   return LlamaConfig::from_file(join(dir, kConfigFile));
