@@ -331,8 +331,9 @@ void draw_schedule(Lesson& x, Kind k, const char* id, nlohmann::json& drawn) {
   x.say.say(pipeline_text(pic, 96) + "\n");
   const double measured = bubble_of(pic), formula = pipeline_bubble_formula(k, p, m, kv, c);
   const bool zb_formula = k != Kind::zb_h1 || m >= p;
-  // Expected idle time per rank: the closed form, or for ZB-H1 with m < p the simulator's.
-  const double ideal = m * (c.forward + c.backward_input + c.backward_weight);
+  // Expected idle time per rank: the closed form, or for ZB-H1 with m < p the simulator's. The
+  // ideal time is every micro-batch through every chunk of a rank: m v (F + B) of one chunk.
+  const double ideal = double(m) * kv * (c.forward + c.backward_input + c.backward_weight);
   const double idle = zb_formula ? idle_formula_us(k, p, c) : simulate_pipeline_schedule(sched, c).makespan - ideal;
   std::vector<int64_t> lo, hi, got;
   for (int r = 0; r < p; ++r) {
@@ -348,7 +349,7 @@ void draw_schedule(Lesson& x, Kind k, const char* id, nlohmann::json& drawn) {
   drawn[std::string(pipeline_schedule_name(k))] = {
       {"name", sched.name()}, {"bubble_measured", measured},
       {"bubble_formula", zb_formula ? nlohmann::json(formula) : nlohmann::json(nullptr)},
-      {"idle_us_per_rank", pic.end_us - pic.busy_us()[0]}, {"step_us", pic.end_us}};
+      {"idle_us_per_rank", pic.end_us - pic.busy_us()[0]}, {"step_us", pic.end_us}, {"idle_over_ideal", idle / ideal}};
   x.say.pause();
 }
 
