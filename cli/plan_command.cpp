@@ -213,6 +213,7 @@ void add_plan_command(CLI::App& app) {
     if (a->json) {
       nlohmann::json j = r.to_json();
       j["notes"] = note.empty() ? nlohmann::json::array() : nlohmann::json::array({note});
+      j["parameters"] = model.num_parameters();
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%s", r.table().c_str());
