@@ -12,6 +12,9 @@ A README marks each figure it quotes, invisibly in the rendered page:
                                                                   flags a README says are refused:
                                                                   exit code 2, the message on stderr
 
+Mark only what a program prints the same on every run: figures that move with thread timing (a
+ZeRO-2/3 gradient peak, a wall-clock time) stay unmarked, and their text says they vary.
+
 A path is dot-separated: a key of an object; a list index; or, in a list of objects, the object
 whose "id" is the token, or whose fields match "key=value" (several joined by ",").
 A figure matches when the value, rounded to as many decimals as the figure shows, is the figure
