@@ -251,6 +251,7 @@ std::string sheet_report(const ExerciseSheet& sheet, const std::map<std::string,
     table.erase(first + 1, second - first);  // no underline under the header: an inline table
     out += table;
     if (e.contains("note")) out += "       " + e.at("note").get<std::string>() + "\n";
+    if (const std::string v = sheet.verdict_line(id); !v.empty()) out += "       " + v + "\n";
     out += "\n";
   }
   return out + std::to_string(passed) + " of " + std::to_string(total) + " exercises PASS\n";
@@ -321,6 +322,13 @@ AcRun ac_run(const LessonOptions& o, const AcArgs& a) {
   r.B = r.batch.B, r.seq = r.batch.seq;
   r.d = sizes_of(r.cfg, r.B, r.seq);
   return r;
+}
+
+// The policy that checkpoints every block (full, every:1), if the run has one.
+std::optional<size_t> full_index(const AcRun& r) {
+  for (size_t i = 0; i < r.policies.size(); ++i)
+    if (r.policies[i].ac.kind == Checkpointing::Kind::every && r.policies[i].ac.every == 1) return i;
+  return std::nullopt;
 }
 
 // How many times its input a block's activations are.
@@ -395,6 +403,7 @@ struct MemoryRuns {
 
 MemoryRuns show_memory_per_policy(Narrator& say, const AcRun& r) {
   say.phase("activation memory per policy: formula vs allocator");
+  say.ask("A1", "Without checkpointing (none), how many bytes of activations does the forward leave for the backward?");
   MemoryRuns mem;
   for (const Policy& p : r.policies) mem.runs.push_back(measure(r.cfg, p.ac, r.batch, r.train.seed));
   mem.none_peak = mem.runs[r.none_index].peak;
@@ -482,6 +491,8 @@ void show_simulated_clock(Narrator& say, const AcRun& r, const MemoryRuns& mem, 
 
 Price show_price(Narrator& say, const AcArgs& a, const AcRun& r, const MemoryRuns& mem) {
   say.phase("the price: recomputation, MFU and HFU");
+  say.ask("F1", "How many FLOPs does one training token cost, forward + backward, without recomputation?");
+  if (full_index(r)) say.ask("F2", "How many FLOPs per token does full checkpointing add by recomputing?");
   Price price;
   show_wall_clock(say, a, r, price);
   show_simulated_clock(say, r, mem, price);
@@ -510,6 +521,7 @@ Spacing show_checkpoint_spacing(Narrator& say, const AcRun& r) {
   const int L = r.L;
   const Sizes& d = r.d;
   say.phase("where to put the checkpoints: every:k for k = 1.." + std::to_string(L));
+  say.ask("K2", "Which k of every:k needs the least activation memory (the smallest, if several tie)?");
   Spacing sp;
   std::vector<std::vector<std::string>> rows = {{"k", "kept inputs", "forward", "head", "backward (worst run)",
                                                  "peak formula", "peak measured", ""}};
@@ -612,6 +624,16 @@ Equivalence show_equivalence(Narrator& say, const LessonOptions& o, const AcArgs
 
 // ---- exercises ------------------------------------------------------------------------------------
 
+// What the questions asked name: none's column of A1, full's of F2, the least k of K2.
+void answer_questions(ExerciseSheet& sheet, const AcRun& r, const MemoryRuns& mem, const Price& price,
+                      const Spacing& sp) {
+  sheet.answer("A1", {.value = double(mem.m_forward[r.none_index]), .unit = "bytes", .of = "none"});
+  sheet.answer("F1", {.value = double(std::llround(price.train_per_token)), .unit = "FLOPs", .of = "per token"});
+  if (const std::optional<size_t> i = full_index(r))
+    sheet.answer("F2", {.value = double(price.m_recompute[*i]), .unit = "FLOPs", .of = r.labels[*i]});
+  sheet.answer("K2", {.value = double(sp.best_measured.front()), .unit = "k", .of = "every:k"});
+}
+
 LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const MemoryRuns& mem, const Price& price,
                              const Spacing& sp, const Equivalence& e) {
   LabelledSheet x;
@@ -659,6 +681,7 @@ LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const Memor
           "the A2 formula for one rank's micro-batch (B = " + std::to_string(o.rows) +
               "): sharding the state does not change what a rank's forward keeps",
           e.zero_expected, e.zero_measured);
+  answer_questions(x.sheet, r, mem, price, sp);
   return x;
 }
 
@@ -707,6 +730,7 @@ nlohmann::json summary_json(const LessonOptions& o, const AcRun& r, const Memory
           {"plan", e.s.plan.to_json()},
           {"zero3_memory_peak", memory_json(e.report.memory)},
           {"exercises", sheet.to_json()},
+          {"asked", sheet.asked_json()},
           {"equivalence", equivalence_json(e.report)},
           {"passed", passed}};
 }
@@ -721,7 +745,9 @@ int run(const LessonOptions& o, const AcArgs& a) {
   const Equivalence e = show_equivalence(say, o, a, r, mem);
 
   say.phase("exercises: formula vs measured");
-  const LabelledSheet x = check_formulas(o, r, mem, price, spacing, e);
+  LabelledSheet x = check_formulas(o, r, mem, price, spacing, e);
+  x.sheet.set_predictions(say.predictions());
+  x.sheet.set_asked(say.asked());
   say.say(sheet_report(x.sheet, x.columns));
   say.pause();
 
