@@ -1,13 +1,15 @@
 #include "core/data/tokenizer_loader.h"
 
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "core/data/bpe_tokenizer.h"
 #include "core/error.h"
+#include "core/regular_file.h"
+#include "core/strict_json.h"
 
 namespace llama4d {
 
@@ -16,13 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open " + path.string());
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(path.string() + ": malformed JSON: " + e.what());
-  }
+  return parse_strict_json(read_regular_file(path.string(), "JSON file", kMaxJsonFileBytes), path.string());
 }
 
 // The special tokens of a tokenizer_config.json's "added_tokens_decoder" ({"128000":
@@ -52,7 +48,7 @@ std::vector<std::string> specials_from_config(const fs::path& path, int32_t firs
 
 // The number of lines with a token in a tiktoken file: where its specials start.
 int32_t tiktoken_size(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::istringstream in(read_regular_file(path.string(), "tokenizer file", kMaxJsonFileBytes));
   int32_t n = 0;
   for (std::string line; std::getline(in, line);)
     if (!line.empty() && line != "\r") ++n;
