@@ -102,7 +102,7 @@ void add_compute_options(CLI::App& cmd, ComputeChoice& c, const std::string& thr
   std::string devices;
   for (const std::string& n : ops::compute_backend_names()) devices += (devices.empty() ? "" : ", ") + n;
   cmd.add_option("--device", c.device, "where the ops run; this build has: " + devices)->capture_default_str();
-  cmd.add_option("--threads", c.threads, threads_help);
+  add_number(cmd, "--threads", c.threads, threads_help);
 }
 
 void use_compute(const ComputeChoice& c) {
@@ -115,16 +115,6 @@ void use_compute(const ComputeChoice& c) {
                      c.device + " does not use them (drop --threads)");
   ops::select_compute_backend(c.device);
   if (c.threads > 0) ops::set_backend_threads(c.threads);
-}
-
-CLI::Validator unsigned_integer() {
-  return CLI::Validator(
-      [](std::string& value) {
-        return value.find_first_not_of("0123456789") == std::string::npos && !value.empty()
-                   ? std::string()
-                   : "must be a whole number >= 0, got " + value;
-      },
-      "UINT");
 }
 
 }  // namespace llama4d::cli

@@ -72,7 +72,4 @@ void add_compute_options(CLI::App& cmd, ComputeChoice& c, const std::string& thr
 // InputError (exit 2) for a negative count or a device this build has not linked, naming those it has.
 void use_compute(const ComputeChoice& c);
 
-// For unsigned options (seeds), which CLI11 would otherwise read "-1" into as 2^64 - 1.
-CLI::Validator unsigned_integer();
-
 }  // namespace llama4d::cli

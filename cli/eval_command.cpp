@@ -64,11 +64,11 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "mean next-token cross-entropy over a text file");
   a->model.add_options(*cmd, "small", true);
   cmd->add_option("--data", a->data, "UTF-8 text file or directory of .txt documents (default: shipped corpus)");
-  cmd->add_option("--seq-len", a->seq_len, "window length")->capture_default_str();
-  cmd->add_option("--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
+  add_number(*cmd, "--seq-len", a->seq_len, "window length (at most the model's max_position_embeddings unless given)")->capture_default_str();
+  add_number(*cmd, "--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
   cmd->add_flag("--doc-mask", a->doc_mask, "mask attention between the documents in a window (as the model was trained)");
-  cmd->add_option("--max-windows", a->max_windows, "evaluate at most N windows (0: all)")->capture_default_str();
-  cmd->add_option("--seed", a->seed, "initial weights when no --checkpoint is given")->check(unsigned_integer())->capture_default_str();
+  add_number(*cmd, "--max-windows", a->max_windows, "evaluate at most N windows (0: all)")->capture_default_str();
+  add_number(*cmd, "--seed", a->seed, "initial weights when no --checkpoint is given")->capture_default_str();
   add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");

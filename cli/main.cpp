@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = llama4d::cli::add_bench_command(app);
   llama4d::cli::add_bench_comm_command(*bench);
   try {
+    llama4d::cli::check_flag_values(app);
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version

@@ -9,8 +9,7 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh,
   mesh = default_mesh;
   cmd.add_option("--mesh", mesh, "ranks by dim, innermost first: dp=4, tp=2,dp=2, cp=2,dp=2, or dp_shard=2,dp_replicate=2 (HSDP)")
       ->capture_default_str();
-  cmd.add_option("--zero", zero, "ZeRO stage: 0 plain DP, 1 optimizer, 2 + gradients, 3 + parameters (FSDP)")
-      ->check(CLI::Range(0, 3))
+  add_number(cmd, "--zero", zero, "ZeRO stage: 0 plain DP, 1 optimizer, 2 + gradients, 3 + parameters (FSDP)", 0, 3)
       ->capture_default_str();
   cmd.add_flag("--keep-params", keep_params,
                "ZeRO-3: keep a layer's gathered parameters from forward to backward (Llama 3's choice)");
@@ -21,7 +20,7 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh,
       ->capture_default_str();
   cmd.add_option("--schedule", schedule, "pipeline schedule with pp > 1: gpipe, 1f1b, interleaved, zb-h1")
       ->capture_default_str();
-  cmd.add_option("--pp-chunks", pp_chunks, "model chunks per pipeline rank (the interleaved schedule, >= 2)")
+  add_number(cmd, "--pp-chunks", pp_chunks, "model chunks per pipeline rank (the interleaved schedule, >= 2)")
       ->capture_default_str();
   cmd.add_option("--pp-layers", pp_layers, "layers of each pipeline stage, e.g. 1,2,2,1 (default: balanced)");
   cmd.add_option("--cp-algo", cp_algo, "context parallelism with cp > 1: allgather (Llama 3's) or ring")
@@ -52,7 +51,7 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
 }
 
 void add_micro_batches_option(CLI::App& cmd, int& micro_batches) {
-  cmd.add_option("--micro-batches", micro_batches,
+  add_number(cmd, "--micro-batches", micro_batches,
                  "micro-batches per step on each data rank (instead of --micro-batch-size; 0: not set)")
       ->capture_default_str();
 }

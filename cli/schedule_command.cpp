@@ -8,7 +8,6 @@
 // FLOPs of the real stages (the embedding and the head make the first and last uneven) and the
 // transfers cost what the cluster model says; --trace writes that run for Perfetto.
 #include <filesystem>
-#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
@@ -16,8 +15,10 @@
 #include "cli/parallel_options.h"
 #include "core/data/dataset.h"
 #include "core/error.h"
+#include "backends/virtual/virtual_cluster.h"
 #include "core/io/atomic_file.h"
 #include "core/parallel/parallel_trainer.h"
+#include "core/parse_number.h"
 #include "core/parallel/pipeline_parallel.h"
 #include "core/parallel/pipeline_picture.h"
 
@@ -36,16 +37,11 @@ struct ScheduleArgs {
 
 StageCosts parse_costs(const std::string& text) {
   std::vector<double> v;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    double x = -1;
-    try {
-      x = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || !(x > 0)) throw InputError("--costs " + text + ": '" + item + "' is not a positive time");
+  for (size_t at = 0, comma = 0; comma != std::string::npos; at = comma + 1) {
+    comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const double x = parse_number<double>(item, "--costs " + text + ": time", 0);
+    if (!(x > 0)) throw InputError("--costs " + text + ": '" + item + "' is not a positive time");
     v.push_back(x);
   }
   if (v.size() != 3) throw InputError("--costs takes three times F,I,W (forward, backward-input, backward-weight), got " + text);
@@ -148,16 +144,16 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
 void add_schedule_command(CLI::App& app) {
   auto a = std::make_shared<ScheduleArgs>();
   CLI::App* cmd = app.add_subcommand("schedule", "draw a pipeline schedule's timeline per rank from the simulated clock");
-  cmd->add_option("--pp", a->pp, "pipeline ranks")->capture_default_str();
-  cmd->add_option("--micro-batches", a->micro_batches, "micro-batches per step")->capture_default_str();
+  add_number(*cmd, "--pp", a->pp, "pipeline ranks", 1, kMaxVirtualRanks)->capture_default_str();
+  add_number(*cmd, "--micro-batches", a->micro_batches, "micro-batches per step")->capture_default_str();
   cmd->add_option("--schedule", a->schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
-  cmd->add_option("--pp-chunks", a->chunks, "model chunks per rank (interleaved, >= 2)")->capture_default_str();
+  add_number(*cmd, "--pp-chunks", a->chunks, "model chunks per rank (interleaved, >= 2)")->capture_default_str();
   cmd->add_option("--costs", a->costs, "modelled times of F, I and W in microseconds (B = I + W)")->capture_default_str();
   cmd->add_option("--svg", a->svg, "also write the picture as an SVG file here");
-  cmd->add_option("--columns", a->columns, "width of the text picture")->capture_default_str();
+  add_number(*cmd, "--columns", a->columns, "width of the text picture")->capture_default_str();
   cmd->add_flag("--measure", a->measure, "train one step of --preset's model with this pipeline and draw that instead");
   a->model.add_options(*cmd, "small", false);
-  cmd->add_option("--seq-len", a->seq_len, "--measure: tokens per micro-batch (one row each)")->capture_default_str();
+  add_number(*cmd, "--seq-len", a->seq_len, "--measure: tokens per micro-batch, one row each (at most the model's max_position_embeddings unless given)")->capture_default_str();
   cmd->add_option("--pp-layers", a->layers, "--measure: layers of each stage, e.g. 1,2,2,1 (default: balanced)");
   a->launch.add_options(*cmd);
   cmd->add_flag("--json", a->json, "print one JSON object with the timeline's numbers on stdout");

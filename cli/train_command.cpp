@@ -353,23 +353,23 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", a->resume,
                   "checkpoint directory to continue from: its model, options and loop settings; --steps, "
                   "--micro-batch-size, --eval-*, --save-every, --log-every and the mesh may change");
-  cmd->add_option("--steps", a->opt.steps, "optimizer steps in the run")->capture_default_str();
-  cmd->add_option("--stop-at", a->stop_at, "stop (and checkpoint) after this step, as if interrupted");
-  cmd->add_option("--batch-size", a->opt.batch_size, "sequences per optimizer step (the global batch)")->capture_default_str();
-  cmd->add_option("--micro-batch-size", a->opt.micro_batch_size, "sequences per forward/backward (0: all of a rank's)")
+  add_number(*cmd, "--steps", a->opt.steps, "optimizer steps in the run")->capture_default_str();
+  add_number(*cmd, "--stop-at", a->stop_at, "stop (and checkpoint) after this step, as if interrupted");
+  add_number(*cmd, "--batch-size", a->opt.batch_size, "sequences per optimizer step (the global batch)")->capture_default_str();
+  add_number(*cmd, "--micro-batch-size", a->opt.micro_batch_size, "sequences per forward/backward (0: all of a rank's)")
       ->capture_default_str();
-  cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
+  add_number(*cmd, "--seq-len", a->opt.seq_len, "tokens per sequence (at most the model's max_position_embeddings unless given)")->capture_default_str();
   cmd->add_flag("--doc-mask", a->opt.doc_mask, "mask attention between the documents packed into a sequence (cut at <|end_of_text|>), as Llama 3 trains");
-  cmd->add_option("--lr", a->opt.lr, "peak learning rate")->capture_default_str();
-  cmd->add_option("--min-lr", a->opt.min_lr, "final learning rate of the cosine decay")->capture_default_str();
-  cmd->add_option("--warmup-steps", a->opt.warmup_steps, "linear warm-up steps")->capture_default_str();
-  cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  cmd->add_option("--weight-decay", a->opt.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
-  cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->check(unsigned_integer())->capture_default_str();
-  cmd->add_option("--eval-every", a->eval_every, "the validation loss every N steps (0: never)")->capture_default_str();
-  cmd->add_option("--eval-windows", a->eval_windows, "validation windows per evaluation")->capture_default_str();
-  cmd->add_option("--save-every", a->save_every, "also checkpoint every N steps")->capture_default_str();
-  cmd->add_option("--log-every", a->log_every, "print progress every N steps")->capture_default_str();
+  add_number(*cmd, "--lr", a->opt.lr, "peak learning rate")->capture_default_str();
+  add_number(*cmd, "--min-lr", a->opt.min_lr, "final learning rate of the cosine decay")->capture_default_str();
+  add_number(*cmd, "--warmup-steps", a->opt.warmup_steps, "linear warm-up steps")->capture_default_str();
+  add_number(*cmd, "--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
+  add_number(*cmd, "--weight-decay", a->opt.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
+  add_number(*cmd, "--seed", a->opt.seed, "seed for weights and batches")->capture_default_str();
+  add_number(*cmd, "--eval-every", a->eval_every, "the validation loss every N steps (0: never)")->capture_default_str();
+  add_number(*cmd, "--eval-windows", a->eval_windows, "validation windows per evaluation")->capture_default_str();
+  add_number(*cmd, "--save-every", a->save_every, "also checkpoint every N steps")->capture_default_str();
+  add_number(*cmd, "--log-every", a->log_every, "print progress every N steps")->capture_default_str();
   add_compute_options(*cmd, a->compute, "compute threads of this process (default: all cores)");
   cmd->add_flag("--force", a->force, "train even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");

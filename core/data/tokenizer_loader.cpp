@@ -8,6 +8,7 @@
 
 #include "core/data/bpe_tokenizer.h"
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "core/regular_file.h"
 #include "core/strict_json.h"
 
@@ -28,12 +29,7 @@ std::vector<std::string> specials_from_config(const fs::path& path, int32_t firs
   if (!cfg.contains("added_tokens_decoder")) return {};
   std::map<int64_t, std::string> by_id;
   for (const auto& [key, value] : cfg.at("added_tokens_decoder").items()) {
-    int64_t id = -1;
-    try {
-      id = std::stoll(key);
-    } catch (const std::exception&) {
-      throw InputError(path.string() + ": added_tokens_decoder key \"" + key + "\" is not an id");
-    }
+    const int64_t id = parse_number<int64_t>(key, path.string() + ": added_tokens_decoder key", 0);
     by_id[id] = value.at("content").get<std::string>();
   }
   std::vector<std::string> names;
