@@ -371,6 +371,8 @@ nlohmann::json run_bench(const BenchArgs& a) {
   const ParallelPlan plan = a.parallel.plan(cfg, a.launch.algo);
   plan.check_precision(opt.bf16_compute);
   apply_micro_batches(a.micro_batches, opt, plan, cfg);
+  opt.validate();
+  check_step_fits_in_memory(cfg, opt, plan, a.launch.backend, sizeof(T), a.force);
   const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
   Llama<T> model(cfg);
   model.set_checkpointing(plan.ac);

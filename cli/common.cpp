@@ -45,6 +45,19 @@ void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool f
                      std::to_string(int64_t(have / 1e9)) + " GB; pass --force to try anyway");
 }
 
+void check_batch_fits_in_memory(const LlamaConfig& cfg, int64_t rows, int64_t seq_len, double bytes, double share,
+                                bool force, const std::string& what) {
+  const double per_token = double(cfg.hidden_size) * double(cfg.num_hidden_layers + 1) + double(cfg.vocab_size);
+  const double need = double(rows) * double(seq_len) * per_token * bytes * share;
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  if (need > have && !force)
+    throw InputError(what + ": one forward of " + std::to_string(rows) + " rows x " + std::to_string(seq_len) +
+                     " tokens needs at least " + std::to_string(uint64_t(std::min(need, 1.8e19))) +
+                     " bytes of activations (each layer's input and the logits) but this machine has " +
+                     std::to_string(uint64_t(have)) + " bytes; use fewer rows per forward (--micro-batch-size) or "
+                     "pass --force to try anyway");
+}
+
 // A byte model can emit a sequence that is not UTF-8; JSON output shows it as U+FFFD instead of failing.
 void print_json(const nlohmann::json& j) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;

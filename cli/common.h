@@ -31,6 +31,14 @@ struct ModelChoice {
 // two AdamW moments.
 void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what);
 
+// Refuses, before any work, a batch whose activations cannot fit in this machine's memory (an
+// InputError naming the bytes, where the allocation would otherwise fail mid-step). A lower bound:
+// every layer's input and the logits of one forward of `rows` x `seq_len` tokens, `bytes` each,
+// times `share`, the forwards this process holds at once (its data-parallel replicas on virtual
+// GPUs; 1 / (tp x cp x pp) of one on an MPI rank). `what` names the flags that set the rows.
+void check_batch_fits_in_memory(const LlamaConfig& cfg, int64_t rows, int64_t seq_len, double bytes, double share,
+                                bool force, const std::string& what);
+
 // Where human-readable progress goes: stderr always, so --json output stays clean on stdout.
 template <class... Args>
 void progress(const char* fmt, Args... args) {

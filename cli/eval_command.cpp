@@ -31,6 +31,8 @@ nlohmann::json run_eval(const EvalArgs& a) {
   const LlamaConfig cfg = a.model.resolve();
   check_fits_in_memory(cfg, sizeof(T), a.force, "evaluating");
   if (a.seq_len < 1) throw InputError("--seq-len must be >= 1");
+  check_batch_fits_in_memory(cfg, a.batch_size, a.seq_len, sizeof(T), 1.0, a.force,
+                             "--batch-size " + std::to_string(a.batch_size) + " x --seq-len " + std::to_string(a.seq_len));
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
   const std::vector<int32_t> tokens = pack_documents(load_documents(path));
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");

@@ -1,5 +1,6 @@
 #include "cli/parallel_options.h"
 
+#include "cli/common.h"
 #include "core/error.h"
 #include "core/parallel/parallel_trainer.h"
 
@@ -68,6 +69,18 @@ void apply_micro_batches(int micro_batches, TrainOptions& opt, const ParallelPla
     opt.micro_batch_size = rows / micro_batches;
   }
   if (!plan.single_device()) plan.check_model(model, int(rank_micro_batch_count(opt, plan.dp())));
+}
+
+void check_step_fits_in_memory(const LlamaConfig& model, const TrainOptions& opt, const ParallelPlan& plan,
+                               const std::string& backend, double bytes, bool force) {
+  const int dp = plan.single_device() ? 1 : plan.dp();
+  const int64_t rows = plan.single_device() ? opt.micro() : rank_micro_batch_rows(opt, dp);
+  const double share = plan.single_device() ? 1.0
+                       : backend == "virtual" ? double(dp)
+                                              : double(dp) / double(plan.world_size());
+  check_batch_fits_in_memory(model, rows, opt.seq_len, bytes, share, force,
+                             "--batch-size " + std::to_string(opt.batch_size) + " x --seq-len " +
+                                 std::to_string(opt.seq_len));
 }
 
 }  // namespace llama4d::cli

@@ -7,20 +7,22 @@
 // one step of a model (--preset, --seq-len) with that pipeline instead, so the boxes are the
 // FLOPs of the real stages (the embedding and the head make the first and last uneven) and the
 // transfers cost what the cluster model says; --trace writes that run for Perfetto.
+#include <unistd.h>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
+#include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"
 #include "core/error.h"
-#include "backends/virtual/virtual_cluster.h"
 #include "core/io/atomic_file.h"
 #include "core/parallel/parallel_trainer.h"
-#include "core/parse_number.h"
 #include "core/parallel/pipeline_parallel.h"
 #include "core/parallel/pipeline_picture.h"
+#include "core/parse_number.h"
 
 namespace llama4d::cli {
 
@@ -48,7 +50,20 @@ StageCosts parse_costs(const std::string& text) {
   return {v[0], v[1], v[2]};
 }
 
+// Refuses, before any work, an --svg that is a directory or lies where no file can be written;
+// the directories it names that do not exist yet are made when the picture is written.
+void check_svg_path(const std::string& svg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(svg, ec)) throw InputError("--svg " + svg + " is a directory, not a file");
+  fs::path dir = fs::absolute(svg, ec).parent_path();
+  while (!dir.empty() && !fs::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+  if (!fs::is_directory(dir, ec)) throw InputError("--svg " + svg + ": " + dir.string() + " is not a directory");
+  if (access(dir.c_str(), W_OK) != 0) throw InputError("--svg " + svg + ": cannot write in " + dir.string());
+}
+
 nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
+  if (!a.svg.empty()) check_svg_path(a.svg);
   const PipelineScheduleKind kind = parse_pipeline_schedule(a.schedule);
   const PipelineSchedule s = make_pipeline_schedule(kind, a.pp, a.micro_batches, a.chunks);
   const ScheduleSimulation plan = simulate_pipeline_schedule(s);  // checks the lists; peaks in flight
@@ -103,7 +118,7 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
     const std::filesystem::path dir = std::filesystem::path(a.svg).parent_path();
     std::error_code ec;
     if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-    if (ec) throw IoError("--svg " + a.svg + ": cannot create " + dir.string() + ": " + ec.message());
+    if (ec) throw InputError("--svg " + a.svg + ": cannot create " + dir.string() + ": " + ec.message());
     write_text_file_atomically(a.svg, pipeline_svg(pic));
   }
 

@@ -324,6 +324,8 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   const bool f64 = a.model.fp64();
   check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
                        "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
+  a.opt.validate();
+  check_step_fits_in_memory(r.cfg, a.opt, plan, a.launch.backend, f64 ? 8 : 4, a.force);
   const TextDataset data = load_run_data(r, cmd.count("--data") > 0);
 
   const OutputDir out(a.out);

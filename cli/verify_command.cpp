@@ -63,6 +63,9 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   }
   apply_micro_batches(a.micro_batches, o.train, o.plan, o.model);
   check_fits_in_memory(o.model, 4.0 * sizeof(T) * 2, false, "verifying");
+  o.train.validate();
+  // The plan's ranks and the one-device replay: two of every forward.
+  check_step_fits_in_memory(o.model, o.train, o.plan, a.launch.backend, 2.0 * sizeof(T), false);
   const TextDataset data = load_dataset(a.data.empty() ? default_corpus_path() : a.data, o.train.seq_len);
   Verified v;
   v.report = verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {

@@ -114,15 +114,16 @@ TextDataset make_dataset(const std::vector<std::string>& documents, int64_t seq_
   const auto n_val = int64_t(std::floor(double(n) * val_fraction));
   ds.train_size = n - n_val;
 
-  const int64_t window = seq_len + 1;  // inputs plus the one-token-shifted targets
+  // A window is seq_len + 1 tokens (inputs plus the one-token-shifted targets), compared as
+  // have <= seq_len so that no seq_len overflows.
   auto too_short = [&](const char* side, int64_t have) {
     return InputError(std::string(side) + " split of " + ds.source + " has " + std::to_string(have) +
-                      " tokens, fewer than one window of seq_len + 1 = " + std::to_string(window) +
+                      " tokens, fewer than one window of seq_len + 1 = " + std::to_string(seq_len) + " + 1 tokens" +
                       " (corpus " + std::to_string(n) + " tokens, validation fraction " +
                       std::to_string(val_fraction) + "); use more text or a shorter seq_len");
   };
-  if (ds.train_size < window) throw too_short("training", ds.train_size);
-  if (n_val < window) throw too_short("validation", n_val);
+  if (ds.train_size <= seq_len) throw too_short("training", ds.train_size);
+  if (n_val <= seq_len) throw too_short("validation", n_val);
   return ds;
 }
 

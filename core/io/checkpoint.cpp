@@ -191,10 +191,16 @@ void check_no_unexpected_tensors(const TensorStore& store, const std::vector<Par
   for (const std::string& name : store.names()) {
     if (expected.count(name) || ends_with(name, ".rotary_emb.inv_freq")) continue;
     std::string base = name;  // without the prefix, to say what kind of tensor it is
-    for (const std::string& p : prefixes)
-      if (!p.empty() && name.rfind(p, 0) == 0) base = name.substr(p.size());
+    bool prefixed = false;
+    std::string wanted;
+    for (const std::string& p : prefixes) {
+      if (name.rfind(p, 0) == 0) base = name.substr(p.size()), prefixed = true;
+      wanted += (wanted.empty() ? "'" : ", '") + p + "'";
+    }
     std::string why = "which the configured model does not have";
-    if (base == "lm_head.weight")
+    if (!prefixed)
+      why = "without any of the prefixes " + wanted + " of the tensors there (model weights in the optimizer's file?)";
+    else if (base == "lm_head.weight")
       why = "but the config says tie_word_embeddings: true (the LM head is the embedding)";
     else if (const int64_t l = layer_of(base); l >= layers)
       why = "a layer beyond the config's num_hidden_layers (" + std::to_string(layers) + ")";
