@@ -539,6 +539,7 @@ CLI::App* add_bench_command(CLI::App& app) {
     if (a->wait_every_op && a->compute.device != "cuda")
       throw InputError("--wait-every-op is about a GPU's stream; it does not take --device " + a->compute.device);
     use_compute(a->compute);
+    a->opt.seq_len = fitted_seq_len(*cmd, a->opt.seq_len, a->model.resolve());
     check_sweep_threads(a->sweep_threads);
     a->launch.validate(a->parallel.parallel());
     if (a->threads_sweep && a->parallel.parallel())

@@ -29,11 +29,31 @@ void ModelChoice::add_options(CLI::App& cmd, const std::string& default_preset, 
 }
 
 LlamaConfig ModelChoice::resolve() const {
-  if (!checkpoint.empty()) return load_config(checkpoint);
+  if (!checkpoint.empty()) {
+    std::error_code ec;
+    const char* makes = "; `llama4d train --out DIR` saves one as DIR/checkpoint";
+    if (!std::filesystem::exists(checkpoint, ec))
+      throw InputError("--checkpoint " + checkpoint + " does not exist" + makes);
+    if (std::filesystem::is_directory(checkpoint, ec) &&
+        !std::filesystem::exists(std::filesystem::path(checkpoint) / kConfigFile, ec))
+      throw InputError("--checkpoint " + checkpoint + " is not a checkpoint (no config.json in it)" + makes);
+    return load_config(checkpoint);
+  }
   if (!config.empty()) return LlamaConfig::from_file(config);
   LlamaConfig cfg = LlamaConfig::preset(preset);
   cfg.validate();
   return cfg;
+}
+
+std::string ModelChoice::describe() const {
+  if (!checkpoint.empty()) return "checkpoint " + checkpoint;
+  if (!config.empty()) return "config " + config;
+  return "preset " + preset;
+}
+
+int64_t fitted_seq_len(const CLI::App& cmd, int64_t seq_len, const LlamaConfig& cfg) {
+  if (cmd.count("--seq-len") > 0 || seq_len <= cfg.max_position_embeddings) return seq_len;
+  return cfg.max_position_embeddings;
 }
 
 void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what) {

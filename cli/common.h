@@ -21,10 +21,18 @@ struct ModelChoice {
   void add_options(CLI::App& cmd, const std::string& default_preset, bool with_checkpoint);
   // The chosen config, validated. InputError for unknown presets or bad files.
   LlamaConfig resolve() const;
+  // Which model this is, for the progress line and the JSON: "preset tiny", "config PATH",
+  // "checkpoint DIR".
+  std::string describe() const;
   bool fp64() const { return dtype == "f64"; }
   // bf16 mixed precision: an f32 model computing in bf16 (Llama::set_bf16_compute).
   bool bf16() const { return dtype == "bf16"; }
 };
+
+// The --seq-len to run: the flag's value when given; left at the command's default, at most the
+// model's max_position_embeddings, so that every preset runs with the defaults (tiny has 128
+// positions, train's default is 256). A value given and too long is refused later, naming it.
+int64_t fitted_seq_len(const CLI::App& cmd, int64_t seq_len, const LlamaConfig& cfg);
 
 // Refuses shapes whose training state would not fit in this machine's memory (the real
 // llama3-* presets), unless the user insists. bytes_per_param: 16 for fp32 params, grads and

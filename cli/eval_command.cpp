@@ -46,8 +46,8 @@ nlohmann::json run_eval(const EvalArgs& a) {
 
   const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows, a.doc_mask);
   const UnigramEntropy unigram = unigram_entropy(TokenSpan(tokens));
-  progress("eval: %s: %lld tokens predicted, loss %.4f nats (%.4f bits/byte), perplexity %.3f; unigram entropy %.4f nats\n",
-           path.c_str(), (long long)loss.tokens, loss.mean(), loss.mean() / std::log(2.0), std::exp(loss.mean()),
+  progress("eval: %s, %s: %lld tokens predicted, loss %.4f nats (%.4f bits/byte), perplexity %.3f; unigram entropy %.4f nats\n",
+           a.model.describe().c_str(), path.c_str(), (long long)loss.tokens, loss.mean(), loss.mean() / std::log(2.0), std::exp(loss.mean()),
            unigram.nats);
   return {{"loss", loss.mean()},
           {"tokens", loss.tokens},
@@ -74,9 +74,10 @@ void add_eval_command(CLI::App& app) {
   add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
     use_compute(a->compute);
     if (a->batch_size < 1) throw InputError("--batch-size must be >= 1");
+    a->seq_len = fitted_seq_len(*cmd, a->seq_len, a->model.resolve());
     const nlohmann::json result = a->model.fp64() ? run_eval<double>(*a) : run_eval<float>(*a);
     if (a->json) print_json(result);
   });

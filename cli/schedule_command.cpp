@@ -90,12 +90,13 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
     p.validate();
     p.check_model(cfg, a.micro_batches);
     TrainOptions opt;
-    opt.steps = 1, opt.batch_size = a.micro_batches, opt.micro_batch_size = 1, opt.seq_len = a.seq_len;
+    opt.steps = 1, opt.batch_size = a.micro_batches, opt.micro_batch_size = 1;
+    opt.seq_len = fitted_seq_len(cmd, a.seq_len, cfg);
     opt.bf16_compute = a.model.bf16();
     check_fits_in_memory(cfg, 16.0, false, "drawing a schedule of");
     const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
     if (a.model.fp64()) throw InputError("schedule --measure draws an f32 run; --dtype f64 changes nothing it shows");
-    title += ", " + (a.model.preset.empty() ? a.model.config : a.model.preset) + ", " + std::to_string(a.seq_len) +
+    title += ", " + (a.model.preset.empty() ? a.model.config : a.model.preset) + ", " + std::to_string(opt.seq_len) +
              " tokens per micro-batch";
     launcher.run(a.pp, [&](ProcessGroup& world) {
       Llama<float> model(cfg, &world.memory(), {}, p.held_units(cfg, world.rank()));

@@ -108,9 +108,10 @@ void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
 // written, so a bad flag costs nothing and leaves nothing behind.
 Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
   Run r{a, {}};
-  if (a.resume.empty())
+  if (a.resume.empty()) {
     r.cfg = a.model.resolve();
-  else
+    r.args.opt.seq_len = fitted_seq_len(cmd, a.opt.seq_len, r.cfg);
+  } else
     apply_checkpoint(r, a, cmd);
   TrainArgs& x = r.args;
   if (x.log_every < 1) throw InputError("--log-every must be >= 1");
@@ -125,6 +126,9 @@ Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
   x.opt.loop = loop.dump();
   return r;
 }
+
+// Which model the run trains: the checkpoint it resumes, or the flags' choice.
+std::string model_name(const TrainArgs& a) { return a.resume.empty() ? a.model.describe() : "checkpoint " + a.resume; }
 
 // FNV-1a over the tokens: what identifies the text a run trains on, wherever the file lies.
 std::string fingerprint(const std::vector<int32_t>& tokens) {
@@ -247,8 +251,8 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
   model.init_weights(a.opt.seed);
   Trainer<T> trainer(model, data, a.opt);
   if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
-  progress("train: %lld parameters, %s, one rank, %d threads; data %s (%lld train / %lld val tokens)\n",
-           (long long)model.num_params(), a.model.dtype.c_str(), ops::backend_threads(), a.data.c_str(),
+  progress("train: %s, %lld parameters, %s, one rank, %d threads; data %s (%lld train / %lld val tokens)\n",
+           model_name(a).c_str(), (long long)model.num_params(), a.model.dtype.c_str(), ops::backend_threads(), a.data.c_str(),
            (long long)data.train_size, (long long)data.validation().size());
   progress("train: batch %lld x %lld tokens (micro-batch %lld); unigram entropy of val %.3f nats\n",
            (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)a.opt.micro(), unigram.nats);
@@ -259,6 +263,7 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
                            [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
   nlohmann::json j = train_loop(a, a.opt, calls, true);
   j["unigram_entropy_nats"] = unigram.nats;
+  j["model"] = model_name(a);
   j["parameters"] = model.num_params();
   j["dtype"] = a.model.dtype;
   j["ranks"] = 1;
@@ -283,8 +288,8 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
-      progress("train: %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
-               (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
+      progress("train: %s, %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
+               model_name(a).c_str(), (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
                ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
       progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
                (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),
@@ -302,6 +307,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   const nlohmann::json mem = memory_json(memory);
   if (!a.json) std::fputs(launcher.summary().c_str(), stderr);
   result["unigram_entropy_nats"] = unigram.nats;
+  result["model"] = model_name(a);
   result["parameters"] = r.cfg.num_parameters();
   result["dtype"] = a.model.dtype;
   result["ranks"] = ranks;

@@ -106,6 +106,7 @@ void add_verify_command(CLI::App& app) {
     const Verified v = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
     const EquivalenceReport& r = v.report;
     if (!launcher.reporting()) return;
+    progress("verify: %s, --mesh %s\n", a->model.describe().c_str(), a->parallel.mesh.c_str());
     if (a->json) {
       nlohmann::json j = r.to_json();
       j["traffic"] = launcher.traffic_totals();
