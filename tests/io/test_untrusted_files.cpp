@@ -181,7 +181,7 @@ TEST(UntrustedFiles, FuzzedSafetensorsHeaders) {
   std::mt19937_64 rng(5);
   const char* dtypes[] = {"F32", "F16", "BF16", "F64"};
   int accepted = 0, refused = 0;
-  for (int c = 0; c < 1500; ++c) {
+  for (int c = 0; c < 600; ++c) {
     std::vector<Entry> entries;
     uint64_t at = 0;
     const size_t n = 1 + rng() % 4;
@@ -222,8 +222,8 @@ TEST(UntrustedFiles, FuzzedSafetensorsHeaders) {
       ++refused;
     }
   }
-  EXPECT_GT(accepted, 100);
-  EXPECT_GT(refused, 500);
+  EXPECT_GT(accepted, 40);  // both outcomes are exercised, many times
+  EXPECT_GT(refused, 200);
 }
 
 }  // namespace
