@@ -20,6 +20,7 @@
 #include "core/data/encode_corpus.h"
 #include "core/data/tokenizer_loader.h"
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace {
 
@@ -39,7 +40,7 @@ std::vector<int> parse_list(const std::string& s) {
   while (at < s.size()) {
     size_t comma = s.find(',', at);
     if (comma == std::string::npos) comma = s.size();
-    out.push_back(std::stoi(s.substr(at, comma - at)));
+    out.push_back(llama4d::parse_number<int>(s.substr(at, comma - at), "--threads item", 1));
     at = comma + 1;
   }
   return out;
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
       if (a == "--tokenizer") tokenizer_path = value();
       else if (a == "--docs") docs_path = value();
       else if (a == "--threads") threads = parse_list(value());
-      else if (a == "--passes") passes = std::stoi(value());
+      else if (a == "--passes") passes = llama4d::parse_number<int>(value(), "--passes", 1);
       else if (a == "--ids-out") ids_out = value();
       else throw llama4d::InputError("unknown argument " + a + " (see bench/tokenizer_bench.cpp)");
     }

@@ -35,25 +35,23 @@ void add_bench_comm_command(CLI::App& bench) {
                   "variables, or alone; buffers in GPU memory)")
       ->check(CLI::IsMember({"virtual", "mpi", "nccl"}))
       ->capture_default_str();
-  cmd->add_option("--ranks", a->opt.ranks, "virtual GPUs (virtual backend; MPI and NCCL use the job's processes)")
+  add_number(*cmd, "--ranks", a->opt.ranks, "virtual GPUs (virtual backend; MPI and NCCL use the job's processes)")
       ->capture_default_str();
-  cmd->add_option("--gpus-per-node", a->opt.gpus_per_node, "GPUs per node in the cluster model")
+  add_number(*cmd, "--gpus-per-node", a->opt.gpus_per_node, "GPUs per node in the cluster model")
       ->capture_default_str();
   cmd->add_option("--op", a->op, "all, or one of all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, sendrecv")
       ->capture_default_str();
-  cmd->add_option("--min-bytes", a->opt.min_bytes, "smallest message (suffixes K, M, G = 2^10, 2^20, 2^30)")
-      ->transform(CLI::AsSizeValue(false))
+  add_size(*cmd, "--min-bytes", a->opt.min_bytes, "smallest message (suffixes K, M, G = 2^10, 2^20, 2^30)")
       ->capture_default_str();
-  cmd->add_option("--max-bytes", a->opt.max_bytes, "largest message; sizes double from min to max")
-      ->transform(CLI::AsSizeValue(false))
+  add_size(*cmd, "--max-bytes", a->opt.max_bytes, "largest message; sizes double from min to max")
       ->capture_default_str();
   cmd->add_option("--dtype", a->dtype, "f32, f64, bf16, f16 (moves only), i32, i64, u8")->capture_default_str();
   cmd->add_option("--algo", a->algo, "reduction algorithm: ordered (rank order) or ring (NCCL's)")
       ->check(CLI::IsMember({"ordered", "ring"}))
       ->capture_default_str();
-  cmd->add_option("--iters", a->opt.iters, "timed calls per size (0 = about 0.2 s worth, 2..100)")
+  add_number(*cmd, "--iters", a->opt.iters, "timed calls per size (0 = about 0.2 s worth, 2..100)")
       ->capture_default_str();
-  cmd->add_option("--warmup", a->opt.warmup, "untimed calls per size first")->capture_default_str();
+  add_number(*cmd, "--warmup", a->opt.warmup, "untimed calls per size first")->capture_default_str();
   cmd->add_flag("--symmetric", a->opt.symmetric,
                 "allocate the buffers in symmetric memory, which peers on one node address directly (MPI: no "
                 "staging copy; like nccl-tests -R)");

@@ -38,6 +38,9 @@ namespace llama4d::cli {
 
 namespace {
 
+// The most warm-up or timed steps: their sum stays a step count (TrainOptions::steps).
+constexpr int64_t kMaxBenchSteps = 1'000'000'000;
+
 struct BenchArgs {
   ModelChoice model;
   ParallelChoice parallel;
@@ -362,13 +365,15 @@ template <class T>
 nlohmann::json run_bench(const BenchArgs& a) {
   const LlamaConfig cfg = a.model.resolve();
   check_fits_in_memory(cfg, 4.0 * sizeof(T), a.force, "benchmarking");
-  if (a.warmup < 0 || a.iters < 1) throw InputError("--warmup must be >= 0 and --iters >= 1");
+  if (a.iters < 1) throw InputError("--iters must be >= 1");
   TrainOptions opt = a.opt;
   opt.steps = a.warmup + a.iters;
   opt.bf16_compute = a.model.bf16();
   const ParallelPlan plan = a.parallel.plan(cfg, a.launch.algo);
   plan.check_precision(opt.bf16_compute);
   apply_micro_batches(a.micro_batches, opt, plan, cfg);
+  opt.validate();
+  check_step_fits_in_memory(cfg, opt, plan, a.launch.backend, sizeof(T), a.force);
   const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
   Llama<T> model(cfg);
   model.set_checkpointing(plan.ac);
@@ -501,23 +506,22 @@ CLI::App* add_bench_command(CLI::App& app) {
   a->model.add_options(*cmd, "small", false);
   a->parallel.add_options(*cmd, "", true);
   a->launch.add_options(*cmd);
-  cmd->add_option("--batch-size", a->opt.batch_size, "sequences per step")->capture_default_str();
-  cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
+  add_number(*cmd, "--batch-size", a->opt.batch_size, "sequences per step")->capture_default_str();
+  add_number(*cmd, "--seq-len", a->opt.seq_len, "tokens per sequence (at most the model's max_position_embeddings unless given)")->capture_default_str();
   cmd->add_flag("--doc-mask", a->opt.doc_mask, "mask attention between the documents packed into a sequence (cut at <|end_of_text|>), as Llama 3 trains");
   add_micro_batches_option(*cmd, a->micro_batches);
-  cmd->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
-  cmd->add_option("--iters", a->iters, "timed steps")->capture_default_str();
-  cmd->add_option("--gemm-n", a->gemm_n,
+  add_number(*cmd, "--warmup", a->warmup, "untimed steps first", 0, kMaxBenchSteps)->capture_default_str();
+  add_number(*cmd, "--iters", a->iters, "timed steps", 0, kMaxBenchSteps)->capture_default_str();
+  add_number(*cmd, "--gemm-n", a->gemm_n,
                   "size of the square GEMM for the peak measurement (with --device cuda 8192 unless given: a smaller "
                   "product cannot fill a GPU)")
       ->capture_default_str();
-  cmd->add_option("--gemm-seconds", a->gemm_seconds, "time spent measuring peak GEMM")->capture_default_str();
+  add_number(*cmd, "--gemm-seconds", a->gemm_seconds, "time spent measuring peak GEMM")->capture_default_str();
   add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--threads-sweep", a->threads_sweep,
                 "time the step and both GEMMs on 1, 2, 4, ... threads up to --threads (default: all cores)");
-  cmd->add_option("--sweep-threads", a->sweep_threads,
-                  "the thread counts of --threads-sweep instead, comma-separated (e.g. 2,8,16; implies --threads-sweep)")
-      ->delimiter(',');
+  add_numbers(*cmd, "--sweep-threads", a->sweep_threads,
+                  "the thread counts of --threads-sweep instead, comma-separated (e.g. 2,8,16; implies --threads-sweep)");
   cmd->add_option("--reference-blas", a->reference_blas,
                   "library with cblas_sgemm to measure the peak against (default: Debian's libopenblas.so.0 if installed)");
   cmd->add_flag("--wait-every-op", a->wait_every_op,
@@ -544,6 +548,7 @@ CLI::App* add_bench_command(CLI::App& app) {
     if (a->wait_every_op && a->compute.device != "cuda")
       throw InputError("--wait-every-op is about a GPU's stream; it does not take --device " + a->compute.device);
     use_compute(a->compute);
+    a->opt.seq_len = fitted_seq_len(*cmd, a->opt.seq_len, a->model.resolve());
     check_sweep_threads(a->sweep_threads);
     a->launch.validate(a->parallel.parallel());
     if (a->threads_sweep && a->parallel.parallel())

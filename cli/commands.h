@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/flag_values.h"
+
 namespace llama4d::cli {
 
 void add_train_command(CLI::App& app);

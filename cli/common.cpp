@@ -29,11 +29,31 @@ void ModelChoice::add_options(CLI::App& cmd, const std::string& default_preset, 
 }
 
 LlamaConfig ModelChoice::resolve() const {
-  if (!checkpoint.empty()) return load_config(checkpoint);
+  if (!checkpoint.empty()) {
+    std::error_code ec;
+    const char* makes = "; `llama4d train --out DIR` saves one as DIR/checkpoint";
+    if (!std::filesystem::exists(checkpoint, ec))
+      throw InputError("--checkpoint " + checkpoint + " does not exist" + makes);
+    if (std::filesystem::is_directory(checkpoint, ec) &&
+        !std::filesystem::exists(std::filesystem::path(checkpoint) / kConfigFile, ec))
+      throw InputError("--checkpoint " + checkpoint + " is not a checkpoint (no config.json in it)" + makes);
+    return load_config(checkpoint);
+  }
   if (!config.empty()) return LlamaConfig::from_file(config);
   LlamaConfig cfg = LlamaConfig::preset(preset);
   cfg.validate();
   return cfg;
+}
+
+std::string ModelChoice::describe() const {
+  if (!checkpoint.empty()) return "checkpoint " + checkpoint;
+  if (!config.empty()) return "config " + config;
+  return "preset " + preset;
+}
+
+int64_t fitted_seq_len(const CLI::App& cmd, int64_t seq_len, const LlamaConfig& cfg) {
+  if (cmd.count("--seq-len") > 0 || seq_len <= cfg.max_position_embeddings) return seq_len;
+  return cfg.max_position_embeddings;
 }
 
 void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what) {
@@ -43,6 +63,19 @@ void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool f
     throw InputError(what + " needs about " + std::to_string(int64_t(need / 1e9)) + " GB for " +
                      std::to_string(cfg.num_parameters()) + " parameters but this machine has " +
                      std::to_string(int64_t(have / 1e9)) + " GB; pass --force to try anyway");
+}
+
+void check_batch_fits_in_memory(const LlamaConfig& cfg, int64_t rows, int64_t seq_len, double bytes, double share,
+                                bool force, const std::string& what) {
+  const double per_token = double(cfg.hidden_size) * double(cfg.num_hidden_layers + 1) + double(cfg.vocab_size);
+  const double need = double(rows) * double(seq_len) * per_token * bytes * share;
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  if (need > have && !force)
+    throw InputError(what + ": one forward of " + std::to_string(rows) + " rows x " + std::to_string(seq_len) +
+                     " tokens needs at least " + std::to_string(uint64_t(std::min(need, 1.8e19))) +
+                     " bytes of activations (each layer's input and the logits) but this machine has " +
+                     std::to_string(uint64_t(have)) + " bytes; use fewer rows per forward (--micro-batch-size) or "
+                     "pass --force to try anyway");
 }
 
 // A byte model can emit a sequence that is not UTF-8; JSON output shows it as U+FFFD instead of failing.
@@ -102,7 +135,7 @@ void add_compute_options(CLI::App& cmd, ComputeChoice& c, const std::string& thr
   std::string devices;
   for (const std::string& n : ops::compute_backend_names()) devices += (devices.empty() ? "" : ", ") + n;
   cmd.add_option("--device", c.device, "where the ops run; this build has: " + devices)->capture_default_str();
-  cmd.add_option("--threads", c.threads, threads_help);
+  add_number(cmd, "--threads", c.threads, threads_help);
 }
 
 void use_compute(const ComputeChoice& c) {
@@ -115,16 +148,6 @@ void use_compute(const ComputeChoice& c) {
                      c.device + " does not use them (drop --threads)");
   ops::select_compute_backend(c.device);
   if (c.threads > 0) ops::set_backend_threads(c.threads);
-}
-
-CLI::Validator unsigned_integer() {
-  return CLI::Validator(
-      [](std::string& value) {
-        return value.find_first_not_of("0123456789") == std::string::npos && !value.empty()
-                   ? std::string()
-                   : "must be a whole number >= 0, got " + value;
-      },
-      "UINT");
 }
 
 }  // namespace llama4d::cli

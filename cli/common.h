@@ -21,15 +21,31 @@ struct ModelChoice {
   void add_options(CLI::App& cmd, const std::string& default_preset, bool with_checkpoint);
   // The chosen config, validated. InputError for unknown presets or bad files.
   LlamaConfig resolve() const;
+  // Which model this is, for the progress line and the JSON: "preset tiny", "config PATH",
+  // "checkpoint DIR".
+  std::string describe() const;
   bool fp64() const { return dtype == "f64"; }
   // bf16 mixed precision: an f32 model computing in bf16 (Llama::set_bf16_compute).
   bool bf16() const { return dtype == "bf16"; }
 };
 
+// The --seq-len to run: the flag's value when given; left at the command's default, at most the
+// model's max_position_embeddings, so that every preset runs with the defaults (tiny has 128
+// positions, train's default is 256). A value given and too long is refused later, naming it.
+int64_t fitted_seq_len(const CLI::App& cmd, int64_t seq_len, const LlamaConfig& cfg);
+
 // Refuses shapes whose training state would not fit in this machine's memory (the real
 // llama3-* presets), unless the user insists. bytes_per_param: 16 for fp32 params, grads and
 // two AdamW moments.
 void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what);
+
+// Refuses, before any work, a batch whose activations cannot fit in this machine's memory (an
+// InputError naming the bytes, where the allocation would otherwise fail mid-step). A lower bound:
+// every layer's input and the logits of one forward of `rows` x `seq_len` tokens, `bytes` each,
+// times `share`, the forwards this process holds at once (its data-parallel replicas on virtual
+// GPUs; 1 / (tp x cp x pp) of one on an MPI rank). `what` names the flags that set the rows.
+void check_batch_fits_in_memory(const LlamaConfig& cfg, int64_t rows, int64_t seq_len, double bytes, double share,
+                                bool force, const std::string& what);
 
 // Where human-readable progress goes: stderr always, so --json output stays clean on stdout.
 template <class... Args>
@@ -71,8 +87,5 @@ void add_compute_options(CLI::App& cmd, ComputeChoice& c, const std::string& thr
 // Selects the device, before any buffer is allocated, and the calling thread's compute threads.
 // InputError (exit 2) for a negative count or a device this build has not linked, naming those it has.
 void use_compute(const ComputeChoice& c);
-
-// For unsigned options (seeds), which CLI11 would otherwise read "-1" into as 2^64 - 1.
-CLI::Validator unsigned_integer();
 
 }  // namespace llama4d::cli

@@ -31,6 +31,8 @@ nlohmann::json run_eval(const EvalArgs& a) {
   const LlamaConfig cfg = a.model.resolve();
   check_fits_in_memory(cfg, sizeof(T), a.force, "evaluating");
   if (a.seq_len < 1) throw InputError("--seq-len must be >= 1");
+  check_batch_fits_in_memory(cfg, a.batch_size, a.seq_len, sizeof(T), 1.0, a.force,
+                             "--batch-size " + std::to_string(a.batch_size) + " x --seq-len " + std::to_string(a.seq_len));
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
   const std::vector<int32_t> tokens = pack_documents(load_documents(path));
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
@@ -44,8 +46,8 @@ nlohmann::json run_eval(const EvalArgs& a) {
 
   const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows, a.doc_mask);
   const UnigramEntropy unigram = unigram_entropy(TokenSpan(tokens));
-  progress("eval: %s: %lld tokens predicted, loss %.4f nats (%.4f bits/byte), perplexity %.3f; unigram entropy %.4f nats\n",
-           path.c_str(), (long long)loss.tokens, loss.mean(), loss.mean() / std::log(2.0), std::exp(loss.mean()),
+  progress("eval: %s, %s: %lld tokens predicted, loss %.4f nats (%.4f bits/byte), perplexity %.3f; unigram entropy %.4f nats\n",
+           a.model.describe().c_str(), path.c_str(), (long long)loss.tokens, loss.mean(), loss.mean() / std::log(2.0), std::exp(loss.mean()),
            unigram.nats);
   return {{"loss", loss.mean()},
           {"tokens", loss.tokens},
@@ -64,17 +66,18 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "mean next-token cross-entropy over a text file");
   a->model.add_options(*cmd, "small", true);
   cmd->add_option("--data", a->data, "UTF-8 text file or directory of .txt documents (default: shipped corpus)");
-  cmd->add_option("--seq-len", a->seq_len, "window length")->capture_default_str();
-  cmd->add_option("--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
+  add_number(*cmd, "--seq-len", a->seq_len, "window length (at most the model's max_position_embeddings unless given)")->capture_default_str();
+  add_number(*cmd, "--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
   cmd->add_flag("--doc-mask", a->doc_mask, "mask attention between the documents in a window (as the model was trained)");
-  cmd->add_option("--max-windows", a->max_windows, "evaluate at most N windows (0: all)")->capture_default_str();
-  cmd->add_option("--seed", a->seed, "initial weights when no --checkpoint is given")->check(unsigned_integer())->capture_default_str();
+  add_number(*cmd, "--max-windows", a->max_windows, "evaluate at most N windows (0: all)")->capture_default_str();
+  add_number(*cmd, "--seed", a->seed, "initial weights when no --checkpoint is given")->capture_default_str();
   add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
     use_compute(a->compute);
     if (a->batch_size < 1) throw InputError("--batch-size must be >= 1");
+    a->seq_len = fitted_seq_len(*cmd, a->seq_len, a->model.resolve());
     const nlohmann::json result = a->model.fp64() ? run_eval<double>(*a) : run_eval<float>(*a);
     if (a->json) print_json(result);
   });

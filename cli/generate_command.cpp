@@ -88,12 +88,12 @@ void add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("generate", "continue a prompt, token by token, with a KV cache");
   a->model.add_options(*cmd, "small", true);
   cmd->add_option("--prompt", a->prompt, "text to continue")->capture_default_str();
-  cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", a->sampler.temperature, "0: greedy; > 0: sample")->capture_default_str();
-  cmd->add_option("--top-p", a->sampler.top_p, "nucleus sampling mass")->capture_default_str();
-  cmd->add_option("--seed", a->sampler.seed, "sampling seed")->check(unsigned_integer())->capture_default_str();
-  cmd->add_option("--init-seed", a->init_seed, "initial weights when no --checkpoint is given")
-      ->check(unsigned_integer())
+  add_number(*cmd, "--max-new-tokens", a->max_new_tokens, "tokens to generate")->capture_default_str();
+  add_number(*cmd, "--temperature", a->sampler.temperature, "0: greedy; > 0: sample")->capture_default_str();
+  add_number(*cmd, "--top-p", a->sampler.top_p, "nucleus sampling mass")->capture_default_str();
+  add_number(*cmd, "--seed", a->sampler.seed, "sampling seed")->capture_default_str();
+  add_number(*cmd, "--init-seed", a->init_seed, "initial weights when no --checkpoint is given")
+      
       ->capture_default_str();
   add_compute_options(*cmd, a->compute, "compute threads (default: all cores)");
   cmd->add_flag("--force", a->force, "run even if the model looks too large for this machine");

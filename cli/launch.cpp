@@ -32,14 +32,14 @@ void LaunchOptions::add_options(CLI::App& cmd) {
   cmd.add_option("--algo", algo, "reduction order: ordered (bitwise reproducible) or ring (NCCL's)")
       ->check(CLI::IsMember({"ordered", "ring"}))
       ->capture_default_str();
-  cmd.add_option("--gpus-per-node", gpus_per_node, "virtual GPUs per node: NVLink inside, InfiniBand across")
+  add_number(cmd, "--gpus-per-node", gpus_per_node, "virtual GPUs per node: NVLink inside, InfiniBand across")
       ->capture_default_str();
-  cmd.add_option("--hbm-gib", hbm_gib, "memory capacity of each virtual GPU in GiB (0: unlimited)")->capture_default_str();
-  cmd.add_option("--gpu-tflops", gpu_tflops,
+  add_number(cmd, "--hbm-gib", hbm_gib, "memory capacity of each virtual GPU in GiB (0: unlimited)")->capture_default_str();
+  add_number(cmd, "--gpu-tflops", gpu_tflops,
                  "modelled compute rate of each virtual GPU in TFLOP/s for the simulated clock (default: H100 SXM dense BF16)")
       ->capture_default_str();
   cmd.add_option("--trace", trace, "write a Chrome trace / Perfetto JSON of every rank's timeline here");
-  cmd.add_option("--timeout", timeout_s, "seconds a rank waits for its peers before failing")->capture_default_str();
+  add_number(cmd, "--timeout", timeout_s, "seconds a rank waits for its peers before failing")->capture_default_str();
   cmd_ = &cmd;
 }
 

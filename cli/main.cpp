@@ -30,10 +30,19 @@ int main(int argc, char** argv) {
   CLI::App* bench = llama4d::cli::add_bench_command(app);
   llama4d::cli::add_bench_comm_command(*bench);
   try {
+    llama4d::cli::check_flag_values(app);
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
+    if (app.get_subcommands().empty()) {  // no command was recognised: say which there are
+      std::string names;
+      for (const CLI::App* c : app.get_subcommands([](CLI::App*) { return true; }))
+        names += (names.empty() ? "" : ", ") + c->get_name();
+      const std::string given = argc > 1 && argv[1][0] != '-' ? std::string("'") + argv[1] + "' is not a command; " : "";
+      std::fprintf(stderr, "llama4d: error: %sthe commands are %s (see --help)\n", given.c_str(), names.c_str());
+      return 2;
+    }
     // One line like every other input error (CLI11's own report adds a second, "Run with --help").
     std::string message = e.what();
     std::replace(message.begin(), message.end(), '\n', ' ');

@@ -1,5 +1,6 @@
 #include "cli/parallel_options.h"
 
+#include "cli/common.h"
 #include "core/error.h"
 #include "core/parallel/parallel_trainer.h"
 
@@ -9,8 +10,7 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh,
   mesh = default_mesh;
   cmd.add_option("--mesh", mesh, "ranks by dim, innermost first: dp=4, tp=2,dp=2, cp=2,dp=2, or dp_shard=2,dp_replicate=2 (HSDP)")
       ->capture_default_str();
-  cmd.add_option("--zero", zero, "ZeRO stage: 0 plain DP, 1 optimizer, 2 + gradients, 3 + parameters (FSDP)")
-      ->check(CLI::Range(0, 3))
+  add_number(cmd, "--zero", zero, "ZeRO stage: 0 plain DP, 1 optimizer, 2 + gradients, 3 + parameters (FSDP)", 0, 3)
       ->capture_default_str();
   cmd.add_flag("--keep-params", keep_params,
                "ZeRO-3: keep a layer's gathered parameters from forward to backward (Llama 3's choice)");
@@ -21,7 +21,7 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh,
       ->capture_default_str();
   cmd.add_option("--schedule", schedule, "pipeline schedule with pp > 1: gpipe, 1f1b, interleaved, zb-h1")
       ->capture_default_str();
-  cmd.add_option("--pp-chunks", pp_chunks, "model chunks per pipeline rank (the interleaved schedule, >= 2)")
+  add_number(cmd, "--pp-chunks", pp_chunks, "model chunks per pipeline rank (the interleaved schedule, >= 2)")
       ->capture_default_str();
   cmd.add_option("--pp-layers", pp_layers, "layers of each pipeline stage, e.g. 1,2,2,1 (default: balanced)");
   cmd.add_option("--cp-algo", cp_algo, "context parallelism with cp > 1: allgather (Llama 3's) or ring")
@@ -52,7 +52,7 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
 }
 
 void add_micro_batches_option(CLI::App& cmd, int& micro_batches) {
-  cmd.add_option("--micro-batches", micro_batches,
+  add_number(cmd, "--micro-batches", micro_batches,
                  "micro-batches per step on each data rank (instead of --micro-batch-size; 0: not set)")
       ->capture_default_str();
 }
@@ -69,6 +69,18 @@ void apply_micro_batches(int micro_batches, TrainOptions& opt, const ParallelPla
     opt.micro_batch_size = rows / micro_batches;
   }
   if (!plan.single_device()) plan.check_model(model, int(rank_micro_batch_count(opt, plan.dp())));
+}
+
+void check_step_fits_in_memory(const LlamaConfig& model, const TrainOptions& opt, const ParallelPlan& plan,
+                               const std::string& backend, double bytes, bool force) {
+  const int dp = plan.single_device() ? 1 : plan.dp();
+  const int64_t rows = plan.single_device() ? opt.micro() : rank_micro_batch_rows(opt, dp);
+  const double share = plan.single_device() ? 1.0
+                       : backend == "virtual" ? double(dp)
+                                              : double(dp) / double(plan.world_size());
+  check_batch_fits_in_memory(model, rows, opt.seq_len, bytes, share, force,
+                             "--batch-size " + std::to_string(opt.batch_size) + " x --seq-len " +
+                                 std::to_string(opt.seq_len));
 }
 
 }  // namespace llama4d::cli

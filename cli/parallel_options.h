@@ -38,4 +38,9 @@ struct ParallelChoice {
 void add_micro_batches_option(CLI::App& cmd, int& micro_batches);
 void apply_micro_batches(int micro_batches, TrainOptions& opt, const ParallelPlan& plan, const LlamaConfig& model);
 
+// check_batch_fits_in_memory for a training step of `opt` under `plan` (its rows per forward on a
+// data rank; on the virtual backend every rank is in this process). bytes: of one value.
+void check_step_fits_in_memory(const LlamaConfig& model, const TrainOptions& opt, const ParallelPlan& plan,
+                               const std::string& backend, double bytes, bool force);
+
 }  // namespace llama4d::cli

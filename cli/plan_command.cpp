@@ -163,27 +163,27 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--config", a->config, "Hugging Face config.json (overrides --preset)");
   a->parallel.add_options(*cmd, "tp=2,cp=2,pp=2,dp=2", false);
   add_micro_batches_option(*cmd, a->micro_batches);
-  cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (llama3-* presets: 8192)")->capture_default_str();
-  cmd->add_option("--batch-size", a->batch_size, "global batch in sequences (llama3-* presets: 16M tokens)")
+  add_number(*cmd, "--seq-len", a->seq_len, "tokens per sequence (llama3-* presets: 8192)")->capture_default_str();
+  add_number(*cmd, "--batch-size", a->batch_size, "global batch in sequences (llama3-* presets: 16M tokens)")
       ->capture_default_str();
-  cmd->add_option("--micro-batch-size", a->micro_batch_size,
-                  "sequences per micro-batch on a data rank (0: all; llama3-* presets: 1)")
+  add_number(*cmd, "--micro-batch-size", a->micro_batch_size,
+             "sequences per micro-batch on a data rank (0: all; llama3-* presets: 1)")
       ->capture_default_str();
   cmd->add_option("--precision", a->precision,
                   "fp32 (this engine), fp64, or bf16 (Llama 3's mixed precision; llama3-* presets: bf16)")
       ->capture_default_str();
-  cmd->add_option("--gpus-per-node", a->gpus_per_node, "GPUs per node (NVLink inside, InfiniBand across)")
+  add_number(*cmd, "--gpus-per-node", a->gpus_per_node, "GPUs per node (NVLink inside, InfiniBand across)")
       ->capture_default_str();
-  cmd->add_option("--gpu-tflops", a->gpu_tflops, "peak per GPU, TFLOP/s (H100 SXM dense BF16: 989)")->capture_default_str();
-  cmd->add_option("--hbm-gb", a->hbm_gb, "memory per GPU in GB (0: unlimited)")->capture_default_str();
-  cmd->add_option("--nvlink-gbps", a->nvlink_gbps, "NVLink GB/s per GPU and direction")->capture_default_str();
-  cmd->add_option("--nvlink-us", a->nvlink_us, "NVLink latency per message, us")->capture_default_str();
-  cmd->add_option("--ib-gbps", a->ib_gbps, "InfiniBand GB/s per GPU and direction")->capture_default_str();
-  cmd->add_option("--ib-us", a->ib_us, "InfiniBand latency per message, us")->capture_default_str();
-  cmd->add_option("--efficiency", a->efficiency, "fraction of peak the kernels reach")->capture_default_str();
-  cmd->add_option("--dp-overlap", a->dp_overlap, "fraction of data-parallel traffic hidden behind compute")
+  add_number(*cmd, "--gpu-tflops", a->gpu_tflops, "peak per GPU, TFLOP/s (H100 SXM dense BF16: 989)")->capture_default_str();
+  add_number(*cmd, "--hbm-gb", a->hbm_gb, "memory per GPU in GB (0: unlimited)")->capture_default_str();
+  add_number(*cmd, "--nvlink-gbps", a->nvlink_gbps, "NVLink GB/s per GPU and direction")->capture_default_str();
+  add_number(*cmd, "--nvlink-us", a->nvlink_us, "NVLink latency per message, us")->capture_default_str();
+  add_number(*cmd, "--ib-gbps", a->ib_gbps, "InfiniBand GB/s per GPU and direction")->capture_default_str();
+  add_number(*cmd, "--ib-us", a->ib_us, "InfiniBand latency per message, us")->capture_default_str();
+  add_number(*cmd, "--efficiency", a->efficiency, "fraction of peak the kernels reach")->capture_default_str();
+  add_number(*cmd, "--dp-overlap", a->dp_overlap, "fraction of data-parallel traffic hidden behind compute")
       ->capture_default_str();
-  cmd->add_option("--tokens", a->tokens, "token budget to time (e.g. 15.6e12)");
+  add_number(*cmd, "--tokens", a->tokens, "token budget to time (e.g. 15.6e12)");
   cmd->add_flag("--doc-mask", a->doc_mask, "document masking: count each micro-batch's document ids");
   cmd->add_flag("--llama3", a->llama3,
                 "Llama 3 405B's plans from the paper beside its reported MFU, and plans of ours for 8B and 70B");

@@ -7,19 +7,22 @@
 // one step of a model (--preset, --seq-len) with that pipeline instead, so the boxes are the
 // FLOPs of the real stages (the embedding and the head make the first and last uneven) and the
 // transfers cost what the cluster model says; --trace writes that run for Perfetto.
+#include <unistd.h>
+
 #include <filesystem>
-#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
+#include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"
 #include "core/error.h"
 #include "core/io/atomic_file.h"
 #include "core/parallel/parallel_trainer.h"
 #include "core/parallel/pipeline_parallel.h"
 #include "core/parallel/pipeline_picture.h"
+#include "core/parse_number.h"
 
 namespace llama4d::cli {
 
@@ -36,23 +39,31 @@ struct ScheduleArgs {
 
 StageCosts parse_costs(const std::string& text) {
   std::vector<double> v;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    double x = -1;
-    try {
-      x = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || !(x > 0)) throw InputError("--costs " + text + ": '" + item + "' is not a positive time");
+  for (size_t at = 0, comma = 0; comma != std::string::npos; at = comma + 1) {
+    comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const double x = parse_number<double>(item, "--costs " + text + ": time", 0);
+    if (!(x > 0)) throw InputError("--costs " + text + ": '" + item + "' is not a positive time");
     v.push_back(x);
   }
   if (v.size() != 3) throw InputError("--costs takes three times F,I,W (forward, backward-input, backward-weight), got " + text);
   return {v[0], v[1], v[2]};
 }
 
+// Refuses, before any work, an --svg that is a directory or lies where no file can be written;
+// the directories it names that do not exist yet are made when the picture is written.
+void check_svg_path(const std::string& svg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(svg, ec)) throw InputError("--svg " + svg + " is a directory, not a file");
+  fs::path dir = fs::absolute(svg, ec).parent_path();
+  while (!dir.empty() && !fs::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+  if (!fs::is_directory(dir, ec)) throw InputError("--svg " + svg + ": " + dir.string() + " is not a directory");
+  if (access(dir.c_str(), W_OK) != 0) throw InputError("--svg " + svg + ": cannot write in " + dir.string());
+}
+
 nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
+  if (!a.svg.empty()) check_svg_path(a.svg);
   const PipelineScheduleKind kind = parse_pipeline_schedule(a.schedule);
   const PipelineSchedule s = make_pipeline_schedule(kind, a.pp, a.micro_batches, a.chunks);
   const ScheduleSimulation plan = simulate_pipeline_schedule(s);  // checks the lists; peaks in flight
@@ -79,12 +90,13 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
     p.validate();
     p.check_model(cfg, a.micro_batches);
     TrainOptions opt;
-    opt.steps = 1, opt.batch_size = a.micro_batches, opt.micro_batch_size = 1, opt.seq_len = a.seq_len;
+    opt.steps = 1, opt.batch_size = a.micro_batches, opt.micro_batch_size = 1;
+    opt.seq_len = fitted_seq_len(cmd, a.seq_len, cfg);
     opt.bf16_compute = a.model.bf16();
     check_fits_in_memory(cfg, 16.0, false, "drawing a schedule of");
     const TextDataset data = load_dataset(default_corpus_path(), opt.seq_len);
     if (a.model.fp64()) throw InputError("schedule --measure draws an f32 run; --dtype f64 changes nothing it shows");
-    title += ", " + (a.model.preset.empty() ? a.model.config : a.model.preset) + ", " + std::to_string(a.seq_len) +
+    title += ", " + (a.model.preset.empty() ? a.model.config : a.model.preset) + ", " + std::to_string(opt.seq_len) +
              " tokens per micro-batch";
     launcher.run(a.pp, [&](ProcessGroup& world) {
       Llama<float> model(cfg, &world.memory(), {}, p.held_units(cfg, world.rank()));
@@ -107,7 +119,7 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
     const std::filesystem::path dir = std::filesystem::path(a.svg).parent_path();
     std::error_code ec;
     if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-    if (ec) throw IoError("--svg " + a.svg + ": cannot create " + dir.string() + ": " + ec.message());
+    if (ec) throw InputError("--svg " + a.svg + ": cannot create " + dir.string() + ": " + ec.message());
     write_text_file_atomically(a.svg, pipeline_svg(pic));
   }
 
@@ -148,16 +160,16 @@ nlohmann::json run_schedule(const ScheduleArgs& a, const CLI::App& cmd) {
 void add_schedule_command(CLI::App& app) {
   auto a = std::make_shared<ScheduleArgs>();
   CLI::App* cmd = app.add_subcommand("schedule", "draw a pipeline schedule's timeline per rank from the simulated clock");
-  cmd->add_option("--pp", a->pp, "pipeline ranks")->capture_default_str();
-  cmd->add_option("--micro-batches", a->micro_batches, "micro-batches per step")->capture_default_str();
+  add_number(*cmd, "--pp", a->pp, "pipeline ranks", 1, kMaxVirtualRanks)->capture_default_str();
+  add_number(*cmd, "--micro-batches", a->micro_batches, "micro-batches per step")->capture_default_str();
   cmd->add_option("--schedule", a->schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
-  cmd->add_option("--pp-chunks", a->chunks, "model chunks per rank (interleaved, >= 2)")->capture_default_str();
+  add_number(*cmd, "--pp-chunks", a->chunks, "model chunks per rank (interleaved, >= 2)")->capture_default_str();
   cmd->add_option("--costs", a->costs, "modelled times of F, I and W in microseconds (B = I + W)")->capture_default_str();
   cmd->add_option("--svg", a->svg, "also write the picture as an SVG file here");
-  cmd->add_option("--columns", a->columns, "width of the text picture")->capture_default_str();
+  add_number(*cmd, "--columns", a->columns, "width of the text picture")->capture_default_str();
   cmd->add_flag("--measure", a->measure, "train one step of --preset's model with this pipeline and draw that instead");
   a->model.add_options(*cmd, "small", false);
-  cmd->add_option("--seq-len", a->seq_len, "--measure: tokens per micro-batch (one row each)")->capture_default_str();
+  add_number(*cmd, "--seq-len", a->seq_len, "--measure: tokens per micro-batch, one row each (at most the model's max_position_embeddings unless given)")->capture_default_str();
   cmd->add_option("--pp-layers", a->layers, "--measure: layers of each stage, e.g. 1,2,2,1 (default: balanced)");
   a->launch.add_options(*cmd);
   cmd->add_flag("--json", a->json, "print one JSON object with the timeline's numbers on stdout");

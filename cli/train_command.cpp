@@ -108,9 +108,10 @@ void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
 // written, so a bad flag costs nothing and leaves nothing behind.
 Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
   Run r{a, {}};
-  if (a.resume.empty())
+  if (a.resume.empty()) {
     r.cfg = a.model.resolve();
-  else
+    r.args.opt.seq_len = fitted_seq_len(cmd, a.opt.seq_len, r.cfg);
+  } else
     apply_checkpoint(r, a, cmd);
   TrainArgs& x = r.args;
   if (x.log_every < 1) throw InputError("--log-every must be >= 1");
@@ -125,6 +126,9 @@ Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
   x.opt.loop = loop.dump();
   return r;
 }
+
+// Which model the run trains: the checkpoint it resumes, or the flags' choice.
+std::string model_name(const TrainArgs& a) { return a.resume.empty() ? a.model.describe() : "checkpoint " + a.resume; }
 
 // FNV-1a over the tokens: what identifies the text a run trains on, wherever the file lies.
 std::string fingerprint(const std::vector<int32_t>& tokens) {
@@ -247,8 +251,8 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
   model.init_weights(a.opt.seed);
   Trainer<T> trainer(model, data, a.opt);
   if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
-  progress("train: %lld parameters, %s, one rank, %d threads; data %s (%lld train / %lld val tokens)\n",
-           (long long)model.num_params(), a.model.dtype.c_str(), ops::backend_threads(), a.data.c_str(),
+  progress("train: %s, %lld parameters, %s, one rank, %d threads; data %s (%lld train / %lld val tokens)\n",
+           model_name(a).c_str(), (long long)model.num_params(), a.model.dtype.c_str(), ops::backend_threads(), a.data.c_str(),
            (long long)data.train_size, (long long)data.validation().size());
   progress("train: batch %lld x %lld tokens (micro-batch %lld); unigram entropy of val %.3f nats\n",
            (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)a.opt.micro(), unigram.nats);
@@ -259,6 +263,7 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
                            [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
   nlohmann::json j = train_loop(a, a.opt, calls, true);
   j["unigram_entropy_nats"] = unigram.nats;
+  j["model"] = model_name(a);
   j["parameters"] = model.num_params();
   j["dtype"] = a.model.dtype;
   j["ranks"] = 1;
@@ -283,8 +288,8 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
-      progress("train: %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
-               (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
+      progress("train: %s, %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
+               model_name(a).c_str(), (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
                ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
       progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
                (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),
@@ -302,6 +307,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   const nlohmann::json mem = memory_json(memory);
   if (!a.json) std::fputs(launcher.summary().c_str(), stderr);
   result["unigram_entropy_nats"] = unigram.nats;
+  result["model"] = model_name(a);
   result["parameters"] = r.cfg.num_parameters();
   result["dtype"] = a.model.dtype;
   result["ranks"] = ranks;
@@ -324,6 +330,8 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   const bool f64 = a.model.fp64();
   check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
                        "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
+  a.opt.validate();
+  check_step_fits_in_memory(r.cfg, a.opt, plan, a.launch.backend, f64 ? 8 : 4, a.force);
   const TextDataset data = load_run_data(r, cmd.count("--data") > 0);
 
   const OutputDir out(a.out);
@@ -353,23 +361,23 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", a->resume,
                   "checkpoint directory to continue from: its model, options and loop settings; --steps, "
                   "--micro-batch-size, --eval-*, --save-every, --log-every and the mesh may change");
-  cmd->add_option("--steps", a->opt.steps, "optimizer steps in the run")->capture_default_str();
-  cmd->add_option("--stop-at", a->stop_at, "stop (and checkpoint) after this step, as if interrupted");
-  cmd->add_option("--batch-size", a->opt.batch_size, "sequences per optimizer step (the global batch)")->capture_default_str();
-  cmd->add_option("--micro-batch-size", a->opt.micro_batch_size, "sequences per forward/backward (0: all of a rank's)")
+  add_number(*cmd, "--steps", a->opt.steps, "optimizer steps in the run")->capture_default_str();
+  add_number(*cmd, "--stop-at", a->stop_at, "stop (and checkpoint) after this step, as if interrupted");
+  add_number(*cmd, "--batch-size", a->opt.batch_size, "sequences per optimizer step (the global batch)")->capture_default_str();
+  add_number(*cmd, "--micro-batch-size", a->opt.micro_batch_size, "sequences per forward/backward (0: all of a rank's)")
       ->capture_default_str();
-  cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
+  add_number(*cmd, "--seq-len", a->opt.seq_len, "tokens per sequence (at most the model's max_position_embeddings unless given)")->capture_default_str();
   cmd->add_flag("--doc-mask", a->opt.doc_mask, "mask attention between the documents packed into a sequence (cut at <|end_of_text|>), as Llama 3 trains");
-  cmd->add_option("--lr", a->opt.lr, "peak learning rate")->capture_default_str();
-  cmd->add_option("--min-lr", a->opt.min_lr, "final learning rate of the cosine decay")->capture_default_str();
-  cmd->add_option("--warmup-steps", a->opt.warmup_steps, "linear warm-up steps")->capture_default_str();
-  cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  cmd->add_option("--weight-decay", a->opt.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
-  cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->check(unsigned_integer())->capture_default_str();
-  cmd->add_option("--eval-every", a->eval_every, "the validation loss every N steps (0: never)")->capture_default_str();
-  cmd->add_option("--eval-windows", a->eval_windows, "validation windows per evaluation")->capture_default_str();
-  cmd->add_option("--save-every", a->save_every, "also checkpoint every N steps")->capture_default_str();
-  cmd->add_option("--log-every", a->log_every, "print progress every N steps")->capture_default_str();
+  add_number(*cmd, "--lr", a->opt.lr, "peak learning rate")->capture_default_str();
+  add_number(*cmd, "--min-lr", a->opt.min_lr, "final learning rate of the cosine decay")->capture_default_str();
+  add_number(*cmd, "--warmup-steps", a->opt.warmup_steps, "linear warm-up steps")->capture_default_str();
+  add_number(*cmd, "--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
+  add_number(*cmd, "--weight-decay", a->opt.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
+  add_number(*cmd, "--seed", a->opt.seed, "seed for weights and batches")->capture_default_str();
+  add_number(*cmd, "--eval-every", a->eval_every, "the validation loss every N steps (0: never)")->capture_default_str();
+  add_number(*cmd, "--eval-windows", a->eval_windows, "validation windows per evaluation")->capture_default_str();
+  add_number(*cmd, "--save-every", a->save_every, "also checkpoint every N steps")->capture_default_str();
+  add_number(*cmd, "--log-every", a->log_every, "print progress every N steps")->capture_default_str();
   add_compute_options(*cmd, a->compute, "compute threads of this process (default: all cores)");
   cmd->add_flag("--force", a->force, "train even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");

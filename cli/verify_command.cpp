@@ -57,14 +57,15 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   // Defaults that exercise gradient accumulation: four rows per data rank, and micro-batches of
   // half a rank's rows (one row each when that is odd), so every rank accumulates.
   if (o.train.batch_size == 0) o.train.batch_size = 4 * o.plan.dp();
-  if (o.train.micro_batch_size < -1)
-    throw InputError("--micro-batch-size must be >= 0 (0: all of a rank's rows), or -1 (half of them)");
   if (o.train.micro_batch_size == -1) {
     const int64_t rows = o.train.batch_size / o.plan.dp();
     o.train.micro_batch_size = rows % 2 == 0 ? std::max<int64_t>(1, rows / 2) : 1;
   }
   apply_micro_batches(a.micro_batches, o.train, o.plan, o.model);
   check_fits_in_memory(o.model, 4.0 * sizeof(T) * 2, false, "verifying");
+  o.train.validate();
+  // The plan's ranks and the one-device replay: two of every forward.
+  check_step_fits_in_memory(o.model, o.train, o.plan, a.launch.backend, 2.0 * sizeof(T), false);
   const TextDataset data = load_dataset(a.data.empty() ? default_corpus_path() : a.data, o.train.seq_len);
   Verified v;
   v.report = verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
@@ -88,14 +89,14 @@ void add_verify_command(CLI::App& app) {
   a->opt.micro_batch_size = -1;
   a->opt.seq_len = 64;
   a->opt.warmup_steps = 1;
-  cmd->add_option("--steps", a->opt.steps, "AdamW steps to compare")->capture_default_str();
-  cmd->add_option("--batch-size", a->opt.batch_size, "global batch in sequences (0: four per data rank)")->capture_default_str();
-  cmd->add_option("--micro-batch-size", a->opt.micro_batch_size, "sequences per forward on each rank (0: all; -1: half a rank's rows)")
+  add_number(*cmd, "--steps", a->opt.steps, "AdamW steps to compare")->capture_default_str();
+  add_number(*cmd, "--batch-size", a->opt.batch_size, "global batch in sequences (0: four per data rank)")->capture_default_str();
+  add_number(*cmd, "--micro-batch-size", a->opt.micro_batch_size, "sequences per forward on each rank (0: all; -1: half a rank's rows)", -1)
       ->capture_default_str();
-  cmd->add_option("--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
+  add_number(*cmd, "--seq-len", a->opt.seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_flag("--doc-mask", a->opt.doc_mask, "mask attention between the documents packed into a sequence (cut at <|end_of_text|>), as Llama 3 trains");
-  cmd->add_option("--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  cmd->add_option("--seed", a->opt.seed, "seed for weights and batches")->check(unsigned_integer())->capture_default_str();
+  add_number(*cmd, "--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
+  add_number(*cmd, "--seed", a->opt.seed, "seed for weights and batches")->capture_default_str();
   cmd->add_option("--data", a->data, "text to draw batches from (default: shipped corpus)");
   add_compute_options(*cmd, a->compute, "compute threads of this process (default: all cores)");
   cmd->add_flag("--json", a->json, "print one JSON object with the report on stdout");
@@ -105,6 +106,7 @@ void add_verify_command(CLI::App& app) {
     const Verified v = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
     const EquivalenceReport& r = v.report;
     if (!launcher.reporting()) return;
+    progress("verify: %s, --mesh %s\n", a->model.describe().c_str(), a->parallel.mesh.c_str());
     if (a->json) {
       nlohmann::json j = r.to_json();
       j["traffic"] = launcher.traffic_totals();

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Installs what llama4d needs from Debian's apt, idempotently: packages already present are
 # not touched, and apt-get runs only when something is missing. Works as root or through sudo.
-#   scripts/setup.sh          build + test dependencies
+#   scripts/setup.sh          what the build, the CLI and scripts/main.sh need (compilers, the
+#                             libraries, Open MPI for mpirun, OpenBLAS as bench's yardstick)
+#   scripts/setup.sh test     that, and what only the test suite uses: PyTorch (the reference
+#                             model and bench/compare_torch.sh), the notebooks' tools, venv
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config ccache
   libcli11-dev libgtest-dev nlohmann-json3-dev libpcre2-dev
   libopenmpi-dev openmpi-bin
-  python3-torch python3-numpy python3-matplotlib libopenblas0-pthread
-  jupyter-nbconvert python3-ipykernel
-  python3-venv
+  libopenblas0-pthread
 )
+case "${1:-}" in
+  "") ;;
+  test) packages+=(python3-torch python3-numpy python3-matplotlib jupyter-nbconvert python3-ipykernel python3-venv) ;;
+  *) echo "setup: unknown argument '$1' (none, or test)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 presets=("$@")
 [ ${#presets[@]} -gt 0 ] || presets=(release asan tsan)
 jobs=$(nproc 2>/dev/null || echo 2)
-scripts/setup.sh
+scripts/setup.sh test
 # The tests' Python (tests/requirements.txt, e.g. Hugging Face tokenizers for tests/tokenizer):
 # a virtual environment made once, then reused. Only the test run needs it; scripts/main.sh
 # builds without it and never calls pip.

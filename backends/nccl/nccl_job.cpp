@@ -8,6 +8,7 @@
 #include "backends/store/launch_env.h"
 #include "backends/store/rendezvous.h"
 #include "core/error.h"
+#include "core/parse_number.h"
 #ifdef LLAMA4D_HAVE_MPI
 #include "backends/mpi/mpi_session.h"
 #endif
@@ -35,7 +36,7 @@ NcclJob::NcclJob(const NcclOptions& options, int expected_ranks) : launcher_(std
     mo.cluster = options.cluster;
     launcher_->mpi = std::make_unique<MpiSession>(mo);
     std::optional<int> local;
-    if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
+    if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = parse_number<int>(l, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
     boot = bootstrap_from_group(launcher_->mpi->world(), local);
 #else
     throw InputError("--backend nccl under mpirun: this build has no MPI to carry NCCL's id (start the processes "

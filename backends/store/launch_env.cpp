@@ -1,9 +1,9 @@
 #include "backends/store/launch_env.h"
 
-#include <cerrno>
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace llama4d::store {
 
@@ -12,15 +12,12 @@ namespace {
 const char* kRequired[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
 
 // A whole decimal integer in [lo, hi], or InputError naming the variable.
-int parse_int(const char* name, const char* text, long lo, long hi) {
-  std::string s(text);
-  char* end = nullptr;
-  errno = 0;
-  long v = s.empty() ? 0 : std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || errno != 0 || *end != '\0' || v < lo || v > hi)
-    throw InputError(std::string(name) + "='" + s + "' is not a whole number in " + std::to_string(lo) + ".." +
+int parse_int(const char* name, const char* text, int lo, int hi) {
+  int v = 0;
+  if (read_number(std::string_view(text), v) || outside(v, lo, hi))
+    throw InputError(std::string(name) + "='" + text + "' is not a whole number in " + std::to_string(lo) + ".." +
                      std::to_string(hi));
-  return int(v);
+  return v;
 }
 
 }  // namespace

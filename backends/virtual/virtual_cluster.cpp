@@ -13,7 +13,8 @@ namespace llama4d {
 VirtualCluster::VirtualCluster(VirtualClusterOptions options)
     : options_(std::move(options)), origin_(RankTrace::Clock::now()) {
   if (options_.ranks < 1) throw InputError("virtual cluster needs at least 1 rank, got " + std::to_string(options_.ranks));
-  if (options_.ranks > 1024) throw InputError("virtual cluster supports at most 1024 ranks");
+  if (options_.ranks > kMaxVirtualRanks)
+    throw InputError("virtual cluster supports at most " + std::to_string(kMaxVirtualRanks) + " ranks");
   if (options_.timeout.count() <= 0) throw InputError("virtual cluster timeout must be positive");
   if (options_.cluster.gpus_per_node < 1) throw InputError("virtual cluster needs at least 1 GPU per node");
   options_.cluster.nodes = (options_.ranks + options_.cluster.gpus_per_node - 1) / options_.cluster.gpus_per_node;

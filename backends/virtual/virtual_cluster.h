@@ -28,6 +28,9 @@
 
 namespace llama4d {
 
+// The most virtual GPUs one process runs (one thread each).
+inline constexpr int kMaxVirtualRanks = 1024;
+
 struct VirtualClusterOptions {
   int ranks = 8;
   // Links, GPUs per node and HBM capacity. `nodes` is derived: ceil(ranks / gpus_per_node).

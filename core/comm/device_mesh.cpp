@@ -1,10 +1,10 @@
 #include "core/comm/device_mesh.h"
 
-#include <cctype>
 #include <set>
 
 #include "core/comm/text_table.h"
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace llama4d {
 
@@ -41,15 +41,16 @@ std::vector<MeshDim> DeviceMesh::parse(std::string_view spec) {
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0 || eq + 1 >= item.size())
       throw InputError("mesh '" + std::string(spec) + "': expected name=size items like tp=2,cp=1,pp=2,dp=4");
-    MeshDim d{std::string(item.substr(0, eq)), 0};
-    for (char ch : item.substr(eq + 1)) {
-      if (!std::isdigit(static_cast<unsigned char>(ch)) || d.size > 1'000'000)
-        throw InputError("mesh '" + std::string(spec) + "': size of '" + d.name + "' is not a positive integer");
-      d.size = d.size * 10 + (ch - '0');
-    }
+    const std::string name(item.substr(0, eq));
+    const MeshDim d{name, parse_number<int>(item.substr(eq + 1), "mesh '" + std::string(spec) + "': size of '" + name + "'",
+                                            1, kMaxDimSize)};
     dims.push_back(d);
     pos = end + 1;
   }
+  int64_t ranks = 1;
+  for (const MeshDim& d : dims)
+    if ((ranks *= d.size) > kMaxDimSize)
+      throw InputError("mesh '" + std::string(spec) + "' has more than " + std::to_string(kMaxDimSize) + " ranks");
   return dims;
 }
 

@@ -30,7 +30,10 @@ class DeviceMesh {
 
   // Llama 3's [tp, cp, pp, dp], innermost first.
   static std::vector<MeshDim> llama3(int tp, int cp, int pp, int dp);
-  // "tp=2,cp=1,pp=2,dp=4": dims innermost first, as written. InputError on malformed text.
+  // "tp=2,cp=1,pp=2,dp=4": dims innermost first, as written; each size read by
+  // core/parse_number.h's rule, in [1, kMaxDimSize], and the sizes' product too. InputError on
+  // malformed text, naming the dim.
+  static constexpr int kMaxDimSize = 1'000'000;
   static std::vector<MeshDim> parse(std::string_view spec);
 
   ProcessGroup& world() const { return world_; }

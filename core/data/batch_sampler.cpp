@@ -11,9 +11,9 @@ namespace {
 
 void check_seq_len(int64_t split_size, int64_t seq_len) {
   if (seq_len < 1) throw InputError("seq_len must be at least 1, got " + std::to_string(seq_len));
-  if (split_size < seq_len + 1) {
+  if (split_size <= seq_len) {
     throw InputError("split has " + std::to_string(split_size) + " tokens, fewer than one window of seq_len + 1 = " +
-                     std::to_string(seq_len + 1));
+                     std::to_string(seq_len) + " + 1 tokens");
   }
 }
 

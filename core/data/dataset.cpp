@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <system_error>
 #include <utility>
 
 #include "core/data/utf8.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 
 #ifndef LLAMA4D_DATA_DIR
 #error "LLAMA4D_DATA_DIR must be defined by core/data/CMakeLists.txt"
@@ -23,12 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string read_file_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open data file " + path.string() + " for reading");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // A directory opened as a file, or a read error mid-way, shows up as badbit.
-  if (in.bad()) throw InputError("error while reading data file " + path.string());
-  return bytes;
+  return read_regular_file(path.string(), "data file", std::numeric_limits<uint64_t>::max());
 }
 
 void check_utf8(std::string_view bytes, const fs::path& path) {
@@ -48,7 +45,11 @@ std::vector<fs::path> text_files_in(const fs::path& dir) {
     const fs::path& p = it->path();
     const std::string name = p.filename().string();
     if (name.empty() || name[0] == '.' || p.extension() != ".txt") continue;
-    if (!it->is_regular_file()) continue;
+    // A .txt that is a FIFO, a device or a symlink loop is an error naming it, not skipped: the
+    // corpus would silently lack a document. A directory named *.txt is not a document.
+    std::error_code dir_ec;
+    if (fs::is_directory(p, dir_ec)) continue;
+    stat_regular_file(p.string(), "data file");
     files.push_back(p);
   }
   if (ec) throw InputError("cannot list data directory " + dir.string() + ": " + ec.message());
@@ -63,13 +64,12 @@ std::vector<fs::path> text_files_in(const fs::path& dir) {
 std::vector<std::string> load_documents(const std::string& path) {
   const fs::path p(path);
   std::error_code ec;
-  const fs::file_status st = fs::status(p, ec);
-  if (ec || !fs::exists(st)) throw InputError("data file not found: " + path);
-  // A device (/dev/zero) or a FIFO would be read forever or block: only files and directories.
-  if (!fs::is_directory(st) && !fs::is_regular_file(st))
-    throw InputError("data " + path + " is not a regular file or a directory");
-
-  if (fs::is_directory(st)) {
+  if (path.empty()) throw InputError("data path is empty");
+  const bool directory = fs::is_directory(p, ec);
+  // Anything else must be a regular file: a device (/dev/zero) or a FIFO would be read forever or
+  // block, a symlink loop never resolves.
+  if (!directory) stat_regular_file(path, "data");
+  if (directory) {
     const std::vector<fs::path> files = text_files_in(p);
     if (files.empty()) throw InputError("data directory " + path + " contains no .txt files");
     std::vector<std::string> documents;
@@ -114,15 +114,16 @@ TextDataset make_dataset(const std::vector<std::string>& documents, int64_t seq_
   const auto n_val = int64_t(std::floor(double(n) * val_fraction));
   ds.train_size = n - n_val;
 
-  const int64_t window = seq_len + 1;  // inputs plus the one-token-shifted targets
+  // A window is seq_len + 1 tokens (inputs plus the one-token-shifted targets), compared as
+  // have <= seq_len so that no seq_len overflows.
   auto too_short = [&](const char* side, int64_t have) {
     return InputError(std::string(side) + " split of " + ds.source + " has " + std::to_string(have) +
-                      " tokens, fewer than one window of seq_len + 1 = " + std::to_string(window) +
+                      " tokens, fewer than one window of seq_len + 1 = " + std::to_string(seq_len) + " + 1 tokens" +
                       " (corpus " + std::to_string(n) + " tokens, validation fraction " +
                       std::to_string(val_fraction) + "); use more text or a shorter seq_len");
   };
-  if (ds.train_size < window) throw too_short("training", ds.train_size);
-  if (n_val < window) throw too_short("validation", n_val);
+  if (ds.train_size <= seq_len) throw too_short("training", ds.train_size);
+  if (n_val <= seq_len) throw too_short("validation", n_val);
   return ds;
 }
 

@@ -102,8 +102,16 @@ struct Header {
   uint64_t tokenizer, options, text, documents, ids;
 };
 
+// Only a regular file is read as a cache: anything else under its name (a FIFO would block the
+// read) is no cache, and the save replaces it.
+bool is_cache_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
 // The cache's ids if `path` holds a valid cache for exactly this header.
 std::optional<EncodedDocuments> read_cache(const std::string& path, const Header& want) {
+  if (!is_cache_file(path)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   Header h{};
@@ -177,7 +185,7 @@ EncodedDocuments encode_documents_cached(const Tokenizer& tok, const std::string
   const std::string path = cache_path_for(data_path, h);
   // The id count is only known after encoding: read the stored one and let the full header
   // comparison, the offsets and the checksum decide.
-  {
+  if (is_cache_file(path)) {
     std::ifstream in(path, std::ios::binary);
     Header stored{};
     if (in && in.read(reinterpret_cast<char*>(&stored), sizeof stored)) {

@@ -1,12 +1,11 @@
 // Meta's tokenizer.model: tiktoken's format, one "<base64 of the token's bytes> <rank>" per
 // line. The ranks are the ids and the merge priority (bpe_model.h); Meta's tokenizer.py adds 256
 // special tokens after the last rank and always uses Llama 3's pattern.
-#include <fstream>
-#include <sstream>
 
 #include "core/data/bpe_tokenizer.h"
 #include "core/data/byte_level.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace llama4d {
 
@@ -119,11 +118,7 @@ BpeTokenizer parse_tiktoken(std::string_view text, const TiktokenOptions& opt, c
 }
 
 BpeTokenizer load_tiktoken(const std::string& path, const TiktokenOptions& opt) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open tokenizer file " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_tiktoken(ss.str(), opt, path);
+  return parse_tiktoken(read_regular_file(path, "tokenizer file", kMaxJsonFileBytes), opt, path);
 }
 
 }  // namespace llama4d

@@ -1,14 +1,13 @@
 // Reading Hugging Face's tokenizer.json into a BpeTokenizer (bpe_tokenizer.h says what is
 // accepted). Every field that would change the ids and that this reader does not implement is
 // refused by name, so a tokenizer it cannot reproduce never loads as a different one.
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/data/bpe_tokenizer.h"
 #include "core/data/byte_level.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace llama4d {
 
@@ -235,11 +234,7 @@ BpeTokenizer parse_tokenizer_json(std::string_view json_text, const std::string&
 }
 
 BpeTokenizer load_tokenizer_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open tokenizer file " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_tokenizer_json(ss.str(), path);
+  return parse_tokenizer_json(read_regular_file(path, "tokenizer file", kMaxJsonFileBytes), path);
 }
 
 }  // namespace llama4d

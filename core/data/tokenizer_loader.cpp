@@ -1,13 +1,16 @@
 #include "core/data/tokenizer_loader.h"
 
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "core/data/bpe_tokenizer.h"
 #include "core/error.h"
+#include "core/parse_number.h"
+#include "core/regular_file.h"
+#include "core/strict_json.h"
 
 namespace llama4d {
 
@@ -16,13 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open " + path.string());
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(path.string() + ": malformed JSON: " + e.what());
-  }
+  return parse_strict_json(read_regular_file(path.string(), "JSON file", kMaxJsonFileBytes), path.string());
 }
 
 // The special tokens of a tokenizer_config.json's "added_tokens_decoder" ({"128000":
@@ -32,12 +29,7 @@ std::vector<std::string> specials_from_config(const fs::path& path, int32_t firs
   if (!cfg.contains("added_tokens_decoder")) return {};
   std::map<int64_t, std::string> by_id;
   for (const auto& [key, value] : cfg.at("added_tokens_decoder").items()) {
-    int64_t id = -1;
-    try {
-      id = std::stoll(key);
-    } catch (const std::exception&) {
-      throw InputError(path.string() + ": added_tokens_decoder key \"" + key + "\" is not an id");
-    }
+    const int64_t id = parse_number<int64_t>(key, path.string() + ": added_tokens_decoder key", 0);
     by_id[id] = value.at("content").get<std::string>();
   }
   std::vector<std::string> names;
@@ -52,7 +44,7 @@ std::vector<std::string> specials_from_config(const fs::path& path, int32_t firs
 
 // The number of lines with a token in a tiktoken file: where its specials start.
 int32_t tiktoken_size(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::istringstream in(read_regular_file(path.string(), "tokenizer file", kMaxJsonFileBytes));
   int32_t n = 0;
   for (std::string line; std::getline(in, line);)
     if (!line.empty() && line != "\r") ++n;

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace llama4d {
 
@@ -45,11 +46,11 @@ std::optional<long> temporary_owner(const std::string& suffix) {
   if (mid == std::string::npos) return std::nullopt;
   const std::string host = suffix.substr(0, mid), pid = suffix.substr(mid + 1, last - mid - 1),
                     n = suffix.substr(last + 1);
-  auto digits = [](const std::string& s) {
-    return !s.empty() && s.size() < 19 && s.find_first_not_of("0123456789") == std::string::npos;
-  };
-  if (host != host_name() || !digits(pid) || !digits(n)) return std::nullopt;
-  return std::stol(pid);
+  long owner = 0, count = 0;
+  if (host != host_name() || read_number(std::string_view(pid), owner) || read_number(std::string_view(n), count) ||
+      owner < 0 || count < 0)
+    return std::nullopt;
+  return owner;
 }
 
 bool process_alive(long pid) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,8 @@
 
 #include "core/error.h"
 #include "core/io/atomic_dir.h"
+#include "core/regular_file.h"
+#include "core/strict_json.h"
 #include "core/io/atomic_file.h"
 #include "core/io/tensor_files.h"
 
@@ -34,21 +37,7 @@ bool is_plain_file_name(const std::string& name) {
 // ---- JSON files -------------------------------------------------------------------------------
 
 json read_json_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw InputError("cannot open '" + path + "': " + std::strerror(errno));
-  std::string text;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  const bool failed = std::ferror(f);
-  const int err = errno;
-  std::fclose(f);
-  if (failed) throw InputError("cannot read '" + path + "': " + std::strerror(err));
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
-    throw InputError("'" + path + "' is not valid JSON: " + e.what());
-  }
+  return parse_strict_json(read_regular_file(path, "JSON file", kMaxJsonFileBytes), "'" + path + "'");
 }
 
 void write_json_file(const std::string& path, const json& j) {
@@ -96,13 +85,16 @@ TensorStore TensorStore::open(const std::string& dir, const std::string& base) {
   if (!fs::is_directory(dir, ec)) throw InputError("checkpoint directory '" + dir + "' does not exist");
   const std::string single = join(dir, single_tensor_file_name(base)), index = join(dir, tensor_index_file_name(base));
 
-  if (fs::exists(single, ec)) {
+  // An entry of that name, whatever it is: a FIFO, a device or a symlink loop is then refused by
+  // name when opened, not taken for "no such file".
+  const auto present = [&](const std::string& p) { return fs::exists(fs::symlink_status(p, ec)); };
+  if (present(single)) {
     store.where_ = single;
     store.files_.push_back(std::make_unique<SafetensorsFile>(single));
     for (const TensorInfo& t : store.files_[0]->tensors()) store.owner_[t.name] = 0;
     return store;
   }
-  if (!fs::exists(index, ec))
+  if (!present(index))
     throw InputError("checkpoint directory '" + dir + "' has neither " + single_tensor_file_name(base) + " nor " +
                      tensor_index_file_name(base));
 
@@ -200,10 +192,16 @@ void check_no_unexpected_tensors(const TensorStore& store, const std::vector<Par
   for (const std::string& name : store.names()) {
     if (expected.count(name) || ends_with(name, ".rotary_emb.inv_freq")) continue;
     std::string base = name;  // without the prefix, to say what kind of tensor it is
-    for (const std::string& p : prefixes)
-      if (!p.empty() && name.rfind(p, 0) == 0) base = name.substr(p.size());
+    bool prefixed = false;
+    std::string wanted;
+    for (const std::string& p : prefixes) {
+      if (name.rfind(p, 0) == 0) base = name.substr(p.size()), prefixed = true;
+      wanted += (wanted.empty() ? "'" : ", '") + p + "'";
+    }
     std::string why = "which the configured model does not have";
-    if (base == "lm_head.weight")
+    if (!prefixed)
+      why = "without any of the prefixes " + wanted + " of the tensors there (model weights in the optimizer's file?)";
+    else if (base == "lm_head.weight")
       why = "but the config says tie_word_embeddings: true (the LM head is the embedding)";
     else if (const int64_t l = layer_of(base); l >= layers)
       why = "a layer beyond the config's num_hidden_layers (" + std::to_string(layers) + ")";
@@ -239,7 +237,14 @@ void read_flat_range(const TensorStore& store, const std::vector<ParamSpec>& spe
   for (const SpecOverlap& p : pieces) {
     const ParamSpec& s = *p.spec;
     for_each_whole_run(s, p.lo - s.offset, p.hi - s.offset, [&](int64_t at, int64_t whole, int64_t n) {
-      store.read_range(prefix + s.name, s.full_shape(), whole, whole + n, out + (s.offset + at - begin));
+      T* run = out + (s.offset + at - begin);
+      store.read_range(prefix + s.name, s.full_shape(), whole, whole + n, run);
+      // Weights and optimizer moments are finite: a NaN or inf read in would only show later, as a
+      // loss of nan or tokens sampled from nothing.
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(run[i]))
+          throw InputError("checkpoint '" + store.description() + "': tensor '" + prefix + s.name + "' holds " +
+                           (std::isnan(run[i]) ? "NaN" : "inf") + " at element " + std::to_string(whole + i));
     });
   }
 }

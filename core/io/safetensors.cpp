@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/regular_file.h"
+#include "core/strict_json.h"
 #include "core/io/atomic_file.h"
 #include "core/io/convert.h"
 
@@ -112,12 +114,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const std::string where = "safetensors file '" + path + "'";
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw InputError("cannot open " + where + ": " + std::strerror(errno));
+  struct stat st {};
+  fd_ = open_regular_file(path, "safetensors file", st);
   try {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) throw IoError("cannot stat " + where + ": " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw InputError(where + " is not a regular file");
     const uint64_t file_size = uint64_t(st.st_size);
     if (file_size < 8)
       throw InputError(where + " is too small (" + std::to_string(file_size) +
@@ -137,12 +136,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
     std::string text(n, '\0');
     pread_all(text.data(), n, 8);
-    json header;
-    try {
-      header = json::parse(text);
-    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
-      throw InputError(where + ": header is not valid JSON: " + e.what());
-    }
+    const json header = parse_strict_json(text, where + ": header");
     if (!header.is_object()) throw InputError(where + ": header is not a JSON object");
 
     for (const auto& [key, value] : header.items()) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace llama4d {
 
@@ -26,15 +27,9 @@ Checkpointing Checkpointing::parse(std::string_view spec, int num_layers) {
       c.every = std::max(1, int(std::ceil(std::sqrt(double(std::max(1, num_layers))))));
       return c;
     }
-    size_t used = 0;
-    long v = 0;
-    try {
-      v = std::stol(k, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == k.size() && !k.empty() && v >= 1 && v <= 1000000) {
-      c.every = int(v);
+    int v = 0;
+    if (!k.empty() && !read_number(std::string_view(k), v) && v >= 1 && v <= 1000000) {
+      c.every = v;
       return c;
     }
   }

@@ -1,17 +1,14 @@
 // LlamaConfig: presets, exact parameter counts, validation and Hugging Face config.json I/O.
 #include "core/model/config.h"
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/regular_file.h"
+#include "core/strict_json.h"
 
 namespace llama4d {
 
@@ -111,9 +108,19 @@ std::optional<RopeScaling> parse_scaling(const json& v, const std::string& key) 
   return rs;
 }
 
+// partial_rotary_factor < 1 rotates only part of each head (other architectures do); Llama rotates
+// all of it, so any other value than 1 would run as another model.
+void refuse_partial_rotary(const json& j, const char* key) {
+  const json* f = find(j, "partial_rotary_factor");
+  if (f && as_double(*f, key) != 1.0)
+    throw InputError(std::string("config: ") + key + " " + f->dump() +
+                     " is not supported: Llama rotates the whole head (only 1)");
+}
+
 // rope_theta and the scaling, from either spelling. A file may carry both (ours do, so old and
 // new readers take it); then they must agree, or it is an error naming both.
 void parse_rope(const json& j, LlamaConfig& c) {
+  refuse_partial_rotary(j, "partial_rotary_factor");
   const json* classic_theta = find(j, "rope_theta");
   const json* classic_scaling = find(j, "rope_scaling");
   c.rope_theta = classic_theta ? as_double(*classic_theta, "rope_theta") : 10000.0;  // transformers' default
@@ -121,6 +128,7 @@ void parse_rope(const json& j, LlamaConfig& c) {
   const json* current = find(j, "rope_parameters");
   if (!current) return;
   if (!current->is_object()) wrong_type("rope_parameters", "an object or null", *current);
+  refuse_partial_rotary(*current, "rope_parameters.partial_rotary_factor");
   const json* theta = find(*current, "rope_theta");
   const double current_theta = theta ? as_double(*theta, "rope_parameters.rope_theta") : c.rope_theta;
   const std::optional<RopeScaling> current_scaling = parse_scaling(*current, "rope_parameters");
@@ -340,20 +348,8 @@ LlamaConfig LlamaConfig::from_json(const json& j) {
 }
 
 LlamaConfig LlamaConfig::from_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError("config file '" + path + "' is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open config file '" + path + "': " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw InputError("cannot read config file '" + path + "'");
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
-    throw InputError("config file '" + path + "' is not valid JSON: " + e.what());
-  }
+  const json j =
+      parse_strict_json(read_regular_file(path, "config file", kMaxJsonFileBytes), "config file '" + path + "'");
   try {
     return from_json(j);
   } catch (const InputError& e) {

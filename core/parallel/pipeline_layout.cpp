@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace llama4d {
 
@@ -67,14 +68,7 @@ std::vector<int> parse_pipeline_layers(const std::string& text) {
   while (at <= text.size()) {
     const size_t comma = text.find(',', at);
     const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size()) throw InputError("--pp-layers " + text + ": '" + item + "' is not a layer count");
+    const int v = parse_number<int>(item, "--pp-layers " + text + ": layer count", 0);
     out.push_back(v);
     if (comma == std::string::npos) break;
     at = comma + 1;

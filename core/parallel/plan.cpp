@@ -48,6 +48,9 @@ void ParallelPlan::validate() const {
                      ") has nothing to split: Llama 3 is dense, there are no experts");
   if (size("cp") == 1 && cp_algo != ContextAlgo::allgather)
     throw InputError("--cp-algo needs context parallelism (cp > 1 in --mesh)");
+  if (size("tp") == 1 && !sequence_parallel)
+    throw InputError("--sp off needs tensor parallelism (tp > 1 in --mesh): without it there is no sequence "
+                     "parallelism to turn off");
   bool plain = false, split = false;
   for (const MeshDim& d : mesh) {
     plain = plain || d.name == "dp";

@@ -527,12 +527,11 @@ int main(int argc, char** argv) {
   llama4d::lesson::ZeroArgs zero;
   CLI::App app{"Lesson 02: ZeRO-1/2/3 (FSDP) and HSDP on virtual GPUs", "lesson02_zero"};
   options.add_options(app);
-  app.add_option("--zero", zero.zero, "ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)")
-      ->check(CLI::Range(1, 3))
+  llama4d::cli::add_number(app, "--zero", zero.zero, "ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)", 1, 3)
       ->capture_default_str();
   app.add_flag("--keep-params", zero.keep_params,
                "ZeRO-3: keep gathered parameters from forward to backward (Llama 3's choice)");
-  app.add_option("--replicas", zero.replicas, "HSDP: replicas of the shard group (--ranks / replicas shard ranks)")
+  llama4d::cli::add_number(app, "--replicas", zero.replicas, "HSDP: replicas of the shard group (--ranks / replicas shard ranks)")
       ->capture_default_str();
   return llama4d::lesson::lesson_main(app, argc, argv, [&] {
     // HSDP: unless told otherwise, put one shard group on each node, so the replica all-reduce

@@ -773,11 +773,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ac", ac.verify_ac, "the policy of the ZeRO-3 equivalence run on --ranks virtual GPUs")
       ->capture_default_str();
-  app.add_option("--timing-steps", ac.timing_steps, "timed forward + backward passes per policy (median)")
-      ->check(CLI::Range(1, 50))
+  llama4d::cli::add_number(app, "--timing-steps", ac.timing_steps, "timed forward + backward passes per policy (median)", 1, 50)
       ->capture_default_str();
-  app.add_option("--gemm-seconds", ac.gemm_seconds, "time spent measuring this machine's peak GEMM")
-      ->check(CLI::Range(0.01, 10.0))
+  llama4d::cli::add_number(app, "--gemm-seconds", ac.gemm_seconds, "time spent measuring this machine's peak GEMM", 0.01, 10.0)
       ->capture_default_str();
   return llama4d::lesson::lesson_main(app, argc, argv, [&] { return llama4d::lesson::run(options, ac); });
 }

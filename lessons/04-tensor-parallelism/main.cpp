@@ -606,20 +606,17 @@ int main(int argc, char** argv) {
   options.ranks = tp.tp * tp.dp;  // --ranks is tp x dp here (the default shown by --help)
   CLI::App app{"Lesson 04: tensor and sequence parallelism on virtual GPUs", "lesson04_tensor_parallel"};
   options.add_options(app);
-  app.add_option("--tp", tp.tp, "tensor-parallel ranks (must divide the heads and the SwiGLU width)")
-      ->check(CLI::Range(2, 64))
+  llama4d::cli::add_number(app, "--tp", tp.tp, "tensor-parallel ranks (must divide the heads and the SwiGLU width)", 2, 64)
       ->capture_default_str();
   app.add_option("--sp", tp.sp, "sequence parallelism between the tensor-parallel regions")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  app.add_option("--dp", tp.dp, "data-parallel ranks (mesh tp=N,dp=M: tp x dp virtual GPUs)")
-      ->check(CLI::Range(1, 16))
+  llama4d::cli::add_number(app, "--dp", tp.dp, "data-parallel ranks (mesh tp=N,dp=M: tp x dp virtual GPUs)", 1, 16)
       ->capture_default_str();
   app.add_option("--ac", tp.ac, "activation checkpointing: none, or full (every block recomputed in backward)")
       ->check(CLI::IsMember({"none", "full"}))
       ->capture_default_str();
-  app.add_option("--vocab-size", tp.vocab_size, "override the preset's vocabulary (>= 258), e.g. 262 to see padding")
-      ->check(CLI::Range(258, 1 << 20));
+  llama4d::cli::add_number(app, "--vocab-size", tp.vocab_size, "override the preset's vocabulary (>= 258), e.g. 262 to see padding", 258, 1 << 20);
   return llama4d::lesson::lesson_main(app, argc, argv, [&] {
     if (app.get_option("--ranks")->count() > 0 && options.ranks != tp.tp * tp.dp)
       throw llama4d::InputError("--ranks is tp x dp here (" + std::to_string(tp.tp * tp.dp) + "); use --tp and --dp");

@@ -748,15 +748,12 @@ int main(int argc, char** argv) {
   options.ranks = pp.pp;  // --ranks is --pp here
   CLI::App app{"Lesson 05: pipeline parallelism on virtual GPUs", "lesson05_pipeline"};
   options.add_options(app);
-  app.add_option("--pp", pp.pp, "pipeline ranks (stages; each needs at least one layer)")
-      ->check(CLI::Range(2, 16))
+  llama4d::cli::add_number(app, "--pp", pp.pp, "pipeline ranks (stages; each needs at least one layer)", 2, 16)
       ->capture_default_str();
   app.add_option("--schedule", pp.schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
-  app.add_option("--pp-chunks", pp.chunks, "model chunks per rank for the interleaved schedule (v)")
-      ->check(CLI::Range(2, 8))
+  llama4d::cli::add_number(app, "--pp-chunks", pp.chunks, "model chunks per rank for the interleaved schedule (v)", 2, 8)
       ->capture_default_str();
-  app.add_option("--layers", pp.layers, "layers of the model (default 6, small's depth; 0 keeps the preset's)")
-      ->check(CLI::Range(0, 64))
+  llama4d::cli::add_number(app, "--layers", pp.layers, "layers of the model (default 6, small's depth; 0 keeps the preset's)", 0, 64)
       ->capture_default_str();
   return llama4d::lesson::lesson_main(app, argc, argv, [&] {
     if (app.get_option("--ranks")->count() > 0 && options.ranks != pp.pp)

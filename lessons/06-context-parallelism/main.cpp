@@ -778,8 +778,7 @@ int main(int argc, char** argv) {
   options.ranks = cp.cp;  // --ranks is --cp here
   CLI::App app{"Lesson 06: context parallelism on virtual GPUs", "lesson06_context_parallel"};
   options.add_options(app);
-  app.add_option("--cp", cp.cp, "context-parallel ranks (the sequence is cut into 2 cp chunks)")
-      ->check(CLI::Range(2, 16))
+  llama4d::cli::add_number(app, "--cp", cp.cp, "context-parallel ranks (the sequence is cut into 2 cp chunks)", 2, 16)
       ->capture_default_str();
   app.add_option("--cp-algo", cp.algo, "allgather (Llama 3's) or ring")->capture_default_str();
   return llama4d::lesson::lesson_main(app, argc, argv, [&] {

@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Lesson 07: Llama 3's 4D parallelism and the planner, on 16 virtual GPUs", "lesson07_llama3_4d"};
   options.add_options(app);
   app.add_option("--mesh", args.mesh, "the 4D mesh, innermost first")->capture_default_str();
-  app.add_option("--zero", args.zero, "ZeRO stage over cp x dp")->check(CLI::Range(0, 3))->capture_default_str();
+  llama4d::cli::add_number(app, "--zero", args.zero, "ZeRO stage over cp x dp", 0, 3)->capture_default_str();
   app.add_option("--ac", args.ac, "activation checkpointing: none, selective, full")->capture_default_str();
   return llama4d::lesson::lesson_main(app, argc, argv, [&] {
     if (app.get_option("--ranks")->count() > 0)

@@ -641,7 +641,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Lesson 08: graduating to GPUs: one code path, bf16, CUDA and NCCL", "lesson08_graduating_to_gpus"};
   options.add_options(app);
   app.add_option("--mesh", args.mesh, "the mesh, innermost first; dp x cp > 1")->capture_default_str();
-  app.add_option("--zero", args.zero, "ZeRO stage over cp x dp")->check(CLI::Range(0, 3))->capture_default_str();
+  llama4d::cli::add_number(app, "--zero", args.zero, "ZeRO stage over cp x dp", 0, 3)->capture_default_str();
   app.add_option("--gpu", args.gpu, "auto: also train on the GPU where one is usable; off: never")->capture_default_str();
   return llama4d::lesson::lesson_main(app, argc, argv, [&] {
     if (app.get_option("--ranks")->count() > 0)

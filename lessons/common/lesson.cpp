@@ -25,18 +25,16 @@ namespace llama4d::lesson {
 
 void LessonOptions::add_options(CLI::App& app) {
   app.add_option("--preset", preset, "model shape (tiny: 2 layers, small: 6 layers, medium: 8 layers of 1024)")->capture_default_str();
-  app.add_option("--ranks", ranks, "virtual GPUs")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--steps", steps, "AdamW steps")->check(CLI::Range(1, 100))->capture_default_str();
-  app.add_option("--micro-batches", micro_batches, "micro-batches per rank and step (gradient accumulation)")
-      ->check(CLI::Range(1, 16))
+  cli::add_number(app, "--ranks", ranks, "virtual GPUs", 1, 64)->capture_default_str();
+  cli::add_number(app, "--steps", steps, "AdamW steps", 1, 100)->capture_default_str();
+  cli::add_number(app, "--micro-batches", micro_batches, "micro-batches per rank and step (gradient accumulation)", 1, 16)
       ->capture_default_str();
-  app.add_option("--rows", rows, "sequences per micro-batch")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--seq-len", seq_len, "tokens per sequence")->check(CLI::Range(2, 4096))->capture_default_str();
+  cli::add_number(app, "--rows", rows, "sequences per micro-batch", 1, 64)->capture_default_str();
+  cli::add_number(app, "--seq-len", seq_len, "tokens per sequence", 2, 4096)->capture_default_str();
   app.add_option("--algo", algo, "reduction order: ordered (bitwise reproducible) or ring (NCCL's)")
       ->check(CLI::IsMember({"ordered", "ring"}))
       ->capture_default_str();
-  app.add_option("--gpus-per-node", gpus_per_node, "virtual GPUs per node: NVLink inside, InfiniBand across")
-      ->check(CLI::Range(1, 64))
+  cli::add_number(app, "--gpus-per-node", gpus_per_node, "virtual GPUs per node: NVLink inside, InfiniBand across", 1, 64)
       ->capture_default_str();
   app.add_flag("--step", step, "pause at every phase (press Enter; never blocks when stdin is not a terminal)");
   app.add_flag("--json", json, "print one JSON object (measured vs expected) on stdout; narration on stderr");
@@ -143,9 +141,8 @@ std::optional<double> parse_prediction(const std::string& text) {
   for (char c : text)
     if (c != ',' && c != '_' && c != ' ' && c != '\t' && c != '\r' && c != '\n') digits += c;
   if (digits.empty()) return std::nullopt;
-  char* end = nullptr;
-  const double v = std::strtod(digits.c_str(), &end);
-  if (end != digits.c_str() + digits.size() || !std::isfinite(v)) return std::nullopt;
+  double v = 0;
+  if (read_number(std::string_view(digits), v)) return std::nullopt;
   return v;
 }
 
@@ -787,6 +784,7 @@ nlohmann::json traffic_json_of(const PhaseView& p) {
 
 int lesson_main(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
+    cli::check_flag_values(app);
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     return app.exit(e);

@@ -20,6 +20,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json_fwd.hpp>
 
+#include "cli/flag_values.h"
+
 #include "backends/virtual/virtual_cluster.h"
 #include "core/data/dataset.h"
 #include "core/comm/traffic_labels.h"
