@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/model/config.h"
+#include "core/train/model_directory.h"
 
 namespace llama4d::cli {
 
@@ -21,6 +22,10 @@ struct ModelChoice {
   void add_options(CLI::App& cmd, const std::string& default_preset, bool with_checkpoint);
   // The chosen config, validated. InputError for unknown presets or bad files.
   LlamaConfig resolve() const;
+  // The chosen model with its tokenizer: --checkpoint's directory (open_model_directory:
+  // tokenizer, stop ids, chat template, all checked), else resolve()'s shape with the byte
+  // tokenizer (dir empty).
+  ModelDirectory open() const;
   bool fp64() const { return dtype == "f64"; }
   // bf16 mixed precision: an f32 model computing in bf16 (Llama::set_bf16_compute).
   bool bf16() const { return dtype == "bf16"; }
@@ -28,8 +33,10 @@ struct ModelChoice {
 
 // Refuses shapes whose training state would not fit in this machine's memory (the real
 // llama3-* presets), unless the user insists. bytes_per_param: 16 for fp32 params, grads and
-// two AdamW moments.
-void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what);
+// two AdamW moments; extra_bytes: what else the command holds (a KV cache). Checked against 80%
+// of physical memory (sysconf), before anything is allocated; the message gives both in bytes.
+void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what,
+                          double extra_bytes = 0);
 
 // Where human-readable progress goes: stderr always, so --json output stays clean on stdout.
 template <class... Args>

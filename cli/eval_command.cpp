@@ -7,10 +7,12 @@
 #include "cli/common.h"
 #include "core/data/batch_sampler.h"
 #include "core/data/dataset.h"
+#include "core/data/encode_corpus.h"
 #include "core/data/entropy.h"
 #include "core/error.h"
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
+#include "core/ops.h"
 #include "core/train/evaluate.h"
 
 namespace llama4d::cli {
@@ -26,13 +28,34 @@ struct EvalArgs {
   bool doc_mask = false, json = false, force = false;
 };
 
+// The documents of `path` as the model's tokens, packed as Llama 3 packs them: each document's
+// ids (no BOS), <|end_of_text|> between consecutive ones. Byte tokenizer: pack_documents.
+std::vector<int32_t> tokenize_documents(const Tokenizer& tok, const std::string& path) {
+  const std::vector<std::string> docs = load_documents(path);
+  if (dynamic_cast<const ByteTokenizer*>(&tok)) return pack_documents(docs);
+  const std::optional<int32_t> eot = tok.token_to_id("<|end_of_text|>");
+  if (!eot) throw InputError("tokenizer " + tok.describe() + " has no <|end_of_text|> to pack documents with");
+  const EncodedDocuments enc = encode_documents_cached(tok, path, docs, ops::backend_threads());
+  std::vector<int32_t> tokens;
+  for (size_t d = 0; d < enc.size(); ++d) {
+    if (d > 0) tokens.push_back(*eot);
+    const TokenSpan ids = enc.document(d);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+  }
+  return tokens;
+}
+
 template <class T>
 nlohmann::json run_eval(const EvalArgs& a) {
-  const LlamaConfig cfg = a.model.resolve();
-  check_fits_in_memory(cfg, sizeof(T), a.force, "evaluating");
+  check_fits_in_memory(a.model.resolve(), sizeof(T), a.force, "evaluating");  // before the tokenizer is read
+  const ModelDirectory md = a.model.open();
+  const LlamaConfig& cfg = md.config;
+  const bool bytes = dynamic_cast<const ByteTokenizer*>(md.tokenizer.get()) != nullptr;
   if (a.seq_len < 1) throw InputError("--seq-len must be >= 1");
+  // The document mask cuts rows at the byte tokenizer's <|end_of_text|> (batch_sampler.h).
+  if (a.doc_mask && !bytes) throw InputError("--doc-mask is implemented for byte-tokenizer models only");
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
-  const std::vector<int32_t> tokens = pack_documents(load_documents(path));
+  const std::vector<int32_t> tokens = tokenize_documents(*md.tokenizer, path);
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
 
   Llama<T> model(cfg);
@@ -43,18 +66,27 @@ nlohmann::json run_eval(const EvalArgs& a) {
     model.init_weights(a.seed);
 
   const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows, a.doc_mask);
+  // Bits per byte and the unigram baseline are byte-model measures (one token per byte).
+  const double nats = loss.mean();
+  if (!bytes) {
+    progress("eval: %s: %lld tokens predicted, loss %.4f nats per token, perplexity %.3f (%s)\n", path.c_str(),
+             (long long)loss.tokens, nats, std::exp(nats), md.tokenizer->describe().c_str());
+    return {{"loss", nats},         {"tokens", loss.tokens}, {"bits_per_byte", nullptr},
+            {"perplexity", std::exp(nats)}, {"unigram_entropy_nats", nullptr}, {"data", path},
+            {"seq_len", a.seq_len}, {"doc_mask", a.doc_mask}, {"tokenizer", md.tokenizer->describe()}};
+  }
   const UnigramEntropy unigram = unigram_entropy(TokenSpan(tokens));
   progress("eval: %s: %lld tokens predicted, loss %.4f nats (%.4f bits/byte), perplexity %.3f; unigram entropy %.4f nats\n",
-           path.c_str(), (long long)loss.tokens, loss.mean(), loss.mean() / std::log(2.0), std::exp(loss.mean()),
-           unigram.nats);
-  return {{"loss", loss.mean()},
+           path.c_str(), (long long)loss.tokens, nats, nats / std::log(2.0), std::exp(nats), unigram.nats);
+  return {{"loss", nats},
           {"tokens", loss.tokens},
-          {"bits_per_byte", loss.mean() / std::log(2.0)},
-          {"perplexity", std::exp(loss.mean())},
+          {"bits_per_byte", nats / std::log(2.0)},
+          {"perplexity", std::exp(nats)},
           {"unigram_entropy_nats", unigram.nats},
           {"data", path},
           {"seq_len", a.seq_len},
-          {"doc_mask", a.doc_mask}};
+          {"doc_mask", a.doc_mask},
+          {"tokenizer", md.tokenizer->describe()}};
 }
 
 }  // namespace
