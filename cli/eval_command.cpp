@@ -7,7 +7,7 @@
 #include "cli/common.h"
 #include "core/data/batch_sampler.h"
 #include "core/data/dataset.h"
-#include "core/data/encode_corpus.h"
+#include "core/data/tokenized_corpus.h"
 #include "core/data/entropy.h"
 #include "core/error.h"
 #include "core/io/checkpoint.h"
@@ -28,23 +28,6 @@ struct EvalArgs {
   bool doc_mask = false, json = false, force = false;
 };
 
-// The documents of `path` as the model's tokens, packed as Llama 3 packs them: each document's
-// ids (no BOS), <|end_of_text|> between consecutive ones. Byte tokenizer: pack_documents.
-std::vector<int32_t> tokenize_documents(const Tokenizer& tok, const std::string& path) {
-  const std::vector<std::string> docs = load_documents(path);
-  if (dynamic_cast<const ByteTokenizer*>(&tok)) return pack_documents(docs);
-  const std::optional<int32_t> eot = tok.token_to_id("<|end_of_text|>");
-  if (!eot) throw InputError("tokenizer " + tok.describe() + " has no <|end_of_text|> to pack documents with");
-  const EncodedDocuments enc = encode_documents_cached(tok, path, docs, ops::backend_threads());
-  std::vector<int32_t> tokens;
-  for (size_t d = 0; d < enc.size(); ++d) {
-    if (d > 0) tokens.push_back(*eot);
-    const TokenSpan ids = enc.document(d);
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
-  }
-  return tokens;
-}
-
 template <class T>
 nlohmann::json run_eval(const EvalArgs& a) {
   check_fits_in_memory(a.model.resolve(), sizeof(T), a.force, "evaluating");  // before the tokenizer is read
@@ -55,7 +38,7 @@ nlohmann::json run_eval(const EvalArgs& a) {
   // The document mask cuts rows at the byte tokenizer's <|end_of_text|> (batch_sampler.h).
   if (a.doc_mask && !bytes) throw InputError("--doc-mask is implemented for byte-tokenizer models only");
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
-  const std::vector<int32_t> tokens = tokenize_documents(*md.tokenizer, path);
+  const std::vector<int32_t> tokens = tokenize_corpus(*md.tokenizer, path, ops::backend_threads());
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
 
   Llama<T> model(cfg);
@@ -95,7 +78,7 @@ void add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "mean next-token cross-entropy over a text file");
   a->model.add_options(*cmd, "small", true);
-  cmd->add_option("--data", a->data, "UTF-8 text file or directory of .txt documents (default: shipped corpus)");
+  cmd->add_option("--data", a->data, "UTF-8 text file, directory of .txt documents, or .jsonl with a \"text\" field (default: shipped corpus)");
   cmd->add_option("--seq-len", a->seq_len, "window length")->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
   cmd->add_flag("--doc-mask", a->doc_mask, "mask attention between the documents in a window (as the model was trained)");
