@@ -168,9 +168,9 @@ Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
   if (has_bpe_tokenizer(r) && r.args.opt.doc_mask)
     throw InputError("--doc-mask is implemented for byte-tokenizer models only (it cuts rows at id " +
                      std::to_string(kEndOfTextToken) + ")");
-  if (!a.init.empty() && a.parallel.parallel())
-    throw InputError("--init trains on one device in this build: drop --mesh (loading a model directory's weights "
-                     "into the shards of a parallel plan is not implemented)");
+  if (!a.init.empty() && a.parallel.parallel() && a.launch.backend != "virtual")
+    throw InputError("--init on a mesh runs on virtual GPUs (--backend virtual): it stages the directory's weights "
+                     "as a checkpoint in one process that every rank then reads its part of");
   TrainArgs& x = r.args;
   if (x.log_every < 1) throw InputError("--log-every must be >= 1");
   if (x.eval_windows < 1) throw InputError("--eval-windows must be >= 1");
@@ -333,9 +333,24 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
   return j;
 }
 
+// --init on a mesh: the directory's weights as a training checkpoint of step 0 under <out>
+// (AdamW's moments zero, what a fresh optimizer holds, so training from it is training from the
+// weights), which every rank then loads its own part of as a resume does. Removed after the run.
+template <class T>
+std::string stage_init_checkpoint(const Run& r, const TextDataset& data) {
+  const std::string dir = r.args.out + "/init-checkpoint";
+  Llama<T> model(r.cfg);
+  model.init_weights(r.args.opt.seed);
+  load_model(r.args.init, model.param_specs(), model.params());
+  const Trainer<T> trainer(model, data, r.args.opt);
+  trainer.save_checkpoint(dir);
+  return dir;
+}
+
 template <class T>
 nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
   const TrainArgs& a = r.args;
+  const std::string start = !a.resume.empty() ? a.resume : !a.init.empty() ? stage_init_checkpoint<T>(r, data) : "";
   const int ranks = plan.world_size();
   const double unigram = unigram_nats(r, data);
   RankLaunch launcher(a.launch);
@@ -346,7 +361,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   launcher.run(ranks, [&](ProcessGroup& world) {
     Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
-    if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
+    if (!start.empty()) trainer.load_checkpoint(start);
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
       progress("train: %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
@@ -367,6 +382,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     memory[size_t(world.rank())] = trainer.strategy().peak_memory();
     if (world.rank() == 0) result = j, strategy = trainer.describe();
   });
+  if (!a.init.empty()) std::filesystem::remove_all(start);
   if (!launcher.reporting()) return {};
   const nlohmann::json mem = memory_json(memory);
   if (!a.json) std::fputs(launcher.summary().c_str(), stderr);
@@ -380,6 +396,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   result["backend"] = a.launch.backend;
   result["peak_memory_per_rank"] = mem;
   result["traffic"] = launcher.traffic_totals();
+  if (r.model_dir) result["tokenizer"] = r.model_dir->tokenizer->describe();
   return result;
 }
 

@@ -4,8 +4,9 @@ loads what llama4d saved and computes the same loss.
 
     python finetune_roundtrip.py --llama4d BIN --models DIR --source SRC --work DIR
 
-1. `llama4d train --init DIR/llama3_1 --data SRC/data/corpus` for a few steps (the model's own
-   tokenizer, data/tokenizer's, encodes the corpus);
+1. `llama4d train --init DIR/llama3_1 --data SRC/data/corpus` for a few steps on Llama 3's 4D
+   plan on 16 virtual GPUs (tp=2,cp=2,pp=2,dp=2, ZeRO-3; the model's own tokenizer,
+   data/tokenizer's, encodes the corpus);
 2. `llama4d eval --json` of the saved checkpoint on one corpus document, all windows;
 3. transformers loads the checkpoint (AutoModelForCausalLM, AutoTokenizer: the tokenizer files
    llama4d saved beside the weights) and computes the mean next-token cross-entropy over the same
@@ -56,7 +57,7 @@ def main():
     os.makedirs(a.work)
     llama4d(a.llama4d, "train", "--init", os.path.join(a.models, "llama3_1"), "--data",
             os.path.join(a.source, "data", "corpus"), "--seq-len", str(SEQ), "--batch-size", "4", "--steps", "3",
-            "--lr", "1e-3", "--eval-every", "0", "--out", a.work)
+            "--lr", "1e-3", "--mesh", "tp=2,cp=2,pp=2,dp=2", "--zero", "3", "--eval-every", "0", "--out", a.work)
     ckpt = os.path.join(a.work, "checkpoint")
     doc = os.path.join(a.source, "data", "corpus", "part-01-01.txt")
     ours = llama4d(a.llama4d, "eval", "--checkpoint", ckpt, "--data", doc, "--seq-len", str(SEQ))
