@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/init_checkpoint.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
 #include "core/data/dataset.h"
@@ -333,24 +334,13 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
   return j;
 }
 
-// --init on a mesh: the directory's weights as a training checkpoint of step 0 under <out>
-// (AdamW's moments zero, what a fresh optimizer holds, so training from it is training from the
-// weights), which every rank then loads its own part of as a resume does. Removed after the run.
-template <class T>
-std::string stage_init_checkpoint(const Run& r, const TextDataset& data) {
-  const std::string dir = r.args.out + "/init-checkpoint";
-  Llama<T> model(r.cfg);
-  model.init_weights(r.args.opt.seed);
-  load_model(r.args.init, model.param_specs(), model.params());
-  const Trainer<T> trainer(model, data, r.args.opt);
-  trainer.save_checkpoint(dir);
-  return dir;
-}
-
 template <class T>
 nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
   const TrainArgs& a = r.args;
-  const std::string start = !a.resume.empty() ? a.resume : !a.init.empty() ? stage_init_checkpoint<T>(r, data) : "";
+  // --init: the directory's weights staged in <out>/init-checkpoint, removed after the run.
+  const std::string start = !a.resume.empty() ? a.resume
+                            : !a.init.empty() ? stage_init_checkpoint<T>(r.cfg, a.init, data, a.opt, a.out + "/init-checkpoint")
+                                              : "";
   const int ranks = plan.world_size();
   const double unigram = unigram_nats(r, data);
   RankLaunch launcher(a.launch);

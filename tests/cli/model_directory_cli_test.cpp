@@ -92,6 +92,24 @@ TEST(CliModelDirectory, TrainInitTokenizesWithTheModelsTokenizerAndSavesItBeside
   expect_bad_input(run("train --init " + ckpt + " --preset tiny --out " + tmp("bpe_init_preset")), "--preset and --init");
 }
 
+// verify --init: the plan checked on the directory's weights and its tokenizer's data. Its one-device
+// side's first loss is the loss train --init's first step reports on the same batch (verify's
+// defaults on dp=2: 8 rows in micro-batches of 2), so both started from the directory's weights.
+TEST(CliModelDirectory, VerifyInitChecksAPlanOnTheDirectorysWeights) {
+  const std::string ckpt = bpe_model_dir("bpe_verify");
+  Result r = run("verify --init " + ckpt + " --mesh tp=2,dp=2 --zero 1 --seq-len 32 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json v = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(v["ok"].get<bool>());
+  const std::string out = tmp("bpe_verify_train");
+  r = run("train --init " + ckpt + " --seq-len 32 --batch-size 8 --micro-batch-size 2 --warmup-steps 1 --steps 1 "
+          "--eval-every 0 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double trained = nlohmann::json::parse(read_file(out + "/metrics.jsonl"))["loss"];
+  EXPECT_NEAR(v["losses_single"][0].get<double>(), trained, 1e-6 * trained);
+  expect_bad_input(run("verify --init " + ckpt + " --preset tiny --mesh dp=2"), "--preset and --init");
+}
+
 TEST(CliModelDirectory, MismatchedDirectoriesExitTwoNamingTheFile) {
   const std::string ckpt = bpe_model_dir("bpe_bad");
   nlohmann::json cfg = nlohmann::json::parse(read_file(ckpt + "/config.json"));
