@@ -5,6 +5,7 @@
 // (generation_config.json's eos_token_id list and the tokenizer's end tokens).
 #include <chrono>
 #include <iostream>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
@@ -155,8 +156,9 @@ nlohmann::json chat(const GenerateArgs& a, const ModelDirectory& md, Generator<T
       line = a.prompt;
       if (!a.prompt_given) line.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
       if (!a.prompt_given && !line.empty() && line.back() == '\n') line.pop_back();
-    } else if (!std::getline(std::cin, line)) {
-      break;
+    } else {
+      if (isatty(STDIN_FILENO)) progress("> ");  // typed by a person: show where to type
+      if (!std::getline(std::cin, line)) break;
     }
     messages.push_back({"user", line});
     const std::vector<int32_t> ids = encode_chat(*md.tokenizer, format, messages, opt);
