@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 #include <nlohmann/json.hpp>
 
@@ -467,6 +468,14 @@ nlohmann::json run_bench(const BenchArgs& a) {
              par.at("strategy").get<std::string>().c_str(), par.at("ranks").get<int>(), a.launch.backend.c_str(),
              par.at("step_seconds_median").get<double>() * 1e3, ratio,
              format_bytes(int64_t(par.at("bytes_sent_per_rank_per_step").get<double>())).c_str());
+    // The virtual ranks share this machine's cores with each other and with whatever else runs:
+    // with fewer cores than ranks the wall-clock ratio says how busy the machine was, not what the
+    // plan costs.
+    const int cores = int(std::thread::hardware_concurrency()), ranks = par.at("ranks").get<int>();
+    if (cores < ranks)
+      progress("bench: (wall-clock, %d ranks on %d cores: a ratio below 1, or one that moves from run to run, "
+               "measures the machine's load, not the plan; the simulated clock below does not depend on it)\n",
+               ranks, cores);
     const nlohmann::json& sim = par.at("simulated");
     double exposed = 0;
     for (const auto& r : sim.at("per_rank")) exposed = std::max(exposed, r.at("exposed_comm_us").get<double>());

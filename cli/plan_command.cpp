@@ -1,7 +1,8 @@
 // `llama4d plan`: the analytical planner (core/plan/planner.h) from the command line.
 //
 //   llama4d plan --preset small --mesh tp=2,cp=2,pp=2,dp=2 --zero 3 --micro-batches 2
-//   llama4d plan --preset llama3-405b --mesh tp=8,cp=1,pp=16,dp=64 --precision bf16 --seq-len 8192 ...
+//   llama4d plan --preset llama3-405b --mesh tp=8,cp=1,pp=16,dp=64    the paper's batch, sequence and
+//                              precision unless flags say otherwise
 //   llama4d plan --llama3      the Llama 3 405B plans of the paper beside its reported MFU, and
 //                              plans of ours for 8B and 70B (the paper gives none)
 //
@@ -9,6 +10,7 @@
 // the plan does not fit), bytes per step per mesh dimension and the link each group crosses, the
 // pipeline bubble, step time, MFU, tokens/s and the days a --tokens budget takes. Every
 // assumption of the time model is a flag; nothing runs, so any size of cluster can be planned.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -72,6 +74,32 @@ StepShape shape_of(const LlamaConfig& model, const ParallelPlan& plan, const Pla
   return s;
 }
 
+// A Llama 3 preset planned with the flags it was not given set as the paper trained it: 8K
+// sequences, 16M tokens per step (rounded up to whole sequences per data rank), bf16 mixed
+// precision and micro-batches of one sequence. The defaults of the other presets (8 x 256,
+// fp32, one micro-batch) would plan a step of a few thousand tokens on thousands of GPUs.
+void paper_defaults(PlanArgs& a, const CLI::App& cmd, int dp) {
+  if (!a.config.empty() || a.preset.rfind("llama3-", 0) != 0) return;
+  if (cmd.count("--seq-len") == 0) a.seq_len = 8192;
+  if (cmd.count("--batch-size") == 0) {
+    const int64_t sequences = (int64_t(16) << 20) / a.seq_len;
+    a.batch_size = std::max<int64_t>(1, (sequences + dp - 1) / dp) * dp;
+  }
+  if (cmd.count("--precision") == 0) a.precision = "bf16";
+  if (cmd.count("--micro-batches") == 0 && cmd.count("--micro-batch-size") == 0) a.micro_batch_size = 1;
+}
+
+// What a bubble means when a step has fewer micro-batches than pipeline stages: "" otherwise.
+std::string few_micro_batches_note(const PlanReport& r) {
+  const int p = r.shape.plan.size("pp");
+  const int64_t m = r.shape.micro_batches();
+  if (p <= 1 || m >= p) return "";
+  return "m = " + std::to_string(m) + " micro-batches for p = " + std::to_string(p) +
+         " stages: the pipeline never fills, so at every moment at least " + std::to_string(p - m) +
+         " stages idle and the bubble is mostly that wait, not the fill and drain of the formulas; give "
+         "--micro-batches of at least p (or more rows per data rank)";
+}
+
 nlohmann::json llama3_table(const PlanArgs& a) {
   // The token budget: 15.6T tokens (the paper's pre-training) unless --tokens says otherwise.
   const double tokens = a.tokens > 0 ? a.tokens : 15.6e12;
@@ -121,6 +149,8 @@ void print_llama3(const nlohmann::json& t) {
   std::printf("\n8B and 70B: the paper gives no layout for them; two of ours, same 16M-token steps:\n");
   for (const nlohmann::json& r : t.at("own_plans"))
     print_llama3_row(r, r.at("model").get<std::string>() + " " + r.at("plan").at("mesh_spec").get<std::string>(), "-");
+  std::printf("\nThe MFU column is fitted, not a check: kernels at --efficiency of peak and --dp-overlap of the\n"
+              "data-parallel traffic hidden were chosen so the 405B rows land near the paper's.\n");
 }
 
 }  // namespace
@@ -133,11 +163,14 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--config", a->config, "Hugging Face config.json (overrides --preset)");
   a->parallel.add_options(*cmd, "tp=2,cp=2,pp=2,dp=2", false);
   add_micro_batches_option(*cmd, a->micro_batches);
-  cmd->add_option("--seq-len", a->seq_len, "tokens per sequence")->capture_default_str();
-  cmd->add_option("--batch-size", a->batch_size, "global batch in sequences")->capture_default_str();
-  cmd->add_option("--micro-batch-size", a->micro_batch_size, "sequences per micro-batch on a data rank (0: all)")
+  cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (llama3-* presets: 8192)")->capture_default_str();
+  cmd->add_option("--batch-size", a->batch_size, "global batch in sequences (llama3-* presets: 16M tokens)")
       ->capture_default_str();
-  cmd->add_option("--precision", a->precision, "fp32 (this engine), fp64, or bf16 (Llama 3's mixed precision)")
+  cmd->add_option("--micro-batch-size", a->micro_batch_size,
+                  "sequences per micro-batch on a data rank (0: all; llama3-* presets: 1)")
+      ->capture_default_str();
+  cmd->add_option("--precision", a->precision,
+                  "fp32 (this engine), fp64, or bf16 (Llama 3's mixed precision; llama3-* presets: bf16)")
       ->capture_default_str();
   cmd->add_option("--gpus-per-node", a->gpus_per_node, "GPUs per node (NVLink inside, InfiniBand across)")
       ->capture_default_str();
@@ -174,11 +207,18 @@ void add_plan_command(CLI::App& app) {
     const LlamaConfig model = a->config.empty() ? LlamaConfig::preset(a->preset) : LlamaConfig::from_file(a->config);
     if (a->parallel.mesh.empty()) throw InputError("plan: --mesh is required (e.g. --mesh dp=1 for one GPU)");
     const ParallelPlan plan = a->parallel.plan(model, "ordered");
+    paper_defaults(*a, *cmd, plan.dp());
     const PlanReport r = plan_step(shape_of(model, plan, *a), cluster_model(*a), a->tokens);
-    if (a->json)
-      std::printf("%s\n", r.to_json().dump().c_str());
-    else
+    const std::string note = few_micro_batches_note(r);
+    if (a->json) {
+      nlohmann::json j = r.to_json();
+      j["notes"] = note.empty() ? nlohmann::json::array() : nlohmann::json::array({note});
+      j["parameters"] = model.num_parameters();
+      std::printf("%s\n", j.dump().c_str());
+    } else {
       std::printf("%s", r.table().c_str());
+      if (!note.empty()) std::printf("\nnote: %s.\n", note.c_str());
+    }
   });
 }
 

@@ -40,7 +40,7 @@ int64_t document_boundaries(const TextDataset& data, const TrainOptions& opt) {
   for (int64_t s = 0; s < opt.steps; ++s) {
     const Batch b = sample_batch(data.train(), opt.seq_len, opt.seed, s, opt.batch_size);
     for (int64_t r = 0; r < b.B; ++r)
-      n += std::count(b.tokens.begin() + r * b.T, b.tokens.begin() + (r + 1) * b.T - 1, kEndOfTextToken);
+      n += std::count(b.tokens.begin() + r * b.seq, b.tokens.begin() + (r + 1) * b.seq - 1, kEndOfTextToken);
   }
   return n;
 }

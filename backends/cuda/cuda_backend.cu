@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/no_gpu_reason.h"
 
 namespace llama4d::cuda {
 
@@ -19,7 +20,7 @@ __global__ void probe_kernel(int* out) { *out = 1; }
 std::string unusable_reason() {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return std::string("no usable CUDA GPU here (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+  if (e != cudaSuccess) return no_gpu_reason(e);
   if (count == 0) return "no CUDA GPU is visible (check CUDA_VISIBLE_DEVICES)";
   int* flag = nullptr;
   e = cudaMalloc(&flag, sizeof(int));

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "backends/cuda/no_gpu_reason.h"
 #include "backends/nccl/device_reduce.h"
 #include "backends/nccl/nccl_internal.h"
 #include "backends/store/rendezvous.h"
@@ -100,7 +101,7 @@ std::string nccl_unusable_reason() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return std::string("nccl: no usable CUDA GPU here (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+    return "nccl: " + cuda::no_gpu_reason(e);
   }
   if (n == 0) return "nccl: no CUDA GPU here";
   return "";

@@ -33,8 +33,8 @@ void mark_documents(Batch& b) {
   b.docs.resize(b.tokens.size());
   for (int64_t r = 0; r < b.B; ++r) {
     int32_t doc = 0;
-    for (int64_t t = 0; t < b.T; ++t) {
-      const size_t i = size_t(r * b.T + t);
+    for (int64_t t = 0; t < b.seq; ++t) {
+      const size_t i = size_t(r * b.seq + t);
       b.docs[i] = doc;
       doc += b.tokens[i] == kEndOfTextToken;
     }
@@ -68,9 +68,9 @@ Batch sample_rows(TokenSpan split, int64_t seq_len, uint64_t seed, int64_t step,
   check_range("row", row_begin, row_end);
   Batch b;
   b.B = row_end - row_begin;
-  b.T = seq_len;
-  b.tokens.resize(size_t(b.B * b.T));
-  b.targets.resize(size_t(b.B * b.T));
+  b.seq = seq_len;
+  b.tokens.resize(size_t(b.B * b.seq));
+  b.targets.resize(size_t(b.B * b.seq));
   for (int64_t i = 0; i < b.B; ++i) {
     const int64_t start = window_start(int64_t(split.size()), seq_len, seed, step, row_begin + i);
     const int32_t* src = split.data() + start;
@@ -99,9 +99,9 @@ Batch eval_windows(TokenSpan split, int64_t seq_len, int64_t window_begin, int64
   }
   Batch b;
   b.B = window_end - window_begin;
-  b.T = seq_len;
-  b.tokens.resize(size_t(b.B * b.T));
-  b.targets.resize(size_t(b.B * b.T));
+  b.seq = seq_len;
+  b.tokens.resize(size_t(b.B * b.seq));
+  b.targets.resize(size_t(b.B * b.seq));
   for (int64_t i = 0; i < b.B; ++i) {
     const int64_t start = (window_begin + i) * seq_len;
     for (int64_t t = 0; t < seq_len; ++t) {

@@ -17,14 +17,14 @@
 
 namespace llama4d {
 
-// B sequences of T positions. targets[b, t] is the token that follows tokens[b, t] in the
+// B sequences of seq positions ([B, T] in shape comments). targets[b, t] is the token that follows tokens[b, t] in the
 // text; -1 marks a position with no target (padding at the end of evaluation; the loss skips it).
 struct Batch {
-  int64_t B = 0, T = 0;
+  int64_t B = 0, seq = 0;
   std::vector<int32_t> tokens;   // [B, T]
   std::vector<int32_t> targets;  // [B, T]
   // Document masking (mark_documents): [B, row] the document of every position of each WHOLE
-  // row, row = T, or cp·T once context_slice has kept a rank's part of the tokens (every rank
+  // row, row = seq, or cp·seq once context_slice has kept a rank's part of the tokens (every rank
   // needs the documents of all the keys it attends to; like the sequence lengths of
   // variable-length attention, they are metadata each rank has, not exchanged). Empty: no mask.
   std::vector<int32_t> docs;
@@ -53,7 +53,7 @@ uint64_t row_hash(uint64_t seed, int64_t step, int64_t row);
 // split_size / 2^64 relative, under 2^-30 even for a 16 GiB corpus). Throws InputError if the split is shorter than seq_len + 1.
 int64_t window_start(int64_t split_size, int64_t seq_len, uint64_t seed, int64_t step, int64_t row);
 
-// Rows [row_begin, row_end) of the training batch of `step`: B = row_end - row_begin, T = seq_len,
+// Rows [row_begin, row_end) of the training batch of `step`: B = row_end - row_begin, seq = seq_len,
 // tokens[b, :] = split[start .. start+T-1], targets[b, :] = split[start+1 .. start+T] with
 // start = window_start(..., row_begin + b). Rows are independent, so rows [0, 4) equal
 // rows [0, 2) followed by rows [2, 4).

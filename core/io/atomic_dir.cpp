@@ -88,7 +88,46 @@ void check_directory_replaceable(const std::string& dir, const std::string& repl
   check_target(dir, replace_marker, false);
 }
 
+namespace {
+
+// The counter n of a temporary name's "<host>-<pid>-<n>" suffix (0 if it has none).
+unsigned long temporary_counter(const std::string& suffix) {
+  const size_t last = suffix.rfind('-');
+  const std::string n = last == std::string::npos ? "" : suffix.substr(last + 1);
+  if (n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::stoul(n);
+}
+
+}  // namespace
+
+bool recover_interrupted_replace(const std::string& dir) {
+  const fs::path target = fs::path(dir).lexically_normal();
+  std::error_code ec;
+  if (target.filename().empty() || fs::exists(fs::symlink_status(target, ec))) return false;
+  fs::path parent = target.parent_path();
+  if (parent.empty()) parent = ".";
+  const std::string stem = target.filename().string() + ".old.tmp-";
+  std::optional<fs::path> newest;
+  unsigned long newest_n = 0;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string sibling = entry.path().filename().string();
+    if (sibling.rfind(stem, 0) != 0 || !entry.is_directory(ec)) continue;
+    const std::string suffix = sibling.substr(stem.size());
+    const std::optional<long> pid = temporary_owner(suffix);
+    if (pid && process_alive(*pid)) continue;  // a save between its two renames right now
+    if (!newest || temporary_counter(suffix) >= newest_n) {
+      newest = entry.path();
+      newest_n = temporary_counter(suffix);
+    }
+  }
+  if (!newest) return false;
+  rename_or_throw(*newest, target);
+  fsync_directory(parent.string());
+  return true;
+}
+
 int remove_stale_staging(const std::string& dir) {
+  recover_interrupted_replace(dir);
   const fs::path target = fs::path(dir).lexically_normal();
   fs::path parent = target.parent_path();
   if (parent.empty()) parent = ".";
@@ -131,20 +170,22 @@ StagedDirectory::~StagedDirectory() {
   fs::remove_all(staging_, ec);
 }
 
-void StagedDirectory::commit() {
+void StagedDirectory::commit(Replace how, const std::function<void()>& between_renames) {
   if (committed_) throw Error("StagedDirectory::commit called twice for '" + dir_ + "'");
   const fs::path staging = staging_, target = dir_;
   std::error_code ec;
   fsync_directory(staging_);
   if (!exists_) {
     rename_or_throw(staging, target);
-  } else if (exchange_paths(staging, target)) {
+  } else if (how == Replace::exchange_if_supported && exchange_paths(staging, target)) {
     fs::remove_all(staging, ec);  // now holds the old checkpoint; a leftover is harmless
   } else {
-    // No atomic exchange: move the old one aside, move the new one in, then delete the old.
+    // No atomic exchange: move the old one aside, move the new one in, then delete the old. A
+    // kill between the two renames leaves no `dir`: recover_interrupted_replace undoes it.
     const fs::path old = temporary_sibling_name(target.string() + ".old");
     rename_or_throw(target, old);
     try {
+      if (between_renames) between_renames();
       rename_or_throw(staging, target);
     } catch (...) {
       fs::rename(old, target, ec);  // put the old checkpoint back

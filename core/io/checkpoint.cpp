@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/atomic_dir.h"
 #include "core/io/atomic_file.h"
 #include "core/io/tensor_files.h"
 
@@ -280,6 +281,7 @@ void save_model(const std::string& dir, const LlamaConfig& cfg, const std::vecto
 }
 
 LlamaConfig load_config(const std::string& dir) {
+  recover_interrupted_replace(dir);  // a save killed between its two renames (no atomic exchange)
   std::error_code ec;
   if (fs::is_regular_file(dir, ec)) return LlamaConfig::from_file(dir);
   return LlamaConfig::from_file(join(dir, kConfigFile));
@@ -292,31 +294,23 @@ void load_model(const std::string& dir, const std::vector<ParamSpec>& specs, T* 
   read_flat_tensors(store, specs, params);
 }
 
-template std::vector<TensorToWrite> flat_tensors<float>(const std::vector<ParamSpec>&, const float*, DType,
-                                                     const std::string&);
-template void TensorStore::read<float>(const std::string&, const std::vector<int64_t>&, float*) const;
-template void read_flat_tensors<float>(const TensorStore&, const std::vector<ParamSpec>&, float*, const std::string&);
-template void TensorStore::read_range<float>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t,
-                                          float*) const;
-template void read_flat_range<float>(const TensorStore&, const std::vector<ParamSpec>&, int64_t, int64_t, float*,
-                                 const std::string&);
-template void write_model_files<float>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,
-                                     const float*, DType, int64_t);
-template void save_model<float>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const float*,
-                              DType, int64_t);
-template void load_model<float>(const std::string&, const std::vector<ParamSpec>&, float*);
-template std::vector<TensorToWrite> flat_tensors<double>(const std::vector<ParamSpec>&, const double*, DType,
-                                                     const std::string&);
-template void TensorStore::read<double>(const std::string&, const std::vector<int64_t>&, double*) const;
-template void read_flat_tensors<double>(const TensorStore&, const std::vector<ParamSpec>&, double*, const std::string&);
-template void TensorStore::read_range<double>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t,
-                                          double*) const;
-template void read_flat_range<double>(const TensorStore&, const std::vector<ParamSpec>&, int64_t, int64_t, double*,
-                                 const std::string&);
-template void write_model_files<double>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,
-                                     const double*, DType, int64_t);
-template void save_model<double>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const double*,
-                              DType, int64_t);
-template void load_model<double>(const std::string&, const std::vector<ParamSpec>&, double*);
+// Every templated function of this file, for float and double.
+#define LLAMA4D_CHECKPOINT_INSTANTIATE(T)                                                                          \
+  template std::vector<TensorToWrite> flat_tensors<T>(const std::vector<ParamSpec>&, const T*, DType,              \
+                                                      const std::string&);                                         \
+  template void TensorStore::read<T>(const std::string&, const std::vector<int64_t>&, T*) const;                   \
+  template void read_flat_tensors<T>(const TensorStore&, const std::vector<ParamSpec>&, T*, const std::string&);   \
+  template void TensorStore::read_range<T>(const std::string&, const std::vector<int64_t>&, int64_t, int64_t, T*)  \
+      const;                                                                                                       \
+  template void read_flat_range<T>(const TensorStore&, const std::vector<ParamSpec>&, int64_t, int64_t, T*,        \
+                                   const std::string&);                                                            \
+  template void write_model_files<T>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&,        \
+                                     const T*, DType, int64_t);                                                    \
+  template void save_model<T>(const std::string&, const LlamaConfig&, const std::vector<ParamSpec>&, const T*,     \
+                              DType, int64_t);                                                                     \
+  template void load_model<T>(const std::string&, const std::vector<ParamSpec>&, T*);
+LLAMA4D_CHECKPOINT_INSTANTIATE(float)
+LLAMA4D_CHECKPOINT_INSTANTIATE(double)
+#undef LLAMA4D_CHECKPOINT_INSTANTIATE
 
 }  // namespace llama4d

@@ -151,7 +151,7 @@ namespace {
 template <class T>
 ops::AttentionShape attention_shape(const BlockDims& d, int64_t pos_start) {
   // Without context parallelism this rank's rows are the whole rows, so d.doc serves queries and keys.
-  return {.B = d.B, .Tq = d.T, .Tk = d.T, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = pos_start,
+  return {.B = d.B, .Tq = d.seq, .Tk = d.seq, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = pos_start,
           .k_start = pos_start, .q_doc = d.doc, .k_doc = d.doc, .operands = d.operands()};
 }
 
@@ -175,10 +175,10 @@ void rope_at_positions(T* x, int64_t heads, const BlockDims& d, const RopeTables
     else
       ops::rope_forward(p, rope.cos.data(), rope.sin.data(), B, seq, heads, d.hd, start);
   };
-  if (d.cp == 1) return apply(x, d.B, d.T, pos_start);
+  if (d.cp == 1) return apply(x, d.B, d.seq, pos_start);
   const int64_t c = d.cp_chunk(), row = heads * d.hd;
   for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t part = 0; part < 2; ++part) apply(x + (b * d.T + part * c) * row, 1, c, d.cp_part_start(part));
+    for (int64_t part = 0; part < 2; ++part) apply(x + (b * d.seq + part * c) * row, 1, c, d.cp_part_start(part));
 }
 
 // att, lse = causal attention of a.q over a.k, a.v: local, or through the context-parallel point.
@@ -236,11 +236,11 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
     if (d.doc) throw Error("block_forward: decoding with a KV cache takes no document mask");
     // Append this call's keys/values at [len, len + T) of each batch row, attend over all.
     for (int64_t b = 0; b < d.B; ++b) {
-      const int64_t src = b * d.T * kvd, dst = (b * cache->max_len + cache->len) * kvd;
-      ops::copy(cache->k + dst, a.k.data() + src, d.T * kvd);
-      ops::copy(cache->v + dst, a.v.data() + src, d.T * kvd);
+      const int64_t src = b * d.seq * kvd, dst = (b * cache->max_len + cache->len) * kvd;
+      ops::copy(cache->k + dst, a.k.data() + src, d.seq * kvd);
+      ops::copy(cache->v + dst, a.v.data() + src, d.seq * kvd);
     }
-    s.Tk = cache->len + d.T;
+    s.Tk = cache->len + d.seq;
     s.k_start = 0;
     s.q_start = cache->len;
     s.kv_batch_stride = cache->max_len * kvd;

@@ -19,9 +19,9 @@ namespace llama4d {
 inline ops::GemmOperands gemm_operands(bool bf16) { return bf16 ? ops::GemmOperands::bf16 : ops::GemmOperands::as_stored; }
 
 // Sizes one block works with, and where its tokens sit in their sequences. Tensor/context
-// parallelism shrink nh, nkv, I (or T) to the local shard and keep everything else.
+// parallelism shrink nh, nkv, I (or seq) to the local shard and keep everything else.
 struct BlockDims {
-  int64_t B = 0, T = 0;        // batch rows, tokens per row
+  int64_t B = 0, seq = 0;      // batch rows, tokens per row ([B, T] in shape comments)
   int64_t C = 0;               // hidden size
   int64_t nh = 0, nkv = 0, hd = 0;
   int64_t I = 0;               // SwiGLU intermediate size
@@ -32,12 +32,12 @@ struct BlockDims {
   // the communication points gather the normed rows before the column-parallel matmuls and
   // reduce-scatter the row-parallel outputs back to them. sp = 1: every row everywhere.
   int64_t sp = 1, sp_rank = 0;
-  // Context parallelism (Llama 3's load-balanced split): each sequence of cp·T tokens is cut into
-  // 2·cp chunks of T/2 and this rank holds chunks cp_rank and 2·cp-1-cp_rank, so every rank does
-  // the same causal-attention work. Its T tokens per row are those two chunks, one after the
+  // Context parallelism (Llama 3's load-balanced split): each sequence of cp·seq tokens is cut into
+  // 2·cp chunks of seq/2 and this rank holds chunks cp_rank and 2·cp-1-cp_rank, so every rank does
+  // the same causal-attention work. Its seq tokens per row are those two chunks, one after the
   // other; RoPE and causality use each token's true position. cp = 1: the whole sequence.
   int64_t cp = 1, cp_rank = 0;
-  // Document masking: [B, cp·T] the document of every position of each WHOLE row (this rank's
+  // Document masking: [B, cp·seq] the document of every position of each WHOLE row (this rank's
   // tokens and, under context parallelism, every other rank's), ids never decreasing along a
   // row; a token attends only to earlier tokens of its own document. Null: no document mask.
   const int32_t* doc = nullptr;
@@ -47,8 +47,8 @@ struct BlockDims {
   // backward (rstd, lse) and the weight gradients stay in T, as fp32 does in Llama 3's recipe.
   bool bf16 = false;
   ops::GemmOperands operands() const { return gemm_operands(bf16); }
-  int64_t BT() const { return B * T; }
-  int64_t cp_chunk() const { return T / 2; }  // tokens per chunk (cp > 1)
+  int64_t BT() const { return B * seq; }
+  int64_t cp_chunk() const { return seq / 2; }  // tokens per chunk (cp > 1)
   // The first true position of this rank's part (0 or 1) of a row.
   int64_t cp_part_start(int64_t part) const { return (part == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * cp_chunk(); }
   int64_t rows() const { return sequence_row0(BT(), sp, sp_rank + 1) - row0(); }

@@ -33,7 +33,7 @@ namespace {
 // parallelism), split as the blocks split them.
 template <class T>
 BlockDims sequence_rows(int64_t BT, int64_t C, const Vocabulary<T>& vocab) {
-  return {.B = BT, .T = 1, .C = C, .sp = vocab.sequence_shards(), .sp_rank = vocab.sequence_rank()};
+  return {.B = BT, .seq = 1, .C = C, .sp = vocab.sequence_shards(), .sp_rank = vocab.sequence_rank()};
 }
 
 }  // namespace

@@ -270,7 +270,7 @@ template <class T>
 BlockDims Llama<T>::block_dims(int64_t B, int64_t seq, const int32_t* docs) const {
   // Under tensor parallelism the block works on this rank's heads and SwiGLU columns only.
   const bool s = tp_.sliced();
-  return {.B = B, .T = seq, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
+  return {.B = B, .seq = seq, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
           .nkv = s ? tp_.kv_heads : cfg_.num_key_value_heads, .hd = cfg_.head_dim,
           .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps,
           .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0,

@@ -9,7 +9,7 @@
 //    each sequence of S tokens into 2·cp chunks of S/(2·cp) and gives rank r the chunks r and
 //    2·cp-1-r: an early chunk and its mirror image, so every rank scores the same number of
 //    (query, key) pairs up to one chunk's triangle. context_slice() does it to a batch; the
-//    model then runs T = S/cp tokens per row (BlockDims::cp) with RoPE at the true positions.
+//    model then runs seq = S/cp tokens per row (BlockDims::seq, BlockDims::cp) with RoPE at the true positions.
 //
 // 2. All-gather attention (Llama 3's choice). Before attention each rank all-gathers the keys
 //    and values of the whole sequence, [B, S, nkv, hd] each, and computes its own queries
@@ -83,16 +83,16 @@ ContextAlgo parse_context_algo(std::string_view name) {
 }
 
 Batch context_slice(const Batch& b, int cp, int rank) {
-  if (b.T % (2 * cp) != 0)  // ParallelPlan::check_sequence tells the user first
-    throw Error("context_slice: " + std::to_string(b.T) + " tokens per row do not cut into " + std::to_string(2 * cp) + " chunks");
-  const int64_t c = b.T / (2 * cp), first = rank * c, second = (2 * cp - 1 - rank) * c;
+  if (b.seq % (2 * cp) != 0)  // ParallelPlan::check_sequence tells the user first
+    throw Error("context_slice: " + std::to_string(b.seq) + " tokens per row do not cut into " + std::to_string(2 * cp) + " chunks");
+  const int64_t c = b.seq / (2 * cp), first = rank * c, second = (2 * cp - 1 - rank) * c;
   Batch out;
   out.B = b.B;
-  out.T = 2 * c;
+  out.seq = 2 * c;
   out.docs = b.docs;  // whole rows: the keys of every rank's chunks
   for (int64_t r = 0; r < b.B; ++r)
     for (const int64_t start : {first, second}) {
-      const auto at = r * b.T + start;
+      const auto at = r * b.seq + start;
       out.tokens.insert(out.tokens.end(), b.tokens.begin() + at, b.tokens.begin() + at + c);
       out.targets.insert(out.targets.end(), b.targets.begin() + at, b.targets.begin() + at + c);
     }
@@ -111,13 +111,13 @@ int64_t global_chunk(int64_t rank, int64_t part, int64_t cp) { return part == 0 
 // Copies by rank -> whole (to_whole) or whole -> by rank.
 template <class T>
 void relayout(T* whole, T* by_rank, const BlockDims& d, bool to_whole) {
-  const int64_t c = d.cp_chunk(), S = d.T * d.cp, row = d.nkv * d.hd, n = d.BT() * row, all = d.B * S * row;
+  const int64_t c = d.cp_chunk(), S = d.seq * d.cp, row = d.nkv * d.hd, n = d.BT() * row, all = d.B * S * row;
   for (int64_t r = 0; r < d.cp; ++r)
     for (int64_t which = 0; which < 2; ++which)
       for (int64_t b = 0; b < d.B; ++b)
         for (int64_t part = 0; part < 2; ++part) {
           T* w = whole + which * all + (b * S + global_chunk(r, part, d.cp) * c) * row;
-          T* mine = by_rank + (r * 2 + which) * n + (b * d.T + part * c) * row;
+          T* mine = by_rank + (r * 2 + which) * n + (b * d.seq + part * c) * row;
           to_whole ? ops::copy(w, mine, c * row) : ops::copy(mine, w, c * row);
         }
 }
@@ -128,7 +128,7 @@ void relayout(T* whole, T* by_rank, const BlockDims& d, bool to_whole) {
 // the same true positions.
 ops::AttentionShape part_shape(const BlockDims& d, int64_t b, int64_t part) {
   const int64_t c = d.cp_chunk(), start = d.cp_part_start(part);
-  const int32_t* row_doc = d.doc ? d.doc + b * d.T * d.cp : nullptr;
+  const int32_t* row_doc = d.doc ? d.doc + b * d.seq * d.cp : nullptr;
   return {.B = 1, .Tq = c, .Tk = start + c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = start, .k_start = 0,
           .q_doc = row_doc ? row_doc + start : nullptr, .k_doc = row_doc, .operands = d.operands()};
 }
@@ -162,12 +162,12 @@ Buffer<T> gather_key_values(ProcessGroup& cp, const T* k, const T* v, const Bloc
 template <class T>
 void ContextParallelComm<T>::attention(T* out, T* lse, const T* q, const T* k, const T* v, const BlockDims& d) {
   if (algo_ == ContextAlgo::ring) return ring_attention(out, lse, q, k, v, d);
-  const int64_t c = d.cp_chunk(), S = d.T * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
+  const int64_t c = d.cp_chunk(), S = d.seq * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
   const int64_t whole = d.B * S * kvrow;
   const Buffer<T> kv = gather_key_values(cp_, k, v, d, label::kCpAllGather);
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t part = 0; part < 2; ++part) {
-      const int64_t at = (b * d.T + part * c) * qrow;  // this part's queries and outputs
+      const int64_t at = (b * d.seq + part * c) * qrow;  // this part's queries and outputs
       ops::attention_forward(out + at, lse + (b * 2 + part) * d.nh * c, q + at, kv.data() + b * S * kvrow,
                              kv.data() + whole + b * S * kvrow, part_shape(d, b, part));
     }
@@ -177,7 +177,7 @@ template <class T>
 void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                                                 const T* out, const T* lse, const BlockDims& d) {
   if (algo_ == ContextAlgo::ring) return ring_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d);
-  const int64_t c = d.cp_chunk(), S = d.T * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
+  const int64_t c = d.cp_chunk(), S = d.seq * d.cp, qrow = d.nh * d.hd, kvrow = d.nkv * d.hd;
   const int64_t whole = d.B * S * kvrow, n = d.BT() * kvrow;
   Buffer<T> kv = gather_key_values(cp_, k, v, d, label::kCpAllGatherBackward);
   MemoryTracker* memory = &cp_.memory();
@@ -186,7 +186,7 @@ void ContextParallelComm<T>::attention_backward(T* dq, T* dk, T* dv, const T* do
   ops::fill(dkv.data(), T(0), 2 * whole);
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t part = 0; part < 2; ++part) {
-      const int64_t at = (b * d.T + part * c) * qrow;
+      const int64_t at = (b * d.seq + part * c) * qrow;
       ops::attention_backward(dq + at, dkv.data() + b * S * kvrow, dkv.data() + whole + b * S * kvrow, dout + at,
                               q + at, kv.data() + b * S * kvrow, kv.data() + whole + b * S * kvrow, out + at,
                               lse + (b * 2 + part) * d.nh * c, part_shape(d, b, part));
@@ -221,7 +221,7 @@ ChunkPair chunk_pair(const BlockDims& d, int64_t b, int64_t src, int64_t qp, int
   ChunkPair pair{gk > gq, {.B = 1, .Tq = c, .Tk = c, .nh = d.nh, .nkv = d.nkv, .hd = d.hd, .q_start = gq * c,
                            .k_start = gk * c, .operands = d.operands()}};
   if (d.doc) {
-    const int32_t* row_doc = d.doc + b * d.T * d.cp;
+    const int32_t* row_doc = d.doc + b * d.seq * d.cp;
     pair.shape.q_doc = row_doc + gq * c;
     pair.shape.k_doc = row_doc + gk * c;
     pair.skip = pair.skip || pair.shape.k_doc[c - 1] < pair.shape.q_doc[0];
@@ -241,7 +241,7 @@ void for_each_visible_pair(const BlockDims& d, int64_t src, Fn&& fn) {
       for (int64_t kp = 0; kp < 2; ++kp) {
         const ChunkPair pair = chunk_pair(d, b, src, qp, kp);
         if (!pair.skip)
-          fn((b * d.T + qp * c) * qrow, (b * d.T + kp * c) * kvrow, (b * 2 + qp) * d.nh * c, pair.shape);
+          fn((b * d.seq + qp * c) * qrow, (b * d.seq + kp * c) * kvrow, (b * 2 + qp) * d.nh * c, pair.shape);
       }
 }
 

@@ -45,7 +45,7 @@ class SequentialPasses final : public Passes<T> {
     const int count = int(micro_batches.size());
     for (int m = 0; m < count; ++m) {
       const Batch& b = micro_batches[size_t(m)];
-      const LossSum part = model.forward(b.tokens.data(), b.targets.data(), b.B, b.T, b.documents());
+      const LossSum part = model.forward(b.tokens.data(), b.targets.data(), b.B, b.seq, b.documents());
       total.loss_sum += part.loss_sum;
       total.tokens += part.tokens;
       events.begin_backward_pass(m, count);
@@ -56,7 +56,7 @@ class SequentialPasses final : public Passes<T> {
   }
   LossSum evaluate(Llama<T>& model, const Batch& b) override {
     MicroBatchState<T> st;  // dropped at once: no backward follows
-    return model.forward(st, model.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T, b.documents());
+    return model.forward(st, model.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq, b.documents());
   }
 };
 

@@ -61,7 +61,7 @@ std::string span_name(const PipelineAction& a) {
 template <class T>
 int64_t boundary_numel(const Llama<T>& model, const Batch& b) {
   const TpLayout& tp = model.tp_layout();
-  const int64_t BT = b.B * b.T, sp = tp.sequence_parallel ? tp.tp : 1, r = tp.sequence_parallel ? tp.rank : 0;
+  const int64_t BT = b.B * b.seq, sp = tp.sequence_parallel ? tp.tp : 1, r = tp.sequence_parallel ? tp.rank : 0;
   return (BlockDims::sequence_row0(BT, sp, r + 1) - BlockDims::sequence_row0(BT, sp, r)) * model.config().hidden_size;
 }
 
@@ -143,7 +143,7 @@ LossSum PipelineRunner<T>::train(Llama<T>& model, const std::vector<Batch>& micr
         ComputeScope span(trace, span_name(a));
         const bool first = units.contains(embedding_unit()), last = units.contains(head);
         const LossSum part = model.forward(st, units, first ? b.tokens.data() : nullptr, last ? b.targets.data() : nullptr,
-                                           first ? nullptr : inbox[k].data(), b.B, b.T, b.documents());
+                                           first ? nullptr : inbox[k].data(), b.B, b.seq, b.documents());
         inbox[k].reset();
         loss.loss_sum += part.loss_sum;
         loss.tokens += part.tokens;
@@ -200,7 +200,7 @@ LossSum PipelineRunner<T>::evaluate(Llama<T>& model, const Batch& b) {
     MicroBatchState<T> st;  // dropped after the send: no backward follows
     const bool first = stage == 0, last = stage == S - 1;
     const LossSum part = model.forward(st, units, first ? b.tokens.data() : nullptr, last ? b.targets.data() : nullptr,
-                                       first ? nullptr : in.data(), b.B, b.T, b.documents());
+                                       first ? nullptr : in.data(), b.B, b.seq, b.documents());
     loss.loss_sum += part.loss_sum;
     loss.tokens += part.tokens;
     if (!last) {

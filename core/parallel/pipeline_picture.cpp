@@ -223,6 +223,12 @@ std::string pipeline_text(const PipelinePicture& p, int columns) {
   bool show_chunk = last_chunk > 1;
   for (const auto& row : rows)
     for (const Placed& x : row) show_chunk = show_chunk && int(with_chunk(x.box).size()) <= x.to - x.from;
+  // The micro-batch likewise, all or none: where narrow boxes lose their number and wide ones
+  // keep it, neighbours run together ("FF1FF3" for F F1 F F3) and no box can be told apart.
+  bool show_number = true;
+  for (const auto& row : rows)
+    for (const Placed& x : row)
+      show_number = show_number && int((letter(x.box) + std::to_string(x.box.micro_batch)).size()) <= x.to - x.from;
 
   const std::string last_rank = "rank " + std::to_string(std::max(p.ranks - 1, 0));
   const std::vector<double> bubble = p.bubble_fraction();
@@ -231,8 +237,9 @@ std::string pipeline_text(const PipelinePicture& p, int columns) {
     std::string cells(size_t(columns), '.');
     for (const Placed& x : rows[size_t(r)]) {
       const size_t width = size_t(x.to - x.from);
-      std::string label = show_chunk ? with_chunk(x.box) : letter(x.box) + std::to_string(x.box.micro_batch);
-      if (label.size() > width) label = std::string(1, letter(x.box));
+      std::string label = show_chunk    ? with_chunk(x.box)
+                          : show_number ? letter(x.box) + std::to_string(x.box.micro_batch)
+                                        : std::string(1, letter(x.box));
       label.resize(width, ' ');
       cells.replace(size_t(x.from), width, label);
     }
@@ -248,7 +255,9 @@ std::string pipeline_text(const PipelinePicture& p, int columns) {
 
   std::string legend;
   for (const OpKind* k : ops_present(p)) legend += std::string(1, k->letter) + " " + k->word + ", ";
-  legend += ". idle; the number is the micro-batch";
+  legend += show_number ? ". idle; the number is the micro-batch"
+                        : ". idle; one letter per action (some boxes are too narrow for their micro-batch: more "
+                          "columns show them)";
   if (last_chunk >= 1) legend += show_chunk ? ", :c the chunk (lowercase: chunk >= 1)" : "; lowercase: chunk >= 1";
   return out + legend + "\n";
 }

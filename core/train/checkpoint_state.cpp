@@ -90,6 +90,7 @@ void save_training_checkpoint(const std::string& dir, const Llama<T>& model, con
 
 TrainingCheckpointInfo read_training_state(const std::string& dir) {
   const std::string path = dir + "/" + kTrainerStateFile;
+  recover_interrupted_replace(dir);  // a save killed between its two renames (no atomic exchange)
   if (!std::filesystem::exists(path))
     throw InputError(dir + " is not a training checkpoint (no " + kTrainerStateFile + ")");
   const nlohmann::json j = read_json_file(path);

@@ -17,7 +17,7 @@ LossSum evaluate_loss(Llama<T>& model, TokenSpan split, int64_t seq_len, int64_t
   for (int64_t w = 0; w < windows; w += rows_per_forward) {
     Batch b = eval_windows(split, seq_len, w, std::min(windows, w + rows_per_forward));
     if (doc_mask) mark_documents(b);
-    const LossSum part = model.forward(b.tokens.data(), b.targets.data(), b.B, b.T, b.documents());
+    const LossSum part = model.forward(b.tokens.data(), b.targets.data(), b.B, b.seq, b.documents());
     total.loss_sum += part.loss_sum;
     total.tokens += part.tokens;
   }

@@ -57,7 +57,7 @@ StepStats Trainer<T>::step() {
     model_.zero_grad();
     Batch b = sample_rows(data_.train(), opt_.seq_len, opt_.seed, s, m * mb, (m + 1) * mb);
     if (opt_.doc_mask) mark_documents(b);
-    const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.T, b.documents());
+    const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.seq, b.documents());
     loss.loss_sum += part.loss_sum;  // in fp64, in micro-batch order: what all_reduce_loss adds
     loss.tokens += part.tokens;
     model_.backward(loss_scale);

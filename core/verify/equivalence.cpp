@@ -116,9 +116,9 @@ constexpr double kPlainTolerance = 1e-12;
 Batch slice_rows(const Batch& b, int64_t r0, int64_t r1) {
   Batch out;
   out.B = r1 - r0;
-  out.T = b.T;
-  out.tokens.assign(b.tokens.begin() + r0 * b.T, b.tokens.begin() + r1 * b.T);
-  out.targets.assign(b.targets.begin() + r0 * b.T, b.targets.begin() + r1 * b.T);
+  out.seq = b.seq;
+  out.tokens.assign(b.tokens.begin() + r0 * b.seq, b.tokens.begin() + r1 * b.seq);
+  out.targets.assign(b.targets.begin() + r0 * b.seq, b.targets.begin() + r1 * b.seq);
   return out;
 }
 
@@ -301,7 +301,7 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
         rank_loss[size_t(d)] += tp->forward_backward(b, loss_scale);
         return;
       }
-      rank_loss[size_t(d)] += model.forward(b.tokens.data(), b.targets.data(), b.B, b.T, b.documents()).loss_sum;
+      rank_loss[size_t(d)] += model.forward(b.tokens.data(), b.targets.data(), b.B, b.seq, b.documents()).loss_sum;
       model.backward(loss_scale);
     };
     // The flat gradient, and with tied embeddings under pipeline parallelism the head's part of

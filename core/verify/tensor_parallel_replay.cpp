@@ -153,7 +153,7 @@ struct TensorParallelReplay<T>::Pass {
   BackendArray<T> dx, dh;               // [BT, C] the residual gradient, and at the attention's output
 
   Pass(TensorParallelReplay& replay, const Batch& b, T scale)
-      : rp(replay), B(b.B), seq(b.T), BT(b.B * b.T), C(replay.cfg_.hidden_size), hd(replay.cfg_.head_dim),
+      : rp(replay), B(b.B), seq(b.seq), BT(b.B * b.seq), C(replay.cfg_.hidden_size), hd(replay.cfg_.head_dim),
         L(replay.cfg_.num_hidden_layers), nh(replay.cfg_.num_attention_heads), nkv(replay.cfg_.num_key_value_heads),
         I(replay.cfg_.intermediate_size), eps(T(replay.cfg_.rms_norm_eps)), loss_scale(scale), token_ids(b.tokens),
         target_ids(b.targets), tokens(token_ids.data()), targets(target_ids.data()), doc(b.documents()),

@@ -55,12 +55,12 @@ Questions questions_for(int64_t W, int64_t M, int64_t b) {
       .batch = "How many sequences does one step train on (the global batch B), with W = " + std::to_string(W) +
                " ranks, M = " + std::to_string(M) + " micro-batch(es) per rank, b = " + std::to_string(b) + " rows each?",
       .state = "How many bytes of model state (params + grads + AdamW) does each rank hold?",
-      .grads = "How many bytes does each rank send per step to all-reduce the gradients?",
+      .grads = "How many bytes does rank 0 send per step to all-reduce the gradients?",
       .calls = "How many gradient all-reduces does each rank issue per step with M = " + std::to_string(M) +
                " micro-batch(es)?",
-      .total = "How many bytes does each rank send in all during a step?",
-      .steps = "On the simulated clock, how long does a step take for W = 1, 2, 4 and 8 (ns)?",
-      .exposed = "On the simulated clock, how long is each rank's compute blocked on communication per step (ns)?",
+      .total = "How many bytes does rank 0 send in all during a step?",
+      .steps = "On the simulated clock, how long does a step take for W = 1, 2, 4 and 8 (ns)? Predict the largest W's.",
+      .exposed = "On the simulated clock, how long is rank 0's compute blocked on communication per step (ns)?",
   };
 }
 
@@ -259,6 +259,8 @@ void show_throughput(Narrator& say, ExerciseSheet& sheet, const DpLesson& l) {
               "M x the forward + backward FLOPs per rank / GPU rate + the exposed communication of E6", w_lo, w_hi,
               w_measured, "Per W (the columns are W = 1, 2, 4, 8 as far as one node holds them, not ranks); within 1 ns "
               "of rounding.");
+  const int64_t largest = int64_t(1) << (w_measured.size() - 1);
+  sheet.answer("E7", {.value = double(w_measured.back()), .unit = "ns", .of = "W = " + std::to_string(largest), .tolerance = 1});
 }
 
 int run(const LessonOptions& o) {

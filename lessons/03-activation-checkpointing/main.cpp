@@ -154,7 +154,7 @@ Measured measure(const LlamaConfig& cfg, const Checkpointing& ac, const Batch& b
   RankTrace clock(0, RankTrace::Clock::now(), ClusterSpec{}.gpu_tflops);
   ops::ScopedFlopSink charge(&clock);
   Measured m;
-  m.loss = model.forward(b.tokens.data(), b.targets.data(), b.B, b.T).loss_sum;
+  m.loss = model.forward(b.tokens.data(), b.targets.data(), b.B, b.seq).loss_sum;
   m.after_forward = model.memory().live(MemoryCategory::activations);
   model.backward(float(1.0 / double(b.counted_targets())));
   m.simulated_us = clock.totals().clock_us;
@@ -202,7 +202,7 @@ std::vector<double> time_policy(const LlamaConfig& cfg, const Checkpointing& ac,
   for (int i = 0; i <= steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     model.zero_grad();
-    model.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+    model.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
     model.backward(scale);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i > 0) seconds.push_back(s);
@@ -251,6 +251,7 @@ std::string sheet_report(const ExerciseSheet& sheet, const std::map<std::string,
     table.erase(first + 1, second - first);  // no underline under the header: an inline table
     out += table;
     if (e.contains("note")) out += "       " + e.at("note").get<std::string>() + "\n";
+    if (const std::string v = sheet.verdict_line(id); !v.empty()) out += "       " + v + "\n";
     out += "\n";
   }
   return out + std::to_string(passed) + " of " + std::to_string(total) + " exercises PASS\n";
@@ -294,7 +295,7 @@ struct AcRun {
   TrainOptions train;
   TextDataset data;
   Batch batch;
-  int64_t B = 0, T = 0;
+  int64_t B = 0, seq = 0;
   Sizes d;  // bytes of what the tokens, a block and the head store for this batch
 };
 
@@ -318,9 +319,16 @@ AcRun ac_run(const LessonOptions& o, const AcArgs& a) {
   r.train = o.train_options();
   r.data = load_dataset(default_corpus_path(), r.train.seq_len);
   r.batch = sample_rows(r.data.train(), r.train.seq_len, r.train.seed, 0, 0, o.rows);
-  r.B = r.batch.B, r.T = r.batch.T;
-  r.d = sizes_of(r.cfg, r.B, r.T);
+  r.B = r.batch.B, r.seq = r.batch.seq;
+  r.d = sizes_of(r.cfg, r.B, r.seq);
   return r;
+}
+
+// The policy that checkpoints every block (full, every:1), if the run has one.
+std::optional<size_t> full_index(const AcRun& r) {
+  for (size_t i = 0; i < r.policies.size(); ++i)
+    if (r.policies[i].ac.kind == Checkpointing::Kind::every && r.policies[i].ac.every == 1) return i;
+  return std::nullopt;
 }
 
 // How many times its input a block's activations are.
@@ -350,7 +358,7 @@ struct LabelledSheet {
 void show_block_storage(Narrator& say, const LessonOptions& o, const AcRun& r) {
   const LlamaConfig& cfg = r.cfg;
   const Sizes& d = r.d;
-  const int64_t B = r.B, T = r.T, C = cfg.hidden_size, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads,
+  const int64_t B = r.B, T = r.seq, C = cfg.hidden_size, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads,
                 hd = cfg.head_dim, I = cfg.intermediate_size, V = cfg.vocab_size;
   say.phase("the model, the batch, and what a block stores");
   say.say("Model '" + o.preset + "': L = " + std::to_string(r.L) + " blocks, C = " + std::to_string(C) + ", nh = " +
@@ -395,6 +403,7 @@ struct MemoryRuns {
 
 MemoryRuns show_memory_per_policy(Narrator& say, const AcRun& r) {
   say.phase("activation memory per policy: formula vs allocator");
+  say.ask("A1", "Without checkpointing (none), how many bytes of activations does the forward leave for the backward?");
   MemoryRuns mem;
   for (const Policy& p : r.policies) mem.runs.push_back(measure(r.cfg, p.ac, r.batch, r.train.seed));
   mem.none_peak = mem.runs[r.none_index].peak;
@@ -439,14 +448,14 @@ void show_wall_clock(Narrator& say, const AcArgs& a, const AcRun& r, Price& pric
           fixed(a.gemm_seconds, 1) + " s ...\n");
   for (const Policy& p : r.policies) price.seconds.push_back(time_policy(r.cfg, p.ac, r.batch, r.train.seed, a.timing_steps));
   price.peak_flops = ops::measure_peak_gemm_flops(1024, a.gemm_seconds);
-  price.train_per_token = training_flops_per_token(r.cfg, r.T);
+  price.train_per_token = training_flops_per_token(r.cfg, r.seq);
   const double peak_flops = price.peak_flops, train_per_token = price.train_per_token;
-  const double tokens = double(r.B * r.T), t_none = median(price.seconds[r.none_index]);
+  const double tokens = double(r.B * r.seq), t_none = median(price.seconds[r.none_index]);
   std::vector<std::vector<std::string>> rows = {{"policy", "recompute FLOP/token", "+% FLOPs", "fwd+bwd ms (median)",
                                                  "+% time", "MFU", "HFU"}};
   for (size_t i = 0; i < r.policies.size(); ++i) {
-    const double re = recompute_flops_per_token(r.cfg, r.T, r.policies[i].ac), t = median(price.seconds[i]);
-    price.exp_recompute.push_back(recompute_formula(r.cfg, r.T, r.policies[i].ac));
+    const double re = recompute_flops_per_token(r.cfg, r.seq, r.policies[i].ac), t = median(price.seconds[i]);
+    price.exp_recompute.push_back(recompute_formula(r.cfg, r.seq, r.policies[i].ac));
     price.m_recompute.push_back(std::llround(re));
     price.medians.push_back(t);
     price.mfu.push_back(tokens * train_per_token / t / peak_flops);
@@ -467,7 +476,7 @@ void show_simulated_clock(Narrator& say, const AcRun& r, const MemoryRuns& mem, 
   const double tflops = ClusterSpec{}.gpu_tflops;
   std::vector<std::vector<std::string>> rows = {{"policy", "fwd+bwd us (simulated)", "+% time", "formula us"}};
   for (size_t i = 0; i < r.policies.size(); ++i) {
-    const double f = simulated_formula_us(r.cfg, r.policies[i].ac, r.B, r.T, tflops);
+    const double f = simulated_formula_us(r.cfg, r.policies[i].ac, r.B, r.seq, tflops);
     const double us = mem.runs[i].simulated_us;
     price.sim_formula.push_back(ns(f));
     price.sim_measured.push_back(ns(us));
@@ -482,6 +491,8 @@ void show_simulated_clock(Narrator& say, const AcRun& r, const MemoryRuns& mem, 
 
 Price show_price(Narrator& say, const AcArgs& a, const AcRun& r, const MemoryRuns& mem) {
   say.phase("the price: recomputation, MFU and HFU");
+  say.ask("F1", "How many FLOPs does one training token cost, forward + backward, without recomputation?");
+  if (full_index(r)) say.ask("F2", "How many FLOPs per token does full checkpointing add by recomputing?");
   Price price;
   show_wall_clock(say, a, r, price);
   show_simulated_clock(say, r, mem, price);
@@ -510,6 +521,7 @@ Spacing show_checkpoint_spacing(Narrator& say, const AcRun& r) {
   const int L = r.L;
   const Sizes& d = r.d;
   say.phase("where to put the checkpoints: every:k for k = 1.." + std::to_string(L));
+  say.ask("K2", "Which k of every:k needs the least activation memory (the smallest, if several tie)?");
   Spacing sp;
   std::vector<std::vector<std::string>> rows = {{"k", "kept inputs", "forward", "head", "backward (worst run)",
                                                  "peak formula", "peak measured", ""}};
@@ -588,11 +600,11 @@ void run_zero3_with_ac(Narrator& say, const LessonOptions& o, const AcArgs& a, c
   s.cluster = o.cluster_options();
   say.say("\nAnd on " + std::to_string(o.ranks) + " virtual GPUs: " + s.plan.describe() + ",\n" +
           std::to_string(r.train.steps) + " AdamW step(s), each rank " + std::to_string(o.micro_batches) +
-          " micro-batch(es) of " + std::to_string(o.rows) + " x " + std::to_string(r.T) +
+          " micro-batch(es) of " + std::to_string(o.rows) + " x " + std::to_string(r.seq) +
           ", replayed on one device without checkpointing ...\n");
   e.report = run_equivalence(s, r.data);
   e.equivalent = e.report.ok && (s.cluster.algo != ReduceAlgo::ordered || e.report.bitwise);
-  const int64_t rank_peak = peak_formula(sizes_of(r.cfg, o.rows, r.T), s.plan.ac);
+  const int64_t rank_peak = peak_formula(sizes_of(r.cfg, o.rows, r.seq), s.plan.ac);
   for (size_t k = 0; k < e.report.memory.size(); ++k) {
     e.rank_labels.push_back("rank " + std::to_string(k));
     e.zero_expected.push_back(rank_peak);
@@ -612,6 +624,16 @@ Equivalence show_equivalence(Narrator& say, const LessonOptions& o, const AcArgs
 
 // ---- exercises ------------------------------------------------------------------------------------
 
+// What the questions asked name: none's column of A1, full's of F2, the least k of K2.
+void answer_questions(ExerciseSheet& sheet, const AcRun& r, const MemoryRuns& mem, const Price& price,
+                      const Spacing& sp) {
+  sheet.answer("A1", {.value = double(mem.m_forward[r.none_index]), .unit = "bytes", .of = "none"});
+  sheet.answer("F1", {.value = double(std::llround(price.train_per_token)), .unit = "FLOPs", .of = "per token"});
+  if (const std::optional<size_t> i = full_index(r))
+    sheet.answer("F2", {.value = double(price.m_recompute[*i]), .unit = "FLOPs", .of = r.labels[*i]});
+  sheet.answer("K2", {.value = double(sp.best_measured.front()), .unit = "k", .of = "every:k"});
+}
+
 LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const MemoryRuns& mem, const Price& price,
                              const Spacing& sp, const Equivalence& e) {
   LabelledSheet x;
@@ -626,7 +648,7 @@ LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const Memor
   x.exact("A3", r.labels, "How many bytes of activations are left when the backward returns?",
           "none: each unit's activations and input are freed by its backward", mem.exp_left, mem.m_left);
   x.exact("F1", {"per token"}, "How many FLOPs does one training token cost (forward + backward)?",
-          "6 (L (2 C nh hd + 2 C nkv hd + 3 C I) + V C) + 12 L nh hd T", {training_formula(r.cfg, r.T)},
+          "6 (L (2 C nh hd + 2 C nkv hd + 3 C I) + V C) + 12 L nh hd T", {training_formula(r.cfg, r.seq)},
           {std::llround(price.train_per_token)},
           "The MFU numerator; an embedding lookup is no matmul, RMSNorm and SwiGLU are O(C) per token.");
   x.exact("F2", r.labels, "How many FLOPs per token does each policy add by recomputing?",
@@ -659,6 +681,7 @@ LabelledSheet check_formulas(const LessonOptions& o, const AcRun& r, const Memor
           "the A2 formula for one rank's micro-batch (B = " + std::to_string(o.rows) +
               "): sharding the state does not change what a rank's forward keeps",
           e.zero_expected, e.zero_measured);
+  answer_questions(x.sheet, r, mem, price, sp);
   return x;
 }
 
@@ -691,7 +714,7 @@ nlohmann::json summary_json(const LessonOptions& o, const AcRun& r, const Memory
   return {{"lesson", "03-activation-checkpointing"},
           {"preset", o.preset},
           {"parameters", cfg.num_parameters()},
-          {"shape", {{"B", r.B}, {"T", r.T}, {"C", cfg.hidden_size}, {"nh", cfg.num_attention_heads},
+          {"shape", {{"B", r.B}, {"T", r.seq}, {"C", cfg.hidden_size}, {"nh", cfg.num_attention_heads},
                      {"nkv", cfg.num_key_value_heads}, {"hd", cfg.head_dim}, {"I", cfg.intermediate_size},
                      {"V", cfg.vocab_size}, {"L", r.L}}},
           {"bytes", {{"x", d.x()}, {"block", d.block()}, {"kept", d.kept()}, {"recomputable", d.recomputable()},
@@ -707,6 +730,7 @@ nlohmann::json summary_json(const LessonOptions& o, const AcRun& r, const Memory
           {"plan", e.s.plan.to_json()},
           {"zero3_memory_peak", memory_json(e.report.memory)},
           {"exercises", sheet.to_json()},
+          {"asked", sheet.asked_json()},
           {"equivalence", equivalence_json(e.report)},
           {"passed", passed}};
 }
@@ -721,7 +745,9 @@ int run(const LessonOptions& o, const AcArgs& a) {
   const Equivalence e = show_equivalence(say, o, a, r, mem);
 
   say.phase("exercises: formula vs measured");
-  const LabelledSheet x = check_formulas(o, r, mem, price, spacing, e);
+  LabelledSheet x = check_formulas(o, r, mem, price, spacing, e);
+  x.sheet.set_predictions(say.predictions());
+  x.sheet.set_asked(say.asked());
   say.say(sheet_report(x.sheet, x.columns));
   say.pause();
 

@@ -258,7 +258,7 @@ struct TpLesson {
   TextDataset data;
   int tp, dp, W;
   bool sp, full;  // sequence parallelism; full activation checkpointing
-  int64_t B, T, BT, M;
+  int64_t B, seq, BT, M;
   ReduceAlgo algo;
   const LlamaConfig& cfg() const { return s.model; }
 };
@@ -282,7 +282,7 @@ TpLesson set_up(LessonOptions& o, const TpArgs& a) {
   const bool sp = s.plan.sequence_parallel;
   const ReduceAlgo algo = s.cluster.algo;
   return {.o = o, .s = std::move(s), .data = std::move(data), .tp = tp, .dp = dp, .W = W, .sp = sp,
-          .full = a.ac == "full", .B = o.rows, .T = o.seq_len, .BT = o.rows * o.seq_len, .M = o.micro_batches,
+          .full = a.ac == "full", .B = o.rows, .seq = o.seq_len, .BT = o.rows * o.seq_len, .M = o.micro_batches,
           .algo = algo};
 }
 
@@ -310,6 +310,7 @@ void show_slices(Narrator& say, const TpLesson& l, const PhaseView& p) {
   const int tp = l.tp;
   const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, V = cfg.vocab_size;
   say.phase("what each rank holds (" + p.strategy + ")");
+  say.ask("T1", "How many bytes of parameters does rank 0 hold?");
   say.say("Every weight is cut " + std::to_string(tp) +
           " ways. Shapes are Hugging Face's [out, in]: a column-parallel layer (Megatron's Y = XA with A split by "
           "columns)\nholds a block of out-features, i.e. ROWS of the [out, in] tensor; a row-parallel layer holds "
@@ -338,7 +339,13 @@ std::vector<PhaseView> train_and_show_steps(Narrator& say, const TpLesson& l) {
                          std::string(l.dp == 1 ? ": over a data-parallel group of one rank they move nothing." : "."),
                      " (scratch: the backward's temporaries)");
   return run_phases(l.s, l.data, [&](const PhaseView& p) {
-    if (p.step > 0) return steps.show(p);
+    if (p.step > 0)
+      return steps.show(p, [&] {
+        if (p.step != 1) return;
+        say.ask("T3", "How many collectives per step do the blocks' f and g operators make on rank 0?");
+        say.ask("T4", "How many bytes does rank 0 send for them per step?");
+        say.ask("T10", "How many bytes does rank 0 send in all, per step?");
+      });
     show_slices(say, l, p);
   });
 }
@@ -417,6 +424,10 @@ void check_slices_and_f_g(ExerciseSheet& sheet, const TpLesson& l, const Expecte
               "the vocabulary-parallel embedding's partial lookups (a g) and the LM head's input gradient (an f): 2 M "
               "[B*T, C] sums" + std::string(sp ? ", as reduce-scatters and all-gathers" : ""),
               2.0 * double(M) * ring * BTC4, e.ends, m.ends);
+  // The questions asked name rank 0.
+  sheet.answer("T1", {.value = double(m.params[0]), .unit = "bytes", .of = "rank 0"});
+  sheet.answer("T3", {.value = double(m.block_calls[0]), .unit = "collectives", .of = "rank 0"});
+  sheet.answer("T4", {.value = double(m.block[0]), .unit = "bytes", .of = "rank 0"});
 }
 
 // T6-T10: the vocabulary-parallel loss, the replicated key/value heads, SP's norm gains, the
@@ -449,6 +460,7 @@ void check_loss_replicas_and_total(ExerciseSheet& sheet, const TpLesson& l, cons
                                                             : "") +
                   ": nothing else moves",
               -1, e.total, m.total);
+  sheet.answer("T10", {.value = double(m.total[0]), .unit = "bytes", .of = "rank 0"});
 }
 
 // T11, T12: the collectives on the simulated clock (one node: every hop is NVLink).
@@ -505,8 +517,8 @@ void check_sp_against_plain(ExerciseSheet& sheet, const TpLesson& l, const Phase
   const bool sp = l.sp, full = l.full;
   const PhaseView& on = sp ? this_run : other_run;
   const PhaseView& off = sp ? other_run : this_run;
-  const Expected e_on = sp ? e : expected(cfg, l.s.plan, l.B, l.T, M, full, l.algo, true);
-  const Expected e_off = sp ? expected(cfg, l.s.plan, l.B, l.T, M, full, l.algo, false) : e;
+  const Expected e_on = sp ? e : expected(cfg, l.s.plan, l.B, l.seq, M, full, l.algo, true);
+  const Expected e_off = sp ? expected(cfg, l.s.plan, l.B, l.seq, M, full, l.algo, false) : e;
   std::vector<int64_t> x_traffic, m_traffic, x_act, m_act_saved;
   for (size_t w = 0; w < size_t(l.W); ++w) {
     x_traffic.push_back(e_on.total[w] - e_off.total[w]);
@@ -567,7 +579,7 @@ int run(LessonOptions o, const TpArgs& a) {
   const std::vector<PhaseView> other = run_other_sp(l);
 
   say.phase("exercises: formula vs measured");
-  const Expected e = expected(l.cfg(), l.s.plan, l.B, l.T, l.M, l.full, l.algo, l.sp);
+  const Expected e = expected(l.cfg(), l.s.plan, l.B, l.seq, l.M, l.full, l.algo, l.sp);
   const Measured m = measure(phases.front(), phases.back());
   ExerciseSheet sheet;
   check_slices_and_f_g(sheet, l, e, m);

@@ -205,7 +205,7 @@ struct Lesson {
   RunSetup s{};                    // the main run: p pipeline ranks, one data rank
   Kind kind = Kind::one_f_one_b;   // --schedule
   int p = 0, m = 0, v = 1, L = 0;  // stages, micro-batches per step, chunks per rank (1 unless interleaved), layers
-  int64_t C = 0, B = 0, T = 0, N = 0;  // hidden size, rows per micro-batch, tokens per row, parameters
+  int64_t C = 0, B = 0, seq = 0, N = 0;  // hidden size, rows per micro-batch, tokens per row, parameters
   TextDataset data{};
   PipelineLayout layout{};  // the main run's stages
   TrainOptions one{};       // s.train for one step: the side runs
@@ -234,7 +234,7 @@ Lesson set_up(LessonOptions o, const PpArgs& a, Narrator& say) {
   s.plan.check_model(s.model, x.m);  // stages vs layers, m vs the schedule
   s.cluster = x.o.cluster_options();
   x.L = int(s.model.num_hidden_layers);
-  x.C = s.model.hidden_size, x.B = o.rows, x.T = o.seq_len, x.N = s.model.num_parameters();
+  x.C = s.model.hidden_size, x.B = o.rows, x.seq = o.seq_len, x.N = s.model.num_parameters();
   x.data = load_dataset(default_corpus_path(), s.train.seq_len);
   x.layout = s.plan.pipeline_layout(s.model);
   x.one = s.train;
@@ -252,8 +252,9 @@ void show_stages(Lesson& x) {
             " parameters, C = " + std::to_string(x.C) + ", vocabulary " + std::to_string(cfg.vocab_size) + ".\nMesh " +
             x.s.plan.describe_mesh() + ", schedule " + x.a.schedule +
             (v > 1 ? " with v = " + std::to_string(v) + " chunks per rank" : "") + ", m = " + std::to_string(x.m) +
-            " micro-batches of b = " + std::to_string(x.B) + " x s = " + std::to_string(x.T) +
+            " micro-batches of b = " + std::to_string(x.B) + " x s = " + std::to_string(x.seq) +
             " tokens per step.\nStages: " + x.layout.describe() + "\n\n");
+  x.say.ask("P1", "How many bytes of parameters does rank 0 allocate?");
   std::vector<std::vector<std::string>> rows = {{"rank", "virtual stages", "units", "parameters", "bytes (fp32)"}};
   for (int r = 0; r < p; ++r) {
     const std::vector<UnitRange> units = x.layout.rank_units(r, L);
@@ -267,7 +268,6 @@ void show_stages(Lesson& x) {
   }
   rows.push_back({"one device", "all", "everything", grouped(x.N), grouped(4 * x.N)});
   x.say.say(format_table(rows));
-  x.say.ask("P1", "How many bytes of parameters does rank 0 allocate?");
 }
 
 // The main run's steps, each shown as it ends; after construction, what each rank holds.
@@ -298,6 +298,7 @@ void check_stage_memory(Lesson& x, const PhaseView& at_rest) {
                 "4 x the parameters of its units: its layers (4 C^2-ish each), plus the embedding V C on the first "
                 "stage and the final norm + LM head C + V C on the last",
                 -1, e_params, m_params);
+  x.sheet.answer("P1", {.value = double(m_params[0]), .unit = "bytes", .of = "rank 0"});
   const int64_t sum = std::accumulate(m_state.begin(), m_state.end(), int64_t{0});
   x.sheet.exact("P2", "And model state (params + grads + AdamW)? Summed over the ranks?",
                 "16 bytes per parameter held; the ranks together hold exactly one device's 16 N = " + grouped(16 * x.N),
@@ -324,16 +325,15 @@ void draw_schedule(Lesson& x, Kind k, const char* id, nlohmann::json& drawn) {
   const int p = x.p, m = x.m, kv = k == Kind::interleaved ? x.a.chunks : 1;
   const PipelineSchedule sched = make_pipeline_schedule(k, p, m, kv);
   const StageCosts c = modelled_costs(k, kv);
-  if (k == Kind::one_f_one_b)
-    x.say.ask(id, "1F1B, p = " + std::to_string(p) + ", m = " + std::to_string(m) +
-                      ", F = 12 us, B = 24 us: how many microseconds does each rank sit idle in the step?");
   const PipelinePicture pic = run_modelled(sched, c);
   x.say.say(pipeline_text(pic, 96) + "\n");
   const double measured = bubble_of(pic), formula = pipeline_bubble_formula(k, p, m, kv, c);
   const bool zb_formula = k != Kind::zb_h1 || m >= p;
-  // Expected idle time per rank: the closed form, or for ZB-H1 with m < p the simulator's.
-  const double ideal = m * (c.forward + c.backward_input + c.backward_weight);
+  // Expected idle time per rank: the closed form, or for ZB-H1 with m < p the simulator's. The
+  // ideal time is every micro-batch through every chunk of a rank: m v (F + B) of one chunk.
+  const double ideal = double(m) * kv * (c.forward + c.backward_input + c.backward_weight);
   const double idle = zb_formula ? idle_formula_us(k, p, c) : simulate_pipeline_schedule(sched, c).makespan - ideal;
+  const double idle_rank0_us = pic.end_us - pic.busy_us()[0];
   std::vector<int64_t> lo, hi, got;
   for (int r = 0; r < p; ++r) {
     lo.push_back(ns(idle) - 1), hi.push_back(ns(idle) + 1);
@@ -345,20 +345,26 @@ void draw_schedule(Lesson& x, Kind k, const char* id, nlohmann::json& drawn) {
   x.say.say(fractions + "\n\n");
   x.sheet.range(id, "How many ns does each rank idle in one step of " + sched.name() + "?", idle_rule(k, zb_formula),
                 lo, hi, got, fractions);
+  // The question asked of 1F1B (B2) is in microseconds; the sheet's, in ns.
+  if (k == Kind::one_f_one_b)
+    x.sheet.answer(id, {.value = idle_rank0_us, .unit = "us", .of = "every rank", .tolerance = 0.0005});
   drawn[std::string(pipeline_schedule_name(k))] = {
       {"name", sched.name()}, {"bubble_measured", measured},
       {"bubble_formula", zb_formula ? nlohmann::json(formula) : nlohmann::json(nullptr)},
-      {"idle_us_per_rank", pic.end_us - pic.busy_us()[0]}, {"step_us", pic.end_us}};
+      {"idle_us_per_rank", idle_rank0_us}, {"step_us", pic.end_us}, {"idle_over_ideal", idle / ideal}};
   x.say.pause();
 }
 
 // B1-B4: every schedule drawn, its idle time against the formula.
 void draw_schedules(Lesson& x) {
   x.say.phase("the schedules, drawn from the simulated clock",
-              "core/parallel/pipeline_schedule.cpp (one function per schedule), pipeline_parallel.cpp (run_modelled_pipeline)");
+              "core/parallel/pipeline_schedule.cpp (one function per schedule), core/parallel/pipeline_parallel.cpp "
+              "(run_modelled_pipeline)");
   x.say.say("Uniform stages, free transfers: each action a fixed time on the simulated clock, F = I = W = 12 us (B = I + W "
             "= 24 us);\nthe interleaved schedule's chunks hold half a stage each, so their actions take 6 us. Letters: F "
             "forward, B backward,\nI/W the two halves of a backward (ZB-H1); lowercase: a rank's second chunk; '.' idle.\n\n");
+  x.say.ask("B2", "1F1B, p = " + std::to_string(x.p) + ", m = " + std::to_string(x.m) +
+                    ", F = 12 us, B = 24 us: how many microseconds does each rank sit idle in the step?");
   const char* bubble_id[] = {"B1", "B2", "B3", "B4"};
   nlohmann::json drawn = nlohmann::json::object();
   for (size_t i = 0; i < 4; ++i) {
@@ -425,7 +431,7 @@ ScheduleRuns measure_schedules(Lesson& x) {
             "modelled GPU runs at " + fixed(kSlowGpuTflops, 1) + " TFLOP/s:\non an H100's 989 these tiny stages would "
             "compute for nanoseconds and every picture would show the 1 us message latency instead\n(at Llama 3 "
             "405B's scale an action takes ~100 ms and a transfer ~1 ms; this keeps compute about that far ahead).\n\n");
-  x.say.ask("M2", "1F1B: how many micro-batches does rank 0 hold at most? And the last rank?");
+  x.say.ask("M2", "1F1B: at most how many micro-batches does rank 0 hold at once?");
   const int p = x.p, m = x.m, chunks = x.a.chunks;
   ScheduleRuns runs;
   for (Kind k : kAllSchedules) {
@@ -485,6 +491,7 @@ void check_in_flight(Lesson& x, const ScheduleRuns& runs) {
     x.sheet.exact(flight_id[i], "At most how many micro-batches does each rank hold under " +
                                     std::string(pipeline_schedule_name(k)) + " (trainer.pipeline()->peak_in_flight())?",
                   flight_rule[i], -1, e, got);
+    x.sheet.answer(flight_id[i], {.value = double(got[0]), .unit = "micro-batches", .of = "rank 0"});
   }
   for (Kind k : {Kind::gpipe, Kind::one_f_one_b}) {
     std::vector<int64_t> e, got;
@@ -504,7 +511,7 @@ void check_in_flight(Lesson& x, const ScheduleRuns& runs) {
 // T1, T2: what 1F1B's ranks send across their boundaries, per direction.
 void check_boundary_traffic(Lesson& x, const StepRun& f1b) {
   const int p = x.p, m = x.m;
-  const int64_t bsh = x.B * x.T * x.C;
+  const int64_t bsh = x.B * x.seq * x.C;
   std::vector<int64_t> e, got;
   std::vector<std::vector<std::string>> rows = {{"rank", "activations sent", "gradients sent", "messages"}};
   for (int r = 0; r < p; ++r) {
@@ -517,11 +524,12 @@ void check_boundary_traffic(Lesson& x, const StepRun& f1b) {
     got.push_back(act + grad);
   }
   x.say.say("One step of 1F1B (" + std::to_string(m) + " micro-batches of b s h = " + std::to_string(x.B) + " x " +
-            std::to_string(x.T) + " x " + std::to_string(x.C) + " = " + grouped(bsh) + " numbers):\n\n" + format_table(rows));
+            std::to_string(x.seq) + " x " + std::to_string(x.C) + " = " + grouped(bsh) + " numbers):\n\n" + format_table(rows));
   x.sheet.exact("T1", "How many bytes does each rank send per step?",
                 "m b s h numbers of activations to the next stage and m b s h of gradients to the previous: 4 m b s h "
                 "bytes per direction that rank has (the first and last stages have one direction)",
                 -1, e, got);
+  x.sheet.answer("T1", {.value = double(got[1]), .unit = "bytes", .of = "rank 1"});
   const int64_t total = std::accumulate(got.begin(), got.end(), int64_t{0});
   x.sheet.exact("T2", "How many numbers cross one stage boundary per step (all ranks' sends / boundaries)?",
                 "2 m b s h: m activations forward, m gradients back", double(2 * m * bsh), {2 * m * bsh},
@@ -531,7 +539,7 @@ void check_boundary_traffic(Lesson& x, const StepRun& f1b) {
 // T3: the interleaved schedule's v chunks per rank, each a stage with its own boundaries.
 void check_interleaved_traffic(Lesson& x, const StepRun& ir) {
   const int p = x.p, m = x.m, v = x.a.chunks;
-  const int64_t bsh = x.B * x.T * x.C;
+  const int64_t bsh = x.B * x.seq * x.C;
   std::vector<int64_t> e, got;
   for (int r = 0; r < p; ++r) {
     // Rank r holds stages r, p + r, ...: every one sends forward unless it is the last stage,
@@ -564,7 +572,8 @@ void compare_cuts(Lesson& x, Kind kind, const std::vector<int>& balanced, const 
             " layers: balanced " + join(balanced) + " and Llama 3's " + join(llama) +
             " (the last stage also runs the final norm, the LM head [V, C] and the loss; the first only looks up "
             "embeddings).\nCompute time per rank is FLOPs / the modelled GPU's rate.\n\n");
-  x.say.ask("L2", "Which cut finishes the step sooner, and by how many microseconds?");
+  x.say.ask("L2", "By how many microseconds does Llama 3's cut finish the step sooner than the balanced cut "
+                  "(negative: later)?");
   const StepRun rb = train_one_step(x.cfg(), pipeline_plan(p, kind, 1, balanced), x.one, x.o, x.data,
                                     "balanced " + join(balanced));
   const StepRun rl = train_one_step(x.cfg(), pipeline_plan(p, kind, 1, llama), x.one, x.o, x.data, "Llama 3 " + join(llama));
@@ -585,11 +594,15 @@ void compare_cuts(Lesson& x, Kind kind, const std::vector<int>& balanced, const 
                 "already has the most layers",
                 {0}, {ns(step_us(rb)) - 1}, {ns(step_us(rl))},
                 "Balanced " + fixed(step_us(rb), 3) + " us, Llama 3 " + fixed(step_us(rl), 3) + " us.");
+  x.sheet.answer("L2", {.value = step_us(rb) - step_us(rl), .unit = "us", .of = "the step", .tolerance = 0.0005});
   x.sheet.range("L3", "And the slowest stage's compute (ns)?",
                 "smaller: the slowest stage now holds max(layers) without the head, or fewer layers with it", {0},
                 {ns(busiest_us(rb)) - 1}, {ns(busiest_us(rl))});
+  std::vector<double> compute_b, compute_l;
+  for (int r = 0; r < p; ++r) compute_b.push_back(rb.time[size_t(r)].compute_us), compute_l.push_back(rl.time[size_t(r)].compute_us);
   x.extra["balancing"] = {{"balanced", balanced}, {"llama3", llama}, {"step_us_balanced", step_us(rb)},
-                          {"step_us_llama3", step_us(rl)}};
+                          {"step_us_llama3", step_us(rl)}, {"compute_us_balanced", compute_b},
+                          {"compute_us_llama3", compute_l}};
 }
 
 void show_stage_balancing(Lesson& x) {
@@ -612,7 +625,8 @@ void show_stage_balancing(Lesson& x) {
 // Z1: 1F1B's and ZB-H1's pictures of the real model, and their step times.
 void show_zero_bubble_split(Lesson& x, const ScheduleRuns& runs) {
   x.say.phase("the zero-bubble split: I now, W later",
-              "core/model/llama.cpp (backward: BackwardPass::input / weight), pipeline_schedule.cpp (zb_h1_order)");
+              "core/model/llama.cpp (backward: BackwardPass::input / weight), core/parallel/pipeline_schedule.cpp "
+              "(zb_h1_order)");
   x.say.say("A layer's backward computes two things: the input gradient dX = dY W^T, which the previous stage is "
             "waiting for (I),\nand the weight gradient dW = X^T dY, which nobody waits for (W). The hand-written "
             "backward does them in two passes,\nso ZB-H1 runs I at once and defers W into the cool-down, where 1F1B "
@@ -626,6 +640,8 @@ void show_zero_bubble_split(Lesson& x, const ScheduleRuns& runs) {
                   {ns(f.picture.end_us) - 1}, {ns(z.picture.end_us)},
                   "1F1B " + fixed(f.picture.end_us, 3) + " us, ZB-H1 " + fixed(z.picture.end_us, 3) + " us; bubble " +
                       fixed(bubble_of(f.picture), 4) + " -> " + fixed(bubble_of(z.picture), 4) + ".");
+    x.extra["zero_bubble"] = {{"step_us_1f1b", f.picture.end_us}, {"step_us_zb_h1", z.picture.end_us},
+                              {"bubble_1f1b", bubble_of(f.picture)}, {"bubble_zb_h1", bubble_of(z.picture)}};
   }
   x.say.pause();
 }
@@ -690,7 +706,8 @@ void compare_reshard_and_keep(Lesson& x) {
 // ---- Exercises, then the equivalence check -----------------------------------------------------------
 
 int finish(Lesson& x, const std::vector<PhaseView>& phases) {
-  x.say.phase("exercises: formula vs measured");
+  x.say.phase("exercises: formula vs measured",
+              "lessons/common/lesson.cpp (ExerciseSheet: expected vs measured per rank, predictions scored)");
   EquivalenceReport report;
   const bool equivalent = finish_with_equivalence(x.say, x.sheet, x.s, x.data, report);
   return finish_lesson("05-pipeline-parallelism", x.o.json, x.o.preset, x.s, phases, x.sheet, report, equivalent,

@@ -83,7 +83,7 @@ AttentionProbe probe_attention(int64_t nh, int64_t nkv, int64_t hd, int cp, Cont
     ops::set_backend_threads(1);
     const size_t r = size_t(g.rank());
     ContextParallelComm<float> comm(g, algo);
-    const BlockDims d{.B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = int64_t(r), .doc = docs};
+    const BlockDims d{.B = B, .seq = T, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = int64_t(r), .doc = docs};
     const int64_t nq = B * T * nh * hd, nk = B * T * nkv * hd;
     auto buffer = [](int64_t count) { return std::vector<float>(static_cast<size_t>(count)); };
     std::vector<float> q = buffer(nq), k = buffer(nk), v = buffer(nk), out = buffer(nq), lse = buffer(B * nh * T);
@@ -159,7 +159,7 @@ struct Lesson {
   ContextAlgo algo = ContextAlgo::allgather;
   int cp = 0, L = 0;  // context-parallel ranks, layers
   // Tokens per row, rows per micro-batch, micro-batches, tokens per chunk S/(2cp), tokens per rank S/cp.
-  int64_t S = 0, B = 0, m = 0, c = 0, T = 0;
+  int64_t S = 0, B = 0, m = 0, c = 0, seq = 0;
   int64_t nh = 0, nkv = 0, hd = 0;  // query heads, key/value heads, head dimension
   int64_t n = 0, N = 0;             // elements of a rank's K (or V) per layer and micro-batch, B T nkv hd; parameters
   double per_pair = 0;              // forward FLOPs per (query, key) pair, all heads and rows: 4 hd nh B
@@ -197,9 +197,9 @@ Lesson set_up(const LessonOptions& o, const CpArgs& a, Narrator& say) {
                      "''s max_position_embeddings " + std::to_string(cfg.max_position_embeddings));
   s.cluster = x.o.cluster_options();
   x.L = int(cfg.num_hidden_layers);
-  x.S = o.seq_len, x.B = o.rows, x.m = o.micro_batches, x.c = x.S / (2 * x.cp), x.T = x.S / x.cp;
+  x.S = o.seq_len, x.B = o.rows, x.m = o.micro_batches, x.c = x.S / (2 * x.cp), x.seq = x.S / x.cp;
   x.nh = cfg.num_attention_heads, x.nkv = cfg.num_key_value_heads, x.hd = cfg.head_dim;
-  x.n = x.B * x.T * x.nkv * x.hd, x.N = cfg.num_parameters();
+  x.n = x.B * x.seq * x.nkv * x.hd, x.N = cfg.num_parameters();
   x.per_pair = 4.0 * double(x.hd) * double(x.nh) * double(x.B);
   x.data = load_dataset(default_corpus_path(), s.train.seq_len);
   return x;
@@ -209,7 +209,7 @@ Lesson set_up(const LessonOptions& o, const CpArgs& a, Narrator& say) {
 
 void show_split(Lesson& x) {
   const int cp = x.cp;
-  const int64_t c = x.c, T = x.T;
+  const int64_t c = x.c, T = x.seq;
   x.say.phase("the split: 2 cp chunks, rank r holds chunks r and 2cp-1-r",
               "core/parallel/context_parallel.cpp (context_slice), core/model/block.h (BlockDims::cp_part_start)");
   x.say.say("Model '" + x.o.preset + "': " + std::to_string(x.L) + " layers, C = " + std::to_string(x.cfg().hidden_size) +
@@ -243,7 +243,7 @@ void show_split(Lesson& x) {
 // the all-gather probe, which later phases compare against.
 AttentionProbe compare_attention_work(Lesson& x) {
   const int cp = x.cp;
-  const int64_t S = x.S, T = x.T, c = x.c;
+  const int64_t S = x.S, T = x.seq, c = x.c;
   x.say.phase("attention's work per rank: the 2 cp split vs a contiguous cut",
               "core/parallel/context_parallel.cpp (part_shape), core/ops.h (attention_visible_pairs, attention_forward_flops)");
   x.say.say("A causal query at position i scores i + 1 keys. One attention forward per rank, B = " + std::to_string(x.B) +
@@ -499,7 +499,7 @@ nlohmann::json show_llama3_all_gather(Lesson& x) {
 // Q1: the forward all-gather of the model as it is and with K and V as wide as Q.
 void show_gqa(Lesson& x, const AttentionProbe& ag) {
   const int cp = x.cp;
-  const int64_t B = x.B, T = x.T, nh = x.nh, nkv = x.nkv, hd = x.hd;
+  const int64_t B = x.B, T = x.seq, nh = x.nh, nkv = x.nkv, hd = x.hd;
   x.say.phase("grouped-query attention: why gathering K and V is cheap",
               "core/model/block.h (BlockDims nh, nkv), core/ops.h (query head h reads key/value head h / (nh / nkv))");
   x.say.say("A rank gathers keys and values, never queries. Under GQA a key/value head serves nh/nkv query heads, so K "
@@ -529,7 +529,7 @@ void show_gqa(Lesson& x, const AttentionProbe& ag) {
 // against the cp ranks' of the main run's first step.
 void compare_with_one_device(Lesson& x, const PhaseView& first) {
   const int cp = x.cp;
-  const int64_t S = x.S, T = x.T;
+  const int64_t S = x.S, T = x.seq;
   x.say.phase("activations and FLOPs per rank vs one device",
               "core/model/llama.cpp (set_context_split: T = S/cp tokens per row), core/parallel/parallel_trainer.cpp (local_tokens)");
   x.say.ask("M1", "A cp rank kept the activations shown in the step table. One device training the same rows: how many?");
@@ -590,7 +590,7 @@ void compare_with_one_device(Lesson& x, const PhaseView& first) {
 Batch rows_across_documents(const TextDataset& data, int64_t B, int64_t S) {
   const TokenSpan train = data.train();
   Batch rows;
-  rows.B = B, rows.T = S;
+  rows.B = B, rows.seq = S;
   int64_t at = 0;
   for (int64_t b = 0; b < B; ++b) {
     at = std::find(train.begin() + at + 1, train.end(), kEndOfTextToken) - train.begin();
@@ -606,7 +606,7 @@ Batch rows_across_documents(const TextDataset& data, int64_t B, int64_t S) {
 
 // [row] the tokens of each document in the row, in order.
 std::vector<std::vector<int64_t>> document_lengths(const Batch& rows) {
-  const int64_t B = rows.B, S = rows.T;
+  const int64_t B = rows.B, S = rows.seq;
   std::vector<std::vector<int64_t>> lengths(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < S; ++t) {
@@ -743,7 +743,7 @@ int finish(Lesson& x, const std::vector<PhaseView>& phases, const Zero3Check& ze
                        [&](nlohmann::json& j) {
                          for (auto& [k, val] : x.extra.items()) j[k] = val;
                          j["split"] = {{"cp", x.cp}, {"cp_algo", std::string(context_algo_name(x.algo))},
-                                       {"seq_len", x.S}, {"chunk", x.c}, {"tokens_per_rank", x.T}, {"rows", x.B},
+                                       {"seq_len", x.S}, {"chunk", x.c}, {"tokens_per_rank", x.seq}, {"rows", x.B},
                                        {"layers", x.L}, {"nh", x.nh}, {"nkv", x.nkv}, {"hd", x.hd}};
                          j["equivalence_fp64"] = fp64_equivalence_json(report64);
                          j["equivalence_cp_dp_zero3"] = equivalence_json(zero3.report);

@@ -41,13 +41,57 @@ std::map<std::string, int64_t> measured_group_bytes(const PhaseView& p) {
   return out;
 }
 
+// What each of the planner's fitted assumptions moves on the 8,192-GPU layout: its MFU and step
+// time with one input changed at a time; each row also goes into `out`.
+std::string assumption_rows(nlohmann::json& out) {
+  const Llama3Layout l8k = llama3_405b_layouts().front();
+  struct Variant {
+    std::string what;
+    double efficiency, dp_overlap;
+  };
+  const ClusterModel base = h100_cluster();
+  const std::vector<Variant> variants = {
+      {"as fitted: kernels at 60% of peak, 90% of dp traffic hidden", base.compute_efficiency, base.dp_overlap},
+      {"kernels at 50% of peak", 0.5, base.dp_overlap},
+      {"kernels at 70% of peak", 0.7, base.dp_overlap},
+      {"no dp traffic hidden", base.compute_efficiency, 0.0},
+      {"all dp traffic hidden", base.compute_efficiency, 1.0}};
+  std::vector<std::vector<std::string>> rows = {{l8k.mesh + ", one input changed", "step s", "MFU"}};
+  for (const Variant& v : variants) {
+    ClusterModel c = base;
+    c.compute_efficiency = v.efficiency, c.dp_overlap = v.dp_overlap;
+    const PlanReport r = plan_step(llama3_405b_shape(l8k), c);
+    rows.push_back({v.what, fixed(r.step_seconds, 2), fixed(r.mfu * 100, 1) + "%"});
+    out.push_back({{"assumption", v.what}, {"compute_efficiency", v.efficiency}, {"dp_overlap", v.dp_overlap},
+                   {"step_seconds", r.step_seconds}, {"mfu", r.mfu}});
+  }
+  return format_table(rows);
+}
+
+// The 8,192-GPU layout without activation checkpointing, as Llama 3 pre-trained at 8K tokens
+// ("The Llama 3 Herd of Models", section 3.3.2), by this engine's accounting of what a rank keeps.
+nlohmann::json without_checkpointing(Narrator& say) {
+  const Llama3Layout l8k = llama3_405b_layouts().front();
+  const PlanReport r = plan_step(llama3_405b_shape(l8k, "none"), h100_cluster());
+  say.say("\nWithout activation checkpointing (" + l8k.mesh + ", --ac none), the fullest GPU would keep " +
+          format_bytes(r.worst.activations) + " of activations, " + format_bytes(r.worst.total()) + " in all: " +
+          (r.fits ? "it fits" : "it does not fit 80 GB") + ". Llama 3 pre-trained at 8K tokens without checkpointing\n"
+          "(\"The Llama 3 Herd of Models\", section 3.3.2); this engine keeps more per layer than Megatron's kernels: "
+          "with sequence\nparallelism it keeps each block's all-gathered normed inputs whole for the backward, where "
+          "Megatron keeps its\n1/tp shard and gathers again. Hence selective checkpointing in the rows above.\n");
+  return {{"mesh", l8k.mesh}, {"activations", r.worst.activations}, {"total", r.worst.total()}, {"fits", r.fits},
+          {"overflow", r.overflow}};
+}
+
 // Phase 1: the paper's three layouts of Llama 3 405B through the planner. Returns each plan's
-// report (with the paper's MFU), for the JSON summary.
-nlohmann::json show_llama3_layouts(Narrator& say) {
+// report (with the paper's MFU), what each fitted assumption moves and the first layout without
+// checkpointing, for the JSON summary.
+nlohmann::json show_llama3_layouts(Narrator& say, nlohmann::json& assumptions, nlohmann::json& no_ac) {
   say.phase("Llama 3 405B on 16,384 H100s: the paper's three layouts, as the planner sees them",
             "core/plan/planner.cpp (plan_step), core/plan/memory.cpp, core/plan/traffic.cpp");
   std::vector<std::vector<std::string>> rows = {
-      {"mesh (innermost first)", "seq", "GPUs", "weights/GPU", "activations/GPU", "bubble", "step s", "MFU", "paper"}};
+      {"mesh (innermost first)", "seq", "GPUs", "weights/GPU", "activations/GPU", "bubble", "step s", "MFU (fitted)",
+       "paper"}};
   nlohmann::json llama3 = nlohmann::json::array();
   for (const Llama3Layout& row : llama3_405b_layouts()) {
     const PlanReport r = plan_step(llama3_405b_shape(row), h100_cluster());
@@ -59,18 +103,20 @@ nlohmann::json show_llama3_layouts(Narrator& say) {
     llama3.push_back(j);
   }
   say.say(format_table(rows));
+  no_ac = without_checkpointing(say);
   say.say("\nbf16 weights and activations, fp32 gradients and master weights (12 bytes of optimizer state per "
           "parameter),\nZeRO-3 keeping parameters gathered, interleaved 1F1B with 4 chunks, selective checkpointing; "
           "kernels at\n60% of the 989 TFLOP/s dense BF16 peak, 90% of the data-parallel traffic hidden: every one "
           "an input\n(`llama4d plan --llama3`, --efficiency, --dp-overlap). Weights per GPU are 1/(tp pp) of the "
           "model before\nFSDP divides them by dp; activations are what a pipeline rank keeps for its micro-batches "
-          "in flight.\n");
+          "in flight.\nThe MFU column is fitted, not a check: the two efficiencies were chosen to land near the "
+          "paper's figures.\n\n" + assumption_rows(assumptions) + "\n");
   say.pause();
   return llama3;
 }
 
-// Phase 2: the 8,192-GPU layout in Llama 3's order and reversed. Returns both step times.
-nlohmann::json show_why_this_order(Narrator& say) {
+// Phase 2: the 8,192-GPU layout in Llama 3's order and reversed (O1). Returns both step times.
+nlohmann::json show_why_this_order(Narrator& say, ExerciseSheet& sheet) {
   say.phase("why [tp, cp, pp, dp]: the innermost dimensions share a node", "core/comm/device_mesh.h, core/plan/planner.cpp");
   say.ask("O1", "The 8,192-GPU layout with the order reversed (dp innermost): how many times longer is its step?");
   const Llama3Layout l8k = llama3_405b_layouts().front();  // tp=8,cp=1,pp=16,dp=64
@@ -85,6 +131,17 @@ nlohmann::json show_why_this_order(Narrator& say) {
           "activations; data parallelism talks once per unit per step and hides\nbehind compute. So the group that "
           "talks most and cannot hide gets the fastest link.\n");
   say.pause();
+  Exercise o1;
+  o1.id = "O1";
+  o1.question = "The 8,192-GPU layout with the order reversed (dp innermost): how many times longer is its step?";
+  o1.formula = "longer: tensor parallelism's all-reduces, on the critical path of every layer, leave NVLink for "
+               "InfiniBand";
+  o1.value = reversed.step_seconds / llama_order.step_seconds;
+  o1.note = "The planner's step times: " + fixed(llama_order.step_seconds, 2) + " s and " +
+            fixed(reversed.step_seconds, 2) + " s, " + fixed(*o1.value, 2) + "x.";
+  o1.pass = *o1.value > 1;
+  sheet.add(o1);
+  sheet.answer("O1", {.value = *o1.value, .unit = "x", .of = "the planner's step", .tolerance = 0.005});
   return {{"llama3_step_seconds", llama_order.step_seconds}, {"reversed_step_seconds", reversed.step_seconds}};
 }
 
@@ -123,8 +180,15 @@ void show_mesh_and_prediction(Narrator& say, const RunSetup& s, const PlanReport
     formula += s.plan.mesh[i].name;
   }
   say.say(formula + close + " (innermost first): the first dimension's group is neighbouring ranks, the last's the "
-          "farthest apart.\n\n" + format_table(mesh) + "\nThe planner's prediction, before anything runs:\n\n" +
-          predicted.table() + "\n");
+          "farthest apart.\n\n" + format_table(mesh) + "\n");
+  say.ask("M1", "How many bytes of parameters does rank 0 hold at its peak during the step?");
+  say.ask("M2", "How many bytes of AdamW state does rank 0 hold?");
+  if (s.plan.size("pp") > 1) say.ask("B1", "What share of a step does a pipeline rank sit idle (uniform stages)?");
+  say.say("The planner's prediction, before anything runs:\n\n" + predicted.table() + "\n");
+  if (predicted.mfu < 0.01)
+    say.say("(MFU " + fixed(predicted.mfu * 100, 2) + "%: at a modelled H100's rate this model computes each "
+            "action in nanoseconds, while every message pays about 1 us of latency, so the step is all communication. "
+            "What this phase checks is memory and bytes, not time.)\n");
   say.pause();
 }
 
@@ -154,8 +218,10 @@ void check_memory(ExerciseSheet& sheet, const RunSetup& s, const PhaseView& firs
   }
   sheet.exact("M1", "Parameter bytes on each rank at their peak?",
               "its tp slice of its stage's units; ZeRO-3: its shard + the units gathered at once", -1, p_params, m_params);
+  sheet.answer("M1", {.value = double(m_params[0]), .unit = "bytes", .of = "rank 0"});
   sheet.exact("M2", "Optimizer bytes on each rank?", "AdamW's 2 moments of its ZeRO shard of its tp slice of its stage",
               -1, p_opt, m_opt);
+  sheet.answer("M2", {.value = double(m_opt[0]), .unit = "bytes", .of = "rank 0"});
   sheet.range("M3", "Gradient bytes on each rank at their peak?",
               "its shard + the full gradients of 1 to 3 units still being reduced", lo_grads, hi_grads, m_grads);
   if (!p_comm.empty())
@@ -187,14 +253,18 @@ void check_bubble(ExerciseSheet& sheet, const LessonOptions& o, const RunSetup& 
   bubble.formula = "(p-1)/(m+p-1) for 1F1B: " + fixed(predicted.bubble_fraction, 6);
   bubble.note = "the schedule's lists replayed on the simulated clock: " + fixed(replay, 6);
   bubble.pass = std::abs(replay - predicted.bubble_fraction) < 1e-12;
+  bubble.value = replay;
   sheet.add(bubble);
+  sheet.answer("B1", {.value = replay, .unit = "of the step", .of = "every pipeline rank", .tolerance = 0.0005});
 }
 
 int run(LessonOptions o, const FourDArgs& a) {
   Narrator say(o);
   ExerciseSheet sheet;
-  const nlohmann::json llama3 = show_llama3_layouts(say);
-  const nlohmann::json order = show_why_this_order(say);
+  nlohmann::json assumptions = nlohmann::json::array();
+  nlohmann::json no_ac;
+  const nlohmann::json llama3 = show_llama3_layouts(say, assumptions, no_ac);
+  const nlohmann::json order = show_why_this_order(say, sheet);
   const RunSetup s = mesh_run_setup(o, a.mesh, a.zero, a.ac);
   const Prediction predicted = predict(s);
   show_mesh_and_prediction(say, s, predicted.step);
@@ -212,6 +282,8 @@ int run(LessonOptions o, const FourDArgs& a) {
   const bool equivalent = finish_with_equivalence(say, sheet, s, data, report);
   return finish_lesson("07-llama3-4d", o.json, o.preset, s, phases, sheet, report, equivalent, [&](nlohmann::json& j) {
     j["llama3_405b"] = llama3;
+    j["fitted_assumptions"] = assumptions;
+    j["llama3_405b_without_checkpointing"] = no_ac;
     j["order"] = order;
     j["predicted"] = predicted.step.to_json();
   });

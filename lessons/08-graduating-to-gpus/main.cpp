@@ -411,6 +411,7 @@ void check_kept_state(ExerciseSheet& sheet, const Precisions& p) {
   sheet.exact("S2", "Bytes each rank keeps between steps in bf16 (params + grads + optimizer + comm buffers)?",
               "the fp32 run's: the same buffers, 4 bytes an element", -1, expected, measured,
               "held after the last step; peaks inside a step move with the timing of reductions in flight");
+  sheet.answer("S2", {.value = double(measured[0]), .unit = "bytes", .of = "rank 0"});
 }
 
 // W1: per rank, the bf16-wire run's bytes against the bf16 run's with every gradient reduction's
@@ -433,6 +434,7 @@ void check_wire_bytes(ExerciseSheet& sheet, const Precisions& p) {
               one_to_one ? expected : std::vector<int64_t>(expected.size(), -1), measured,
               std::to_string(narrowed) + " collectives went as bf16 over all ranks; parameters, the loss and the "
               "norm stay fp32/fp64" + std::string(one_to_one ? "" : "; the two runs' calls do not pair up"));
+  sheet.answer("W1", {.value = double(measured[0]), .unit = "bytes", .of = "rank 0"});
 }
 
 // Phase 3: fp32, bf16 and bf16 on the wire on virtual GPUs: losses, bytes and memory side by
@@ -447,7 +449,8 @@ Precisions train_three_ways(Narrator& say, ExerciseSheet& sheet, const RunSetup&
   say.phase("the same plan in fp32, in bf16, and with bf16 on the wire: " + base.plan.describe() + " on " +
                 std::to_string(base.plan.world_size()) + " virtual GPUs",
             "core/model/llama.cpp (params_for_compute: the bf16 copy), core/parallel/dp_common.h (bf16_wire)");
-  say.ask("W1", "With gradients reduced in bf16, how many bytes does each rank send per step?");
+  say.ask("S2", "In bf16, how many bytes does rank 0 keep between steps (params + grads + optimizer + comm buffers)?");
+  say.ask("W1", "With gradients reduced in bf16, how many bytes does rank 0 send per step?");
   for (Variant* v : {&p.f32, &p.bf16, &p.wire}) v->phases = run_phases(v->setup, data, nullptr);
   const std::vector<const Variant*> runs = {&p.f32, &p.bf16, &p.wire};
   say.say("fp32: " + p.f32.what + ".\nbf16: " + p.bf16.what + ".\nbf16 wire: " + p.wire.what + ".\n\n" +

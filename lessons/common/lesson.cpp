@@ -40,6 +40,9 @@ void LessonOptions::add_options(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--step", step, "pause at every phase (press Enter; never blocks when stdin is not a terminal)");
   app.add_flag("--json", json, "print one JSON object (measured vs expected) on stdout; narration on stderr");
+  app.add_option("--predict", predict,
+                 "predictions as if typed at the questions, ID=NUMBER each (E1=16 E2=2,020,352); scored in the "
+                 "exercise report");
 }
 
 TrainOptions LessonOptions::train_options() const {
@@ -68,7 +71,14 @@ constexpr const char* kNotATerminal =
 }  // namespace
 
 Narrator::Narrator(const LessonOptions& o)
-    : out_(o.json ? stderr : stdout), step_(o.step), interactive_(o.step && isatty(STDIN_FILENO)) {}
+    : out_(o.json ? stderr : stdout), step_(o.step), interactive_(o.step && isatty(STDIN_FILENO)) {
+  for (const std::string& item : o.predict) {
+    const size_t eq = item.find('=');
+    const std::optional<double> v = eq == std::string::npos ? std::nullopt : parse_prediction(item.substr(eq + 1));
+    if (eq == 0 || !v) throw InputError("--predict " + item + ": expected ID=NUMBER (E1=16, E2=2,020,352)");
+    given_[item.substr(0, eq)] = *v;
+  }
+}
 
 void Narrator::phase(const std::string& title, const std::string& read) {
   std::fprintf(out_, "\n== phase %d: %s ==\n\n", ++phase_, title.c_str());
@@ -101,8 +111,15 @@ bool Narrator::read_line(std::string& line) {
 }
 
 void Narrator::ask(const std::string& id, const std::string& question) {
+  asked_.emplace_back(id, question);
+  const auto given = given_.find(id);
+  if (given != given_.end()) predictions_[id] = given->second;
   if (!step_) return;
   say("Predict " + id + ": " + question + "\n");
+  if (given != given_.end()) {
+    say("  your number (--predict): " + std::to_string(given->second) + "\n");
+    return;
+  }
   if (!interactive_) {
     if (!noted_) say(std::string(kNotATerminal) + "\n");
     noted_ = true;
@@ -334,8 +351,8 @@ std::string batch_table(const TextDataset& data, const TrainOptions& train, int 
     for (size_t m = 0; m < mbs.size(); ++m)
       for (int64_t b = 0; b < mbs[m].B; ++b, ++row) {
         std::string text;
-        for (int64_t t = 0; t < std::min<int64_t>(mbs[m].T, 40); ++t) {
-          const int32_t tok = mbs[m].tokens[size_t(b * mbs[m].T + t)];
+        for (int64_t t = 0; t < std::min<int64_t>(mbs[m].seq, 40); ++t) {
+          const int32_t tok = mbs[m].tokens[size_t(b * mbs[m].seq + t)];
           text += (tok >= 0x20 && tok < 0x7f) ? char(tok) : '.';  // newlines, UTF-8 bytes: '.'
         }
         rows.push_back({std::to_string(d), std::to_string(m), std::to_string(row), "\"" + text + "\""});
@@ -383,13 +400,16 @@ std::string traffic_table(const std::vector<RankSnapshot>& ranks) {
       any_ib = any_ib || rec.sent_ib > 0;
     }
   std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> head = {"op", "label", "calls"};
+  // Calls per rank differ where a row is one rank's sends (a pipeline boundary, a ring hop): the
+  // column shows the most any rank made, and "-" for a rank that made none of them.
+  std::vector<std::string> head = {"op", "label", "calls (most on a rank)"};
   for (size_t r = 0; r < n; ++r) head.push_back("rank " + std::to_string(r));
   rows.push_back(head);
   for (const std::string& key : keys) {
     const size_t bar = key.find('|');
-    std::vector<std::string> row = {key.substr(0, bar), key.substr(bar + 1), std::to_string(calls[key][0])};
-    for (size_t r = 0; r < n; ++r) row.push_back(grouped(bytes[key][r]));
+    const int64_t most = *std::max_element(calls[key].begin(), calls[key].end());
+    std::vector<std::string> row = {key.substr(0, bar), key.substr(bar + 1), std::to_string(most)};
+    for (size_t r = 0; r < n; ++r) row.push_back(calls[key][r] == 0 ? "-" : grouped(bytes[key][r]));
     rows.push_back(row);
   }
   std::vector<std::string> total = {"total", "bytes sent", ""};
@@ -437,6 +457,7 @@ std::string memory_table(const std::vector<RankMemory>& per_rank) {
 bool finish_with_equivalence(Narrator& say, ExerciseSheet& sheet, const RunSetup& setup, const TextDataset& data,
                              EquivalenceReport& report) {
   sheet.set_predictions(say.predictions());
+  sheet.set_asked(say.asked());
   say.say(sheet.report());
   say.pause();
   // The proof: the same steps on one device, compared bit by bit.
@@ -474,6 +495,7 @@ nlohmann::json summary_json(const std::string& lesson, const std::string& preset
           {"memory_peak", memory_json(peak_of(last))},
           {"traffic_last_step", traffic_json_of(last)},
           {"exercises", sheet.to_json()},
+          {"asked", sheet.asked_json()},
           {"equivalence", equivalence_json(report)},
           {"passed", passed}};
 }
@@ -582,33 +604,53 @@ std::string number(double v) {
   return buf;
 }
 
-// The learner's number against the measured mean over ranks (for a range: whether it lies in
-// the range of every rank).
 std::string prediction_verdict(double predicted, const Exercise& e) {
-  const double measured = e.value ? *e.value : mean_of(e.measured);
-  std::string out = "you predicted " + number(predicted) + "; measured" + (e.value ? "" : " (mean over ranks)") + " " +
-                    number(measured) + ": ";
-  if (!e.upper.empty()) {
-    bool inside = e.expected.size() == e.upper.size() && !e.expected.empty();
-    for (size_t r = 0; inside && r < e.expected.size(); ++r)
-      inside = double(e.expected[r]) <= predicted && predicted <= double(e.upper[r]);
-    return out + (inside ? "inside every rank's range" : "outside the range of some rank");
-  }
-  // A count is exact to the unit; one number (e.value) to the digits shown.
-  if (e.value ? number(predicted) == number(measured) : std::fabs(predicted - measured) <= 0.5) return out + "exact";
-  if (measured == 0) return out + "the measured value is 0";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f%% %s", 100.0 * std::fabs(predicted - measured) / std::fabs(measured),
-                predicted > measured ? "high" : "low");
-  return out + buf;
+  const Answer a = answer_of(e);
+  if (!std::isfinite(a.value)) return "you predicted " + number(predicted) + "; this exercise has no one number to score";
+  std::string whose = a.of.empty() ? "" : " (" + a.of + ")";
+  std::string unit = a.unit.empty() ? "" : " " + a.unit;
+  return "you predicted " + number(predicted) + unit + "; the answer" + whose + " is " + number(a.value) + unit + ": " +
+         score_prediction(predicted, a);
 }
 
 }  // namespace
 
+std::string score_prediction(double predicted, const Answer& a) {
+  const bool exact = a.tolerance < 0 ? number(predicted) == number(a.value)
+                                     : std::fabs(predicted - a.value) <= a.tolerance;
+  if (exact) return "exact";
+  if (a.value == 0) return "the answer is 0";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f%% %s", 100.0 * std::fabs(predicted - a.value) / std::fabs(a.value),
+                predicted > a.value ? "high" : "low");
+  return buf;
+}
+
+Answer answer_of(const Exercise& e) {
+  if (e.answer) return *e.answer;
+  auto answer = [](double value, std::string of, double tolerance) {
+    Answer a;
+    a.value = value, a.of = std::move(of), a.tolerance = tolerance;
+    return a;
+  };
+  if (e.value) return answer(*e.value, "", -1);
+  if (e.measured.empty()) return answer(std::nan(""), "", 0);
+  if (e.measured.size() == 1) return answer(double(e.measured[0]), "", 0.5);
+  bool same = true;
+  for (int64_t m : e.measured) same = same && m == e.measured[0];
+  const std::string of = same ? "every rank" : "rank 0";
+  if (!e.upper.empty() && !e.expected.empty()) {
+    // A range: its middle, exact anywhere inside rank 0's range.
+    const double lo = double(e.expected[0]), hi = double(e.upper[0]);
+    return answer((lo + hi) / 2, of, std::max(0.5, (hi - lo) / 2));
+  }
+  return answer(double(e.measured[0]), of, 0.5);
+}
+
 void ExerciseSheet::exact(std::string id, std::string question, std::string formula, double textbook,
                           std::vector<int64_t> expected, std::vector<int64_t> measured, std::string note) {
   Exercise e{std::move(id), std::move(question), std::move(formula), textbook, std::move(expected),
-             std::move(measured), {}, std::move(note), false, {}};
+             std::move(measured), {}, std::move(note), false, {}, {}};
   e.pass = e.expected == e.measured;
   if (textbook >= 0) e.pass = e.pass && std::fabs(mean_of(e.measured) - textbook) <= 1e-9 * std::max(1.0, textbook);
   items_.push_back(std::move(e));
@@ -617,7 +659,7 @@ void ExerciseSheet::exact(std::string id, std::string question, std::string form
 void ExerciseSheet::range(std::string id, std::string question, std::string formula, std::vector<int64_t> lower,
                           std::vector<int64_t> upper, std::vector<int64_t> measured, std::string note) {
   Exercise e{std::move(id), std::move(question), std::move(formula), -1, std::move(lower), std::move(measured),
-             std::move(upper), std::move(note), false, {}};
+             std::move(upper), std::move(note), false, {}, {}};
   e.pass = e.expected.size() == e.measured.size() && e.upper.size() == e.measured.size();
   for (size_t r = 0; e.pass && r < e.measured.size(); ++r)
     e.pass = e.expected[r] <= e.measured[r] && e.measured[r] <= e.upper[r];
@@ -625,6 +667,29 @@ void ExerciseSheet::range(std::string id, std::string question, std::string form
 }
 
 void ExerciseSheet::add(Exercise e) { items_.push_back(std::move(e)); }
+
+void ExerciseSheet::answer(const std::string& id, Answer a) {
+  for (Exercise& e : items_)
+    if (e.id == id) {
+      e.answer = std::move(a);
+      return;
+    }
+  throw Error("ExerciseSheet::answer: no exercise " + id);
+}
+
+std::string ExerciseSheet::verdict_line(const std::string& id) const {
+  const auto it = predictions_.find(id);
+  if (it == predictions_.end()) return "";
+  for (const Exercise& e : items_)
+    if (e.id == id) return prediction_verdict(it->second, e);
+  return "";
+}
+
+nlohmann::json ExerciseSheet::asked_json() const {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& [id, question] : asked_) a.push_back({{"id", id}, {"question", question}});
+  return a;
+}
 
 namespace {
 
@@ -663,8 +728,7 @@ std::string ExerciseSheet::report() const {
     // An exercise about one number (not per rank) says it in its note.
     if (!e.measured.empty()) out += per_rank_rows(e);
     if (!e.note.empty()) out += "       " + e.note + "\n";
-    if (const auto it = predictions_.find(e.id); it != predictions_.end())
-      out += "       " + prediction_verdict(it->second, e) + "\n";
+    if (const std::string v = verdict_line(e.id); !v.empty()) out += "       " + v + "\n";
     out += "\n";
   }
   int passed = 0;
@@ -682,7 +746,13 @@ nlohmann::json ExerciseSheet::to_json() const {
     if (!e.upper.empty()) j["expected_at_most"] = e.upper;
     if (e.value) j["measured_value"] = *e.value;
     if (!e.note.empty()) j["note"] = e.note;
-    if (const auto it = predictions_.find(e.id); it != predictions_.end()) j["prediction"] = it->second;
+    const Answer ans = answer_of(e);
+    if (std::isfinite(ans.value))
+      j["scored_against"] = {{"value", ans.value}, {"unit", ans.unit}, {"of", ans.of}, {"tolerance", ans.tolerance}};
+    if (const auto it = predictions_.find(e.id); it != predictions_.end()) {
+      j["prediction"] = it->second;
+      j["verdict"] = score_prediction(it->second, ans);
+    }
     a.push_back(j);
   }
   return a;

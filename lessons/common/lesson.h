@@ -43,6 +43,9 @@ struct LessonOptions {
   int gpus_per_node = 8;
   bool step = false;  // pause at every phase
   bool json = false;  // one JSON object on stdout; the narration goes to stderr
+  // --predict ID=NUMBER ...: predictions given up front, as if typed at each question (scripts,
+  // tests); with --step on a terminal the lesson asks only the questions not given here.
+  std::vector<std::string> predict;
 
   void add_options(CLI::App& app);
   // Global batch = ranks x micro_batches x rows, so every rank gets micro_batches micro-batches.
@@ -64,10 +67,13 @@ class Narrator {
   void pause();
   // Predict, then see. With --step, prints exercise `id`'s question; when stdin is a terminal it
   // reads a number (Enter skips; "1,234", "5e6" are numbers), which the exercise report later
-  // sets beside the measured value. Call it before the table that shows the answer. Without
-  // --step, or with stdin not a terminal, nothing waits.
+  // scores against the exercise's answer (ExerciseSheet::answer). Call it before the table that
+  // shows the answer. Without --step, or with stdin not a terminal, nothing waits; a number given
+  // by --predict counts as typed.
   void ask(const std::string& id, const std::string& question);
   const std::map<std::string, double>& predictions() const { return predictions_; }
+  // Every question asked, in order: (id, question).
+  const std::vector<std::pair<std::string, std::string>>& asked() const { return asked_; }
 
  private:
   bool read_line(std::string& line);  // false (and no more waiting) once stdin is closed
@@ -75,7 +81,8 @@ class Narrator {
   std::FILE* out_;
   bool step_, interactive_, noted_ = false;
   int phase_ = 0;
-  std::map<std::string, double> predictions_;
+  std::map<std::string, double> predictions_, given_;
+  std::vector<std::pair<std::string, std::string>> asked_;
 };
 
 // "2,020,352", " 1.5e6 ", "757_632" -> the number; "", "abc", "12x" -> nothing.
@@ -154,6 +161,7 @@ std::string mesh_table(const ParallelPlan& plan, const ClusterSpec& cluster);
 // Which rows of the global batch of step `step` each data rank trains on, with a text preview.
 std::string batch_table(const TextDataset& data, const TrainOptions& train, int dp, int64_t step);
 // Bytes each rank SENT per (op, label) in one step; "layer 3" labels are folded into "layer *".
+// The calls column is the most any rank made of a row; a rank that made none shows "-".
 std::string traffic_table(const std::vector<RankSnapshot>& ranks);
 // One rank's collectives in the order they started.
 std::string timeline_table(const std::vector<TrafficRecord>& records, size_t max_rows);
@@ -187,6 +195,18 @@ int64_t all_reduce_sent(int64_t count, int n, int rank, int64_t elem, ReduceAlgo
 
 // ---- Exercises -------------------------------------------------------------------------------
 
+// The one number a question asks for, in the question's unit, and how close a prediction must
+// come to be scored "exact".
+struct Answer {
+  double value = 0;
+  std::string unit;        // "bytes", "us", "ns", "micro-batches", ...: what the question counts in
+  std::string of;          // whose number: "rank 0", "every rank", "the step", ...
+  double tolerance = 0.5;  // |prediction - value| <= tolerance is exact; < 0: equal to the digits shown
+};
+
+// A prediction against its answer: "exact", or how far off ("6.2% low", "2.0x high").
+std::string score_prediction(double predicted, const Answer& answer);
+
 struct Exercise {
   std::string id, question, formula;  // formula: the README's answer, in words
   double textbook = -1;               // the formula's value per rank (mean over ranks); < 0: none
@@ -194,7 +214,13 @@ struct Exercise {
   std::string note;
   bool pass = false;
   std::optional<double> value;  // an exercise about one number (not per rank): what was measured
+  std::optional<Answer> answer;  // what a prediction is scored against; unset: answer_of() decides
 };
+
+// The answer a prediction of `e` is scored against: e.answer when set; else the one number
+// (e.value) to the digits shown; else rank 0's measured value (exact to the unit, or the middle of
+// rank 0's range with its half-width as tolerance).
+Answer answer_of(const Exercise& e);
 
 class ExerciseSheet {
  public:
@@ -206,9 +232,20 @@ class ExerciseSheet {
   void range(std::string id, std::string question, std::string formula, std::vector<int64_t> lower,
              std::vector<int64_t> upper, std::vector<int64_t> measured, std::string note = "");
   void add(Exercise e);  // an exercise with its own verdict
+  // What question `id` asked for, when it is not rank 0's measured value in the exercise's unit
+  // (another rank, another unit, one number derived from the measurements). Error if no exercise
+  // `id` was added.
+  void answer(const std::string& id, Answer a);
 
-  // The learner's predictions (Narrator::predictions), shown beside the measurements.
+  // The learner's predictions (Narrator::predictions), scored against each exercise's answer,
+  // and the questions that were asked (Narrator::asked).
   void set_predictions(std::map<std::string, double> predictions) { predictions_ = std::move(predictions); }
+  void set_asked(std::vector<std::pair<std::string, std::string>> asked) { asked_ = std::move(asked); }
+  // {"id", "question"} per question asked, in order.
+  nlohmann::json asked_json() const;
+  // "you predicted 15; the answer (every rank) is 16: 6.2% low" for exercise `id`, or "" when
+  // there is no prediction for it.
+  std::string verdict_line(const std::string& id) const;
 
   std::string report() const;
   nlohmann::json to_json() const;
@@ -217,6 +254,7 @@ class ExerciseSheet {
  private:
   std::vector<Exercise> items_;
   std::map<std::string, double> predictions_;
+  std::vector<std::pair<std::string, std::string>> asked_;
 };
 
 // The equivalence verdict for the JSON summary (the full per-tensor table is report.table()).

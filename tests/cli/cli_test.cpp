@@ -648,6 +648,36 @@ TEST(Cli, PlanPredictsA4DPlanAndTheLlama3Table) {
   expect_bad_input(run("plan --llama3 --mesh dp=2"), "--mesh");
 }
 
+// A Llama 3 preset is planned at the paper's step unless flags say otherwise: 8K sequences, 16M
+// tokens, bf16, micro-batches of one sequence (issue 51: 405B on tp=8,pp=16,dp=64 failed, 8 rows
+// not dividing 64, and 70B planned 8 x 256 fp32 tokens). A plan with fewer micro-batches than
+// stages says what its bubble means.
+TEST(Cli, PlanOfALlama3PresetDefaultsToThePapersStep) {
+  const Result r = run("plan --preset llama3-405b --mesh tp=8,cp=1,pp=16,dp=64 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("seq_len").get<int64_t>(), 8192);
+  EXPECT_EQ(j.at("seq_len").get<int64_t>() * j.at("batch_size").get<int64_t>(), int64_t(16) << 20);
+  EXPECT_EQ(j.at("precision").get<std::string>(), "bf16");
+  EXPECT_EQ(j.at("micro_batch_size").get<int64_t>(), 1);
+  EXPECT_EQ(j.at("micro_batches").get<int64_t>(), 2048 / 64);
+  EXPECT_TRUE(j.at("notes").empty()) << j.at("notes").dump();
+  // The flags given win; m = 2 < p = 4 gets its note, in the table and the JSON.
+  const Result few = run("plan --preset llama3-70b --mesh tp=8,pp=4,dp=4 --batch-size 8 --micro-batches 2 --json");
+  ASSERT_EQ(few.code, 0) << few.err;
+  const nlohmann::json f = nlohmann::json::parse(few.out);
+  EXPECT_EQ(f.at("batch_size").get<int64_t>(), 8);
+  ASSERT_EQ(f.at("notes").size(), 1u);
+  EXPECT_NE(f.at("notes")[0].get<std::string>().find("never fills"), std::string::npos);
+  const Result text = run("plan --preset llama3-70b --mesh tp=8,pp=4,dp=4 --batch-size 8 --micro-batches 2");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("note: m = 2 micro-batches for p = 4 stages"), std::string::npos) << text.out;
+  // Other presets keep their defaults.
+  const Result small = run("plan --preset small --mesh dp=2 --json");
+  ASSERT_EQ(small.code, 0) << small.err;
+  EXPECT_EQ(nlohmann::json::parse(small.out).at("seq_len").get<int64_t>(), 256);
+}
+
 TEST(Cli, ThreadCountIsBounded) {
   expect_bad_input(run("train --preset tiny --threads 100000 --out " + tmp("threads")), "thread");
 }

@@ -33,7 +33,7 @@ Step<T> step(const LlamaConfig& cfg, const test::Batch& b, bool bf16) {
   test::perturb_params(m, 12);
   m.zero_grad();
   Step<T> s;
-  s.loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  s.loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
   m.backward(T(1) / T(s.loss.tokens));
   s.grads.resize(size_t(m.num_params()));
   ops::device_memcpy(s.grads.data(), m.grads(), m.num_params() * int64_t(sizeof(T)));

@@ -86,7 +86,7 @@ TEST(BatchSampler, RowsAreWindowsOfTheCorpusAtTheDocumentedStarts) {
   for (int64_t step : {0, 1, 7, 1000000}) {
     const Batch b = sample_batch(ds.train(), T, 42, step, 6);
     ASSERT_EQ(b.B, 6);
-    ASSERT_EQ(b.T, T);
+    ASSERT_EQ(b.seq, T);
     ASSERT_EQ(b.tokens.size(), size_t(6 * T));
     ASSERT_EQ(b.targets.size(), size_t(6 * T));
     for (int64_t r = 0; r < 6; ++r) {
@@ -116,7 +116,7 @@ TEST(BatchSampler, HandMadeSplitGivesLiteralWindows) {
   EXPECT_EQ(window_start(10, 4, 3, 2, 2), 3);
   const Batch b = sample_batch(split, 4, 3, 2, 3);
   EXPECT_EQ(b.B, 3);
-  EXPECT_EQ(b.T, 4);
+  EXPECT_EQ(b.seq, 4);
   EXPECT_EQ(b.tokens, (std::vector<int32_t>{14, 15, 16, 17, 14, 15, 16, 17, 13, 14, 15, 16}));
   EXPECT_EQ(b.targets, (std::vector<int32_t>{15, 16, 17, 18, 15, 16, 17, 18, 14, 15, 16, 17}));
   EXPECT_EQ(b.counted_targets(), 12);
@@ -130,7 +130,7 @@ TEST(BatchSampler, HandMadeSplitGivesLiteralWindows) {
 // start: the separator belongs to the document it ends, the next token starts a new one.
 TEST(BatchSampler, DocumentsAreCountedFromEachRowsStart) {
   Batch b;
-  b.B = 2, b.T = 6;
+  b.B = 2, b.seq = 6;
   b.tokens = {'a', 257, 'b', 'c', 257, 257,  //
               257, 'd', 'e', 'f', 'g', 'h'};
   b.targets.assign(12, 0);
@@ -148,7 +148,7 @@ TEST(BatchSampler, IsAPureFunctionAndRowsSliceLikeDataParallelRanks) {
   // ... and that output is the split at the independently computed starts.
   const TokenSpan train = ds.train();
   ASSERT_EQ(full.B, 4);
-  ASSERT_EQ(full.T, 16);
+  ASSERT_EQ(full.seq, 16);
   for (int64_t r = 0; r < 4; ++r) {
     const int64_t start = reference_start(ds.train_size, 16, 7, 3, r);
     for (int64_t t = 0; t < 16; ++t) {
@@ -293,7 +293,7 @@ TEST(EvalWindows, HandMadeSplitGivesLiteralWindowsAndPadding) {
   const std::vector<int32_t> split = {5, 6, 7, 8, 9, 10, 11};
   const Batch b = eval_windows(split, 4, 0, 2);
   EXPECT_EQ(b.B, 2);
-  EXPECT_EQ(b.T, 4);
+  EXPECT_EQ(b.seq, 4);
   EXPECT_EQ(b.tokens, (std::vector<int32_t>{5, 6, 7, 8, 9, 10, 11, 0}));
   EXPECT_EQ(b.targets, (std::vector<int32_t>{6, 7, 8, 9, 10, 11, -1, -1}));
   EXPECT_EQ(b.counted_targets(), 6);

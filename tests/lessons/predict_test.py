@@ -12,6 +12,7 @@ script answers every prompt: a scripted number, a non-number, or Enter. It check
 
   predict_test.py --source DIR lesson01 BIN
   predict_test.py --source DIR lesson02 BIN
+  predict_test.py --source DIR lesson05 BIN
   predict_test.py --source DIR lesson06 BIN
   predict_test.py --source DIR lesson08 BIN
 """
@@ -38,22 +39,23 @@ CASES = {
         "asked": ["E1", "E2", "E3", "E4", "E5", "E6", "E7"],
         "revealed_by": {"E1": "B = W x M x b", "E2": "2,020,352", "E5": "757,664"},
         "verdicts": {
-            "E1": "you predicted 15; measured (mean over ranks) 16: 6.2% low",
-            "E2": "you predicted 2,020,352; measured (mean over ranks) 2,020,352: exact",
-            "E4": "you predicted 4; measured (mean over ranks) 4: exact",
+            "E1": "you predicted 15; the answer (every rank) is 16: 6.2% low",
+            "E2": "you predicted 2,020,352; the answer (every rank) is 2,020,352: exact",
+            "E4": "you predicted 4; the answer (every rank) is 4: exact",
         },
     },
     "lesson02": {
         "flags": ["--preset", "tiny", "--zero", "3", "--ranks", "4", "--steps", "1", "--step"],
-        "answers": {"Z1": ["31568"], "Z6": ["1"], "Z11": ["2e6"]},
+        "answers": {"Z1": ["32768"], "Z6": ["1"], "Z11": ["2e6"]},
         "asked": ["Z1", "Z2", "Z3", "Z4", "Z5", "Z6", "Z7", "Z9", "Z10", "Z11", "Z12", "Z13"],
         "revealed_by": {"Z1": "shard total", "Z4": "comm buffers", "Z11": "bytes sent"},
         "verdicts": {
-            "Z1": "you predicted 31,568; measured (mean over ranks) 31,568: exact",
-            "Z6": "you predicted 1; measured (mean over ranks) ",
-            "Z11": "you predicted 2,000,000; measured (mean over ranks) ",
+            # Rank 0's shard, which the question names, not the mean over ranks (31,568).
+            "Z1": "you predicted 32,768; the answer (rank 0) is 32,768: exact",
+            "Z6": "you predicted 1; the answer (rank 0) is ",
+            "Z11": "you predicted 2,000,000; the answer (rank 0) is ",
         },
-        "verdict_ends": {"Z6": "outside the range of some rank", "Z11": "high"},
+        "verdict_ends": {"Z6": "low", "Z11": "high"},
     },
     "lesson06": {
         "flags": ["--steps", "1", "--step"],
@@ -62,20 +64,36 @@ CASES = {
         "revealed_by": {"A1": "pairs/head/row", "G1": "Bytes SENT by each rank", "R3": "scratch peak",
                         "Q1": "with nkv = nh", "M1": "one device, S = ", "D1": "params at rest"},
         "verdicts": {
-            "A1": "you predicted 2,064; measured (mean over ranks) 2,064: exact",
-            "A3": "you predicted 1,500; measured (mean over ranks) 1,744: 14.0% low",
-            "M1": "you predicted 2,416,640; measured (mean over ranks) 2,416,640: exact",
+            "A1": "you predicted 2,064; the answer (every rank) is 2,064: exact",
+            "A3": "you predicted 1,500; the answer is 1,744: 14.0% low",
+            "M1": "you predicted 2,416,640; the answer (every rank) is 2,416,640: exact",
         },
     },
     "lesson08": {
         "flags": ["--steps", "1", "--gpu", "off", "--step"],
         "answers": {"P1": ["0.0039"], "W1": ["6e5"]},
-        "asked": ["P1", "W1"],
+        "asked": ["P1", "S2", "W1"],
         "revealed_by": {"P1": "largest 0.00389", "W1": "Bytes all ranks sent in the last step"},
         "verdicts": {
-            # P1 is one number, not a mean over ranks: 0.0039 against 0.00388843 is 0.3% high.
-            "P1": "you predicted 0.0039; measured 0.00389: 0.3% high",
-            "W1": "you predicted 600,000; measured (mean over ranks) 569,742: 5.3% high",
+            # P1 is one number, not per rank: 0.0039 against 0.00388843 is 0.3% high.
+            "P1": "you predicted 0.0039; the answer is 0.00389: 0.3% high",
+            "W1": "you predicted 600,000 bytes; the answer (rank 0) is ",
+        },
+        "verdict_ends": {"W1": "high"},
+    },
+    # Each question scored against the rank and unit it names (P1 rank 0, T1 rank 1, B2 in
+    # microseconds), and P1 asked before the table of every rank's bytes.
+    "lesson05": {
+        "flags": ["--steps", "1", "--step"],
+        "answers": {"P1": ["252,416"], "B2": ["108"], "M2": ["4"], "T1": ["262144"]},
+        "asked": ["P1", "B2", "M2", "T1", "L2", "D2"],
+        "revealed_by": {"P1": "bytes (fp32)", "B2": "Share of the step: measured", "M2": "in flight / activations",
+                        "T1": "activations sent"},
+        "verdicts": {
+            "P1": "you predicted 252,416 bytes; the answer (rank 0) is 252,416 bytes: exact",
+            "B2": "you predicted 108 us; the answer (every rank) is 108 us: exact",
+            "M2": "you predicted 4 micro-batches; the answer (rank 0) is 4 micro-batches: exact",
+            "T1": "you predicted 262,144 bytes; the answer (rank 1) is 262,144 bytes: exact",
         },
     },
 }

@@ -43,7 +43,7 @@ TEST(Bf16Compute, KeptTensorsAreBf16ValuesAndTheMasterWeightsAreNot) {
     const test::Batch b = test::make_batch(2, 7, cfg.vocab_size, 6, true);
     MicroBatchState<float> st;
     m.zero_grad();
-    const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+    const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq);
     for (int l = 0; l <= m.num_layers(); ++l) EXPECT_TRUE(all_bf16(st.x[size_t(l)])) << "x_" << l;
     for (int l = 0; l < m.num_layers(); ++l) {
       const BlockActivations<float>& a = st.blocks[size_t(l)];
@@ -82,7 +82,7 @@ TEST(Bf16Compute, OpsReadTheWeightsRoundedToBf16) {
     std::vector<double> losses;
     for (Llama<float>* m : {&exact, &rounded}) {
       m->zero_grad();
-      const LossSum l = m->forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+      const LossSum l = m->forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
       m->backward(1.0f / float(l.tokens));
       losses.push_back(l.loss_sum);
     }
@@ -104,9 +104,9 @@ TEST(Bf16Compute, AgreesWithFp64ToBf16Rounding) {
 
   const test::Batch b = test::make_batch(2, 7, cfg.vocab_size, 6, true);
   m64.zero_grad(), m32.zero_grad(), m16.zero_grad();
-  const LossSum l64 = m64.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-  const LossSum l32 = m32.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-  const LossSum l16 = m16.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  const LossSum l64 = m64.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
+  const LossSum l32 = m32.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
+  const LossSum l16 = m16.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
   m64.backward(1.0 / double(l64.tokens));
   m32.backward(1.0f / float(l32.tokens));
   m16.backward(1.0f / float(l16.tokens));
@@ -147,7 +147,7 @@ ParkingRun run_bf16(const LlamaConfig& cfg, const test::Batch& b, bool park, con
   test::perturb_params(m, 9);
   m.zero_grad();
   MicroBatchState<float> st;
-  const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+  const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq);
   ParkingRun r;
   r.loss = loss.loss_sum;
   const float scale = 1.0f / float(loss.tokens);
@@ -237,7 +237,7 @@ TEST(Bf16Compute, EveryProductAndAttentionReadsBf16Operands) {
   Llama<float> m(cfg);
   m.init_weights(5);
   MicroBatchState<float> st;
-  const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+  const LossSum loss = m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq);
   m.backward(st, 1.0f / float(loss.tokens));
   const test::OperandLog log = logging.log();
   EXPECT_EQ(log.products_bf16, 0);

@@ -30,7 +30,7 @@ double finite_difference(Llama<double>& m, const Batch& b, double* w, double h) 
   const double saved = *w;
   auto f = [&](double x) {
     *w = x;
-    return m.forward(b.tokens.data(), b.targets.data(), b.B, b.T).loss_sum;
+    return m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq).loss_sum;
   };
   const double d = (-f(saved + 2 * h) + 8 * f(saved + h) - 8 * f(saved - h) + f(saved - 2 * h)) / (12 * h);
   *w = saved;
@@ -55,8 +55,8 @@ TEST_P(GradientCheck, EveryTensorMatchesFiniteDifferences) {
   const Batch b = test::make_batch(2, 7, cfg.vocab_size, 99, /*ignore_some=*/true);
 
   m.zero_grad();
-  const LossSum ls = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-  ASSERT_EQ(ls.tokens, b.B * b.T - 3);  // three targets are -1
+  const LossSum ls = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
+  ASSERT_EQ(ls.tokens, b.B * b.seq - 3);  // three targets are -1
   ASSERT_TRUE(std::isfinite(ls.loss_sum));
   m.backward(1.0);
   const std::vector<double> grads(m.grads(), m.grads() + m.num_params());
@@ -124,14 +124,14 @@ TEST(GradientCheck, IgnoredTargetsContributeNothing) {
   m.init_weights(3);
   test::perturb_params(m, 5);
   Batch b = test::make_batch(2, 7, cfg.vocab_size, 11, true);
-  const LossSum a = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  const LossSum a = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
 
   // Same batch with every position counted, minus the losses of the three ignored positions
   // computed from logits by hand: must match the masked loss.
   Batch full = b;
   for (size_t i = 0; i < full.targets.size(); ++i)
     if (full.targets[i] < 0) full.targets[i] = int32_t(i % size_t(cfg.vocab_size));
-  const LossSum f = m.forward(full.tokens.data(), full.targets.data(), b.B, b.T);
+  const LossSum f = m.forward(full.tokens.data(), full.targets.data(), b.B, b.seq);
   double removed = 0;
   for (size_t i = 0; i < b.targets.size(); ++i) {
     if (b.targets[i] >= 0) continue;

@@ -120,11 +120,11 @@ TEST(ModelBasics, Fp32AgreesWithFp64FromTheSameInit) {
     const test::Batch b = test::make_batch(2, 7, cfg.vocab_size, 6, true);
     m64.zero_grad();
     m32.zero_grad();
-    const LossSum l64 = m64.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-    const LossSum l32 = m32.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+    const LossSum l64 = m64.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
+    const LossSum l32 = m32.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
     EXPECT_EQ(l64.tokens, l32.tokens);
     EXPECT_NEAR(l32.loss_sum, l64.loss_sum, 1e-5 * std::abs(l64.loss_sum));
-    const int64_t nlog = b.B * b.T * cfg.vocab_size;
+    const int64_t nlog = b.B * b.seq * cfg.vocab_size;
     EXPECT_LE(test::rel_error(m32.logits(), m64.logits(), nlog), 1e-5);
     m64.backward(1.0 / double(l64.tokens));
     m32.backward(1.0f / float(l32.tokens));
@@ -162,9 +162,9 @@ TEST(ModelBasics, RopeTablesAreChargedForThePositionsRead) {
   EXPECT_EQ(memory.live(MemoryCategory::other), 0) << "made with the model";
   const test::Batch b7 = test::make_batch(2, 7, cfg.vocab_size, 4, true);
   const test::Batch b5 = test::make_batch(2, 5, cfg.vocab_size, 5, true);
-  const LossSum first = m.forward(b7.tokens.data(), b7.targets.data(), b7.B, b7.T);
+  const LossSum first = m.forward(b7.tokens.data(), b7.targets.data(), b7.B, b7.seq);
   EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(7));
-  m.forward(b5.tokens.data(), b5.targets.data(), b5.B, b5.T);
+  m.forward(b5.tokens.data(), b5.targets.data(), b5.B, b5.seq);
   EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(7)) << "a shorter sequence shrank the tables";
 
   Decoder<float> decoder(m, 1, 12);
@@ -172,7 +172,7 @@ TEST(ModelBasics, RopeTablesAreChargedForThePositionsRead) {
   decoder.feed(b5.tokens.data(), 3, logits.data());
   EXPECT_EQ(memory.live(MemoryCategory::other), table_bytes(12));
   EXPECT_EQ(memory.peak(MemoryCategory::other), table_bytes(12)) << "the old tables outlived the new ones";
-  const LossSum again = m.forward(b7.tokens.data(), b7.targets.data(), b7.B, b7.T);
+  const LossSum again = m.forward(b7.tokens.data(), b7.targets.data(), b7.B, b7.seq);
   EXPECT_EQ(first.loss_sum, again.loss_sum) << "a longer table changed the positions' values";
 }
 
@@ -185,10 +185,10 @@ TEST(ModelBasics, ForwardIsRepeatableAndBackwardAccumulates) {
   const int64_t n = m.num_params();
 
   m.zero_grad();
-  const LossSum l1 = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  const LossSum l1 = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
   m.backward(0.5);
   const std::vector<double> once(m.grads(), m.grads() + n);
-  const LossSum l2 = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  const LossSum l2 = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
   EXPECT_EQ(l1.loss_sum, l2.loss_sum) << "forward must not depend on earlier calls";
   m.backward(0.5);
   double num = 0, den = 0;
@@ -201,13 +201,13 @@ TEST(ModelBasics, ForwardIsRepeatableAndBackwardAccumulates) {
   // zero_grad really zeroes, and a third pass then reproduces the first bit for bit.
   m.zero_grad();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(m.grads()[i], 0.0);
-  m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
   m.backward(0.5);
   EXPECT_EQ(std::memcmp(m.grads(), once.data(), size_t(n) * sizeof(double)), 0);
 
   // backward scales linearly in loss_scale.
   m.zero_grad();
-  m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
   m.backward(1.5);
   num = den = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -60,7 +60,7 @@ inline int64_t next_index(uint64_t& s, int64_t n) {
 // tokens[B*T] uniform over the vocabulary; targets are the next token, with a few set to -1
 // (ignored) when `ignore_some` is true.
 struct Batch {
-  int64_t B = 0, T = 0;
+  int64_t B = 0, seq = 0;
   std::vector<int32_t> tokens, targets;
 };
 inline Batch make_batch(int64_t B, int64_t T, int64_t V, uint64_t seed, bool ignore_some) {

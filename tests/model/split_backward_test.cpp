@@ -184,7 +184,7 @@ TEST(SplitBackward, InputPassAllocatesNoGradient) {
   m.init_weights(5);
   const test::Batch b = test::make_batch(2, 5, cfg.vocab_size, 7, false);
   MicroBatchState<float> st;
-  m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+  m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq);
   m.backward(st, 0.1f, nullptr, BackwardPass::input);
   EXPECT_EQ(m.memory().live(MemoryCategory::grads), 0);
   for (int u = 0; u < m.num_units(); ++u) EXPECT_EQ(m.unit_grads(u), nullptr) << u;
@@ -201,18 +201,18 @@ TEST(SplitBackward, PassesOutOfOrderAreErrors) {
   const test::Batch b = test::make_batch(2, 5, cfg.vocab_size, 7, false);
   MicroBatchState<double> st;
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::weight), Error);  // nothing ran
-  m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+  m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq);
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::weight), Error);  // forward only
   m.backward(st, 0.1, nullptr, BackwardPass::input);
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::input), Error);  // input twice
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::full), Error);   // full over a pending weight pass
   // A forward over the state would silently drop the pending weight gradients.
-  EXPECT_THROW(m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T), Error);
+  EXPECT_THROW(m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq), Error);
   m.backward(st, 0.1, nullptr, BackwardPass::weight);
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::weight), Error);  // weight twice
   EXPECT_EQ(st.activation_bytes(), 0);
   // A full backward still runs (and needs a forward) after a split one.
-  m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+  m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq);
   m.backward(st, 0.1);
   EXPECT_THROW(m.backward(st, 0.1, nullptr, BackwardPass::weight), Error);
 }
@@ -245,7 +245,7 @@ TEST(SplitBackward, HooksBracketEachPass) {
     const std::vector<std::string> recompute =
         std::string(ac) == "none" ? std::vector<std::string>{} : std::vector<std::string>{"recompute 1", "recompute 2"};
 
-    m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+    m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq);
     m.backward(st, 0.1f);
     std::vector<std::string> whole = {"before_backward 3", "after_backward 3", "before_backward 2"};
     whole.insert(whole.end(), recompute.begin(), recompute.end());
@@ -255,7 +255,7 @@ TEST(SplitBackward, HooksBracketEachPass) {
     EXPECT_EQ(rec.log, whole);
 
     rec.log.clear();
-    m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.T);
+    m.forward(st, m.all_units(), b.tokens.data(), b.targets.data(), nullptr, b.B, b.seq);
     m.backward(st, 0.1f, nullptr, BackwardPass::input);
     std::vector<std::string> input = {"before_backward 3", "after_backward_input 3", "before_backward 2"};
     input.insert(input.end(), recompute.begin(), recompute.end());

@@ -32,7 +32,7 @@ void expect_range_split_bitwise(bool tied) {
   whole.init_weights(3);
   test::perturb_params(whole, 8);
   whole.zero_grad();
-  const LossSum lw = whole.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  const LossSum lw = whole.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
   whole.backward(scale);
 
   // Every cut point: units [0, cut) then [cut, L+2), the hidden state and its gradient handed
@@ -43,9 +43,9 @@ void expect_range_split_bitwise(bool tied) {
     test::perturb_params(m, 8);
     m.zero_grad();
     MicroBatchState<T> first, second;
-    m.forward(first, {0, cut}, b.tokens.data(), nullptr, nullptr, b.B, b.T);
+    m.forward(first, {0, cut}, b.tokens.data(), nullptr, nullptr, b.B, b.seq);
     const T* boundary = first.x[size_t(cut - 1)].data();  // output of unit cut-1 = x_{cut-1}
-    const LossSum ls = m.forward(second, {cut, m.num_units()}, nullptr, b.targets.data(), boundary, b.B, b.T);
+    const LossSum ls = m.forward(second, {cut, m.num_units()}, nullptr, b.targets.data(), boundary, b.B, b.seq);
     m.backward(second, scale);
     ASSERT_FALSE(second.input_grad.empty());
     m.backward(first, scale, second.input_grad.data());
@@ -79,7 +79,7 @@ TEST(Units, TiedEmbeddingAcrossTwoRanks) {
   whole.init_weights(3);
   test::perturb_params(whole, 6);
   whole.zero_grad();
-  whole.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+  whole.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
   whole.backward(0.1);
 
   const int L = whole.num_layers(), cut = 2;  // first: embedding + layer 0; last: layer 1 + head
@@ -97,8 +97,8 @@ TEST(Units, TiedEmbeddingAcrossTwoRanks) {
   EXPECT_EQ(last.unit_params(1), nullptr);
 
   MicroBatchState<double> a, c;
-  first.forward(a, {0, cut}, b.tokens.data(), nullptr, nullptr, b.B, b.T);
-  last.forward(c, {cut, L + 2}, nullptr, b.targets.data(), a.x[size_t(cut - 1)].data(), b.B, b.T);
+  first.forward(a, {0, cut}, b.tokens.data(), nullptr, nullptr, b.B, b.seq);
+  last.forward(c, {cut, L + 2}, nullptr, b.targets.data(), a.x[size_t(cut - 1)].data(), b.B, b.seq);
   last.backward(c, 0.1);
   first.backward(a, 0.1, c.input_grad.data());
 
@@ -130,14 +130,14 @@ TEST(Units, MicroBatchesInFlight) {
     test::perturb_params(*m, 9);
     m->zero_grad();
   }
-  seq.forward(a.tokens.data(), a.targets.data(), a.B, a.T);
+  seq.forward(a.tokens.data(), a.targets.data(), a.B, a.seq);
   seq.backward(0.05f);
-  seq.forward(c.tokens.data(), c.targets.data(), c.B, c.T);
+  seq.forward(c.tokens.data(), c.targets.data(), c.B, c.seq);
   seq.backward(0.05f);
 
   MicroBatchState<float> sa, sc;
-  fly.forward(sa, fly.all_units(), a.tokens.data(), a.targets.data(), nullptr, a.B, a.T);
-  fly.forward(sc, fly.all_units(), c.tokens.data(), c.targets.data(), nullptr, c.B, c.T);
+  fly.forward(sa, fly.all_units(), a.tokens.data(), a.targets.data(), nullptr, a.B, a.seq);
+  fly.forward(sc, fly.all_units(), c.tokens.data(), c.targets.data(), nullptr, c.B, c.seq);
   EXPECT_GT(fly.memory().live(MemoryCategory::activations), sa.activation_bytes());  // both held
   fly.backward(sa, 0.05f);
   fly.backward(sc, 0.05f);
@@ -220,9 +220,9 @@ void expect_checkpointing_bitwise() {
     test::perturb_params(m, 13);
     m.zero_grad();
     // Two micro-batches, so recomputation also runs with gradients already accumulated.
-    LossSum loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+    LossSum loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
     m.backward(T(0.1));
-    loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+    loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
     m.backward(T(0.1));
     if (std::string(spec) == "none") {
       reference = test::flat_grads(m), ref_loss = loss;
@@ -298,7 +298,7 @@ void expect_activation_peaks() {
   LlamaConfig cfg = test::tiny_config(false, false);
   cfg.num_hidden_layers = 7;
   const test::Batch b = test::make_batch(3, 8, cfg.vocab_size, 41, true);
-  const Shapes d{int64_t(sizeof(T)), b.B * b.T, cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(),
+  const Shapes d{int64_t(sizeof(T)), b.B * b.seq, cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(),
                  cfg.num_attention_heads, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers};
   int64_t none_peak = 0;
   for (const char* spec : kPolicies) {
@@ -308,7 +308,7 @@ void expect_activation_peaks() {
     m.init_weights(5);
     m.zero_grad();
     m.memory().reset_peaks();
-    m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+    m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
     m.backward(T(0.01));
     const int64_t peak = m.memory().peak(MemoryCategory::activations);
     EXPECT_EQ(peak, expected_peak(d, ac)) << spec;

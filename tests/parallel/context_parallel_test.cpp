@@ -20,15 +20,15 @@ namespace {
 TEST(ContextSlice, RankTakesAChunkAndItsMirror) {
   // Two rows of 8 tokens, cp = 2: 4 chunks of 2. Rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
   Batch b;
-  b.B = 2, b.T = 8;
+  b.B = 2, b.seq = 8;
   for (int i = 0; i < 16; ++i) b.tokens.push_back(i), b.targets.push_back(100 + i);
   const Batch r0 = context_slice(b, 2, 0), r1 = context_slice(b, 2, 1);
-  EXPECT_EQ(r0.T, 4);
+  EXPECT_EQ(r0.seq, 4);
   EXPECT_EQ(r0.tokens, (std::vector<int32_t>{0, 1, 6, 7, 8, 9, 14, 15}));
   EXPECT_EQ(r1.tokens, (std::vector<int32_t>{2, 3, 4, 5, 10, 11, 12, 13}));
   EXPECT_EQ(r0.targets, (std::vector<int32_t>{100, 101, 106, 107, 108, 109, 114, 115}));
   // cp = 3 on 12 tokens: 6 chunks of 2; rank 1 holds chunks 1 and 4.
-  b.B = 1, b.T = 12;
+  b.B = 1, b.seq = 12;
   b.tokens.resize(12), b.targets.resize(12);
   EXPECT_EQ(context_slice(b, 3, 1).tokens, (std::vector<int32_t>{2, 3, 8, 9}));
 }
@@ -75,7 +75,7 @@ struct Sequence {
     return out;
   }
   BlockDims dims(int cp, int r) const {
-    return {.B = 1, .T = S / cp, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = r, .doc = documents()};
+    return {.B = 1, .seq = S / cp, .nh = nh, .nkv = nkv, .hd = hd, .cp = cp, .cp_rank = r, .doc = documents()};
   }
   const int32_t* documents() const { return doc.empty() ? nullptr : doc.data(); }
   // Packs documents of these lengths (summing to S) into the sequence.
@@ -108,7 +108,7 @@ void on_each_rank(const Sequence& seq, int cp, ContextAlgo algo, Check&& check) 
     const BlockDims d = seq.dims(cp, r);
     const std::vector<double> q = seq.share(seq.q, seq.nh, cp, r), k = seq.share(seq.k, seq.nkv, cp, r),
                               v = seq.share(seq.v, seq.nkv, cp, r);
-    std::vector<double> mine(q.size()), mine_lse(size_t(d.T * d.nh));
+    std::vector<double> mine(q.size()), mine_lse(size_t(d.seq * d.nh));
     FlopCount count;
     {
       ops::ScopedFlopSink sink(&count);

@@ -97,7 +97,8 @@ TEST(PipelinePicture, TextOfGpipe) {
 }
 
 TEST(PipelinePicture, TextOfSplitBackwardAndChunks) {
-  // One rank, two chunks, zero bubble's split backward, 5 us cells: F 2 cells, I and W 1 each.
+  // One rank, two chunks, zero bubble's split backward, 5 us cells: F 2 cells, I and W 1 each,
+  // too narrow for "I0", so no box shows its micro-batch.
   RankTrace t(0, kOrigin, 100);
   action(t, "forward mb 0 chunk 0", 10);
   action(t, "forward mb 0 chunk 1", 10);
@@ -109,10 +110,23 @@ TEST(PipelinePicture, TextOfSplitBackwardAndChunks) {
   EXPECT_EQ(p.bubble_fraction(), std::vector<double>{0});
   EXPECT_EQ(pipeline_text(p, 8),
             "ZB, p=1, v=2  (40 us, one cell = 5 us)\n"
-            "rank 0 |F0f0iwIW| 0.0% bubble\n"
+            "rank 0 |F f iwIW| 0.0% bubble\n"
             "        0  40 us\n"
-            "F forward, I backward-input, W backward-weight, . idle; the number is the micro-batch; "
-            "lowercase: chunk >= 1\n");
+            "F forward, I backward-input, W backward-weight, . idle; one letter per action (some boxes are too "
+            "narrow for their micro-batch: more columns show them); lowercase: chunk >= 1\n");
+}
+
+TEST(PipelinePicture, TextNumbersEveryBoxOrNone) {
+  // Forwards of 1, 2, 1 and 2 cells: numbering the wide ones only drew "FF1FF3", where no box
+  // could be told from its neighbour (issue 51); with 2 cells each, every box says its number.
+  RankTrace t(0, kOrigin, 100);
+  for (int mb = 0; mb < 4; ++mb) action(t, pipeline_span_name('F', mb, 0), mb % 2 ? 10 : 5);
+  const std::string narrow = pipeline_text(pipeline_picture({&t}, "mixed"), 6);
+  EXPECT_NE(narrow.find("rank 0 |FF FF | 0.0% bubble\n"), std::string::npos) << narrow;
+  RankTrace u(0, kOrigin, 100);
+  for (int mb = 0; mb < 4; ++mb) action(u, pipeline_span_name('F', mb, 0), 10);
+  const std::string even = pipeline_text(pipeline_picture({&u}, "even"), 8);
+  EXPECT_NE(even.find("rank 0 |F0F1F2F3| 0.0% bubble\n"), std::string::npos) << even;
 }
 
 TEST(PipelinePicture, TextNamesChunksWhenCaseIsNotEnough) {

@@ -105,22 +105,7 @@ TEST(TokenCache, WrittenOnceReadBackAndRefusedWhenStale) {
 // file's ids.
 TEST(Tiktoken, ProjectVocabularyInMetasFormatGivesTheSameIds) {
   const BpeTokenizer json_tok = load_tokenizer_json(test::project_tokenizer_path());
-  std::string file;
-  static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  for (int32_t id = 0; id < json_tok.bos_id(); ++id) {
-    const std::string bytes = json_tok.decode(std::vector<int32_t>{id});
-    std::string enc;
-    for (size_t i = 0; i < bytes.size(); i += 3) {
-      uint32_t v = uint32_t(static_cast<unsigned char>(bytes[i])) << 16;
-      if (i + 1 < bytes.size()) v |= uint32_t(static_cast<unsigned char>(bytes[i + 1])) << 8;
-      if (i + 2 < bytes.size()) v |= uint32_t(static_cast<unsigned char>(bytes[i + 2]));
-      enc += b64[(v >> 18) & 63];
-      enc += b64[(v >> 12) & 63];
-      enc += i + 1 < bytes.size() ? b64[(v >> 6) & 63] : '=';
-      enc += i + 2 < bytes.size() ? b64[v & 63] : '=';
-    }
-    file += enc + " " + std::to_string(id) + "\n";
-  }
+  const std::string file = test::tiktoken_text(json_tok);
   TiktokenOptions opt;
   for (int32_t id = json_tok.bos_id(); id < json_tok.vocab_size(); ++id) opt.specials.push_back(json_tok.id_to_token(id));
   const BpeTokenizer tik = parse_tiktoken(file, opt, "project.tiktoken");

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/data/bpe_tokenizer.h"
 #include "core/data/dataset.h"
 
 #ifndef LLAMA4D_SOURCE_DIR
@@ -39,6 +40,25 @@ std::vector<std::string> multilingual_strings() {
     out.push_back(s);
   }
   return out;
+}
+
+std::string tiktoken_text(const BpeTokenizer& tok) {
+  static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string file;
+  for (int32_t id = 0; id < tok.bos_id(); ++id) {
+    const std::string bytes = tok.decode(std::vector<int32_t>{id}, {.render_specials = true});
+    for (size_t i = 0; i < bytes.size(); i += 3) {  // three bytes -> four letters, '=' padding
+      uint32_t v = uint32_t(static_cast<unsigned char>(bytes[i])) << 16;
+      if (i + 1 < bytes.size()) v |= uint32_t(static_cast<unsigned char>(bytes[i + 1])) << 8;
+      if (i + 2 < bytes.size()) v |= uint32_t(static_cast<unsigned char>(bytes[i + 2]));
+      file += b64[(v >> 18) & 63];
+      file += b64[(v >> 12) & 63];
+      file += i + 1 < bytes.size() ? b64[(v >> 6) & 63] : '=';
+      file += i + 2 < bytes.size() ? b64[v & 63] : '=';
+    }
+    file += " " + std::to_string(id) + "\n";
+  }
+  return file;
 }
 
 std::string read_file(const fs::path& path) {

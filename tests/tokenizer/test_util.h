@@ -6,6 +6,10 @@
 #include <string_view>
 #include <vector>
 
+namespace llama4d {
+class BpeTokenizer;
+}
+
 namespace llama4d::test {
 
 // data/tokenizer/tokenizer.json of the source tree.
@@ -14,6 +18,10 @@ std::string project_tokenizer_path();
 std::vector<std::string> corpus_documents();
 // A few hundred strings of many scripts, emoji, digits and whitespace, from a fixed seed.
 std::vector<std::string> multilingual_strings();
+
+// Meta's tokenizer.model text of `tok`'s BPE ids (every id below its <|begin_of_text|>): a line
+// per id, the base64 of its bytes, a space and the id as its rank.
+std::string tiktoken_text(const BpeTokenizer& tok);
 
 std::string read_file(const std::filesystem::path& path);
 void write_file(const std::filesystem::path& path, std::string_view bytes);

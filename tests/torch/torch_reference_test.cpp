@@ -77,7 +77,7 @@ double uniform(uint64_t& s) {
 struct Case {
   const char* name;
   LlamaConfig cfg;
-  int64_t B, T;
+  int64_t B, seq;
 };
 
 Case gqa_untied() {
@@ -120,19 +120,19 @@ struct Batch {
 Batch make_batch(const Case& c) {
   Batch b;
   uint64_t s = 77;
-  const int64_t n = c.B * c.T;
+  const int64_t n = c.B * c.seq;
   for (int64_t i = 0; i < n; ++i) b.tokens.push_back(int32_t(uniform(s) * double(c.cfg.vocab_size)));
   for (int64_t i = 0; i < n; ++i) b.targets.push_back(int32_t(uniform(s) * double(c.cfg.vocab_size)));
   b.targets[2] = -1;  // ignored positions, in both rows
   b.targets[size_t(n - 1)] = -1;
-  b.targets[size_t(c.T + 4)] = -1;
+  b.targets[size_t(c.seq + 4)] = -1;
   return b;
 }
 
 void write_batch(const fs::path& dir, const Case& c, const Batch& b) {
   write_safetensors((dir / "batch.safetensors").string(),
-                    {TensorToWrite{"tokens", {c.B, c.T}, DType::i32, b.tokens.data(), DType::i32},
-                     TensorToWrite{"targets", {c.B, c.T}, DType::i32, b.targets.data(), DType::i32}});
+                    {TensorToWrite{"tokens", {c.B, c.seq}, DType::i32, b.tokens.data(), DType::i32},
+                     TensorToWrite{"targets", {c.B, c.seq}, DType::i32, b.targets.data(), DType::i32}});
 }
 
 // The keys transformers' LlamaConfig / LlamaForCausalLM read to build the same architecture.
@@ -186,16 +186,16 @@ template <class T>
 void compare_with_torch(Llama<T>& m, const Case& c, const Batch& b, const fs::path& dir, double tol) {
   const char* prec = sizeof(T) == 8 ? "fp64" : "fp32";
   m.zero_grad();
-  const LossSum ls = m.forward(b.tokens.data(), b.targets.data(), c.B, c.T);
+  const LossSum ls = m.forward(b.tokens.data(), b.targets.data(), c.B, c.seq);
   ASSERT_GT(ls.tokens, 0);
-  const std::vector<double> logits = as_double(m.logits(), c.B * c.T * c.cfg.vocab_size);
+  const std::vector<double> logits = as_double(m.logits(), c.B * c.seq * c.cfg.vocab_size);
   m.backward(T(1) / T(ls.tokens));  // gradient of the MEAN loss, as torch's reduction="mean"
 
   const SafetensorsFile ref((dir / "torch_reference.safetensors").string());
   std::vector<double> torch_loss(1);
   ref.read("loss", {1}, torch_loss.data());
-  std::vector<double> torch_logits(size_t(c.B * c.T * c.cfg.vocab_size));
-  ref.read("logits", {c.B, c.T, c.cfg.vocab_size}, torch_logits.data());
+  std::vector<double> torch_logits(size_t(c.B * c.seq * c.cfg.vocab_size));
+  ref.read("logits", {c.B, c.seq, c.cfg.vocab_size}, torch_logits.data());
 
   const double loss_rel = rel_error({ls.mean()}, torch_loss);
   EXPECT_LE(loss_rel, tol) << prec << " loss: ours " << ls.mean() << " torch " << torch_loss[0];

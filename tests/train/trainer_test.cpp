@@ -56,7 +56,7 @@ TEST(Trainer, MicroBatchingGivesTheGlobalMeanGradient) {
   Llama<double> c(test::tiny_config());
   c.init_weights(3);
   const Batch batch = sample_batch(data.train(), whole.seq_len, whole.seed, 0, whole.batch_size);
-  const LossSum ls = c.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T);
+  const LossSum ls = c.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.seq);
   EXPECT_EQ(ls.tokens, whole.tokens_per_step());
   EXPECT_NEAR(ls.mean(), sa.loss, 1e-12);
 }
