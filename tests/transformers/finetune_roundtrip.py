@@ -54,12 +54,14 @@ def main():
         ap.add_argument(a, required=True)
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
-    os.makedirs(a.work)
-    llama4d(a.llama4d, "train", "--init", os.path.join(a.models, "llama3_1"), "--data",
-            os.path.join(a.source, "data", "corpus"), "--seq-len", str(SEQ), "--batch-size", "4", "--steps", "3",
+    # The corpus copied into --work: the token caches llama4d writes beside the data stay out of
+    # the source tree.
+    corpus = os.path.join(a.work, "corpus")
+    shutil.copytree(os.path.join(a.source, "data", "corpus"), corpus)
+    llama4d(a.llama4d, "train", "--init", os.path.join(a.models, "llama3_1"), "--data", corpus, "--seq-len", str(SEQ), "--batch-size", "4", "--steps", "3",
             "--lr", "1e-3", "--mesh", "tp=2,cp=2,pp=2,dp=2", "--zero", "3", "--eval-every", "0", "--out", a.work)
     ckpt = os.path.join(a.work, "checkpoint")
-    doc = os.path.join(a.source, "data", "corpus", "part-01-01.txt")
+    doc = os.path.join(corpus, "part-01-01.txt")
     ours = llama4d(a.llama4d, "eval", "--checkpoint", ckpt, "--data", doc, "--seq-len", str(SEQ))
     with open(doc, encoding="utf-8") as f:
         theirs, count = transformers_loss(ckpt, f.read())
