@@ -56,13 +56,25 @@ int64_t fitted_seq_len(const CLI::App& cmd, int64_t seq_len, const LlamaConfig& 
   return cfg.max_position_embeddings;
 }
 
-void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what) {
-  const double need = double(cfg.num_parameters()) * bytes_per_param;
+ModelDirectory ModelChoice::open() const {
+  namespace fs = std::filesystem;
+  if (!checkpoint.empty() && fs::is_directory(checkpoint)) return open_model_directory(checkpoint);
+  ModelDirectory m;
+  m.config = resolve();
+  m.tokenizer = tokenizer_for_shape(m.config);
+  m.stop_ids = m.tokenizer->eos_ids();
+  return m;
+}
+
+void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what,
+                          double extra_bytes) {
+  const double need = double(cfg.num_parameters()) * bytes_per_param + extra_bytes;
   const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   if (need > 0.8 * have && !force)
-    throw InputError(what + " needs about " + std::to_string(int64_t(need / 1e9)) + " GB for " +
-                     std::to_string(cfg.num_parameters()) + " parameters but this machine has " +
-                     std::to_string(int64_t(have / 1e9)) + " GB; pass --force to try anyway");
+    throw InputError(what + " needs about " + std::to_string(int64_t(need)) + " bytes (" +
+                     std::to_string(int64_t(need / 1e9)) + " GB) for " + std::to_string(cfg.num_parameters()) +
+                     " parameters but this machine has " + std::to_string(int64_t(have)) + " bytes (" +
+                     std::to_string(int64_t(have / 1e9)) + " GB) of physical memory; pass --force to try anyway");
 }
 
 void check_batch_fits_in_memory(const LlamaConfig& cfg, int64_t rows, int64_t seq_len, double bytes, double share,

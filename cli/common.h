@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/model/config.h"
+#include "core/train/model_directory.h"
 
 namespace llama4d::cli {
 
@@ -24,6 +25,10 @@ struct ModelChoice {
   // Which model this is, for the progress line and the JSON: "preset tiny", "config PATH",
   // "checkpoint DIR".
   std::string describe() const;
+  // The chosen model with its tokenizer: --checkpoint's directory (open_model_directory:
+  // tokenizer, stop ids, chat template, all checked), else resolve()'s shape with the byte
+  // tokenizer (dir empty).
+  ModelDirectory open() const;
   bool fp64() const { return dtype == "f64"; }
   // bf16 mixed precision: an f32 model computing in bf16 (Llama::set_bf16_compute).
   bool bf16() const { return dtype == "bf16"; }
@@ -36,8 +41,10 @@ int64_t fitted_seq_len(const CLI::App& cmd, int64_t seq_len, const LlamaConfig& 
 
 // Refuses shapes whose training state would not fit in this machine's memory (the real
 // llama3-* presets), unless the user insists. bytes_per_param: 16 for fp32 params, grads and
-// two AdamW moments.
-void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what);
+// two AdamW moments; extra_bytes: what else the command holds (a KV cache). Checked against 80%
+// of physical memory (sysconf), before anything is allocated; the message gives both in bytes.
+void check_fits_in_memory(const LlamaConfig& cfg, double bytes_per_param, bool force, const std::string& what,
+                          double extra_bytes = 0);
 
 // Refuses, before any work, a batch whose activations cannot fit in this machine's memory (an
 // InputError naming the bytes, where the allocation would otherwise fail mid-step). A lower bound:

@@ -7,10 +7,12 @@
 #include "cli/common.h"
 #include "core/data/batch_sampler.h"
 #include "core/data/dataset.h"
+#include "core/data/tokenized_corpus.h"
 #include "core/data/entropy.h"
 #include "core/error.h"
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
+#include "core/ops.h"
 #include "core/train/evaluate.h"
 
 namespace llama4d::cli {
@@ -28,13 +30,17 @@ struct EvalArgs {
 
 template <class T>
 nlohmann::json run_eval(const EvalArgs& a) {
-  const LlamaConfig cfg = a.model.resolve();
-  check_fits_in_memory(cfg, sizeof(T), a.force, "evaluating");
+  check_fits_in_memory(a.model.resolve(), sizeof(T), a.force, "evaluating");  // before the tokenizer is read
+  const ModelDirectory md = a.model.open();
+  const LlamaConfig& cfg = md.config;
+  const bool bytes = dynamic_cast<const ByteTokenizer*>(md.tokenizer.get()) != nullptr;
   if (a.seq_len < 1) throw InputError("--seq-len must be >= 1");
   check_batch_fits_in_memory(cfg, a.batch_size, a.seq_len, sizeof(T), 1.0, a.force,
                              "--batch-size " + std::to_string(a.batch_size) + " x --seq-len " + std::to_string(a.seq_len));
+  // The document mask cuts rows at the byte tokenizer's <|end_of_text|> (batch_sampler.h).
+  if (a.doc_mask && !bytes) throw InputError("--doc-mask is implemented for byte-tokenizer models only");
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
-  const std::vector<int32_t> tokens = pack_documents(load_documents(path));
+  const std::vector<int32_t> tokens = tokenize_corpus(*md.tokenizer, path, ops::backend_threads());
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
 
   Llama<T> model(cfg);
@@ -45,18 +51,29 @@ nlohmann::json run_eval(const EvalArgs& a) {
     model.init_weights(a.seed);
 
   const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows, a.doc_mask);
+  // Bits per byte and the unigram baseline are byte-model measures (one token per byte).
+  const double nats = loss.mean();
+  if (!bytes) {
+    progress("eval: %s, %s: %lld tokens predicted, loss %.4f nats per token, perplexity %.3f (%s)\n",
+             a.model.describe().c_str(), path.c_str(), (long long)loss.tokens, nats, std::exp(nats),
+             md.tokenizer->describe().c_str());
+    return {{"loss", nats},         {"tokens", loss.tokens}, {"bits_per_byte", nullptr},
+            {"perplexity", std::exp(nats)}, {"unigram_entropy_nats", nullptr}, {"data", path},
+            {"seq_len", a.seq_len}, {"doc_mask", a.doc_mask}, {"tokenizer", md.tokenizer->describe()}};
+  }
   const UnigramEntropy unigram = unigram_entropy(TokenSpan(tokens));
   progress("eval: %s, %s: %lld tokens predicted, loss %.4f nats (%.4f bits/byte), perplexity %.3f; unigram entropy %.4f nats\n",
-           a.model.describe().c_str(), path.c_str(), (long long)loss.tokens, loss.mean(), loss.mean() / std::log(2.0), std::exp(loss.mean()),
+           a.model.describe().c_str(), path.c_str(), (long long)loss.tokens, nats, nats / std::log(2.0), std::exp(nats),
            unigram.nats);
-  return {{"loss", loss.mean()},
+  return {{"loss", nats},
           {"tokens", loss.tokens},
-          {"bits_per_byte", loss.mean() / std::log(2.0)},
-          {"perplexity", std::exp(loss.mean())},
+          {"bits_per_byte", nats / std::log(2.0)},
+          {"perplexity", std::exp(nats)},
           {"unigram_entropy_nats", unigram.nats},
           {"data", path},
           {"seq_len", a.seq_len},
-          {"doc_mask", a.doc_mask}};
+          {"doc_mask", a.doc_mask},
+          {"tokenizer", md.tokenizer->describe()}};
 }
 
 }  // namespace
@@ -65,7 +82,7 @@ void add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "mean next-token cross-entropy over a text file");
   a->model.add_options(*cmd, "small", true);
-  cmd->add_option("--data", a->data, "UTF-8 text file or directory of .txt documents (default: shipped corpus)");
+  cmd->add_option("--data", a->data, "UTF-8 text file, directory of .txt documents, or .jsonl with a \"text\" field (default: shipped corpus)");
   add_number(*cmd, "--seq-len", a->seq_len, "window length (at most the model's max_position_embeddings unless given)")->capture_default_str();
   add_number(*cmd, "--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
   cmd->add_flag("--doc-mask", a->doc_mask, "mask attention between the documents in a window (as the model was trained)");

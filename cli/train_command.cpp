@@ -10,9 +10,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/init_checkpoint.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
 #include "core/data/dataset.h"
+#include "core/data/tokenized_corpus.h"
 #include "core/data/entropy.h"
 #include "core/error.h"
 #include "core/io/atomic_dir.h"
@@ -33,7 +35,7 @@ struct TrainArgs {
   ParallelChoice parallel;
   LaunchOptions launch;
   TrainOptions opt;
-  std::string data, out = "runs/train", resume;
+  std::string data, out = "runs/train", resume, init;
   int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0;
   ComputeChoice compute;
   bool json = false, force = false;
@@ -55,7 +57,47 @@ constexpr LoopSetting kLoopSettings[] = {{"--eval-every", "eval_every", &TrainAr
 struct Run {
   TrainArgs args;
   LlamaConfig cfg;
+  // The model directory of --init (or of a --resume checkpoint that holds tokenizer files): its
+  // tokenizer encodes the data. Null: llama4d's byte tokenizer, as for every preset.
+  std::shared_ptr<const ModelDirectory> model_dir;
+  // Its tokenizer files (name, bytes), read before training: written beside every checkpoint
+  // saved, so the result is a model directory transformers and llama4d load with its tokenizer.
+  std::vector<std::pair<std::string, std::string>> tokenizer_files;
 };
+
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                                           "special_tokens_map.json", "generation_config.json"};
+
+// The directory's model and tokenizer; the tokenizer files kept in memory (a resume may save over
+// the directory they are read from).
+void use_model_directory(Run& r, const std::string& dir) {
+  r.model_dir = std::make_shared<const ModelDirectory>(open_model_directory(dir));
+  for (const char* name : kTokenizerFiles) {
+    const std::filesystem::path p = std::filesystem::path(dir) / name;
+    if (!std::filesystem::exists(p)) continue;
+    std::ifstream in(p, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in && !in.eof()) throw InputError("cannot read " + p.string());
+    r.tokenizer_files.emplace_back(name, std::move(bytes));
+  }
+}
+
+bool has_bpe_tokenizer(const Run& r) {
+  return r.model_dir && !dynamic_cast<const ByteTokenizer*>(r.model_dir->tokenizer.get());
+}
+
+// The unigram entropy of the validation split: a byte model's baseline (one token per byte);
+// NaN for another tokenizer's ids.
+double unigram_nats(const Run& r, const TextDataset& data) {
+  return has_bpe_tokenizer(r) ? NAN : unigram_entropy(data.validation()).nats;
+}
+
+void write_tokenizer_files(const Run& r, const std::string& dir) {
+  for (const auto& [name, bytes] : r.tokenizer_files) {
+    std::ofstream out(std::filesystem::path(dir) / name, std::ios::binary | std::ios::trunc);
+    if (!(out << bytes) || !out.flush()) throw IoError("cannot write " + dir + "/" + name);
+  }
+}
 
 // Saved absolute, so that a resume started from another directory finds the data.
 std::string absolute_path(const std::string& path) {
@@ -107,12 +149,31 @@ void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
 // Everything about the run that can be checked without computing: done before anything is
 // written, so a bad flag costs nothing and leaves nothing behind.
 Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
-  Run r{a, {}};
-  if (a.resume.empty()) {
+  Run r{a, {}, nullptr, {}};
+  if (!a.init.empty()) {
+    if (!a.resume.empty()) throw InputError("--init and --resume: a resumed run continues its checkpoint's weights");
+    for (const char* flag : {"--preset", "--config"})
+      if (cmd.count(flag) > 0) throw InputError(std::string(flag) + " and --init: the model is --init's directory");
+    use_model_directory(r, a.init);
+    r.cfg = r.model_dir->config;
+    r.args.opt.seq_len = fitted_seq_len(cmd, a.opt.seq_len, r.cfg);
+  } else if (a.resume.empty()) {
     r.cfg = a.model.resolve();
     r.args.opt.seq_len = fitted_seq_len(cmd, a.opt.seq_len, r.cfg);
-  } else
+  } else {
     apply_checkpoint(r, a, cmd);
+    for (const char* f : {"tokenizer.json", "tokenizer.model"})
+      if (std::filesystem::exists(std::filesystem::path(a.resume) / f)) {
+        use_model_directory(r, a.resume);
+        break;
+      }
+  }
+  if (has_bpe_tokenizer(r) && r.args.opt.doc_mask)
+    throw InputError("--doc-mask is implemented for byte-tokenizer models only (it cuts rows at id " +
+                     std::to_string(kEndOfTextToken) + ")");
+  if (!a.init.empty() && a.parallel.parallel() && a.launch.backend != "virtual")
+    throw InputError("--init on a mesh runs on virtual GPUs (--backend virtual): it stages the directory's weights "
+                     "as a checkpoint in one process that every rank then reads its part of");
   TrainArgs& x = r.args;
   if (x.log_every < 1) throw InputError("--log-every must be >= 1");
   if (x.eval_windows < 1) throw InputError("--eval-windows must be >= 1");
@@ -128,7 +189,10 @@ Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
 }
 
 // Which model the run trains: the checkpoint it resumes, or the flags' choice.
-std::string model_name(const TrainArgs& a) { return a.resume.empty() ? a.model.describe() : "checkpoint " + a.resume; }
+std::string model_name(const TrainArgs& a) {
+  if (!a.init.empty()) return "model directory " + a.init;
+  return a.resume.empty() ? a.model.describe() : "checkpoint " + a.resume;
+}
 
 // FNV-1a over the tokens: what identifies the text a run trains on, wherever the file lies.
 std::string fingerprint(const std::vector<int32_t>& tokens) {
@@ -142,7 +206,9 @@ std::string fingerprint(const std::vector<int32_t>& tokens) {
 // The corpus the batches come from. On resume it must be the text the run started on (the
 // file may have moved: --data names the new place), else every batch would differ.
 TextDataset load_run_data(Run& r, bool data_given) {
-  TextDataset data = load_dataset(r.args.data, r.args.opt.seq_len);
+  TextDataset data = has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, r.args.data,
+                                                                    r.args.opt.seq_len, ops::backend_threads())
+                                         : load_dataset(r.args.data, r.args.opt.seq_len);
   nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
   const std::string now = fingerprint(data.tokens);
   if (loop.contains("data_fingerprint") && loop.at("data_fingerprint") != now)
@@ -245,25 +311,30 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
 template <class T>
 nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
   const TrainArgs& a = r.args;
-  const UnigramEntropy unigram = unigram_entropy(data.validation());
+  const double unigram = unigram_nats(r, data);
   Llama<T> model(r.cfg);
   model.set_checkpointing(plan.ac);
   model.init_weights(a.opt.seed);
+  if (!a.init.empty()) load_model(a.init, model.param_specs(), model.params());
   Trainer<T> trainer(model, data, a.opt);
   if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
   progress("train: %s, %lld parameters, %s, one rank, %d threads; data %s (%lld train / %lld val tokens)\n",
            model_name(a).c_str(), (long long)model.num_params(), a.model.dtype.c_str(), ops::backend_threads(), a.data.c_str(),
            (long long)data.train_size, (long long)data.validation().size());
   progress("train: batch %lld x %lld tokens (micro-batch %lld); unigram entropy of val %.3f nats\n",
-           (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)a.opt.micro(), unigram.nats);
+           (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)a.opt.micro(), unigram);
   // One rank: the step's ops may queue on a GPU's stream. A parallel run's steps share buffers
   // with collectives and other ranks, so there every op waits.
   const TrainerCalls calls{[&] { return trainer.step_queued(); }, [&] { return trainer.steps_done(); },
                            [&](int64_t w) { return trainer.validation_loss(w).mean(); },
-                           [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
+                           [&](const std::string& dir) {
+                             trainer.save_checkpoint(dir);
+                             write_tokenizer_files(r, dir);
+                           }};
   nlohmann::json j = train_loop(a, a.opt, calls, true);
-  j["unigram_entropy_nats"] = unigram.nats;
+  j["unigram_entropy_nats"] = std::isnan(unigram) ? nlohmann::json(nullptr) : nlohmann::json(unigram);
   j["model"] = model_name(a);
+  if (r.model_dir) j["tokenizer"] = r.model_dir->tokenizer->describe();
   j["parameters"] = model.num_params();
   j["dtype"] = a.model.dtype;
   j["ranks"] = 1;
@@ -275,8 +346,12 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
 template <class T>
 nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
   const TrainArgs& a = r.args;
+  // --init: the directory's weights staged in <out>/init-checkpoint, removed after the run.
+  const std::string start = !a.resume.empty() ? a.resume
+                            : !a.init.empty() ? stage_init_checkpoint<T>(r.cfg, a.init, data, a.opt, a.out + "/init-checkpoint")
+                                              : "";
   const int ranks = plan.world_size();
-  const UnigramEntropy unigram = unigram_entropy(data.validation());
+  const double unigram = unigram_nats(r, data);
   RankLaunch launcher(a.launch);
   nlohmann::json result;
   std::vector<RankMemory> memory(static_cast<size_t>(ranks));
@@ -285,7 +360,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   launcher.run(ranks, [&](ProcessGroup& world) {
     Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
-    if (!a.resume.empty()) trainer.load_checkpoint(a.resume);
+    if (!start.empty()) trainer.load_checkpoint(start);
     const bool lead = world.rank() == 0 && launcher.reporting();
     if (lead) {
       progress("train: %s, %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
@@ -297,16 +372,20 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     }
     const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
                              [&](int64_t w) { return trainer.validation_loss(w).mean(); },
-                             [&](const std::string& dir) { trainer.save_checkpoint(dir); }};
+                             [&](const std::string& dir) {
+                               trainer.save_checkpoint(dir);
+                               if (world.rank() == 0) write_tokenizer_files(r, dir);
+                             }};
     nlohmann::json j = train_loop(a, a.opt, calls, lead);
     std::lock_guard<std::mutex> lock(mu);
     memory[size_t(world.rank())] = trainer.strategy().peak_memory();
     if (world.rank() == 0) result = j, strategy = trainer.describe();
   });
+  if (!a.init.empty()) std::filesystem::remove_all(start);
   if (!launcher.reporting()) return {};
   const nlohmann::json mem = memory_json(memory);
   if (!a.json) std::fputs(launcher.summary().c_str(), stderr);
-  result["unigram_entropy_nats"] = unigram.nats;
+  result["unigram_entropy_nats"] = std::isnan(unigram) ? nlohmann::json(nullptr) : nlohmann::json(unigram);
   result["model"] = model_name(a);
   result["parameters"] = r.cfg.num_parameters();
   result["dtype"] = a.model.dtype;
@@ -317,6 +396,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   result["backend"] = a.launch.backend;
   result["peak_memory_per_rank"] = mem;
   result["traffic"] = launcher.traffic_totals();
+  if (r.model_dir) result["tokenizer"] = r.model_dir->tokenizer->describe();
   return result;
 }
 
@@ -356,7 +436,11 @@ void add_train_command(CLI::App& app) {
   a->model.add_options(*cmd, "small", false);
   a->parallel.add_options(*cmd, "", true);
   a->launch.add_options(*cmd);
-  cmd->add_option("--data", a->data, "UTF-8 text file or directory of .txt files (default: shipped corpus)");
+  cmd->add_option("--data", a->data,
+                  "UTF-8 text file, directory of .txt files, or .jsonl with a \"text\" field (default: shipped corpus)");
+  cmd->add_option("--init", a->init,
+                  "start from a model directory (config.json, weights, tokenizer): the data is encoded by its "
+                  "tokenizer, and the tokenizer files are saved beside the checkpoint");
   cmd->add_option("--out", a->out, "output directory: metrics.jsonl and checkpoint/")->capture_default_str();
   cmd->add_option("--resume", a->resume,
                   "checkpoint directory to continue from: its model, options and loop settings; --steps, "

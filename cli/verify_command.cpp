@@ -3,13 +3,17 @@
 // every tensor's error, every rank's verdict and whether the bits match. Exits 1 when the results
 // are outside tolerance (with ordered reductions: not bitwise).
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "cli/common.h"
+#include "cli/init_checkpoint.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
 #include "core/data/batch_sampler.h"
 #include "core/data/dataset.h"
+#include "core/data/tokenized_corpus.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/verify/equivalence.h"
@@ -23,7 +27,7 @@ struct VerifyArgs {
   ParallelChoice parallel;
   LaunchOptions launch;
   TrainOptions opt;
-  std::string data;
+  std::string data, init;
   ComputeChoice compute;
   bool json = false;
   int micro_batches = 0;
@@ -49,7 +53,12 @@ struct Verified {
 template <class T>
 Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   EquivalenceOptions o;
-  o.model = a.model.resolve();
+  // --init: a model directory's shape, tokenizer and weights (every side starts from them).
+  std::unique_ptr<const ModelDirectory> md;
+  if (!a.init.empty()) md = std::make_unique<const ModelDirectory>(open_model_directory(a.init));
+  const bool bpe = md && !dynamic_cast<const ByteTokenizer*>(md->tokenizer.get());
+  if (bpe && a.opt.doc_mask) throw InputError("--doc-mask is implemented for byte-tokenizer models only");
+  o.model = md ? md->config : a.model.resolve();
   o.plan = a.parallel.plan(o.model, a.launch.algo);
   if (o.plan.single_device()) throw InputError("verify needs a parallel --mesh to compare against one device");
   o.train = a.opt;
@@ -66,7 +75,20 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   o.train.validate();
   // The plan's ranks and the one-device replay: two of every forward.
   check_step_fits_in_memory(o.model, o.train, o.plan, a.launch.backend, 2.0 * sizeof(T), false);
-  const TextDataset data = load_dataset(a.data.empty() ? default_corpus_path() : a.data, o.train.seq_len);
+  const std::string path = a.data.empty() ? default_corpus_path() : a.data;
+  const TextDataset data = bpe ? load_tokenized_dataset(*md->tokenizer, path, o.train.seq_len, ops::backend_threads())
+                               : load_dataset(path, o.train.seq_len);
+  // The weights staged as a step-0 checkpoint in this process's own temporary directory.
+  const std::filesystem::path staged =
+      std::filesystem::temp_directory_path() / ("llama4d-verify-init-" + std::to_string(getpid()));
+  struct Remove {
+    std::filesystem::path p;
+    ~Remove() {
+      std::error_code ec;
+      if (!p.empty()) std::filesystem::remove_all(p, ec);
+    }
+  } remove{md ? staged : std::filesystem::path()};
+  if (md) o.start_from = stage_init_checkpoint<T>(o.model, a.init, data, o.train, staged.string());
   Verified v;
   v.report = verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
     launcher.run(o.plan.world_size(), fn);
@@ -98,10 +120,16 @@ void add_verify_command(CLI::App& app) {
   add_number(*cmd, "--grad-clip", a->opt.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
   add_number(*cmd, "--seed", a->opt.seed, "seed for weights and batches")->capture_default_str();
   cmd->add_option("--data", a->data, "text to draw batches from (default: shipped corpus)");
+  cmd->add_option("--init", a->init,
+                  "a model directory (config.json, weights, tokenizer): verify the plan on its weights, with the data "
+                  "encoded by its tokenizer");
   add_compute_options(*cmd, a->compute, "compute threads of this process (default: all cores)");
   cmd->add_flag("--json", a->json, "print one JSON object with the report on stdout");
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
     use_compute(a->compute);
+    for (const char* flag : {"--preset", "--config"})
+      if (!a->init.empty() && cmd->count(flag) > 0)
+        throw InputError(std::string(flag) + " and --init: the model is --init's directory");
     RankLaunch launcher(a->launch);
     const Verified v = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
     const EquivalenceReport& r = v.report;

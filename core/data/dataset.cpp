@@ -100,14 +100,13 @@ std::vector<int32_t> pack_documents(const std::vector<std::string>& documents) {
   return tokens;
 }
 
-TextDataset make_dataset(const std::vector<std::string>& documents, int64_t seq_len, double val_fraction,
-                         std::string source) {
+TextDataset split_tokens(std::vector<int32_t> tokens, int64_t seq_len, double val_fraction, std::string source) {
   if (seq_len < 1) throw InputError("seq_len must be at least 1, got " + std::to_string(seq_len));
   if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
     throw InputError("validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
   }
   TextDataset ds;
-  ds.tokens = pack_documents(documents);
+  ds.tokens = std::move(tokens);
   if (ds.tokens.empty()) throw InputError("data " + source + " is empty");
   ds.source = std::move(source);
   const int64_t n = int64_t(ds.tokens.size());
@@ -125,6 +124,11 @@ TextDataset make_dataset(const std::vector<std::string>& documents, int64_t seq_
   if (ds.train_size <= seq_len) throw too_short("training", ds.train_size);
   if (n_val <= seq_len) throw too_short("validation", n_val);
   return ds;
+}
+
+TextDataset make_dataset(const std::vector<std::string>& documents, int64_t seq_len, double val_fraction,
+                         std::string source) {
+  return split_tokens(pack_documents(documents), seq_len, val_fraction, std::move(source));
 }
 
 TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_fraction, std::string source) {

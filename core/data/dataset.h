@@ -47,6 +47,9 @@ struct TextDataset {
 // else InputError. val_fraction must lie in (0, 1).
 TextDataset make_dataset(const std::vector<std::string>& documents, int64_t seq_len, double val_fraction = 0.1,
                          std::string source = "<memory>");
+// A token stream already packed (tokenized_corpus.h: another tokenizer's ids), split as above.
+TextDataset split_tokens(std::vector<int32_t> tokens, int64_t seq_len, double val_fraction = 0.1,
+                         std::string source = "<memory>");
 // One document.
 TextDataset make_dataset(std::string_view text, int64_t seq_len, double val_fraction = 0.1,
                          std::string source = "<memory>");

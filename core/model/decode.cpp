@@ -64,6 +64,13 @@ void Decoder<T>::feed(const int32_t* tokens, int64_t seq, T* logits_last) {
   ops::copy(logits_last, ha.logits.data(), B * V);
 }
 
+template <class T>
+void Decoder<T>::rewind(int64_t len) {
+  if (len < 0 || len > len_)
+    throw InputError("KV cache rewind to " + std::to_string(len) + " of " + std::to_string(len_) + " positions");
+  len_ = len;  // later feeds overwrite the keys and values from here on
+}
+
 template class Decoder<float>;
 template class Decoder<double>;
 

@@ -25,6 +25,10 @@ class Decoder {
   // InputError for an id outside the vocabulary or more tokens than the cache has room for.
   void feed(const int32_t* tokens, int64_t seq, T* logits_last);
 
+  // Forgets positions len .. len()-1: the next feed starts at position `len` (a chat turn
+  // whose ids differ from what was generated). InputError unless 0 <= len <= len().
+  void rewind(int64_t len);
+
   int64_t len() const { return len_; }  // positions already cached
   int64_t max_len() const { return max_len_; }
 

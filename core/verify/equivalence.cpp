@@ -379,6 +379,7 @@ ReplayResult<T> train_on_one_device(const EquivalenceOptions& o, const TextDatas
   Llama<T> model(o.model);
   model.init_weights(o.train.seed);
   Trainer<T> trainer(model, data, o.train);
+  if (!o.start_from.empty()) trainer.load_checkpoint(o.start_from);
   for (int64_t s = 0; s < o.train.steps; ++s) {
     const StepStats st = trainer.step();
     out.losses.push_back(st.loss);
@@ -450,7 +451,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
   rep.memory.resize(size_t(rep.ranks));
 
   // 1. The references, on one device, before anything parallel runs.
-  const ReplayResult<T> ref = replay_on_one_device<T>(o, data);
+  const ReplayResult<T> ref = replay_on_one_device<T>(o, data, o.start_from);
   rep.plain_checked = dtype_of<T>() == DType::f64;
   const ReplayResult<T> plain = rep.plain_checked ? train_on_one_device<T>(o, data) : ReplayResult<T>{};
   rep.losses_single = ref.losses;
@@ -470,6 +471,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
   launch([&](ProcessGroup& world) {
     Llama<T> model = o.plan.make_model<T>(o.model, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, o.train, o.plan);
+    if (!o.start_from.empty()) trainer.load_checkpoint(o.start_from);
     // A tensor-parallel rank compares its slices with the same slices of the references.
     // A pipeline rank compares the tensors of its stages.
     const std::vector<ParamSpec>& held = model.param_specs();

@@ -68,6 +68,9 @@ struct EquivalenceOptions {
   LlamaConfig model;
   TrainOptions train;  // train.steps = steps to verify
   ParallelPlan plan;   // the parallel side; the single device never checkpoints activations
+  // A training checkpoint of step 0 every side starts from (verify --init: a model directory's
+  // weights, cli/init_checkpoint.h); empty: init_weights(train.seed).
+  std::string start_from;
 };
 
 // Worst errors of one quantity against its reference. For tensors, max_rel is the element error

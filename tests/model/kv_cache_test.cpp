@@ -117,5 +117,26 @@ TEST(KvCache, RejectsBadInput) {
   EXPECT_EQ(decoder.len(), 0);
 }
 
+// A chat turn whose ids differ from what was generated: rewinding to the common prefix and
+// feeding the rest gives the logits of a fresh cache fed the whole new sequence.
+TEST(KvCache, RewindThenFeedEqualsAFreshCache) {
+  const LlamaConfig cfg = test::tiny_config(false, true);
+  Llama<double> m(cfg);
+  m.init_weights(3);
+  test::perturb_params(m, 4);
+  const int64_t V = cfg.vocab_size;
+  const std::vector<int32_t> first = {5, 9, 2, 7, 7, 1}, second = {5, 9, 2, 4, 8};
+  Decoder<double> reused(m, 1, 8), fresh(m, 1, 8);
+  std::vector<double> a(static_cast<size_t>(V)), b(static_cast<size_t>(V));
+  reused.feed(first.data(), int64_t(first.size()), a.data());
+  reused.rewind(3);
+  EXPECT_EQ(reused.len(), 3);
+  reused.feed(second.data() + 3, 2, a.data());
+  fresh.feed(second.data(), int64_t(second.size()), b.data());
+  for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(a[size_t(v)], b[size_t(v)], 1e-12) << "logit " << v;
+  EXPECT_THROW(reused.rewind(6), InputError);  // past what the cache holds
+  EXPECT_THROW(reused.rewind(-1), InputError);
+}
+
 }  // namespace
 }  // namespace llama4d
