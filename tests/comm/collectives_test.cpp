@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "backends/virtual/virtual_cluster.h"
 #include "tests/comm/collective_checks.h"
@@ -92,22 +94,27 @@ TEST_P(Collectives, ThroughTheComputeBackend) {
 }
 
 std::atomic<int> g_reductions{0};
-// host_collective_reduce, but the second call fails as a GPU's could.
+int g_fail_at = 1;                        // which reduction call fails (counting from 0)
+std::chrono::milliseconds g_fail_delay{0};  // how long it runs before it fails
+// host_collective_reduce, but call g_fail_at fails, after g_fail_delay, as a GPU's could.
 void reduce_failing_once(void* const* outs, int n_outs, const void* const* inputs, int n, int64_t count, DType dtype,
                          ReduceOp op, int group_size, bool step_rounding) {
-  if (g_reductions++ == 1) throw Error("collective_reduce: the device was lost");
+  if (g_reductions++ == g_fail_at) {
+    std::this_thread::sleep_for(g_fail_delay);
+    throw Error("collective_reduce: the device was lost");
+  }
   host_collective_reduce(outs, n_outs, inputs, n, count, dtype, op, group_size, step_rounding);
 }
 
 // A member whose share of a collective fails in the backend (a GPU error, its memory) stops the
 // world: the run ends with that error on every rank, no peer waits for the member, and none
 // reads its buffers after it unwound (its peers' shares finish before it frees them).
-TEST(VirtualCollectives, AFailedReductionStopsEveryRank) {
-#ifdef LLAMA4D_HAVE_MPI
-  if (g_mpi) GTEST_SKIP() << "virtual GPUs only";
-#endif
+// Returns how many reductions were called.
+int expect_a_failed_reduction_stops_every_rank(int fail_at, std::chrono::milliseconds delay) {
   LoggingOperands logging(&reduce_failing_once);
   g_reductions = 0;
+  g_fail_at = fail_at;
+  g_fail_delay = delay;
   VirtualClusterOptions o;
   o.ranks = 4;
   VirtualCluster cluster(o);
@@ -124,6 +131,26 @@ TEST(VirtualCollectives, AFailedReductionStopsEveryRank) {
     EXPECT_NE(std::string(e.what()).find("the device was lost"), std::string::npos) << e.what();
   }
   EXPECT_EQ(cluster.failures().size(), 4u);
+  return g_reductions.load();
+}
+
+// The second share fails while the others may still be moving data.
+TEST(VirtualCollectives, AFailedReductionStopsEveryRank) {
+#ifdef LLAMA4D_HAVE_MPI
+  if (g_mpi) GTEST_SKIP() << "virtual GPUs only";
+#endif
+  expect_a_failed_reduction_stops_every_rank(1, std::chrono::milliseconds(0));
+}
+
+// The last share fails after every other member finished its own (the pause lets them reach the
+// wait for the rest): they must not return as if the collective had completed, with that
+// member's chunk never reduced. Without the pause the order of the two is a race.
+TEST(VirtualCollectives, AShareFailingAfterTheOthersFinishedStopsEveryRank) {
+#ifdef LLAMA4D_HAVE_MPI
+  if (g_mpi) GTEST_SKIP() << "virtual GPUs only";
+#endif
+  EXPECT_EQ(expect_a_failed_reduction_stops_every_rank(3, std::chrono::milliseconds(100)), 4)
+      << "one reduction per member: the one that failed was the last";
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Collectives, ::testing::Values(ReduceAlgo::ordered, ReduceAlgo::ring),
