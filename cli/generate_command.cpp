@@ -232,6 +232,7 @@ void add_generate_command(CLI::App& app) {
   cmd->callback([a, cmd] {
     use_compute(a->compute);
     a->prompt_given = cmd->count("--prompt") > 0;
+    if (!a->chat && cmd->count("--context") > 0) throw InputError("--context needs --chat (it sizes the chat's KV cache)");
     const nlohmann::json result = a->model.fp64() ? run_generate<double>(*a) : run_generate<float>(*a);
     if (a->json) print_json(result);
   });

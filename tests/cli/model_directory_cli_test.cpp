@@ -59,6 +59,7 @@ TEST(CliModelDirectory, GenerateAndChatUseTheDirectorysTokenizer) {
 
   expect_bad_input(run("generate --checkpoint " + ckpt + " --chat --chat-format chatml --prompt x"), "\"chatml\"");
   expect_bad_input(run("generate --checkpoint " + ckpt + " --system x --prompt y"), "need --chat");
+  expect_bad_input(run("generate --checkpoint " + ckpt + " --context 64 --prompt y"), "--context needs --chat");
 }
 
 TEST(CliModelDirectory, TrainInitTokenizesWithTheModelsTokenizerAndSavesItBeside) {
