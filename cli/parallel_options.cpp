@@ -14,6 +14,9 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh,
       ->capture_default_str();
   cmd.add_flag("--keep-params", keep_params,
                "ZeRO-3: keep a layer's gathered parameters from forward to backward (Llama 3's choice)");
+  cmd.add_flag("--reduce-once", reduce_once,
+               "ZeRO-2/3: accumulate the micro-batches' gradients whole and reduce-scatter them once per step "
+               "(Llama 3's choice; default: a reduce-scatter per micro-batch, least memory)");
   cmd.add_option("--ac", ac, "activation checkpointing: none, selective, full, every:K or every:sqrt")
       ->capture_default_str();
   cmd.add_option("--sp", sp, "sequence parallelism with tp > 1: shard the residual stream and norms (on, off)")
@@ -36,6 +39,7 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
   ParallelPlan p = ParallelPlan::parse(mesh);
   p.zero = ZeroStage(zero);
   p.reshard_after_forward = !keep_params;
+  p.reduce_once = reduce_once;
   p.ac = Checkpointing::parse(ac, int(model.num_hidden_layers));
   p.algo = parse_reduce_algo(algo);
   p.sequence_parallel = sp == "on";
@@ -44,8 +48,8 @@ ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& a
   if (!pp_layers.empty()) p.pp_layers = parse_pipeline_layers(pp_layers);
   p.cp_algo = parse_context_algo(cp_algo);
   p.bf16_grad_reduce = bf16_grad_reduce;
-  if (p.single_device() && (zero != 0 || keep_params))
-    throw InputError("--zero and --keep-params need a data-parallel --mesh (e.g. --mesh dp=4)");
+  if (p.single_device() && (zero != 0 || keep_params || reduce_once))
+    throw InputError("--zero, --keep-params and --reduce-once need a data-parallel --mesh (e.g. --mesh dp=4)");
   p.validate();
   p.check_model(model);
   return p;

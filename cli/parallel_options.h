@@ -1,5 +1,5 @@
 #pragma once
-// --mesh, --zero, --keep-params, --ac, --sp, --schedule, --pp-chunks, --pp-layers, --cp-algo and
+// --mesh, --zero, --keep-params, --reduce-once, --ac, --sp, --schedule, --pp-chunks, --pp-layers, --cp-algo and
 // --grad-reduce-in-bf16: how the parallel plan is chosen on the command line.
 // Parsed once into a ParallelPlan, which every command passes on unchanged.
 #include <string>
@@ -15,6 +15,7 @@ struct ParallelChoice {
   std::string mesh;  // "dp=4", "dp_shard=2,dp_replicate=2"; empty: one rank, no ProcessGroup
   int zero = 0;
   bool keep_params = false;  // ZeRO-3: keep gathered parameters from forward to backward
+  bool reduce_once = false;  // ZeRO-2/3: accumulate micro-batches locally, reduce-scatter once per step
   std::string ac = "none";   // activation checkpointing policy
   std::string sp = "on";     // sequence parallelism with tp > 1: on | off
   std::string schedule = "1f1b";  // pipeline schedule with pp > 1

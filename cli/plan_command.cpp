@@ -139,8 +139,8 @@ void print_llama3_row(const nlohmann::json& r, const std::string& label, const s
 }
 
 void print_llama3(const nlohmann::json& t) {
-  std::printf("Llama 3 405B, the paper's plans (bf16, ZeRO-3 with parameters kept, interleaved 1F1B v=4,\n"
-              "selective checkpointing assumed; 15.6T tokens):\n");
+  std::printf("Llama 3 405B, the paper's plans (bf16, ZeRO-3 with parameters kept and gradients reduced once\n"
+              "per step, interleaved 1F1B v=4, selective checkpointing assumed; 15.6T tokens):\n");
   std::printf("%-35s %7s %6s %10s %10s %10s %8s %8s %9s %7s\n", "mesh", "seq", "GPUs", "weights", "activ.",
               "dp bytes", "bubble", "step s", "MFU", "paper");
   for (const nlohmann::json& r : t.at("plans"))
@@ -191,7 +191,7 @@ void add_plan_command(CLI::App& app) {
   cmd->callback([a, cmd] {
     if (a->llama3) {
       // The layouts, model, batch and precision are the paper's: refuse flags that would be ignored.
-      for (const char* flag : {"--preset", "--config", "--mesh", "--zero", "--keep-params", "--ac", "--sp", "--schedule",
+      for (const char* flag : {"--preset", "--config", "--mesh", "--zero", "--keep-params", "--reduce-once", "--ac", "--sp", "--schedule",
                                "--pp-chunks", "--pp-layers", "--cp-algo", "--micro-batches", "--seq-len",
                                "--batch-size", "--micro-batch-size", "--precision", "--doc-mask"})
         if (cmd->count(flag) > 0)

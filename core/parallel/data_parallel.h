@@ -36,6 +36,14 @@ struct DataParallelConfig {
   bool reshard_after_forward = true;
   // ZeRO-3: issue the all-gather of the next unit before computing this one.
   bool prefetch = true;
+  // ZeRO-2/3 only. false: each micro-batch's gradients are reduce-scattered as soon as they are
+  // final and the unit's full gradient freed (least memory, M reductions per step). true: every
+  // rank accumulates its micro-batches' full gradients locally and reduce-scatters them once, at
+  // the step's last micro-batch (PyTorch FSDP's no_sync): 1/M of the gradient traffic for a full
+  // gradient of the rank's units held through the step, as ZeRO-1 holds it. Llama 3 accumulated
+  // gradients in FP32 over micro-batches and reduce-scattered them in FP32 (its paper, section
+  // 3.3.2), which under pipelining with many micro-batches per step is this mode.
+  bool reduce_once = false;
   // Gradients travel as bf16 (--grad-reduce-in-bf16; bf16 mixed precision only): each rank's
   // contribution is rounded to bf16, the reduction adds in f32 and rounds the sum to bf16 (NCCL
   // rounds after every ring step), and the result is widened back into the f32 gradient, where
@@ -45,8 +53,11 @@ struct DataParallelConfig {
   bool bf16_grad_reduce = false;
 
   std::string describe() const;  // "DP", "ZeRO-3 (reshard after forward)", ...
-  // ", bf16 gradients" when they are reduced in bf16, else nothing: for the end of a description.
-  std::string reduce_note() const { return bf16_grad_reduce ? ", bf16 gradients" : ""; }
+  // How gradients are reduced when it is not the default, for the end of a description:
+  // ", one reduction per step" (ZeRO-2/3 --reduce-once), ", bf16 gradients", or nothing.
+  std::string reduce_note() const {
+    return std::string(reduce_once ? ", one reduction per step" : "") + (bf16_grad_reduce ? ", bf16 gradients" : "");
+  }
 };
 
 // Groups a data-parallel rank talks in. For DP and ZeRO `shard == dp_cp` and no replicate group;

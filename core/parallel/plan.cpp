@@ -58,6 +58,8 @@ void ParallelPlan::validate() const {
   }
   if (plain && split) throw InputError("--mesh " + describe_mesh() + ": use either dp or dp_shard x dp_replicate");
   if (!reshard_after_forward && zero != ZeroStage::zero3) throw InputError("--keep-params applies to --zero 3 only");
+  if (reduce_once && zero < ZeroStage::zero2)
+    throw InputError("--reduce-once applies to --zero 2 and 3: plain DP and ZeRO-1 already reduce gradients once per step");
   if (hsdp() && zero < ZeroStage::zero2)
     throw InputError("HSDP (dp_shard x dp_replicate) shards gradients: use --zero 2 or 3");
   if (bf16_grad_reduce && dp() * size("cp") == 1)
@@ -96,6 +98,7 @@ DataParallelConfig ParallelPlan::data_parallel() const {
   c.stage = zero;
   c.reshard_after_forward = reshard_after_forward;
   c.prefetch = prefetch;
+  c.reduce_once = reduce_once;
   c.bf16_grad_reduce = bf16_grad_reduce;
   return c;
 }
@@ -169,6 +172,7 @@ nlohmann::json ParallelPlan::to_json() const {
           {"zero", int(zero)},
           {"reshard_after_forward", reshard_after_forward},
           {"prefetch", prefetch},
+          {"reduce_once", reduce_once},
           {"ac", ac.describe()},
           {"sequence_parallel", size("tp") > 1 && sequence_parallel},
           {"cp_algo", size("cp") > 1 ? nlohmann::json(std::string(context_algo_name(cp_algo))) : nlohmann::json(nullptr)},

@@ -33,6 +33,7 @@ struct ParallelPlan {
   ZeroStage zero = ZeroStage::none;
   bool reshard_after_forward = true;  // ZeRO-3: free gathered weights after forward
   bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
+  bool reduce_once = false;           // ZeRO-2/3: one gradient reduce-scatter per step (DataParallelConfig)
   Checkpointing ac;
   ReduceAlgo algo = ReduceAlgo::ordered;
   // Tensor parallelism: shard the residual stream and the RMSNorms along the sequence between
@@ -64,8 +65,8 @@ struct ParallelPlan {
   bool hsdp() const { return dp_replicate() > 1; }
 
   // InputError naming the first problem: a dim of size > 1 that this build does not implement
-  // yet, dp mixed with dp_shard/dp_replicate, --keep-params without ZeRO-3, HSDP without
-  // gradient sharding, bf16 gradient reductions without ranks to reduce over.
+  // yet, dp mixed with dp_shard/dp_replicate, --keep-params without ZeRO-3, --reduce-once
+  // below ZeRO-2, HSDP without gradient sharding, bf16 gradient reductions without ranks to reduce over.
   void validate() const;
   // What the data-parallel strategy needs of the plan.
   DataParallelConfig data_parallel() const;

@@ -25,7 +25,9 @@
 // Memory per rank, N params in fp32, dp ranks (activations aside):
 //   DP 16N   ZeRO-1 8N + 8N/dp   ZeRO-2 4N + 12N/dp   ZeRO-3 16N/dp (+ the layers being gathered)
 // Traffic per rank per step (S = 4N bytes, ring algorithms):
-//   DP, ZeRO-1, ZeRO-2: 2 (dp-1)/dp S   (all-reduce, or reduce-scatter + all-gather)
+//   DP, ZeRO-1, ZeRO-2: 2 (dp-1)/dp S   (all-reduce, or reduce-scatter + all-gather), ZeRO-2's
+//                       reduce-scatter once per micro-batch: (M+1) (dp-1)/dp S with M of them
+//                       per step, 2 (dp-1)/dp S with --reduce-once
 //   ZeRO-3: 3 (dp-1)/dp S  (all-gather for forward, again for backward, reduce-scatter of grads);
 //           2 (dp-1)/dp S when parameters stay gathered from forward to backward, which is what
 //           Llama 3 did (its paper: no resharding after forward) — i.e. ZeRO-2-like memory
@@ -45,7 +47,10 @@
 // Exactness. Stages 2 and 3 reduce every micro-batch's gradients as soon as they exist (that
 // is the point: the full gradient never has to be kept), so the sum runs micro-batch by
 // micro-batch: acc = S_0, acc += S_1, ...  with S_m = (g_{0,m} + g_{1,m}) + ... in rank order.
-// Stage 1 accumulates locally and reduces once at the last micro-batch, like DP. The
+// Stage 1 accumulates locally and reduces once at the last micro-batch, like DP, and so do
+// stages 2 and 3 with --reduce-once (DataParallelConfig::reduce_once: M times fewer gradient
+// bytes, for a full gradient of the rank's units held through the step: 4N bytes more at the
+// peak, ZeRO-1's gradient memory on top of the shard). The
 // equivalence harness makes its single device add in the same order, which is why the results
 // are bitwise equal.
 #include "core/parallel/zero.h"
@@ -141,10 +146,11 @@ void ZeroDataParallel<T>::after_update() {
 // ---- PassEvents: which backward passes reduce ---------------------------------------------
 
 // ZeRO-1 accumulates locally and reduces at the last micro-batch (like DP); ZeRO-2/3 reduce
-// every micro-batch and accumulate the received shard.
+// every micro-batch and accumulate the received shard, or with --reduce-once accumulate their
+// full gradients locally (the units' buffers stay allocated) and reduce at the last, like ZeRO-1.
 template <class T>
 void ZeroDataParallel<T>::begin_backward_pass(int micro_batch, int count) {
-  sync_ = stage() >= 2 || micro_batch + 1 == count;
+  sync_ = (stage() >= 2 && !cfg_.reduce_once) || micro_batch + 1 == count;
 }
 
 template <class T>

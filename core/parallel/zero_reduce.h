@@ -6,8 +6,9 @@
 //
 //   ZeRO-1  at the last micro-batch only, in place: the received piece is left inside the full
 //           gradient buffer, which stays whole (Residency::whole);
-//   ZeRO-2/3 every micro-batch, into a receive buffer, then added to the gradient shard
-//           (acc = S_0, acc += S_1, ...); the unit's full gradient is freed once reduced;
+//   ZeRO-2/3 every micro-batch (with --reduce-once at the last only), into a receive buffer,
+//           then added to the gradient shard (acc = S_0, acc += S_1, ...); the unit's full
+//           gradient is freed once reduced;
 //   HSDP    behind each reduce-scatter, the rank's piece all-reduced over the replicas.
 //
 // --grad-reduce-in-bf16 (DataParallelConfig::bf16_grad_reduce): the full gradient is rounded

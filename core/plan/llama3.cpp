@@ -17,6 +17,7 @@ StepShape llama3_405b_shape(const Llama3Layout& layout, const std::string& ac) {
   s.plan = ParallelPlan::parse(layout.mesh);
   s.plan.zero = ZeroStage::zero3;
   s.plan.reshard_after_forward = false;
+  s.plan.reduce_once = true;  // FP32 gradient accumulation over micro-batches (the paper, section 3.3.2)
   s.plan.schedule = PipelineScheduleKind::interleaved;
   s.plan.pp_chunks = 4;
   s.plan.pp_layers.assign(64, 2);
@@ -36,6 +37,7 @@ std::vector<Llama3OwnPlan> llama3_own_plans() {
     s.plan = ParallelPlan::parse(mesh);
     s.plan.zero = ZeroStage::zero3;
     s.plan.reshard_after_forward = false;
+    s.plan.reduce_once = true;
     s.plan.ac = Checkpointing::parse("selective", int(s.model.num_hidden_layers));
     s.seq_len = 8192;
     s.batch_size = 2048;

@@ -12,6 +12,9 @@
 //   ZeRO-1      p N_r               g N_r                              o sh_r     0
 //   ZeRO-2      p N_r               g sh_r + 1..3 units' full grads    o sh_r     g sh_r
 //   ZeRO-3      p sh_r + gathered   g sh_r + 1..3 units' full grads    o sh_r     g sh_r
+//   --reduce-once (ZeRO-2/3)        g sh_r + full grads accumulating to the last micro-batch:
+//                                   g N_r without pp (M > 1); under pp the chunks' overlap
+//                                   along the schedule (accumulated_grads)
 // ZeRO-2/3's comm buffer is the reduce-scatter's output, alive all step (ZeRO-1 reduces into the
 // full gradient buffer in place); a pipeline rank adds the boundary tensors it has received and
 // not yet consumed (below). ZeRO-3 keeps the embedding
@@ -82,7 +85,32 @@ std::vector<std::vector<int>> chunk_units(const ParallelPlan& plan, int L, int p
 struct SchedulePlay {
   int64_t activations = 0, scratch = 0, scratch_min = 0, received = 0, received_min = 0;
   int64_t ring_sends = 0;  // ring attention's, at the most (ChunkMemory::ring_sends)
+  // --reduce-once: full gradient elements alive at once (accumulated_grads).
+  int64_t accumulated_grads = 0;
 };
+
+// --reduce-once with M > 1 micro-batches: a chunk's full gradients are allocated by its first
+// pass that adds weight gradients (B, or W when the backward is split) and freed by the end of
+// its pass of micro-batch M-1, which reduces them (the pass waits for its reductions). Nothing is
+// freed inside a first pass, so the most elements alive is reached at the end of one: exact.
+// Without pipelining it is every unit; an interleaved rank's chunk 1 may finish its last pass
+// before chunk 0 starts its first, and then they are never alive together.
+int64_t accumulated_grads(const std::vector<PipelineAction>& actions, const std::vector<int64_t>& chunk_elements, int M) {
+  using Op = PipelineAction::Op;
+  std::vector<uint8_t> started(chunk_elements.size(), 0);
+  int64_t alive = 0, peak = 0;
+  for (const PipelineAction& a : actions) {
+    if (a.op != Op::backward && a.op != Op::backward_weight) continue;
+    const size_t c = size_t(a.chunk);
+    if (!started[c]) {
+      started[c] = 1;
+      alive += chunk_elements[c];
+      peak = std::max(peak, alive);
+    }
+    if (a.micro_batch == M - 1) alive -= chunk_elements[c];
+  }
+  return peak;
+}
 
 SchedulePlay play_schedule(const StepShape& s, int t, int pp_rank, const std::vector<std::vector<int>>& chunks) {
   using Op = PipelineAction::Op;
@@ -126,6 +154,14 @@ SchedulePlay play_schedule(const StepShape& s, int t, int pp_rank, const std::ve
 
   SchedulePlay out;
   for (const ChunkMemory& c : chunk) out.ring_sends = std::max(out.ring_sends, c.ring_sends);
+  const std::vector<int64_t> units = unit_elements(s.model, plan.size("tp"), t);
+  std::vector<int64_t> chunk_elements;
+  for (const std::vector<int>& c : chunks) {
+    int64_t n = 0;
+    for (int u : c) n += units[size_t(u)];
+    chunk_elements.push_back(n);
+  }
+  out.accumulated_grads = accumulated_grads(actions, chunk_elements, M);
   int64_t activations = 0, received = 0;
   // Sent input gradients not yet freed (scratch). The earliest: before the next compute action.
   // The latest: the send task is queued on the rank's one FIFO comm stream, so it has run once a
@@ -254,8 +290,17 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
     for (size_t i = 0; i < held.size() && i < 3; ++i) three += held[i];
 
     m.params = pr.param * (stage == 3 ? sh + embedding + gathered : N);
-    m.grads = pr.grad * (stage >= 2 ? sh + three : N);
-    m.grads_min = pr.grad * (stage >= 2 ? sh + largest : N);
+    // Full gradients alive at once: below ZeRO-2 all of them; a few units while each
+    // micro-batch reduces them; with --reduce-once and several micro-batches, those that
+    // accumulate to their last micro-batch (one micro-batch reduces and frees them as they come).
+    const bool accumulate = plan.reduce_once && s.micro_batches() > 1;
+    const std::pair<int, int> key{t, plan.coordinate("pp", w)};
+    auto played = plays.find(key);
+    if (played == plays.end()) played = plays.emplace(key, play_schedule(s, t, key.second, chunks)).first;
+    const int64_t full_max = stage < 2 ? N : accumulate ? played->second.accumulated_grads : three;
+    const int64_t full_min = stage < 2 ? N : accumulate ? played->second.accumulated_grads : largest;
+    m.grads = pr.grad * (full_max + (stage >= 2 ? sh : 0));
+    m.grads_min = pr.grad * (full_min + (stage >= 2 ? sh : 0));
     m.optimizer = pr.optimizer * (stage >= 1 ? sh : N);
     m.comm_buffers = stage >= 2 ? pr.grad * sh : 0;
     // RoPE tables for every position of the sequence (a context-parallel rank reads positions
@@ -265,9 +310,6 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
     });
     m.other = has_block ? pr.table * 2 * s.seq_len * (cfg.head_dim / 2) : 0;
 
-    const std::pair<int, int> key{t, plan.coordinate("pp", w)};
-    auto played = plays.find(key);
-    if (played == plays.end()) played = plays.emplace(key, play_schedule(s, t, key.second, chunks)).first;
     m.activations = played->second.activations;
     m.scratch = played->second.scratch;
     m.scratch_min = played->second.scratch_min;

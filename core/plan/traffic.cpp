@@ -67,8 +67,9 @@
 // HSDP the shard group is cp x dp_shard (N ranks) and dp_replicate (R) replicas of it.
 //   DP       per held unit, AR of its segment at the last micro-batch's backward
 //   ZeRO-1   per held unit, RS of its segment at the last micro-batch, AG of the updated pieces
-//   ZeRO-2   per held unit, RS every micro-batch, AG of the updated pieces
-//   ZeRO-3   RS every micro-batch, plus AG of a unit's parameters each time it is needed and not
+//   ZeRO-2   per held unit, RS every micro-batch (--reduce-once: at the last only), AG of the
+//            updated pieces
+//   ZeRO-3   RS every micro-batch (--reduce-once: at the last only), plus AG of a unit's parameters each time it is needed and not
 //            held: blocks 2M times (freed after forward and after backward), embedding and
 //            head M times (kept from forward to backward: a stage's backward of micro-batch m
 //            frees them, whatever the schedule, and the next forward or backward gathers
@@ -365,7 +366,7 @@ void data_parallel_slice(const Step& p, int64_t t, int64_t r, Tally& out) {
       continue;
     }
     const std::vector<int64_t> pieces = piece_sizes(m, N);
-    const int64_t reductions = p.zero() >= 2 ? p.M : 1;
+    const int64_t reductions = p.zero() >= 2 && !p.s.plan.reduce_once ? p.M : 1;
     out.add(p.shard_name, N, reductions * R * scatter_gather_bytes(N, m, eg), reductions * R);
     if (p.hsdp())
       for (int64_t piece : pieces)

@@ -273,7 +273,7 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
   if (rows % mb != 0) throw InputError("a data rank's rows do not split into micro-batches");
   const int64_t M = rows / mb;
   const T loss_scale = T(1.0 / double(opt.tokens_per_step()));
-  const bool per_micro_batch = o.plan.zero >= ZeroStage::zero2;
+  const bool per_micro_batch = o.plan.zero >= ZeroStage::zero2 && !o.plan.reduce_once;
   const bool bf16_grad_reduce = o.plan.bf16_grad_reduce;  // every gradient reduction moves and sums bf16
   const int64_t n = model.num_params();
   const bool tied_apart = o.plan.size("pp") > 1 && o.model.tie_word_embeddings;
@@ -313,33 +313,34 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
       return g;
     };
 
+    // One reduction over the data ranks of what `rank_grads(d)` leaves in the model: inside each
+    // shard group in rank order, then across the replica groups (HSDP), as the reduce-scatters
+    // and the replica all-reduces add.
+    auto reduce_ranks = [&](auto rank_grads) {
+      std::vector<T> across_replicas;
+      for (int rep = 0; rep < dp / shard; ++rep) {
+        std::vector<T> in_group;
+        for (int sh = 0; sh < shard; ++sh) {
+          zero_grad();
+          rank_grads(rep * shard + sh);
+          add_into(in_group, grads_now(), sh == 0, bf16_grad_reduce);
+        }
+        round_sum(in_group, bf16_grad_reduce);
+        add_into(across_replicas, in_group, rep == 0, bf16_grad_reduce);
+      }
+      if (dp / shard > 1) round_sum(across_replicas, bf16_grad_reduce);
+      return across_replicas;
+    };
     std::vector<T> total;
     if (!per_micro_batch) {
-      // DP / ZeRO-1: rank d accumulates its micro-batches; ranks are then summed in order.
-      for (int d = 0; d < dp; ++d) {
-        zero_grad();
+      // DP / ZeRO-1 / --reduce-once: rank d accumulates its micro-batches; ranks are then summed.
+      total = reduce_ranks([&](int d) {
         for (int64_t m = 0; m < M; ++m) run(d, m);
-        add_into(total, grads_now(), d == 0, bf16_grad_reduce);
-      }
-      round_sum(total, bf16_grad_reduce);
+      });
     } else {
-      // ZeRO-2/3 / HSDP: every micro-batch is reduced over ranks (inside each shard group,
-      // then across replica groups), then added to the accumulated gradient.
-      for (int64_t m = 0; m < M; ++m) {
-        std::vector<T> across_replicas;
-        for (int rep = 0; rep < dp / shard; ++rep) {
-          std::vector<T> in_group;
-          for (int sh = 0; sh < shard; ++sh) {
-            zero_grad();
-            run(rep * shard + sh, m);
-            add_into(in_group, grads_now(), sh == 0, bf16_grad_reduce);
-          }
-          round_sum(in_group, bf16_grad_reduce);
-          add_into(across_replicas, in_group, rep == 0, bf16_grad_reduce);
-        }
-        if (dp / shard > 1) round_sum(across_replicas, bf16_grad_reduce);
-        add_into(total, across_replicas, m == 0, false);  // micro-batches accumulate in f32
-      }
+      // ZeRO-2/3: every micro-batch is reduced over ranks, then added to the accumulated gradient.
+      for (int64_t m = 0; m < M; ++m)
+        add_into(total, reduce_ranks([&](int d) { run(d, m); }), m == 0, false);  // micro-batches accumulate in f32
     }
     if (tied_apart) {  // first stage's part + last stage's part
       const int64_t e0 = model.unit_range(embedding_unit()).begin;

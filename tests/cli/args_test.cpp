@@ -70,7 +70,7 @@ TEST(CliArgs, NcclNeedsTheCudaDevice) {
 // start N one-rank trainers writing the same --out. So each is refused.
 TEST(CliArgs, ParallelFlagsWithoutAMeshAreRefused) {
   for (const std::string flag :
-       {"--zero 3", "--keep-params", "--hbm-gib 4", "--trace t.json", "--backend mpi", "--algo ring", "--gpus-per-node 2",
+       {"--zero 3", "--keep-params", "--reduce-once", "--hbm-gib 4", "--trace t.json", "--backend mpi", "--algo ring", "--gpus-per-node 2",
         "--timeout 5"}) {
     const std::string out = tmp("nomesh");
     const Result r = run(kTrain + flag + " --out " + out);

@@ -317,6 +317,7 @@ TEST(Cli, BadMeshIsAnInputError) {
   expect_bad_input(run("verify --mesh dp=4 --batch-size 6"), "divisible");
   expect_bad_input(run("verify --mesh dp=2 --micro-batch-size -2"), "--micro-batch-size");
   expect_bad_input(run("verify --mesh dp=2 --zero 1 --keep-params"), "--keep-params");
+  expect_bad_input(run("verify --mesh dp=2 --zero 1 --reduce-once"), "--reduce-once applies to --zero 2 and 3");
   expect_bad_input(run("verify --mesh pp=3"), "every stage needs at least one layer");  // tiny has 2 layers
   expect_bad_input(run("verify --mesh pp=2 --pp-layers 1,2"), "adds up to 3 layers");
   expect_bad_input(run("train --preset tiny --mesh pp=2 --schedule pipedream --out " + tmp("pp_bad")), "pipedream");

@@ -18,6 +18,7 @@ struct Case {
   bool reshard_after_forward;
   int dp_shard, dp_replicate;
   int64_t micro_batch_size;  // 0: one micro-batch per rank (batch 24 = 24 / (shard x replicate) rows)
+  bool reduce_once = false;  // ZeRO-2/3: accumulate locally, one reduce-scatter per step
 };
 
 
@@ -29,6 +30,7 @@ TEST_P(Equivalence, BitwiseEqualToOneDevice) {
   o.model = LlamaConfig::preset("tiny");
   o.train = test::options(3, c.micro_batch_size);
   o.plan = test::dp_plan(c.dp_shard, c.dp_replicate, c.stage, c.reshard_after_forward);
+  o.plan.reduce_once = c.reduce_once;
   const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(o.plan.world_size()));
   EXPECT_TRUE(r.ok) << r.table();
   EXPECT_TRUE(r.bitwise) << r.table();
@@ -64,6 +66,9 @@ const Case kCases[] = {
     {"HSDP_4x2_accumulate", ZeroStage::zero3, true, 4, 2, 1},
     {"HSDP_2x4_accumulate", ZeroStage::zero3, false, 2, 4, 1},
     {"HSDP_3x2_zero2_accumulate", ZeroStage::zero2, true, 3, 2, 2},
+    {"ZeRO2_reduce_once_dp3_accumulate", ZeroStage::zero2, true, 3, 1, 2, true},
+    {"ZeRO3_keep_reduce_once_dp4_accumulate", ZeroStage::zero3, false, 4, 1, 2, true},
+    {"HSDP_2x2_reduce_once_accumulate", ZeroStage::zero3, true, 2, 2, 2, true},
 };
 // Tiers: the sanitizer presets run each strategy once (with accumulation and an odd rank count where
 // its code branches on them); the release preset runs every case.
@@ -73,7 +78,8 @@ LLAMA4D_INSTANTIATE(DataParallel, Equivalence, kCases, full,
                      {"ZeRO2_dp3", test::Tier::sanitizer},
                      {"ZeRO3_dp2_accumulate", test::Tier::sanitizer},
                      {"ZeRO3_keep_dp3", test::Tier::sanitizer},
-                     {"HSDP_2x2", test::Tier::sanitizer}});
+                     {"HSDP_2x2", test::Tier::sanitizer},
+                     {"ZeRO3_keep_reduce_once_dp4_accumulate", test::Tier::sanitizer}});
 
 // What a GPU needs of every strategy and of the harness's replays: every kernel they call takes
 // the backend's memory (tests/ops/operand_log.h: each pointer starts inside a device_alloc block),

@@ -26,6 +26,7 @@ struct FourDCase {
   bool doc_mask = false;
   bool keep_params = false;
   const char* shape = "tiny";  // tiny, six_layers (tiny's width, small's depth) or small
+  bool reduce_once = false;    // ZeRO-2/3: one reduce-scatter per step
 };
 
 
@@ -42,6 +43,7 @@ EquivalenceOptions options_for(const FourDCase& c) {
   o.plan = ParallelPlan::parse(c.mesh);
   o.plan.zero = c.zero;
   o.plan.reshard_after_forward = !c.keep_params;
+  o.plan.reduce_once = c.reduce_once;
   o.plan.ac = Checkpointing::parse(c.ac, int(o.model.num_hidden_layers));
   if (o.plan.size("pp") > 1) {
     o.plan.schedule = c.schedule;
@@ -76,6 +78,10 @@ TEST_P(FourDEquivalence, Fp64WithinOneInATrillionOfOneDevice) {
 }
 
 const FourDCase kFourDCases[] = {
+    // Llama 3's data-parallel choices under an interleaved pipeline: parameters kept gathered for
+    // the step, gradients accumulated over the micro-batches and reduce-scattered once.
+    {"tp2_pp2_dp2_interleaved_zero3_keep_reduce_once", "tp=2,pp=2,dp=2", ZeroStage::zero3, "none", Kind::interleaved, 2,
+     ContextAlgo::allgather, true, false, true, "six_layers", true},
     // The main job's plan (scripts/main.sh), on the small shape too.
     {"tp2_cp2_pp2_dp2_zero3_selective", "tp=2,cp=2,pp=2,dp=2", ZeroStage::zero3, "selective"},
     {"small_tp2_cp2_pp2_dp2_zero3_selective", "tp=2,cp=2,pp=2,dp=2", ZeroStage::zero3, "selective", Kind::one_f_one_b,

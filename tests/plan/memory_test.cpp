@@ -24,6 +24,7 @@ struct MemoryCase {
   const char* cp_algo = "allgather";
   bool doc_mask = false;
   const char* preset = "tiny";
+  bool reduce_once = false;
 };
 
 
@@ -39,6 +40,7 @@ TEST_P(PlannerMemory, EqualsTheAllocatorOnEveryRank) {
   s.plan = ParallelPlan::parse(c.mesh);
   s.plan.zero = c.zero;
   s.plan.reshard_after_forward = !c.keep_params;
+  s.plan.reduce_once = c.reduce_once;
   s.plan.ac = Checkpointing::parse(c.ac, c.layers);
   s.plan.sequence_parallel = c.sp;
   s.plan.schedule = parse_pipeline_schedule(c.schedule);
@@ -125,6 +127,13 @@ const MemoryCase kMemoryCases[] = {
     {"doc_tp2_cp2_pp2_zb", "tp=2,cp=2,pp=2", ZeroStage::none, "selective", false, 4, true, "zb-h1", 6, 1, "ring", true},
     {"doc_dp2", "dp=2", ZeroStage::none, "none", false, 4, true, "1f1b", 0, 1, "allgather", true},
     {"tp2_cp2_pp2_full", "tp=2,cp=2,pp=2", ZeroStage::none, "full", false, 4, true, "interleaved", 6, 2, "ring"},
+    // --reduce-once: every unit's full gradient stays to the last micro-batch (3 per rank here).
+    {"dp2_zero2_reduce_once_m3", "dp=2", ZeroStage::zero2, "none", false, 4, true, "1f1b", 2, 1, "allgather", false,
+     "tiny", true},
+    {"pp2_zb_dp2_zero2_reduce_once", "pp=2,dp=2", ZeroStage::zero2, "none", false, 4, true, "zb-h1", 6, 1, "allgather",
+     false, "tiny", true},
+    {"pp2_inter_dp2_zero3_keep_reduce_once", "pp=2,dp=2", ZeroStage::zero3, "none", true, 4, true, "interleaved", 6, 2,
+     "allgather", false, "tiny", true},
 };
 // Tiers: the sanitizer presets keep a case per strategy and composition; the release preset runs
 // every case.
@@ -134,6 +143,7 @@ LLAMA4D_INSTANTIATE(Plans, PlannerMemory, kMemoryCases, full,
                      {"doc_tp2_cp2_pp2_zb", test::Tier::quick},
                      {"dp2_selective", test::Tier::quick},
                      {"pp2_inter_dp2_zero3_keep_params", test::Tier::quick},
+                     {"pp2_inter_dp2_zero3_keep_reduce_once", test::Tier::quick},
                      {"pp2_zb_m4", test::Tier::quick},
                      {"tp2_cp2_pp2_dp2_zero3", test::Tier::quick},
                      {"tp4_pp2_nosp", test::Tier::quick}});

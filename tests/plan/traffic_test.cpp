@@ -28,6 +28,7 @@ struct Case {
   std::vector<int> pp_layers;  // empty: balanced
   ReduceAlgo algo = ReduceAlgo::ordered;
   bool bf16_grad_reduce = false;  // bf16 mixed precision with gradients reduced in bf16
+  bool reduce_once = false;       // ZeRO-2/3: one reduce-scatter per step
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -43,6 +44,7 @@ ParallelPlan plan_of(const Case& c, const LlamaConfig& cfg) {
   ParallelPlan p = ParallelPlan::parse(c.mesh);
   p.zero = c.zero;
   p.reshard_after_forward = !c.keep_params;
+  p.reduce_once = c.reduce_once;
   p.sequence_parallel = c.sp;
   p.ac = Checkpointing::parse(c.ac, int(cfg.num_hidden_layers));
   p.schedule = parse_pipeline_schedule(c.schedule);
@@ -223,6 +225,13 @@ std::vector<Case> cases() {
   v.back().micro = 1, v.back().tied = true, v.back().keep_params = true;
   v.push_back(make("pp2_tied_dp2_zero1_bf16_grad_reduce", "pp=2,dp=2", Z::zero1));  // the tied sum in bf16 too
   v.back().micro = 1, v.back().tied = true, v.back().bf16_grad_reduce = true;
+  // --reduce-once: one reduce-scatter per unit and step, however many micro-batches.
+  v.push_back(make("dp2_zero2_reduce_once_two_micro_batches", "dp=2", Z::zero2));
+  v.back().micro = 2, v.back().reduce_once = true;
+  v.push_back(make("hsdp_2x2_zero3_reduce_once", "dp_shard=2,dp_replicate=2", Z::zero3));
+  v.back().micro = 1, v.back().reduce_once = true;
+  v.push_back(make("pp2_1f1b_dp2_zero3_keep_reduce_once", "pp=2,dp=2", Z::zero3));
+  v.back().batch = 16, v.back().micro = 2, v.back().keep_params = true, v.back().reduce_once = true;
   // Context parallelism: both algorithms, document masks, activation checkpointing.
   v.push_back(make("cp2_allgather_dp2_zero3", "cp=2,dp=2", Z::zero3));
   v.push_back(make("cp2_ring_doc_mask", "cp=2", Z::none));
@@ -258,6 +267,7 @@ std::vector<Case> cases() {
 // same collectives in every plan); the release preset runs every case.
 LLAMA4D_INSTANTIATE(Plans, StepTraffic, cases(), full,
                     {{"dp2_ddp_bf16_grad_reduce_two_micro_batches", test::Tier::quick},
+                     {"pp2_1f1b_dp2_zero3_keep_reduce_once", test::Tier::quick},
                      {"dp3_zero2_ring", test::Tier::quick},
                      {"hsdp_2x2_zero2_bf16_grad_reduce", test::Tier::quick},
                      {"pp2_tied_dp2_zero1_bf16_grad_reduce", test::Tier::quick},
