@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -63,6 +64,16 @@ std::string shell_word(const std::string& s) {  // one shell word
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
+}
+
+// A flag's value as the shortest text that reads back as the same double ("0.003", "1e-05").
+std::string number_text(double v) {
+  char buf[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
 }
 
 // Runs `llama4d ARGS --json`, the CLI beside this program, and returns its one JSON object. Its
@@ -275,6 +286,13 @@ int run(const LessonOptions& o, const RealArgs& a) {
   const fs::path work =
       own_work ? fs::temp_directory_path() / ("llama4d-lesson09-" + std::to_string(getpid())) : fs::path(a.work);
   fs::create_directories(work);
+  struct RemoveOnExit {  // the temporary work directory goes, however the lesson ends
+    fs::path path;
+    ~RemoveOnExit() {
+      std::error_code ec;
+      if (!path.empty()) fs::remove_all(path, ec);
+    }
+  } remove_work{own_work ? work : fs::path()};
   const std::string dir = a.model.empty() ? (work / "llama").string() : a.model;
   if (a.model.empty()) write_own_directory(dir);
   // The text to fine-tune on, copied into the work directory (its token cache is written beside it).
@@ -306,7 +324,7 @@ int run(const LessonOptions& o, const RealArgs& a) {
   const nlohmann::json trained =
       cli.run("train --init " + shell_word(dir) + " --data " + shell_word(data) + " --mesh " + a.mesh + " --zero " +
               std::to_string(a.zero) + " --seq-len " + std::to_string(a.seq_len) + " --batch-size " +
-              std::to_string(a.batch_size) + " --micro-batch-size " + std::to_string(a.micro_batch_size) + " --steps " + std::to_string(a.steps) + " --lr " + fixed(a.lr, 6) +
+              std::to_string(a.batch_size) + " --micro-batch-size " + std::to_string(a.micro_batch_size) + " --steps " + std::to_string(a.steps) + " --lr " + number_text(a.lr) + " --min-lr " + number_text(a.lr / 100) +
               " --warmup-steps 1 --eval-every 0 --out " + shell_word(out));
   const std::string saved = trained.at("checkpoint");
   say.say(trained.at("strategy").get<std::string>() + " on " + grouped(trained.at("ranks").get<int64_t>()) +
@@ -369,7 +387,6 @@ int run(const LessonOptions& o, const RealArgs& a) {
                               {"passed", passed}};
     std::printf("%s\n", j.dump().c_str());
   }
-  if (own_work) fs::remove_all(work);
   return passed ? 0 : 1;
 }
 
@@ -394,7 +411,9 @@ int main(int argc, char** argv) {
                            "sequences per micro-batch (pp=2 on dp=2 with 4 sequences: 2 micro-batches)", 1, 4096)
       ->capture_default_str();
   llama4d::cli::add_number(app, "--steps", a.steps, "fine-tune steps", 1, 100000)->capture_default_str();
-  llama4d::cli::add_number(app, "--lr", a.lr, "the fine-tune's peak learning rate")->capture_default_str();
+  llama4d::cli::add_number(app, "--lr", a.lr,
+                           "the fine-tune's peak learning rate; the cosine decays to 1/100 of it, as Llama 3's pre-training "
+                           "did (8e-5 to 8e-7)")->capture_default_str();
   llama4d::cli::add_number(app, "--eval-windows", a.eval_windows, "windows eval reads", 1, 1 << 20)->capture_default_str();
   llama4d::cli::add_number(app, "--max-new-tokens", a.max_new_tokens, "tokens of each chat answer", 0, 4096)
       ->capture_default_str();
