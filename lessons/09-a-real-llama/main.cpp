@@ -143,7 +143,7 @@ int64_t parameters_from_config(const nlohmann::json& c) {
 // What the safetensors files of a directory hold, read from their headers (8 bytes of header
 // length, little-endian, then a JSON object: per tensor its dtype, shape and data_offsets).
 struct StoredTensors {
-  int64_t elements = 0, data_bytes = 0, files = 0;
+  int64_t elements = 0, data_bytes = 0;
 };
 
 StoredTensors stored_tensors(const std::string& dir) {
@@ -175,7 +175,6 @@ StoredTensors stored_tensors(const std::string& dir) {
       s.elements += count;
       s.data_bytes += t.at("data_offsets")[1].get<int64_t>() - t.at("data_offsets")[0].get<int64_t>();
     }
-    ++s.files;
   }
   return s;
 }
