@@ -40,7 +40,7 @@ nlohmann::json run_eval(const EvalArgs& a) {
   // The document mask cuts rows at the byte tokenizer's <|end_of_text|> (batch_sampler.h).
   if (a.doc_mask && !bytes) throw InputError("--doc-mask is implemented for byte-tokenizer models only");
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
-  const std::vector<int32_t> tokens = tokenize_corpus(*md.tokenizer, path, ops::backend_threads());
+  const std::vector<int32_t> tokens = tokenize_corpus(*md.tokenizer, path, ops::backend_threads(), progress_printer(stderr, path));
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
 
   Llama<T> model(cfg);

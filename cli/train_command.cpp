@@ -207,7 +207,8 @@ std::string fingerprint(const std::vector<int32_t>& tokens) {
 // file may have moved: --data names the new place), else every batch would differ.
 TextDataset load_run_data(Run& r, bool data_given) {
   TextDataset data = has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, r.args.data,
-                                                                    r.args.opt.seq_len, ops::backend_threads())
+                                                                    r.args.opt.seq_len, ops::backend_threads(),
+                                                                    progress_printer(stderr, r.args.data))
                                          : load_dataset(r.args.data, r.args.opt.seq_len);
   nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
   const std::string now = fingerprint(data.tokens);

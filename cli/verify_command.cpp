@@ -76,7 +76,8 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   // The plan's ranks and the one-device replay: two of every forward.
   check_step_fits_in_memory(o.model, o.train, o.plan, a.launch.backend, 2.0 * sizeof(T), false);
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
-  const TextDataset data = bpe ? load_tokenized_dataset(*md->tokenizer, path, o.train.seq_len, ops::backend_threads())
+  const TextDataset data = bpe ? load_tokenized_dataset(*md->tokenizer, path, o.train.seq_len, ops::backend_threads(),
+                                                     progress_printer(stderr, path))
                                : load_dataset(path, o.train.seq_len);
   // The weights staged as a step-0 checkpoint in this process's own temporary directory.
   const std::filesystem::path staged =

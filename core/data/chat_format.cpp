@@ -17,11 +17,15 @@ struct KnownTemplate {
   const char* name;
 };
 
-// Meta-Llama-3-8B-Instruct's and -70B-Instruct's template (one line, 393 bytes), and Llama 3.2
-// Instruct's (data/tokenizer/chat_template.jinja, 3,827 bytes). tests/data/test_chat_format.cpp
-// hashes the shipped file, so an edit of either side fails there.
+// Meta-Llama-3-8B-Instruct's and -70B-Instruct's template (one line, 393 bytes); Llama 3.1
+// Instruct's (4,614 bytes: "Today Date: 26 Jul 2024" unless the caller sets date_string, and
+// tool-calling branches for builtin_tools, custom tools and ipython/tool messages, which
+// encode_chat refuses; tests/tokenizer/llama3.1_chat_template.jinja); and Llama 3.2 Instruct's
+// (data/tokenizer/chat_template.jinja, 3,827 bytes). tests/tokenizer/chat_format_test.cpp hashes
+// both files, so an edit of either side fails there.
 constexpr KnownTemplate kKnown[] = {
     {0x32844fd43eab01d2ull, 393, "llama3.0"},
+    {0x60848a05837ce656ull, 4614, "llama3.1"},
     {0x0ac29b9538e2befaull, 3827, "llama3.2"},
 };
 
@@ -72,6 +76,9 @@ class ChatIds {
 };
 
 void check_role(const ChatMessage& m) {
+  if (m.role == "tool" || m.role == "ipython")
+    throw InputError("chat message role \"" + m.role + "\": tool calling (Llama 3.1's ipython and tool messages, "
+                     "builtin_tools, custom tools) is not implemented; only system, user and assistant messages are");
   if (m.role != "system" && m.role != "user" && m.role != "assistant")
     throw InputError("chat message role \"" + m.role + "\": only system, user and assistant are supported");
   if (find_invalid_utf8(m.content) >= 0) throw InputError("a " + m.role + " chat message is not valid UTF-8");
@@ -110,7 +117,7 @@ ChatFormat recognise_chat_template(std::string_view chat_template, const std::st
     if (k.hash == h && k.length == chat_template.size()) return chat_format_by_name(k.name);
   const std::string first_line(chat_template.substr(0, std::min(chat_template.find('\n'), size_t(60))));
   throw InputError(source + ": chat_template (" + std::to_string(chat_template.size()) + " bytes, starting \"" +
-                   first_line + "\") is not one of Meta's Llama 3 templates this build renders (llama3.0, llama3.2); "
+                   first_line + "\") is not one of Meta's Llama 3 templates this build renders (llama3.0, llama3.1, llama3.2); "
                    "pass --chat-format llama3.0|llama3.1|llama3.2 to use one of those layouts instead");
 }
 

@@ -1,13 +1,16 @@
 #include "core/data/encode_corpus.h"
 
 #include <atomic>
+#include <chrono>
 #include <bit>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <unistd.h>
@@ -18,6 +21,23 @@
 namespace llama4d {
 
 namespace fs = std::filesystem;
+
+EncodeProgress progress_printer(std::FILE* out, std::string what, int64_t min_bytes, double interval_s) {
+  using Clock = std::chrono::steady_clock;
+  // Calls come one at a time (encode_documents holds its lock), so the state needs no lock of its own.
+  auto last = std::make_shared<std::optional<Clock::time_point>>();
+  return [out, what = std::move(what), min_bytes, interval_s, last](int64_t docs_done, int64_t docs_total,
+                                                                   int64_t bytes_done, int64_t bytes_total) {
+    if (bytes_total < min_bytes) return;
+    const Clock::time_point now = Clock::now();
+    const bool done = docs_done == docs_total;
+    if (!done && *last && std::chrono::duration<double>(now - **last).count() < interval_s) return;
+    *last = now;
+    std::fprintf(out, "tokenize: %s: %.1f of %.1f MB, %lld of %lld documents\n", what.c_str(), double(bytes_done) / 1e6,
+                 double(bytes_total) / 1e6, (long long)docs_done, (long long)docs_total);
+    std::fflush(out);
+  };
+}
 
 EncodedDocuments encode_documents(const Tokenizer& tok, std::span<const std::string> docs, int threads,
                                   const EncodeOptions& opt, const EncodeProgress& progress) {

@@ -2,6 +2,7 @@
 // Encoding a corpus: documents on several threads with the same ids on any thread count, and a
 // token cache file beside the data so a corpus is encoded once per tokenizer.
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <span>
 #include <string>
@@ -26,6 +27,13 @@ struct EncodedDocuments {
 // whichever thread finished it, one call at a time (under a lock), with counts that only grow;
 // keep it quick.
 using EncodeProgress = std::function<void(int64_t docs_done, int64_t docs_total, int64_t bytes_done, int64_t bytes_total)>;
+
+// An EncodeProgress that writes "tokenize: <what>: 120.5 of 512.0 MB, 1,000 of 4,000 documents"
+// lines to `out` (stderr for the commands) for a corpus of at least `min_bytes` (smaller ones
+// encode in moments and print nothing): at most one line per `interval_s` seconds, and always
+// the last, when every document is done.
+EncodeProgress progress_printer(std::FILE* out, std::string what, int64_t min_bytes = int64_t(32) << 20,
+                                double interval_s = 1.0);
 
 // Each document encoded by tok.encode(doc, opt), on `threads` threads (>= 1; the calling
 // thread is one of them). Documents are independent, so the ids do not depend on the thread

@@ -41,12 +41,13 @@ std::vector<std::string> load_text_documents(const std::string& path) {
   return ends_with(path, ".jsonl") ? load_jsonl(path) : load_documents(path);
 }
 
-std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, const std::string& path, int threads) {
+std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, const std::string& path, int threads,
+                                     const EncodeProgress& progress) {
   const std::vector<std::string> docs = load_text_documents(path);
   if (dynamic_cast<const ByteTokenizer*>(&tok)) return pack_documents(docs);
   const std::optional<int32_t> eot = tok.token_to_id("<|end_of_text|>");
   if (!eot) throw InputError("tokenizer " + tok.describe() + " has no <|end_of_text|> to pack documents with");
-  const EncodedDocuments enc = encode_documents_cached(tok, path, docs, threads);
+  const EncodedDocuments enc = encode_documents_cached(tok, path, docs, threads, {}, progress);
   std::vector<int32_t> tokens;
   tokens.reserve(enc.ids.size() + enc.size());
   for (size_t d = 0; d < enc.size(); ++d) {
@@ -58,8 +59,8 @@ std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, const std::string& pa
 }
 
 TextDataset load_tokenized_dataset(const Tokenizer& tok, const std::string& path, int64_t seq_len, int threads,
-                                   double val_fraction) {
-  return split_tokens(tokenize_corpus(tok, path, threads), seq_len, val_fraction, path);
+                                   const EncodeProgress& progress, double val_fraction) {
+  return split_tokens(tokenize_corpus(tok, path, threads, progress), seq_len, val_fraction, path);
 }
 
 }  // namespace llama4d

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/data/dataset.h"
+#include "core/data/encode_corpus.h"
 #include "core/data/tokenizer.h"
 
 namespace llama4d {
@@ -20,11 +21,13 @@ std::vector<std::string> load_text_documents(const std::string& path);
 // The documents of `path` encoded by `tok` (no BOS; encode_documents_cached on `threads`
 // threads, so a corpus is encoded once per tokenizer and the ids do not depend on the thread
 // count) and packed with <|end_of_text|> between them. InputError when `tok` has no
-// <|end_of_text|>.
-std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, const std::string& path, int threads);
+// <|end_of_text|>. `progress` hears of each document encoded, or once with everything done when
+// the cache holds the ids (never for the byte tokenizer, whose ids are the bytes).
+std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, const std::string& path, int threads,
+                                     const EncodeProgress& progress = {});
 
 // tokenize_corpus, split into training and validation as make_dataset does.
 TextDataset load_tokenized_dataset(const Tokenizer& tok, const std::string& path, int64_t seq_len, int threads,
-                                   double val_fraction = 0.1);
+                                   const EncodeProgress& progress = {}, double val_fraction = 0.1);
 
 }  // namespace llama4d

@@ -30,6 +30,7 @@ FLAGS = {
     "lesson06": ["--steps", "1"],
     "lesson07": ["--steps", "1"],
     "lesson08": ["--steps", "1", "--gpu", "off"],
+    "lesson09": ["--steps", "1"],
 }
 
 # A unit the question names, and the same number in a unit a learner might confuse it with.

@@ -3,13 +3,16 @@
 // vocabulary against its tokenizer.json.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "core/data/bpe_tokenizer.h"
 #include "core/data/byte_level.h"
 #include "core/data/encode_corpus.h"
+#include "core/data/tokenized_corpus.h"
 #include "core/error.h"
 #include "tests/tokenizer/test_util.h"
 
@@ -60,6 +63,46 @@ TEST(EncodeDocuments, ProgressCountsUpToTheTotals) {
   });
   EXPECT_EQ(calls, int64_t(docs.size()));
   EXPECT_EQ(last_bytes, total_bytes);
+}
+
+// What `llama4d train/eval/verify` print while a large corpus is encoded: nothing for a corpus
+// under min_bytes; otherwise the first report, then at most one per interval, and always the last.
+TEST(EncodeDocuments, ProgressPrinterWritesTheFirstAndLastLinesOfALargeCorpus) {
+  const BpeTokenizer tok = load_tokenizer_json(test::project_tokenizer_path());
+  const std::vector<std::string> docs = documents();
+  int64_t total_bytes = 0;
+  for (const auto& d : docs) total_bytes += int64_t(d.size());
+  const auto printed = [&](int64_t min_bytes) {
+    std::FILE* f = std::tmpfile();
+    encode_documents(tok, docs, 3, {}, progress_printer(f, "docs", min_bytes, /*interval_s=*/3600));
+    std::rewind(f);
+    std::string out;
+    for (int c; (c = std::fgetc(f)) != EOF;) out += char(c);
+    std::fclose(f);
+    return out;
+  };
+  EXPECT_EQ(printed(total_bytes + 1), "");
+  const std::string out = printed(total_bytes);
+  ASSERT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
+  char last[160];
+  std::snprintf(last, sizeof last, "tokenize: docs: %.1f of %.1f MB, %zu of %zu documents\n", total_bytes / 1e6,
+                total_bytes / 1e6, docs.size(), docs.size());
+  EXPECT_EQ(out.substr(out.find('\n') + 1), last);
+}
+
+// tokenize_corpus hands its progress to the encoder: the last report counts every document.
+TEST(EncodeDocuments, TokenizeCorpusReportsProgress) {
+  const BpeTokenizer tok = load_tokenizer_json(test::project_tokenizer_path());
+  const fs::path dir = fs::path(testing::TempDir()) / "llama4d_progress_corpus";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "a.txt") << "The first document.";
+  std::ofstream(dir / "b.txt") << "The second one, a little longer.";
+  int64_t docs_done = 0, docs_total = 0;
+  tokenize_corpus(tok, dir.string(), 2, [&](int64_t d, int64_t dt, int64_t, int64_t) { docs_done = d, docs_total = dt; });
+  EXPECT_EQ(docs_total, 2);
+  EXPECT_EQ(docs_done, 2);
+  fs::remove_all(dir);
 }
 
 TEST(TokenCache, WrittenOnceReadBackAndRefusedWhenStale) {

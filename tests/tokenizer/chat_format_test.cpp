@@ -41,6 +41,33 @@ TEST(ChatFormat, RecognisesTheShippedLlama32TemplateAndRefusesAnEditedOne) {
   expect_chat_error([&] { chat_format_by_name("chatml"); }, "\"chatml\"");
 }
 
+// Llama 3.1 Instruct's tokenizer_config.json chat_template (Meta's text, kept as a test file):
+// recognised as llama3.1 with its fixed "26 Jul 2024". The prompt it renders for a system and a
+// user message without tools, read off the template by hand: the system header, "Cutting
+// Knowledge Date: December 2023\nToday Date: " + date_string + "\n\n", the system message
+// trimmed, <|eot_id|>; the user's header, content trimmed, <|eot_id|>; the generation prompt.
+TEST(ChatFormat, RecognisesLlama31sTemplateAndRendersItsNonToolPath) {
+  const std::string t = test::read_file(std::string(LLAMA4D_SOURCE_DIR) + "/tests/tokenizer/llama3.1_chat_template.jinja");
+  ASSERT_EQ(t.size(), 4614u);
+  const ChatFormat f = recognise_chat_template(t, "cfg");
+  EXPECT_EQ(f.name, "llama3.1");
+  EXPECT_EQ(f.default_date, "26 Jul 2024");
+  std::string edited = t;
+  edited.replace(edited.find("26 Jul 2024"), 11, "25 Jul 2024");
+  expect_chat_error([&] { recognise_chat_template(edited, "y/tokenizer_config.json"); }, "(llama3.0, llama3.1, llama3.2)");
+
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(std::string(LLAMA4D_SOURCE_DIR) + "/data/tokenizer");
+  const std::string rendered =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+      "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is a "
+      "tensor?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(encode_chat(*tok, f, {{"system", " Be brief.\n"}, {"user", "What is a tensor? "}}),
+            tok->encode(rendered, {.allow_special = true}));
+  // Tool use (the template's ipython and tool messages) is refused by name, never rendered as text.
+  for (const char* role : {"ipython", "tool"})
+    expect_chat_error([&] { encode_chat(*tok, f, {{"user", "x"}, {role, "{}"}}); }, "tool calling");
+}
+
 // Python: "\u00a0 a b\u3000\t\n".strip() == "a b"; U+200B is not whitespace to Python.
 TEST(ChatFormat, PythonStripTakesUnicodeWhitespaceOnly) {
   EXPECT_EQ(python_strip("\xc2\xa0 a b\xe3\x80\x80\t\n"), "a b");

@@ -17,7 +17,8 @@ and in each, reference.safetensors:
   logits [T, V]  F32, transformers' logits of the prompt, computed in fp32
   greedy [32]    I32, transformers' generate(do_sample=False) continuation, no stopping
 Plus chat.json: conversations and apply_chat_template(add_generation_prompt=True)'s ids, for
-Llama 3.2's template (the project's) with a fixed date and for Llama 3.0's template.
+Llama 3.2's template (the project's) with a fixed date, for Llama 3.0's template, and for Llama
+3.1's (tests/tokenizer/llama3.1_chat_template.jinja) with no date given: its own "26 Jul 2024".
 
 Deterministic: weights from torch.manual_seed; the models are moved away from transformers'
 N(0, 0.02) initialisation (norm gains around 1, larger matrices) so that logits are spread and
@@ -118,13 +119,18 @@ CONVERSATIONS = [
 
 def write_chat(source, out, tokenizer):
     cases = []
-    for template_name, template in (("llama3.2", None), ("llama3.0", LLAMA3_0_TEMPLATE)):
+    with open(os.path.join(source, "tests", "tokenizer", "llama3.1_chat_template.jinja"), encoding="utf-8") as f:
+        llama3_1_template = f.read()
+    for template_name, template in (("llama3.2", None), ("llama3.0", LLAMA3_0_TEMPLATE), ("llama3.1", llama3_1_template)):
         for messages in CONVERSATIONS:
             kwargs = {"chat_template": template} if template else {"date_string": "26 Jul 2024"}
             ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
-            cases.append({"format": template_name, "date": "26 Jul 2024", "messages": messages, "ids": list(ids)})
+            # llama3.1: no date_string, so the template's own date; "" tells encode_chat the same.
+            date = "" if template_name == "llama3.1" else "26 Jul 2024"
+            cases.append({"format": template_name, "date": date, "messages": messages, "ids": list(ids)})
     with open(os.path.join(out, "chat.json"), "w", encoding="utf-8") as f:
-        json.dump({"llama3_0_template": LLAMA3_0_TEMPLATE, "cases": cases}, f, ensure_ascii=False, indent=1)
+        json.dump({"llama3_0_template": LLAMA3_0_TEMPLATE, "llama3_1_template": llama3_1_template, "cases": cases}, f,
+                  ensure_ascii=False, indent=1)
 
 
 def main():

@@ -4,7 +4,7 @@
 // tokenizer, stop ids and chat template) and loaded by load_model. Per case: the prompt's ids,
 // the logits of the prompt within 1e-5 of transformers' (fp32), and 32 greedy tokens identical
 // to transformers' generate. Then chat prompts: encode_chat's ids equal to apply_chat_template's
-// (add_generation_prompt=True) for Llama 3.2's and Llama 3.0's templates.
+// (add_generation_prompt=True) for Llama 3.2's, Llama 3.0's and Llama 3.1's templates.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -111,16 +111,18 @@ TEST(TransformersChat, ChatPromptsTokenizedAsApplyChatTemplate) {
   EXPECT_EQ(llama32.name, "llama3.2");
   const ChatFormat llama30 = recognise_chat_template(chat.at("llama3_0_template").get<std::string>(), "chat.json");
   EXPECT_EQ(llama30.name, "llama3.0");
+  const ChatFormat llama31 = recognise_chat_template(chat.at("llama3_1_template").get<std::string>(), "chat.json");
+  EXPECT_EQ(llama31.name, "llama3.1");
   size_t checked = 0;
   for (const nlohmann::json& c : chat.at("cases")) {
     std::vector<ChatMessage> messages;
     for (const nlohmann::json& m : c.at("messages")) messages.push_back({m.at("role"), m.at("content")});
-    const ChatFormat& format = c.at("format") == "llama3.0" ? llama30 : llama32;
+    const ChatFormat& format = c.at("format") == "llama3.0" ? llama30 : c.at("format") == "llama3.1" ? llama31 : llama32;
     const std::vector<int32_t> ids = encode_chat(*md.tokenizer, format, messages, {.date = c.at("date")});
     EXPECT_EQ(ids, c.at("ids").get<std::vector<int32_t>>()) << format.name << ": " << c.at("messages").dump();
     ++checked;
   }
-  EXPECT_GE(checked, 12u);
+  EXPECT_GE(checked, 18u);
 }
 
 }  // namespace
