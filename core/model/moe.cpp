@@ -54,9 +54,15 @@ MoeDispatch dispatch_in_expert_order(const std::vector<int32_t>& experts, int64_
 }
 
 template <class T>
+void ExpertActivations<T>::reset() {
+  for (Buffer<T>* b : {&xs, &h1, &h3, &act}) b->reset();
+}
+
+template <class T>
 void MoeActivations<T>::reset() {
-  for (Buffer<T>* b : {&probs, &weights, &xs, &h1, &h3, &act, &ys}) b->reset();
+  for (Buffer<T>* b : {&probs, &weights, &ys}) b->reset();
   for (Buffer<int32_t>* b : {&experts, &token, &row}) b->reset();
+  expert.reset();
   dispatch = {};
   aux_loss = 0.0;
 }
@@ -82,18 +88,67 @@ std::vector<T> probability_sums(const T* probs, const MoeDims& d, MemoryTracker*
   return host;
 }
 
+ExpertRows every_expert(const MoeDispatch& p) {
+  return {.first = 0, .begin = {p.begin.begin(), p.begin.end() - 1}, .counts = p.counts};
+}
+
 }  // namespace
 
 template <class T>
-void moe_forward(T* out, MoeActivations<T>& a, const MoeWeights<T>& w, const T* x, const MoeDims& d,
-                 MemoryTracker* memory) {
+void experts_forward(T* ys, ExpertActivations<T>& a, const MoeWeights<T>& w, const ExpertRows& rows, const MoeDims& d,
+                     MemoryTracker* memory) {
+  const int64_t C = d.C, I = d.I, n = rows.total();
+  const auto act = MemoryCategory::activations;
+  a.h1 = Buffer<T>(memory, act, n * I, "expert w1 outputs");
+  a.h3 = Buffer<T>(memory, act, n * I, "expert w3 outputs");
+  a.act = Buffer<T>(memory, act, n * I, "expert SwiGLU outputs");
+  for (size_t e = 0; e < rows.counts.size(); ++e) {
+    const int64_t b = rows.begin[e], count = rows.counts[e];
+    if (count == 0) continue;
+    ops::matmul_forward(a.h1.data() + b * I, a.xs.data() + b * C, w.w1(int64_t(e)), count, C, I);
+    ops::matmul_forward(a.h3.data() + b * I, a.xs.data() + b * C, w.w3(int64_t(e)), count, C, I);
+  }
+  ops::swiglu_forward(a.act.data(), a.h1.data(), a.h3.data(), n * I);
+  for (size_t e = 0; e < rows.counts.size(); ++e) {
+    const int64_t b = rows.begin[e], count = rows.counts[e];
+    if (count == 0) continue;
+    ops::matmul_forward(ys + b * C, a.act.data() + b * I, w.w2(int64_t(e)), count, I, C);
+  }
+}
+
+template <class T>
+void experts_backward(T* dxs, const MoeWeights<T>& g, const T* dys, const ExpertActivations<T>& a,
+                      const MoeWeights<T>& w, const ExpertRows& rows, const MoeDims& d, MemoryTracker* memory) {
+  const int64_t C = d.C, I = d.I, n = rows.total();
+  const auto s = MemoryCategory::scratch;
+  const ops::GradWrite over = ops::GradWrite::overwrite;
+  Buffer<T> dact(memory, s, n * I, "backward expert SwiGLU"), dh1(memory, s, n * I, "backward expert w1");
+  Buffer<T> dh3(memory, s, n * I, "backward expert w3");
+  for (size_t e = 0; e < rows.counts.size(); ++e) {
+    const int64_t b = rows.begin[e], count = rows.counts[e];
+    if (count == 0) continue;
+    ops::matmul_backward(dact.data() + b * I, g.w2(int64_t(e)), dys + b * C, a.act.data() + b * I, w.w2(int64_t(e)),
+                         count, I, C, ops::GemmOperands::as_stored, over);
+  }
+  ops::swiglu_backward(dh1.data(), dh3.data(), dact.data(), a.h1.data(), a.h3.data(), n * I);
+  for (size_t e = 0; e < rows.counts.size(); ++e) {
+    const int64_t b = rows.begin[e], count = rows.counts[e];
+    if (count == 0) continue;
+    ops::matmul_backward(dxs + b * C, g.w1(int64_t(e)), dh1.data() + b * I, a.xs.data() + b * C, w.w1(int64_t(e)),
+                         count, C, I, ops::GemmOperands::as_stored, over);
+    ops::matmul_backward(dxs + b * C, g.w3(int64_t(e)), dh3.data() + b * I, a.xs.data() + b * C, w.w3(int64_t(e)),
+                         count, C, I);
+  }
+}
+
+template <class T>
+void moe_route(MoeActivations<T>& a, const MoeWeights<T>& w, const T* x, const MoeDims& d, MemoryTracker* memory) {
   d.validate();
-  const int64_t BT = d.BT, C = d.C, I = d.I, E = d.E, k = d.k, n = d.rows();
+  const int64_t BT = d.BT, C = d.C, E = d.E, k = d.k, n = d.rows();
   const auto act = MemoryCategory::activations;
   a.reset();
-
-  // Router: logits, probabilities, the k choices and their weights; the choices go to the host,
-  // which sorts them into expert order.
+  // Logits, probabilities, the k choices and their weights; the choices go to the host, which
+  // sorts them into expert order.
   Buffer<T> logits(memory, MemoryCategory::scratch, BT * E, "router logits");
   ops::matmul_forward(logits.data(), x, w.gate, BT, C, E);
   a.probs = Buffer<T>(memory, act, BT * E, "router probs");
@@ -107,29 +162,7 @@ void moe_forward(T* out, MoeActivations<T>& a, const MoeWeights<T>& w, const T* 
   a.row = Buffer<int32_t>(memory, act, n, "dispatch: row of each choice");
   to_device(a.token, a.dispatch.token);
   to_device(a.row, a.dispatch.row);
-
-  // Dispatch, then each expert's SwiGLU over its rows [b, b + rows).
-  a.xs = Buffer<T>(memory, act, n * C, "expert inputs");
-  a.h1 = Buffer<T>(memory, act, n * I, "expert w1 outputs");
-  a.h3 = Buffer<T>(memory, act, n * I, "expert w3 outputs");
-  a.act = Buffer<T>(memory, act, n * I, "expert SwiGLU outputs");
   a.ys = Buffer<T>(memory, act, n * C, "expert outputs");
-  ops::gather_rows(a.xs.data(), x, a.token.data(), n, C);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t b = a.dispatch.begin[size_t(e)], rows = a.dispatch.counts[size_t(e)];
-    if (rows == 0) continue;
-    ops::matmul_forward(a.h1.data() + b * I, a.xs.data() + b * C, w.w1(e), rows, C, I);
-    ops::matmul_forward(a.h3.data() + b * I, a.xs.data() + b * C, w.w3(e), rows, C, I);
-  }
-  ops::swiglu_forward(a.act.data(), a.h1.data(), a.h3.data(), n * I);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t b = a.dispatch.begin[size_t(e)], rows = a.dispatch.counts[size_t(e)];
-    if (rows == 0) continue;
-    ops::matmul_forward(a.ys.data() + b * C, a.act.data() + b * I, w.w2(e), rows, I, C);
-  }
-  // Combine: each token's k outputs, weighted, in the order of its choices.
-  ops::combine_rows(out, a.ys.data(), a.row.data(), a.weights.data(), BT, k, C);
-
   // Load balancing: aux = coef * E * sum_e (counts_e / BT) * (sums_e / BT), in double.
   if (BT > 0 && d.aux_coef > 0.0) {
     const std::vector<T> sums = probability_sums(a.probs.data(), d, memory);
@@ -140,34 +173,11 @@ void moe_forward(T* out, MoeActivations<T>& a, const MoeWeights<T>& w, const T* 
 }
 
 template <class T>
-void moe_backward(T* dx, const MoeWeights<T>& g, const T* dout, const MoeActivations<T>& a, const MoeWeights<T>& w,
-                  const T* x, const MoeDims& d, double aux_scale, MemoryTracker* memory) {
-  const int64_t BT = d.BT, C = d.C, I = d.I, E = d.E, k = d.k, n = d.rows();
-  const auto s = MemoryCategory::scratch;
-  const ops::GradWrite over = ops::GradWrite::overwrite;
-  // The combine's backward: each row's output gradient, and each choice's weight gradient.
-  Buffer<T> dys(memory, s, n * C, "backward expert outputs"), dweights(memory, s, n, "backward router weights");
-  ops::combine_rows_backward(dys.data(), dweights.data(), dout, a.ys.data(), a.row.data(), a.weights.data(), BT, k, C);
-  // Each expert's SwiGLU, last op first.
-  Buffer<T> dact(memory, s, n * I, "backward expert SwiGLU"), dh1(memory, s, n * I, "backward expert w1");
-  Buffer<T> dh3(memory, s, n * I, "backward expert w3"), dxs(memory, s, n * C, "backward expert inputs");
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t b = a.dispatch.begin[size_t(e)], rows = a.dispatch.counts[size_t(e)];
-    if (rows == 0) continue;
-    ops::matmul_backward(dact.data() + b * I, g.w2(e), dys.data() + b * C, a.act.data() + b * I, w.w2(e), rows, I, C,
-                         ops::GemmOperands::as_stored, over);
-  }
-  ops::swiglu_backward(dh1.data(), dh3.data(), dact.data(), a.h1.data(), a.h3.data(), n * I);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t b = a.dispatch.begin[size_t(e)], rows = a.dispatch.counts[size_t(e)];
-    if (rows == 0) continue;
-    ops::matmul_backward(dxs.data() + b * C, g.w1(e), dh1.data() + b * I, a.xs.data() + b * C, w.w1(e), rows, C, I,
-                         ops::GemmOperands::as_stored, over);
-    ops::matmul_backward(dxs.data() + b * C, g.w3(e), dh3.data() + b * I, a.xs.data() + b * C, w.w3(e), rows, C, I);
-  }
+void moe_route_backward(T* dx, const MoeWeights<T>& g, const T* dweights, const T* dxs, const MoeActivations<T>& a,
+                        const MoeWeights<T>& w, const T* x, const MoeDims& d, double aux_scale, MemoryTracker* memory) {
+  const int64_t BT = d.BT, C = d.C, E = d.E, k = d.k;
   // The dispatch's backward: each token's k input gradients summed in the order of its choices.
-  ops::combine_rows<T>(dx, dxs.data(), a.row.data(), nullptr, BT, k, C);
-
+  ops::combine_rows<T>(dx, dxs, a.row.data(), nullptr, BT, k, C);
   // The router: through the weights, and through every probability from the load-balancing loss,
   // d(aux)/d(probs[t, e]) = coef * E * f_e / BT for every token.
   Buffer<T> dprobs;
@@ -176,18 +186,52 @@ void moe_backward(T* dx, const MoeWeights<T>& g, const T* dout, const MoeActivat
     for (int64_t e = 0; e < E; ++e)
       host[size_t(e)] = T(aux_scale * d.aux_coef * double(E) * double(a.dispatch.counts[size_t(e)]) /
                           (double(BT) * double(BT)));
-    dprobs = Buffer<T>(memory, s, E, "backward load-balancing loss");
+    dprobs = Buffer<T>(memory, MemoryCategory::scratch, E, "backward load-balancing loss");
     to_device(dprobs, host);
   }
-  Buffer<T> dlogits(memory, s, BT * E, "backward router logits");
-  ops::router_backward(dlogits.data(), dweights.data(), dprobs.empty() ? nullptr : dprobs.data(), a.probs.data(),
+  Buffer<T> dlogits(memory, MemoryCategory::scratch, BT * E, "backward router logits");
+  ops::router_backward(dlogits.data(), dweights, dprobs.empty() ? nullptr : dprobs.data(), a.probs.data(),
                        a.weights.data(), a.experts.data(), BT, E, k);
   ops::matmul_backward(dx, g.gate, dlogits.data(), x, w.gate, BT, C, E);
 }
 
+template <class T>
+void moe_forward(T* out, MoeActivations<T>& a, const MoeWeights<T>& w, const T* x, const MoeDims& d,
+                 MemoryTracker* memory) {
+  moe_route(a, w, x, d, memory);
+  const int64_t n = d.rows();
+  a.expert.xs = Buffer<T>(memory, MemoryCategory::activations, n * d.C, "expert inputs");
+  ops::gather_rows(a.expert.xs.data(), x, a.token.data(), n, d.C);
+  experts_forward(a.ys.data(), a.expert, w, every_expert(a.dispatch), d, memory);
+  // Combine: each token's k outputs, weighted, in the order of its choices.
+  ops::combine_rows(out, a.ys.data(), a.row.data(), a.weights.data(), d.BT, d.k, d.C);
+}
+
+template <class T>
+void moe_backward(T* dx, const MoeWeights<T>& g, const T* dout, const MoeActivations<T>& a, const MoeWeights<T>& w,
+                  const T* x, const MoeDims& d, double aux_scale, MemoryTracker* memory) {
+  const int64_t n = d.rows(), C = d.C;
+  const auto s = MemoryCategory::scratch;
+  // The combine's backward: each row's output gradient, and each choice's weight gradient.
+  Buffer<T> dys(memory, s, n * C, "backward expert outputs"), dweights(memory, s, n, "backward router weights");
+  ops::combine_rows_backward(dys.data(), dweights.data(), dout, a.ys.data(), a.row.data(), a.weights.data(), d.BT,
+                             d.k, C);
+  Buffer<T> dxs(memory, s, n * C, "backward expert inputs");
+  experts_backward(dxs.data(), g, dys.data(), a.expert, w, every_expert(a.dispatch), d, memory);
+  moe_route_backward(dx, g, dweights.data(), dxs.data(), a, w, x, d, aux_scale, memory);
+}
+
 #define LLAMA4D_MOE(T)                                                                                           \
   template MoeWeights<T> moe_weights<T>(T*, const MoeDims&);                                                     \
+  template struct ExpertActivations<T>;                                                                          \
   template struct MoeActivations<T>;                                                                             \
+  template void experts_forward<T>(T*, ExpertActivations<T>&, const MoeWeights<T>&, const ExpertRows&,           \
+                                   const MoeDims&, MemoryTracker*);                                              \
+  template void experts_backward<T>(T*, const MoeWeights<T>&, const T*, const ExpertActivations<T>&,             \
+                                    const MoeWeights<T>&, const ExpertRows&, const MoeDims&, MemoryTracker*);    \
+  template void moe_route<T>(MoeActivations<T>&, const MoeWeights<T>&, const T*, const MoeDims&, MemoryTracker*); \
+  template void moe_route_backward<T>(T*, const MoeWeights<T>&, const T*, const T*, const MoeActivations<T>&,     \
+                                      const MoeWeights<T>&, const T*, const MoeDims&, double, MemoryTracker*);   \
   template void moe_forward<T>(T*, MoeActivations<T>&, const MoeWeights<T>&, const T*, const MoeDims&,           \
                                MemoryTracker*);                                                                  \
   template void moe_backward<T>(T*, const MoeWeights<T>&, const T*, const MoeActivations<T>&, const MoeWeights<T>&, \

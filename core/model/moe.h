@@ -71,18 +71,60 @@ struct MoeDispatch {
 // otherwise): tokens in order within an expert, choices in order within a token.
 MoeDispatch dispatch_in_expert_order(const std::vector<int32_t>& experts, int64_t E, int64_t k);
 
+// The experts' side of the layer: rows in expert order, expert first + e's rows being
+// [begin[e], begin[e] + counts[e]). One device holds every expert (first 0); under expert
+// parallelism (core/parallel/expert_parallel.h) a rank holds a block of them and these are the
+// rows it received.
+struct ExpertRows {
+  int64_t first = 0;             // the first expert held
+  std::vector<int64_t> begin;    // per expert held
+  std::vector<int64_t> counts;   // per expert held
+  int64_t total() const { return begin.empty() ? 0 : begin.back() + counts.back(); }
+};
+
+// What the experts' forward keeps for the backward (activations on the rank's tracker).
+template <class T>
+struct ExpertActivations {
+  Buffer<T> xs, h1, h3, act;  // [rows,C] (the caller fills xs), [rows,I] x3
+  void reset();
+};
+
+// ys[rows,C] = each held expert's SwiGLU over its rows of a.xs (one matmul per expert and
+// product); w's experts are the held ones (w.w1(0) is expert rows.first's).
+template <class T>
+void experts_forward(T* ys, ExpertActivations<T>& a, const MoeWeights<T>& w, const ExpertRows& rows, const MoeDims& d,
+                     MemoryTracker* memory);
+// dxs[rows,C] written over from dys[rows,C]; the held experts' weight gradients ACCUMULATE into g.
+template <class T>
+void experts_backward(T* dxs, const MoeWeights<T>& g, const T* dys, const ExpertActivations<T>& a,
+                      const MoeWeights<T>& w, const ExpertRows& rows, const MoeDims& d, MemoryTracker* memory);
+
 // What the forward keeps for the backward, charged to the rank's tracker as activations.
 template <class T>
 struct MoeActivations {
   Buffer<T> probs, weights;             // [BT,E], [BT,k]
   Buffer<int32_t> experts, token, row;  // [BT*k] each: the router's choice, MoeDispatch's token and row
-  Buffer<T> xs, h1, h3, act, ys;        // [BT*k,C], [BT*k,I] x3, [BT*k,C], in expert order
+  Buffer<T> ys;                         // [BT*k,C] the experts' outputs, in this rank's expert order
+  ExpertActivations<T> expert;          // one device: the experts' side, in the same order
   MoeDispatch dispatch;
   double aux_loss = 0.0;                // this call's load-balancing loss, coef included
   void reset();
 };
 
-// out[BT,C] = moe(x[BT,C]), written over; allocates and fills a.
+// The token side, the same with or without expert parallelism: the router, the dispatch order
+// (a.dispatch and its device copies) and the load-balancing loss; allocates a's router buffers
+// and a.ys (filled by the experts later).
+template <class T>
+void moe_route(MoeActivations<T>& a, const MoeWeights<T>& w, const T* x, const MoeDims& d, MemoryTracker* memory);
+// The token side's backward: dx[BT,C] (written over) = the dispatch's backward of dxs [BT*k,C]
+// (the experts' input gradients in this rank's expert order) plus the router's, from dweights
+// [BT,k] and the load-balancing loss (scaled by aux_scale, see moe_backward); the gate's
+// gradient ACCUMULATES into g.gate.
+template <class T>
+void moe_route_backward(T* dx, const MoeWeights<T>& g, const T* dweights, const T* dxs, const MoeActivations<T>& a,
+                        const MoeWeights<T>& w, const T* x, const MoeDims& d, double aux_scale, MemoryTracker* memory);
+
+// out[BT,C] = moe(x[BT,C]), written over, on one device holding every expert; allocates and fills a.
 template <class T>
 void moe_forward(T* out, MoeActivations<T>& a, const MoeWeights<T>& w, const T* x, const MoeDims& d,
                  MemoryTracker* memory);

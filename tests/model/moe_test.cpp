@@ -14,7 +14,6 @@
 #include "core/model/moe.h"
 #include "core/ops.h"
 #include "model_test_util.h"
-#include "tests/common/tier.h"
 
 namespace llama4d {
 namespace {
