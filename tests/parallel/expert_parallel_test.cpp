@@ -2,8 +2,8 @@
 // every rank the output, the load-balancing loss, the input gradient and the router's gradient
 // are bitwise those of one device running that rank's tokens alone, and each held expert's
 // weight gradients bitwise those of one device running every rank's tokens back to back; the
-// group's per-expert counts equal that device's, and the traffic log's token bytes equal the
-// file's formula with the rows this test routes itself.
+// group's per-expert counts equal that device's, and the traffic log's token bytes and the
+// activations the forward keeps equal the file's formulas with the rows this test routes itself.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -88,6 +88,7 @@ void expect_one_device_bits(int P) {
 
   std::vector<OneDevice<T>> ranks(static_cast<size_t>(P));
   std::vector<std::vector<int64_t>> global_counts(static_cast<size_t>(P));
+  std::vector<int64_t> activation_bytes(static_cast<size_t>(P)), scratch_bytes(static_cast<size_t>(P));
   VirtualClusterOptions o;
   o.ranks = P;
   VirtualCluster cluster(o);
@@ -106,6 +107,8 @@ void expect_one_device_bits(int P) {
     Buffer<T> out(m, MemoryCategory::other, d.BT * C), dx(m, MemoryCategory::other, d.BT * C);
     ExpertParallelActivations<T> a;
     moe_forward_expert_parallel(out.data(), a, moe_weights(pb.data(), d), xb.data(), d, ep, m);
+    activation_bytes[size_t(r)] = m->live(MemoryCategory::activations);
+    scratch_bytes[size_t(r)] = m->live(MemoryCategory::scratch);
     moe_backward_expert_parallel(dx.data(), moe_weights(gb.data(), d), db.data(), a, moe_weights(pb.data(), d),
                                  xb.data(), d, 1.0, ep, m);
     ranks[size_t(r)] = {on_host(out), on_host(dx), on_host(gb), a.moe.dispatch.counts, a.moe.aux_loss};
@@ -144,6 +147,16 @@ void expect_one_device_bits(int P) {
     }
     EXPECT_GT(rows_out, 0) << at << "no token left this rank: the exchange went untested";
     const int64_t row_bytes = C * int64_t(sizeof(T));
+    // Memory: what the forward keeps is the file's formula, with m the rows this rank's experts
+    // received (its own included) and n = BT·k.
+    const int64_t n = (5 + r) * base.k, m = rows_back + [&] {
+      int64_t own = 0;
+      for (int64_t e = r * El; e < (r + 1) * El; ++e) own += alone[size_t(r)].counts[size_t(e)];
+      return own;
+    }();
+    const int64_t values = (E + base.k + base.k * C) * (5 + r) + m * C + 3 * m * base.I;
+    EXPECT_EQ(activation_bytes[size_t(r)], values * int64_t(sizeof(T)) + (3 * n + 2 * m) * 4) << at;
+    EXPECT_EQ(scratch_bytes[size_t(r)], 0) << at << "the forward's scratch outlived it";
     EXPECT_EQ(dispatch, rows_out * row_bytes) << at;
     EXPECT_EQ(dispatch_grad, rows_out * row_bytes) << at;
     EXPECT_EQ(combine, rows_back * row_bytes) << at;
