@@ -2,6 +2,7 @@
 // expert over its rows, and the weighted combine; the backward in the reverse order.
 #include "core/model/moe.h"
 
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -33,6 +34,9 @@ int64_t moe_numel(const MoeDims& d) { return d.E * d.C + 3 * d.E * d.I * d.C; }
 
 MoeDispatch dispatch_in_expert_order(const std::vector<int32_t>& experts, int64_t E, int64_t k) {
   const int64_t n = int64_t(experts.size());
+  if (k < 1 || n % k != 0 || n > std::numeric_limits<int32_t>::max())
+    throw InputError("mixture of experts: " + std::to_string(n) + " choices are not k=" + std::to_string(k) +
+                     " per token for at most 2^31 rows (the dispatch's indices are int32)");
   MoeDispatch p;
   p.experts = experts;
   p.counts.assign(size_t(E), 0);

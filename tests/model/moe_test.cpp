@@ -152,6 +152,7 @@ TEST(Moe, DispatchGroupsRowsByExpertWithTokensInOrder) {
   EXPECT_EQ(p.token, (std::vector<int32_t>{0, 1, 0, 2, 1, 2}));
   EXPECT_EQ(p.row, (std::vector<int32_t>{2, 0, 1, 4, 3, 5}));
   EXPECT_THROW(dispatch_in_expert_order({0, 3}, 3, 2), InputError);
+  EXPECT_THROW(dispatch_in_expert_order({0, 1, 2}, 3, 2), InputError);  // not k choices per token
 }
 
 template <class T>
