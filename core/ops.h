@@ -461,6 +461,54 @@ inline bool all_finite(const T* x, int64_t N) {
   return kernels<T>().all_finite(x, N);
 }
 
+// ---- Mixture of experts: Mixtral's router and the token dispatch --------------------------
+// A token's k experts and their weights (Mixtral, Jiang et al. 2024; Hugging Face's
+// MixtralSparseMoeBlock): softmax over the E router logits, the k largest probabilities, and
+// those k divided by their sum. Every row is computed alone, so any split of the rows (micro-
+// batches, data-parallel ranks) gives the same bits.
+// probs[BT, E] = softmax(logits[BT, E]) per row (kept for the backward and the load-balancing
+// loss); experts[BT, k] = the ids of the k largest probabilities, largest first, an equal pair
+// broken by the lower id; weights[BT, k] = probs[t, experts[t, j]] / S_t, S_t = the sum of the k.
+// 1 <= k <= E (the forwarder checks it).
+void check_router_shape(int64_t BT, int64_t E, int64_t k);
+template <class T>
+inline void router_topk(T* probs, T* weights, int32_t* experts, const T* logits, int64_t BT, int64_t E, int64_t k) {
+  check_router_shape(BT, E, k);
+  kernels<T>().router_topk(probs, weights, experts, logits, BT, E, k);
+}
+// dlogits[BT, E] (written over) from the gradients of router_topk's weights, dweights[BT, k], and
+// of every probability, dprobs[E] (the same for each token: the load-balancing loss's; null: 0):
+//   dp[t, e] = dprobs[e] + sum over j with experts[t, j] = e of (dweights[t, j] - D_t) / S_t,
+//              D_t = sum_j dweights[t, j] * weights[t, j]
+//   dlogits[t, e] = probs[t, e] * (dp[t, e] - sum_f probs[t, f] * dp[t, f])   (softmax's backward)
+// The choice of experts is a step function of the logits: no gradient flows through it.
+template <class T>
+inline void router_backward(T* dlogits, const T* dweights, const T* dprobs, const T* probs, const T* weights,
+                            const int32_t* experts, int64_t BT, int64_t E, int64_t k) {
+  check_router_shape(BT, E, k);
+  kernels<T>().router_backward(dlogits, dweights, dprobs, probs, weights, experts, BT, E, k);
+}
+// out[N, C] row i = src[index[i], :] (the dispatch: tokens copied into expert order).
+template <class T>
+inline void gather_rows(T* out, const T* src, const int32_t* index, int64_t N, int64_t C) {
+  kernels<T>().gather_rows(out, src, index, N, C);
+}
+// out[BT, C] row t = sum over j = 0, 1, ..., k-1 in that order of weights[t, j] * src[slot[t*k + j], :]
+// (written over; weights null: each weight 1, the dispatch's backward). The combine: each
+// token's k expert outputs, weighted, summed in the order of its choices (never of the experts').
+template <class T>
+inline void combine_rows(T* out, const T* src, const int32_t* slot, const T* weights, int64_t BT, int64_t k,
+                         int64_t C) {
+  kernels<T>().combine_rows(out, src, slot, weights, BT, k, C);
+}
+// The combine's backward, both written over: dsrc[slot[t*k + j], :] = weights[t, j] * dout[t, :]
+// (slot must reach every row of dsrc exactly once) and dweights[t, j] = dout[t, :] . src[slot[t*k + j], :].
+template <class T>
+inline void combine_rows_backward(T* dsrc, T* dweights, const T* dout, const T* src, const int32_t* slot,
+                                  const T* weights, int64_t BT, int64_t k, int64_t C) {
+  kernels<T>().combine_rows_backward(dsrc, dweights, dout, src, slot, weights, BT, k, C);
+}
+
 // ---- The compute backend ----------------------------------------------------------------------
 // One table per element type: the kernels of every op above, with the same signatures and
 // contracts (a backend that cannot meet one must not register).
@@ -500,6 +548,11 @@ struct Kernels {
   void (*to_bf16)(bf16* out, const T* x, int64_t N);
   void (*from_bf16)(T* y, const bf16* x, int64_t N, bool accumulate);
   bool (*all_finite)(const T* x, int64_t N);
+  void (*router_topk)(T* probs, T* weights, int32_t* experts, const T* logits, int64_t BT, int64_t E, int64_t k);
+  void (*router_backward)(T* dlogits, const T* dweights, const T* dprobs, const T* probs, const T* weights, const int32_t* experts, int64_t BT, int64_t E, int64_t k);
+  void (*gather_rows)(T* out, const T* src, const int32_t* index, int64_t N, int64_t C);
+  void (*combine_rows)(T* out, const T* src, const int32_t* slot, const T* weights, int64_t BT, int64_t k, int64_t C);
+  void (*combine_rows_backward)(T* dsrc, T* dweights, const T* dout, const T* src, const int32_t* slot, const T* weights, int64_t BT, int64_t k, int64_t C);
 };
 
 // A compute device's kernels, memory and identity. Pointers the kernels take are the backend's

@@ -69,4 +69,12 @@ inline constexpr std::string_view kPipelineSend = "pipeline: send";
 inline constexpr std::string_view kPipelineSendActivation = "pipeline: send activation";
 inline constexpr std::string_view kPipelineSendGradient = "pipeline: send gradient";
 
+// ---- Expert parallelism (expert_parallel.cpp) -----------------------------------------------------
+inline constexpr std::string_view kExpertParallel = "expert parallelism";  // every one below
+inline constexpr std::string_view kEpCounts = "expert parallelism: counts";
+inline constexpr std::string_view kEpDispatch = "expert parallelism: tokens to their experts";
+inline constexpr std::string_view kEpCombine = "expert parallelism: outputs back";
+inline constexpr std::string_view kEpDispatchGrad = "expert parallelism: output gradients to the experts";
+inline constexpr std::string_view kEpCombineGrad = "expert parallelism: input gradients back";
+
 }  // namespace llama4d::label

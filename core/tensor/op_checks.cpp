@@ -25,4 +25,11 @@ void check_merge_shape(int64_t B, int64_t Tq, int64_t nh, int64_t hd) {
     throw InputError("attention_merge: sizes must be non-negative and heads/head_dim positive");
 }
 
+void check_router_shape(int64_t BT, int64_t E, int64_t k) {
+  if (BT < 0 || E < 1) throw InputError("router: tokens must be non-negative and experts positive");
+  if (k < 1 || k > E)
+    throw InputError("router: experts per token (" + std::to_string(k) + ") must be in [1, experts = " +
+                     std::to_string(E) + "]");
+}
+
 }  // namespace llama4d::ops

@@ -23,7 +23,7 @@ namespace {
   X(cross_entropy_backward) X(vocab_slice_max_and_target) X(vocab_slice_sum_exp) X(cross_entropy_from_stats)    \
   X(cross_entropy_backward_slice) X(scale) X(fill) X(copy) X(add_scaled) X(adamw_update) X(sum_squares_chunks)  \
   X(sum_losses) X(embedding_forward_rows) X(embedding_backward_rows) X(round_to_bf16) X(to_bf16) X(from_bf16)   \
-  X(all_finite)
+  X(all_finite) X(router_topk) X(router_backward) X(gather_rows) X(combine_rows) X(combine_rows_backward)
 
 enum KernelId : int {
 #define LLAMA4D_ID(name) k_##name,

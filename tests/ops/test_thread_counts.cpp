@@ -140,6 +140,31 @@ TEST(ThreadCounts, SwiGluAndResidual) {
   });
 }
 
+// The router over enough tokens to split (BT·E above the CPU's threading threshold), and the
+// dispatch's row moves over a permutation of the BT·k rows.
+TEST(ThreadCounts, MoeRouting) {
+  const int64_t BT = 4099, E = 8, k = 2, C = 67, n = BT * k;
+  const auto logits = random_floats(BT * E, 31, -3, 3), x = random_floats(BT * C, 32), dy = random_floats(BT * C, 33);
+  const auto dw = random_floats(n, 34), dp = random_floats(E, 35);
+  std::vector<int32_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = int32_t((i * 7919) % n);  // 7919 is prime to n
+  std::vector<int32_t> token(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) token[static_cast<size_t>(i)] = int32_t(perm[static_cast<size_t>(i)] / k);
+  expect_bits_independent_of_threads([&] {
+    std::vector<float> probs(static_cast<size_t>(BT * E)), w(static_cast<size_t>(n)), dz(static_cast<size_t>(BT * E));
+    std::vector<int32_t> experts(static_cast<size_t>(n));
+    std::vector<float> rows(static_cast<size_t>(n * C)), out(static_cast<size_t>(BT * C)), drows(static_cast<size_t>(n * C));
+    std::vector<float> dweights(static_cast<size_t>(n));
+    ops::router_topk(probs.data(), w.data(), experts.data(), logits.data(), BT, E, k);
+    ops::router_backward(dz.data(), dw.data(), dp.data(), probs.data(), w.data(), experts.data(), BT, E, k);
+    ops::gather_rows(rows.data(), x.data(), token.data(), n, C);
+    ops::combine_rows(out.data(), rows.data(), perm.data(), w.data(), BT, k, C);
+    ops::combine_rows_backward(drows.data(), dweights.data(), dy.data(), rows.data(), perm.data(), w.data(), BT, k, C);
+    return Outputs{bytes_of(probs), bytes_of(w), bytes_of(experts), bytes_of(dz), bytes_of(rows), bytes_of(out),
+                   bytes_of(drows), bytes_of(dweights)};
+  });
+}
+
 TEST(ThreadCounts, Embedding) {
   const int64_t BT = 1001, C = 301, V = 264, row_begin = 100, rows = 90;
   const auto wte = random_floats(V * C, 24), dy = random_floats(BT * C, 25);

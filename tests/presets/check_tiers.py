@@ -36,6 +36,7 @@ FAMILIES = {
     r"^ContextParallelEquivalence\.Fp32": "all-gather attention",
     r"^FourD/FourDEquivalence\.": "4D parallelism",
     r"^Bf16": "bf16 mixed precision across ranks",
+    r"^ExpertParallel\.Ep": "expert parallelism",
     r"^Algorithms/Collectives\..*/ordered$": "the virtual backend's ordered collectives",
     r"^Algorithms/Collectives\..*/ring$": "the virtual backend's ring collectives",
     r"^comm_collectives_mpi_np4$": "the MPI backend",
