@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -93,6 +94,30 @@ void check_batch_fits_in_memory(const LlamaConfig& cfg, int64_t rows, int64_t se
 // A byte model can emit a sequence that is not UTF-8; JSON output shows it as U+FFFD instead of failing.
 void print_json(const nlohmann::json& j) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+}
+
+std::string data_fingerprint(const std::vector<int32_t>& tokens) {
+  uint64_t h = 14695981039346656037ull;
+  for (const int32_t t : tokens) h = (h ^ uint64_t(uint32_t(t))) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return std::to_string(tokens.size()) + " tokens, fnv1a " + hex;
+}
+
+std::vector<RankSetting> model_and_step_rank_settings(const LlamaConfig& cfg, const std::string& dtype,
+                                                      const TrainOptions& opt) {
+  std::vector<RankSetting> s{{"--dtype", dtype}};
+  // One setting per leaf: "/rope_parameters/rope_theta" is named rope_parameters.rope_theta.
+  const nlohmann::json leaves = cfg.to_json().flatten();  // items() refers to it
+  for (const auto& [pointer, value] : leaves.items()) {
+    std::string key = pointer.substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    s.push_back({"model config " + key, value.dump()});
+  }
+  const nlohmann::json options = opt.to_json();
+  for (const TrainOptionField& f : train_option_fields())
+    s.push_back({f.flag, options.at(nlohmann::json::json_pointer(f.pointer)).dump()});
+  return s;
 }
 
 namespace {

@@ -194,15 +194,6 @@ std::string model_name(const TrainArgs& a) {
   return a.resume.empty() ? a.model.describe() : "checkpoint " + a.resume;
 }
 
-// FNV-1a over the tokens: what identifies the text a run trains on, wherever the file lies.
-std::string fingerprint(const std::vector<int32_t>& tokens) {
-  uint64_t h = 14695981039346656037ull;
-  for (const int32_t t : tokens) h = (h ^ uint64_t(uint32_t(t))) * 1099511628211ull;
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-  return std::to_string(tokens.size()) + " tokens, fnv1a " + hex;
-}
-
 // The corpus the batches come from. On resume it must be the text the run started on (the
 // file may have moved: --data names the new place), else every batch would differ.
 TextDataset load_run_data(Run& r, bool data_given) {
@@ -210,7 +201,7 @@ TextDataset load_run_data(Run& r, bool data_given) {
                                                                     r.args.opt.seq_len, ops::backend_threads())
                                          : load_dataset(r.args.data, r.args.opt.seq_len);
   nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
-  const std::string now = fingerprint(data.tokens);
+  const std::string now = data_fingerprint(data.tokens);
   if (loop.contains("data_fingerprint") && loop.at("data_fingerprint") != now)
     throw InputError(std::string(data_given ? "--data " : "data ") + r.args.data + " (" + now +
                      ") is not the text the checkpoint's run trained on (" + loop.at("data_fingerprint").dump() +
@@ -343,6 +334,23 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
   return j;
 }
 
+// What every process of an MPI job must have alike (RankLaunch::agree_on): the model, the
+// options, the plan, the data and where the run writes. Not --threads, --json or --force, which
+// are each process's own and change no result.
+std::vector<RankSetting> rank_settings(const Run& r, const ParallelPlan& plan) {
+  const TrainArgs& a = r.args;
+  std::vector<RankSetting> s = a.parallel.rank_settings(plan);
+  const std::vector<RankSetting> step = model_and_step_rank_settings(r.cfg, a.model.dtype, a.opt);
+  s.insert(s.end(), step.begin(), step.end());
+  const nlohmann::json loop = nlohmann::json::parse(a.opt.loop);
+  s.push_back({"--data (its tokens)", loop.at("data_fingerprint").get<std::string>()});
+  for (const LoopSetting& l : kLoopSettings) s.push_back({l.flag, std::to_string(a.*l.value)});
+  for (const auto& [flag, value] : {std::pair{"--out", a.out}, std::pair{"--resume", a.resume}, std::pair{"--init", a.init}})
+    s.push_back({flag, value});
+  s.push_back({"--stop-at", std::to_string(a.stop_at)});
+  return s;
+}
+
 template <class T>
 nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
   const TrainArgs& a = r.args;
@@ -353,6 +361,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   const int ranks = plan.world_size();
   const double unigram = unigram_nats(r, data);
   RankLaunch launcher(a.launch);
+  launcher.agree_on(rank_settings(r, plan));
   nlohmann::json result;
   std::vector<RankMemory> memory(static_cast<size_t>(ranks));
   std::mutex mu;

@@ -69,4 +69,7 @@ inline constexpr std::string_view kPipelineSend = "pipeline: send";
 inline constexpr std::string_view kPipelineSendActivation = "pipeline: send activation";
 inline constexpr std::string_view kPipelineSendGradient = "pipeline: send gradient";
 
+// ---- A job's start (rank_agreement.cpp): every rank's settings against rank 0's -----------------
+inline constexpr std::string_view kRankAgreement = "rank agreement";
+
 }  // namespace llama4d::label
