@@ -91,6 +91,23 @@ class OutputDir {
   int exceptions_;                    // in flight at construction: more at destruction = failing
 };
 
+// One run at a time in an --out directory: an exclusive flock on the directory itself, held
+// until destruction, so two runs cannot interleave their metrics and checkpoints. The holder is
+// named in <dir>/.llama4d-run (pid, host, command), removed again on release. A second run is
+// refused with InputError naming the holder. Where the filesystem has no flock for directories
+// (some NFS mounts) it says so on stderr and runs unlocked.
+class OutputLock {
+ public:
+  OutputLock(const std::string& dir, const std::string& command);
+  ~OutputLock();
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  std::string holder_file_;
+  int fd_ = -1;
+};
+
 // Checks, before any work, that `path` (the value of `flag`) can be created or overwritten
 // later: its directory exists and takes a new file. Leaves nothing behind.
 void check_writable_file(const std::string& path, const std::string& flag);

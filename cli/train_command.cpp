@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
@@ -268,7 +269,8 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
       nlohmann::json row = {{"step", st.step}, {"loss", st.loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
                             {"tokens_per_s", double(st.tokens) / st.seconds}};
       if (eval_now) row["val_loss"] = val_loss;
-      metrics << row.dump() << "\n" << std::flush;
+      // A row lost to a full disk or an I/O error ends the run: the history is the run's record.
+      if (!(metrics << row.dump() << "\n" << std::flush)) throw IoError("cannot write " + a.out + "/metrics.jsonl");
       if (st.step % a.log_every == 0 || st.step == last || eval_now)
         progress("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s%s\n", (long long)st.step,
                  (long long)last, st.loss, st.lr, st.grad_norm, double(st.tokens) / st.seconds,
@@ -367,6 +369,8 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   std::mutex mu;
   std::string strategy;
   launcher.run(ranks, [&](ProcessGroup& world) {
+    std::optional<OutputLock> out_lock;
+    if (world.backend() != "virtual" && world.rank() == 0) out_lock.emplace(a.out, "train");
     Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
     if (!start.empty()) trainer.load_checkpoint(start);
@@ -424,6 +428,11 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   const TextDataset data = load_run_data(r, cmd.count("--data") > 0);
 
   const OutputDir out(a.out);
+  // One run per --out. The processes of an MPI or NCCL job share it: their rank 0 locks it, in
+  // run_parallel, once it knows its rank.
+  const bool processes = a.parallel.parallel() && a.launch.backend != "virtual";
+  std::optional<OutputLock> lock;
+  if (!processes) lock.emplace(a.out, "train");
   // Before any work, not at the end of the run: is <out>/checkpoint ours to replace? And the
   // staging directories of saves that were killed on this machine are removed, not kept forever.
   check_directory_replaceable(a.out + "/checkpoint", kConfigFile);
