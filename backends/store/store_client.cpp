@@ -13,8 +13,12 @@ StoreClient::StoreClient(std::string host, int port, std::chrono::milliseconds t
 uint8_t StoreClient::round_trip(Op op, const std::string& key, const std::vector<uint8_t>& value,
                                 std::chrono::milliseconds wait, std::vector<uint8_t>& answer) {
   if (broken_) throw CommError("the connection to the store at " + address_ + " broke in an earlier request");
-  if (key.size() > kMaxKeyBytes) throw InputError("store key longer than " + std::to_string(kMaxKeyBytes) + " bytes");
-  if (value.size() > kMaxValueBytes) throw InputError("store value of '" + key + "' is over 256 MiB");
+  // The default server's caps, found before sending (a server with smaller ones refuses by name).
+  constexpr StoreLimits caps;
+  if (key.size() > caps.max_key_bytes)
+    throw InputError("store key longer than the cap of " + std::to_string(caps.max_key_bytes) + " bytes");
+  if (value.size() > caps.max_value_bytes)
+    throw InputError("store value of '" + key + "' is over the cap of " + std::to_string(caps.max_value_bytes) + " bytes");
   std::vector<uint8_t> request;
   request.reserve(kRequestHeader + key.size() + value.size());
   request.push_back(uint8_t(op));
@@ -36,6 +40,8 @@ uint8_t StoreClient::round_trip(Op op, const std::string& key, const std::vector
   answer.resize(len);
   recv_all(fd_.get(), answer.data(), len, deadline, "the store at " + address_, what);
   broken_ = false;
+  if (Status(header[0]) == Status::refused)
+    throw CommError("the store at " + address_ + " refused '" + key + "': " + std::string(answer.begin(), answer.end()));
   if (Status(header[0]) == Status::bad_request)
     throw CommError("the store at " + address_ + " refused the request for '" + key + "' (mixed llama4d versions?)");
   return header[0];

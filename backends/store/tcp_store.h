@@ -28,8 +28,8 @@ namespace llama4d::store {
 class StoreServer {
  public:
   // Listens on every interface at `port` (0: a free port, see port()). PortInUseError if it is
-  // taken.
-  explicit StoreServer(int port);
+  // taken. Requests past `limits` are refused, naming the cap (wire.h).
+  explicit StoreServer(int port, StoreLimits limits = {});
   ~StoreServer();  // stops serving; waiting clients see the connection close
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;

@@ -148,6 +148,49 @@ TEST(Store, AMalformedRequestDropsOnlyItsConnection) {
   EXPECT_EQ(good.get("still"), bytes("serving"));
 }
 
+// The store has no authentication (README: its exposure), so what a client can make rank 0 hold is
+// capped, and each refusal names its cap (issue 52, item 7).
+TEST(Store, EveryCapRefusesByName) {
+  StoreLimits caps;
+  caps.max_key_bytes = 8;
+  caps.max_value_bytes = 16;
+  caps.max_keys = 3;
+  caps.max_total_bytes = 40;
+  StoreServer server(0, caps);
+  StoreClient c("127.0.0.1", server.port(), 5s);
+  c.set("a", bytes("0123456789"));  // 11 bytes held
+  c.set("b", bytes("0123456789"));  // 22
+  // Replacing a key's value frees its old bytes: 22 - 11 + 17 = 28, not 39.
+  c.set("a", bytes("0123456789abcdef"));
+  EXPECT_EQ(c.get("a"), bytes("0123456789abcdef"));
+  const std::string total = error_of([&] { c.set("c", bytes("0123456789abc")); });  // 28 + 14 = 42 > 40
+  EXPECT_NE(total.find("refused 'c': the store would hold more than its cap of 40 bytes"), std::string::npos) << total;
+  EXPECT_FALSE(c.check("c"));  // refused, not half-stored; the connection still serves
+  c.set("c", bytes("x"));       // 30
+  const std::string keys = error_of([&] { c.add("d", 1); });
+  EXPECT_NE(keys.find("refused 'd': the store holds its cap of 3 keys"), std::string::npos) << keys;
+}
+
+TEST(Store, AnOversizedKeyOrValueIsRefusedByName) {
+  StoreLimits caps;
+  caps.max_key_bytes = 8;
+  caps.max_value_bytes = 16;
+  StoreServer server(0, caps);
+  const std::string key = error_of([&] {
+    StoreClient c("127.0.0.1", server.port(), 5s);
+    c.set("123456789", bytes("v"));
+  });
+  EXPECT_NE(key.find("a key of 9 bytes is over the cap of 8"), std::string::npos) << key;
+  const std::string value = error_of([&] {
+    StoreClient c("127.0.0.1", server.port(), 5s);
+    c.set("k", Bytes(17, 1));
+  });
+  EXPECT_NE(value.find("refused 'k': a value of 17 bytes is over the cap of 16"), std::string::npos) << value;
+  StoreClient c("127.0.0.1", server.port(), 5s);  // others are still served
+  c.set("k", Bytes(16, 1));
+  EXPECT_EQ(c.get("k"), Bytes(16, 1));
+}
+
 // ---- torchrun-style variables -----------------------------------------------------------------
 
 GetEnv env_of(std::map<std::string, std::string> vars) {
