@@ -4,10 +4,12 @@
 
 namespace llama4d::store {
 
-StoreClient::StoreClient(std::string host, int port, std::chrono::milliseconds timeout)
+StoreClient::StoreClient(std::string host, int port, std::chrono::milliseconds timeout, const std::string& token)
     : address_(endpoint_name(host, port)), timeout_(timeout) {
   if (timeout.count() <= 0) throw InputError("the store's timeout must be positive");
   fd_ = connect_to(host, port, Clock::now() + timeout);
+  std::vector<uint8_t> answer;
+  round_trip(Op::hello, token, {}, std::chrono::milliseconds(0), answer);
 }
 
 uint8_t StoreClient::round_trip(Op op, const std::string& key, const std::vector<uint8_t>& value,
@@ -41,7 +43,8 @@ uint8_t StoreClient::round_trip(Op op, const std::string& key, const std::vector
   recv_all(fd_.get(), answer.data(), len, deadline, "the store at " + address_, what);
   broken_ = false;
   if (Status(header[0]) == Status::refused)
-    throw CommError("the store at " + address_ + " refused '" + key + "': " + std::string(answer.begin(), answer.end()));
+    throw CommError("the store at " + address_ + " refused " + (op == Op::hello ? std::string("this process") : "'" + key + "'") +
+                    ": " + std::string(answer.begin(), answer.end()));
   if (Status(header[0]) == Status::bad_request)
     throw CommError("the store at " + address_ + " refused the request for '" + key + "' (mixed llama4d versions?)");
   return header[0];

@@ -27,6 +27,7 @@ struct Client {
   std::optional<std::string> parked_key;  // a get waiting for this key
   Clock::time_point parked_until;
   bool closing = false;  // drop once `out` is sent (after a bad request)
+  bool admitted = false;  // presented the job token
 };
 
 void answer(Client& c, Status status, const std::vector<uint8_t>& value = {}) {
@@ -41,6 +42,7 @@ void refuse(Client& c, const std::string& why) { answer(c, Status::refused, std:
 
 struct StoreServer::State {
   StoreLimits limits;
+  std::string token;
   std::map<std::string, std::vector<uint8_t>> values;
   uint64_t total_bytes = 0;  // of every key and value held
 
@@ -90,6 +92,17 @@ struct StoreServer::State {
       std::string key(reinterpret_cast<const char*>(h + kRequestHeader), key_len);
       std::vector<uint8_t> value(h + kRequestHeader + key_len, h + kRequestHeader + key_len + value_len);
       used += kRequestHeader + key_len + value_len;
+      if (!c.admitted || op == Op::hello) {
+        // Nothing is served to a connection before it shows the job's token.
+        c.admitted = op == Op::hello && key == token;
+        if (c.admitted) {
+          answer(c, Status::ok);
+        } else {
+          refuse(c, op == Op::hello ? "another job's token" : "a request before the job token");
+          c.closing = true;
+        }
+        continue;
+      }
       switch (op) {
         case Op::set:
           if (!fits(c, key, value.size())) break;
@@ -187,8 +200,10 @@ bool write_some(Client& c) {
 
 }  // namespace
 
-StoreServer::StoreServer(int port, StoreLimits limits) : listener_(listen_on(port)), state_(std::make_unique<State>()) {
+StoreServer::StoreServer(int port, StoreLimits limits, std::string token)
+    : listener_(listen_on(port)), state_(std::make_unique<State>()) {
   state_->limits = limits;
+  state_->token = std::move(token);
   port_ = bound_port(listener_.get());
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw IoError(std::string("pipe: ") + std::strerror(errno));

@@ -8,6 +8,8 @@
 //   get    value of key, waiting up to wait_ms for a set  answer: ok + value, or not_found
 //   add    key += value (8-byte signed), 0 if absent      answer: ok + the new 8-byte value
 //   check  does key exist                                 answer: ok + 1 byte (0 or 1)
+//   hello  key = the job token: a connection's first      answer: ok, or refused (and the
+//          request, before any other is served                   connection closed)
 //
 // A malformed request (unknown op, add on a value that is not 8 bytes) gets `bad_request` and the
 // server closes that connection. A request past one of the server's caps (StoreLimits) gets
@@ -20,7 +22,7 @@
 
 namespace llama4d::store {
 
-enum class Op : uint8_t { set = 1, get = 2, add = 3, check = 4 };
+enum class Op : uint8_t { set = 1, get = 2, add = 3, check = 4, hello = 5 };
 enum class Status : uint8_t { ok = 0, not_found = 1, bad_request = 2, refused = 3 };
 
 constexpr size_t kRequestHeader = 1 + 4 + 4 + 8;

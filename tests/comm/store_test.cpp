@@ -133,9 +133,13 @@ TEST(Store, AServerThatGoesAwayEndsTheWaitAtOnce) {
 TEST(Store, AMalformedRequestDropsOnlyItsConnection) {
   StoreServer server(0);
   Fd raw = connect_to("127.0.0.1", server.port(), Clock::now() + 5s);
+  uint8_t hello[17] = {uint8_t(Op::hello)};  // the server's token: empty
+  send_all(raw.get(), hello, sizeof hello, Clock::now() + 5s, "server");
+  uint8_t answer[9];
+  recv_all(raw.get(), answer, sizeof answer, Clock::now() + 5s, "server", "the hello's answer");
+  ASSERT_EQ(answer[0], uint8_t(Status::ok));
   uint8_t garbage[17] = {99};  // unknown op 99, empty key and value
   send_all(raw.get(), garbage, sizeof garbage, Clock::now() + 5s, "server");
-  uint8_t answer[9];
   recv_all(raw.get(), answer, sizeof answer, Clock::now() + 5s, "server", "the answer");
   EXPECT_EQ(answer[0], uint8_t(Status::bad_request));
   std::string closed = error_of([&] {
@@ -191,6 +195,30 @@ TEST(Store, AnOversizedKeyOrValueIsRefusedByName) {
   EXPECT_EQ(c.get("k"), Bytes(16, 1));
 }
 
+// Every connection presents the job's token first (issue 52, item 7): a forged barrier key from
+// outside the job is refused, and nothing is served before the token.
+TEST(Store, OnlyConnectionsWithTheJobsTokenAreServed) {
+  StoreServer server(0, {}, "job-secret");
+  const std::string wrong = error_of([&] { StoreClient c("127.0.0.1", server.port(), 5s, "guess"); });
+  EXPECT_NE(wrong.find("refused this process: another job's token"), std::string::npos) << wrong;
+  EXPECT_EQ(wrong.find("guess"), std::string::npos) << "the token is not shown: " << wrong;
+  // A raw connection that skips the hello: its set is refused, not stored.
+  Fd raw = connect_to("127.0.0.1", server.port(), Clock::now() + 5s);
+  std::vector<uint8_t> set{uint8_t(Op::set)};
+  put_le(set, 15, 4), put_le(set, 0, 4), put_le(set, 1, 8);
+  const std::string key = "barrier/start/1";
+  set.insert(set.end(), key.begin(), key.end());
+  set.push_back(1);
+  send_all(raw.get(), set.data(), set.size(), Clock::now() + 5s, "server");
+  uint8_t answer[9];
+  recv_all(raw.get(), answer, sizeof answer, Clock::now() + 5s, "server", "the answer");
+  EXPECT_EQ(answer[0], uint8_t(Status::refused));
+  StoreClient job("127.0.0.1", server.port(), 5s, "job-secret");
+  EXPECT_FALSE(job.check(key));
+  job.set(key, bytes("1"));
+  EXPECT_TRUE(job.check(key));
+}
+
 // ---- torchrun-style variables -----------------------------------------------------------------
 
 GetEnv env_of(std::map<std::string, std::string> vars) {
@@ -199,6 +227,24 @@ GetEnv env_of(std::map<std::string, std::string> vars) {
     auto it = owned->find(name);
     return it == owned->end() ? nullptr : it->second.c_str();
   };
+}
+
+TEST(LaunchEnv, TheStoreTokenIsTheLaunchersOrDerivedFromTheLaunch) {
+  std::map<std::string, std::string> vars{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  const std::string derived = launch_env(env_of(vars))->token;
+  auto other = vars;
+  other["MASTER_PORT"] = "29501";
+  EXPECT_NE(launch_env(env_of(other))->token, derived) << "another job's launch, the same token";
+  other = vars;
+  other["WORLD_SIZE"] = "4";
+  EXPECT_NE(launch_env(env_of(other))->token, derived);
+  other = vars;
+  other["RANK"] = "1";
+  EXPECT_EQ(launch_env(env_of(other))->token, derived) << "every rank of one launch derives the same token";
+  vars["LLAMA4D_STORE_TOKEN"] = "s3cret";
+  EXPECT_EQ(launch_env(env_of(vars))->token, "s3cret");
+  vars["LLAMA4D_STORE_TOKEN"] = "";
+  EXPECT_NE(error_of([&] { launch_env(env_of(vars)); }).find("LLAMA4D_STORE_TOKEN is empty"), std::string::npos);
 }
 
 TEST(LaunchEnv, ReadsTorchrunsVariables) {
