@@ -1,7 +1,13 @@
 #include "cli/common.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -95,6 +101,30 @@ void print_json(const nlohmann::json& j) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
+std::string data_fingerprint(const std::vector<int32_t>& tokens) {
+  uint64_t h = 14695981039346656037ull;
+  for (const int32_t t : tokens) h = (h ^ uint64_t(uint32_t(t))) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return std::to_string(tokens.size()) + " tokens, fnv1a " + hex;
+}
+
+std::vector<RankSetting> model_and_step_rank_settings(const LlamaConfig& cfg, const std::string& dtype,
+                                                      const TrainOptions& opt) {
+  std::vector<RankSetting> s{{"--dtype", dtype}};
+  // One setting per leaf: "/rope_parameters/rope_theta" is named rope_parameters.rope_theta.
+  const nlohmann::json leaves = cfg.to_json().flatten();  // items() refers to it
+  for (const auto& [pointer, value] : leaves.items()) {
+    std::string key = pointer.substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    s.push_back({"model config " + key, value.dump()});
+  }
+  const nlohmann::json options = opt.to_json();
+  for (const TrainOptionField& f : train_option_fields())
+    s.push_back({f.flag, options.at(nlohmann::json::json_pointer(f.pointer)).dump()});
+  return s;
+}
+
 namespace {
 
 // Creates and removes a probe file in `dir`: false if the file cannot be written there.
@@ -130,6 +160,40 @@ OutputDir::~OutputDir() {
   // Innermost first; a directory that holds anything (metrics of steps that ran) is kept.
   for (auto it = created_.rbegin(); it != created_.rend(); ++it)
     if (!std::filesystem::remove(*it, ec)) break;
+}
+
+OutputLock::OutputLock(const std::string& dir, const std::string& command)
+    : holder_file_((std::filesystem::path(dir) / ".llama4d-run").string()) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) throw InputError("--out " + dir + ": cannot open: " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) {
+      ::close(fd_);
+      fd_ = -1;
+      std::ifstream in(holder_file_);
+      std::string holder;
+      std::getline(in, holder);
+      throw InputError("--out " + dir + " is in use by another run (" + (holder.empty() ? "holder unknown" : holder) +
+                       "): two runs in one directory would mix their metrics and checkpoints; wait for it to "
+                       "finish or choose another --out");
+    }
+    std::fprintf(stderr, "llama4d: warning: cannot lock --out %s (%s): a second run on it would not be refused\n",
+                 dir.c_str(), std::strerror(err));
+    return;
+  }
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  std::ofstream out(holder_file_, std::ios::trunc);
+  out << "llama4d " << command << ", pid " << getpid() << " on " << host << "\n";
+  if (!out.flush()) throw IoError("cannot write " + holder_file_);
+}
+
+OutputLock::~OutputLock() {
+  if (fd_ < 0) return;
+  std::error_code ec;
+  std::filesystem::remove(holder_file_, ec);  // before the unlock: a holder file always names a live holder
+  ::close(fd_);
 }
 
 void check_writable_file(const std::string& path, const std::string& flag) {

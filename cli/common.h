@@ -7,7 +7,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "cli/commands.h"
+#include "core/comm/rank_agreement.h"
 #include "core/model/config.h"
+#include "core/train/train_options.h"
 #include "core/train/model_directory.h"
 
 namespace llama4d::cli {
@@ -64,6 +66,15 @@ void progress(const char* fmt, Args... args) {
 // Prints the final result: one JSON object on stdout.
 void print_json(const nlohmann::json& j);
 
+// What identifies the tokens a run trains on, wherever the file lies: their count and FNV-1a hash.
+std::string data_fingerprint(const std::vector<int32_t>& tokens);
+
+// What the ranks of an MPI job must agree on (core/comm/rank_agreement.h) about the model and the
+// step: --dtype, the model config's fields one by one ("model config rope_theta") and every
+// option of `opt` by its flag (train_option_fields), `loop` aside.
+std::vector<RankSetting> model_and_step_rank_settings(const LlamaConfig& cfg, const std::string& dtype,
+                                                      const TrainOptions& opt);
+
 // The --out directory of a command: created (with its parents) and checked that a file can be
 // written in it, so a bad --out fails before any work (InputError naming it). If the command
 // fails before putting anything in it, the directories created here are removed again: a
@@ -78,6 +89,23 @@ class OutputDir {
  private:
   std::vector<std::string> created_;  // outermost first
   int exceptions_;                    // in flight at construction: more at destruction = failing
+};
+
+// One run at a time in an --out directory: an exclusive flock on the directory itself, held
+// until destruction, so two runs cannot interleave their metrics and checkpoints. The holder is
+// named in <dir>/.llama4d-run (pid, host, command), removed again on release. A second run is
+// refused with InputError naming the holder. Where the filesystem has no flock for directories
+// (some NFS mounts) it says so on stderr and runs unlocked.
+class OutputLock {
+ public:
+  OutputLock(const std::string& dir, const std::string& command);
+  ~OutputLock();
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  std::string holder_file_;
+  int fd_ = -1;
 };
 
 // Checks, before any work, that `path` (the value of `flag`) can be created or overwritten

@@ -107,6 +107,8 @@ void prefer_passive_waits_under_mpirun(char** argv) {
 
 struct RankLaunch::Impl {
   LaunchOptions opt;
+  std::vector<RankSetting> settings;  // agree_on's, checked once per job
+  bool agreed = false;
   std::unique_ptr<VirtualCluster> cluster;
 #ifdef LLAMA4D_HAVE_MPI
   std::unique_ptr<MpiSession> mpi;
@@ -132,6 +134,27 @@ RankLaunch::RankLaunch(const LaunchOptions& opt) : impl_(std::make_unique<Impl>(
 }
 
 RankLaunch::~RankLaunch() = default;
+
+void RankLaunch::agree_on(std::vector<RankSetting> settings) { impl_->settings = std::move(settings); }
+
+namespace {
+
+// The command's settings, then the launch's own: what the flags of LaunchOptions set for every
+// rank, and the ranks the command's mesh needs (bench and schedule check only these).
+std::vector<RankSetting> job_settings(std::vector<RankSetting> settings, const LaunchOptions& o, int ranks) {
+  const auto number = [](double v) { return nlohmann::json(v).dump(); };
+  settings.insert(settings.end(), {{"the ranks of the mesh", std::to_string(ranks)},
+                                   {"--backend", o.backend},
+                                   {"--algo", o.algo},
+                                   {"--gpus-per-node", std::to_string(o.gpus_per_node)},
+                                   {"--hbm-gib", number(o.hbm_gib)},
+                                   {"--gpu-tflops", number(o.gpu_tflops)},
+                                   {"--timeout", std::to_string(o.timeout_s)},
+                                   {"--device", ops::backend_name()}});
+  return settings;
+}
+
+}  // namespace
 
 void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& fn) {
   const LaunchOptions& o = impl_->opt;
@@ -187,6 +210,12 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
     if (!o.threads_chosen())
       ops::set_backend_threads(mpi_default_threads(int(sysconf(_SC_NPROCESSORS_ONLN)), affinity_cores(),
                                                    impl_->mpi->node_size()));
+  }
+  // Before the size check and the mesh's groups: a process launched with another --mesh would
+  // otherwise wait forever in MPI_Comm_create_group for ranks that build other groups.
+  if (!impl_->agreed) {
+    check_ranks_agree(impl_->mpi->world(), job_settings(impl_->settings, o, ranks));
+    impl_->agreed = true;
   }
   if (impl_->mpi->size() != ranks)
     throw InputError("the mesh needs " + std::to_string(ranks) + " ranks but mpirun started " +

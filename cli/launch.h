@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
+#include "core/comm/rank_agreement.h"
 #include "core/comm/trace.h"
 
 namespace llama4d::cli {
@@ -48,6 +49,11 @@ class RankLaunch {
   ~RankLaunch();
   // Runs fn(world) on every rank of a world of `ranks`. Virtual: one thread per rank, each with
   // an even share of the cores for compute. MPI: this process's rank (world size must match).
+  // Under MPI, the first run() first checks that every process was launched with these settings
+  // (the command's options, model config, data fingerprint) and the launch flags, before any
+  // other collective: InputError naming the first that differs (core/comm/rank_agreement.h).
+  // Virtual GPUs share this process's one command line: nothing to check.
+  void agree_on(std::vector<RankSetting> settings);
   void run(int ranks, const std::function<void(ProcessGroup& world)>& fn);
   // True in the process that should print results (always for virtual; world rank 0 for MPI).
   bool reporting() const;

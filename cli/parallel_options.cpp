@@ -35,6 +35,14 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh,
                  "instead of f32 as Llama 3 did");
 }
 
+std::vector<RankSetting> ParallelChoice::rank_settings(const ParallelPlan& plan) const {
+  const auto flag = [](bool on) { return std::string(on ? "given" : "not given"); };
+  return {{"--mesh", plan.describe_mesh()}, {"--zero", std::to_string(zero)},   {"--keep-params", flag(keep_params)},
+          {"--ac", ac},                     {"--sp", sp},                       {"--schedule", schedule},
+          {"--pp-chunks", std::to_string(pp_chunks)}, {"--pp-layers", pp_layers}, {"--cp-algo", cp_algo},
+          {"--grad-reduce-in-bf16", flag(bf16_grad_reduce)}};
+}
+
 ParallelPlan ParallelChoice::plan(const LlamaConfig& model, const std::string& algo) const {
   ParallelPlan p = ParallelPlan::parse(mesh);
   p.zero = ZeroStage(zero);

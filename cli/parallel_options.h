@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "core/comm/rank_agreement.h"
 #include "core/model/config.h"
 #include "core/parallel/plan.h"
 #include "core/train/train_options.h"
@@ -30,6 +31,9 @@ struct ParallelChoice {
   bool parallel() const { return !mesh.empty(); }
   // The plan (validated: InputError for anything this build cannot run). algo: ordered | ring.
   ParallelPlan plan(const LlamaConfig& model, const std::string& algo) const;
+  // These flags as every rank of an MPI job must agree on them (core/comm/rank_agreement.h);
+  // --mesh as `plan` reads it.
+  std::vector<RankSetting> rank_settings(const ParallelPlan& plan) const;
 };
 
 // --micro-batches N: micro-batches per step on each data rank, an alternative to

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
@@ -194,15 +195,6 @@ std::string model_name(const TrainArgs& a) {
   return a.resume.empty() ? a.model.describe() : "checkpoint " + a.resume;
 }
 
-// FNV-1a over the tokens: what identifies the text a run trains on, wherever the file lies.
-std::string fingerprint(const std::vector<int32_t>& tokens) {
-  uint64_t h = 14695981039346656037ull;
-  for (const int32_t t : tokens) h = (h ^ uint64_t(uint32_t(t))) * 1099511628211ull;
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-  return std::to_string(tokens.size()) + " tokens, fnv1a " + hex;
-}
-
 // The corpus the batches come from. On resume it must be the text the run started on (the
 // file may have moved: --data names the new place), else every batch would differ.
 TextDataset load_run_data(Run& r, bool data_given) {
@@ -211,7 +203,7 @@ TextDataset load_run_data(Run& r, bool data_given) {
                                                                     progress_printer(stderr, r.args.data))
                                          : load_dataset(r.args.data, r.args.opt.seq_len);
   nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
-  const std::string now = fingerprint(data.tokens);
+  const std::string now = data_fingerprint(data.tokens);
   if (loop.contains("data_fingerprint") && loop.at("data_fingerprint") != now)
     throw InputError(std::string(data_given ? "--data " : "data ") + r.args.data + " (" + now +
                      ") is not the text the checkpoint's run trained on (" + loop.at("data_fingerprint").dump() +
@@ -278,7 +270,8 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
       nlohmann::json row = {{"step", st.step}, {"loss", st.loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
                             {"tokens_per_s", double(st.tokens) / st.seconds}};
       if (eval_now) row["val_loss"] = val_loss;
-      metrics << row.dump() << "\n" << std::flush;
+      // A row lost to a full disk or an I/O error ends the run: the history is the run's record.
+      if (!(metrics << row.dump() << "\n" << std::flush)) throw IoError("cannot write " + a.out + "/metrics.jsonl");
       if (st.step % a.log_every == 0 || st.step == last || eval_now)
         progress("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s%s\n", (long long)st.step,
                  (long long)last, st.loss, st.lr, st.grad_norm, double(st.tokens) / st.seconds,
@@ -344,6 +337,23 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
   return j;
 }
 
+// What every process of an MPI job must have alike (RankLaunch::agree_on): the model, the
+// options, the plan, the data and where the run writes. Not --threads, --json or --force, which
+// are each process's own and change no result.
+std::vector<RankSetting> rank_settings(const Run& r, const ParallelPlan& plan) {
+  const TrainArgs& a = r.args;
+  std::vector<RankSetting> s = a.parallel.rank_settings(plan);
+  const std::vector<RankSetting> step = model_and_step_rank_settings(r.cfg, a.model.dtype, a.opt);
+  s.insert(s.end(), step.begin(), step.end());
+  const nlohmann::json loop = nlohmann::json::parse(a.opt.loop);
+  s.push_back({"--data (its tokens)", loop.at("data_fingerprint").get<std::string>()});
+  for (const LoopSetting& l : kLoopSettings) s.push_back({l.flag, std::to_string(a.*l.value)});
+  for (const auto& [flag, value] : {std::pair{"--out", a.out}, std::pair{"--resume", a.resume}, std::pair{"--init", a.init}})
+    s.push_back({flag, value});
+  s.push_back({"--stop-at", std::to_string(a.stop_at)});
+  return s;
+}
+
 template <class T>
 nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
   const TrainArgs& a = r.args;
@@ -354,11 +364,14 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   const int ranks = plan.world_size();
   const double unigram = unigram_nats(r, data);
   RankLaunch launcher(a.launch);
+  launcher.agree_on(rank_settings(r, plan));
   nlohmann::json result;
   std::vector<RankMemory> memory(static_cast<size_t>(ranks));
   std::mutex mu;
   std::string strategy;
   launcher.run(ranks, [&](ProcessGroup& world) {
+    std::optional<OutputLock> out_lock;
+    if (world.backend() != "virtual" && world.rank() == 0) out_lock.emplace(a.out, "train");
     Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
     if (!start.empty()) trainer.load_checkpoint(start);
@@ -416,6 +429,11 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   const TextDataset data = load_run_data(r, cmd.count("--data") > 0);
 
   const OutputDir out(a.out);
+  // One run per --out. The processes of an MPI or NCCL job share it: their rank 0 locks it, in
+  // run_parallel, once it knows its rank.
+  const bool processes = a.parallel.parallel() && a.launch.backend != "virtual";
+  std::optional<OutputLock> lock;
+  if (!processes) lock.emplace(a.out, "train");
   // Before any work, not at the end of the run: is <out>/checkpoint ours to replace? And the
   // staging directories of saves that were killed on this machine are removed, not kept forever.
   check_directory_replaceable(a.out + "/checkpoint", kConfigFile);

@@ -90,6 +90,13 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
     }
   } remove{md ? staged : std::filesystem::path()};
   if (md) o.start_from = stage_init_checkpoint<T>(o.model, a.init, data, o.train, staged.string());
+  // Under MPI every process must verify the same run (RankLaunch::agree_on).
+  std::vector<RankSetting> settings = a.parallel.rank_settings(o.plan);
+  const std::vector<RankSetting> step = model_and_step_rank_settings(o.model, a.model.dtype, o.train);
+  settings.insert(settings.end(), step.begin(), step.end());
+  settings.push_back({"--data (its tokens)", data_fingerprint(data.tokens)});
+  settings.push_back({"--init", a.init});
+  launcher.agree_on(std::move(settings));
   Verified v;
   v.report = verify_plan<T>(o, data, [&](const std::function<void(ProcessGroup&)>& fn) {
     launcher.run(o.plan.world_size(), fn);

@@ -47,6 +47,14 @@ std::optional<LaunchEnv> launch_env(const GetEnv& get_fn) {
                          ? throw InputError("MASTER_PORT=65535 under torchrun leaves no port for llama4d's store: "
                                             "set LLAMA4D_STORE_PORT")
                          : env.master_port + 1;
+  if (const char* t = get("LLAMA4D_STORE_TOKEN")) {
+    env.token = t;
+    if (env.token.empty()) throw InputError("LLAMA4D_STORE_TOKEN is empty");
+  } else {
+    const char* run_id = get("TORCHELASTIC_RUN_ID");
+    env.token = "launch " + env.master_addr + ":" + std::to_string(env.master_port) + " world " +
+                std::to_string(env.world_size) + " run " + (run_id ? run_id : "");
+  }
   if (const char* lws = get("LOCAL_WORLD_SIZE")) env.local_world_size = parse_int("LOCAL_WORLD_SIZE", lws, 1, env.world_size);
   if (const char* lr = get("LOCAL_RANK"))
     env.local_rank = parse_int("LOCAL_RANK", lr, 0, (env.local_world_size ? *env.local_world_size : env.world_size) - 1);

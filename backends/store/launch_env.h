@@ -26,6 +26,11 @@ struct LaunchEnv {
   std::string master_addr;
   int master_port = 0;
   int store_port = 0;  // where our store listens when not MASTER_PORT (see above); 0: MASTER_PORT
+  // What every connection to the store presents: LLAMA4D_STORE_TOKEN where the launcher passes
+  // one (a secret: the only token that keeps out someone who can reach the port), else derived
+  // from the launch (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, TORCHELASTIC_RUN_ID), which keeps out
+  // another job's processes on the same port but is no secret.
+  std::string token;
 };
 
 using GetEnv = std::function<const char*(const char*)>;

@@ -32,8 +32,8 @@ void wait_for_every_rank(StoreClient& store, const std::string& key, int world, 
 
 Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) : env_(env) {
   const int port = env.store_port > 0 ? env.store_port : env.master_port;
-  if (env.rank == 0) server_ = std::make_unique<StoreServer>(port);
-  client_ = std::make_unique<StoreClient>(env.master_addr, port, timeout);
+  if (env.rank == 0) server_ = std::make_unique<StoreServer>(port, StoreLimits{}, env.token);
+  client_ = std::make_unique<StoreClient>(env.master_addr, port, timeout, env.token);
 }
 
 Rendezvous::~Rendezvous() = default;

@@ -4,17 +4,23 @@
 
 namespace llama4d::store {
 
-StoreClient::StoreClient(std::string host, int port, std::chrono::milliseconds timeout)
+StoreClient::StoreClient(std::string host, int port, std::chrono::milliseconds timeout, const std::string& token)
     : address_(endpoint_name(host, port)), timeout_(timeout) {
   if (timeout.count() <= 0) throw InputError("the store's timeout must be positive");
   fd_ = connect_to(host, port, Clock::now() + timeout);
+  std::vector<uint8_t> answer;
+  round_trip(Op::hello, token, {}, std::chrono::milliseconds(0), answer);
 }
 
 uint8_t StoreClient::round_trip(Op op, const std::string& key, const std::vector<uint8_t>& value,
                                 std::chrono::milliseconds wait, std::vector<uint8_t>& answer) {
   if (broken_) throw CommError("the connection to the store at " + address_ + " broke in an earlier request");
-  if (key.size() > kMaxKeyBytes) throw InputError("store key longer than " + std::to_string(kMaxKeyBytes) + " bytes");
-  if (value.size() > kMaxValueBytes) throw InputError("store value of '" + key + "' is over 256 MiB");
+  // The default server's caps, found before sending (a server with smaller ones refuses by name).
+  constexpr StoreLimits caps;
+  if (key.size() > caps.max_key_bytes)
+    throw InputError("store key longer than the cap of " + std::to_string(caps.max_key_bytes) + " bytes");
+  if (value.size() > caps.max_value_bytes)
+    throw InputError("store value of '" + key + "' is over the cap of " + std::to_string(caps.max_value_bytes) + " bytes");
   std::vector<uint8_t> request;
   request.reserve(kRequestHeader + key.size() + value.size());
   request.push_back(uint8_t(op));
@@ -36,6 +42,9 @@ uint8_t StoreClient::round_trip(Op op, const std::string& key, const std::vector
   answer.resize(len);
   recv_all(fd_.get(), answer.data(), len, deadline, "the store at " + address_, what);
   broken_ = false;
+  if (Status(header[0]) == Status::refused)
+    throw CommError("the store at " + address_ + " refused " + (op == Op::hello ? std::string("this process") : "'" + key + "'") +
+                    ": " + std::string(answer.begin(), answer.end()));
   if (Status(header[0]) == Status::bad_request)
     throw CommError("the store at " + address_ + " refused the request for '" + key + "' (mixed llama4d versions?)");
   return header[0];

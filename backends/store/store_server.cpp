@@ -27,6 +27,7 @@ struct Client {
   std::optional<std::string> parked_key;  // a get waiting for this key
   Clock::time_point parked_until;
   bool closing = false;  // drop once `out` is sent (after a bad request)
+  bool admitted = false;  // presented the job token
 };
 
 void answer(Client& c, Status status, const std::vector<uint8_t>& value = {}) {
@@ -37,8 +38,30 @@ void answer(Client& c, Status status, const std::vector<uint8_t>& value = {}) {
 
 }  // namespace
 
+void refuse(Client& c, const std::string& why) { answer(c, Status::refused, std::vector<uint8_t>(why.begin(), why.end())); }
+
 struct StoreServer::State {
+  StoreLimits limits;
+  std::string token;
   std::map<std::string, std::vector<uint8_t>> values;
+  uint64_t total_bytes = 0;  // of every key and value held
+
+  // Whether key = value fits the key count and total bytes caps (an existing key's bytes are
+  // replaced, not added); refuses the set naming the cap if not.
+  bool fits(Client& c, const std::string& key, uint64_t value_bytes) {
+    const auto it = values.find(key);
+    const uint64_t freed = it == values.end() ? 0 : key.size() + it->second.size();
+    if (it == values.end() && values.size() >= limits.max_keys) {
+      refuse(c, "the store holds its cap of " + std::to_string(limits.max_keys) + " keys");
+      return false;
+    }
+    if (total_bytes - freed + key.size() + value_bytes > limits.max_total_bytes) {
+      refuse(c, "the store would hold more than its cap of " + std::to_string(limits.max_total_bytes) + " bytes");
+      return false;
+    }
+    total_bytes = total_bytes - freed + key.size() + value_bytes;
+    return true;
+  }
   std::list<Client> clients;
 
   void wake_parked(const std::string& key) {
@@ -56,8 +79,12 @@ struct StoreServer::State {
       const uint8_t* h = c.in.data() + used;
       auto op = Op(h[0]);
       uint64_t key_len = get_le(h + 1, 4), wait_ms = get_le(h + 5, 4), value_len = get_le(h + 9, 8);
-      if (key_len > kMaxKeyBytes || value_len > kMaxValueBytes) {
-        answer(c, Status::bad_request);
+      if (key_len > limits.max_key_bytes || value_len > limits.max_value_bytes) {
+        refuse(c, key_len > limits.max_key_bytes
+                      ? "a key of " + std::to_string(key_len) + " bytes is over the cap of " +
+                            std::to_string(limits.max_key_bytes)
+                      : "a value of " + std::to_string(value_len) + " bytes is over the cap of " +
+                            std::to_string(limits.max_value_bytes));
         c.closing = true;
         break;
       }
@@ -65,8 +92,20 @@ struct StoreServer::State {
       std::string key(reinterpret_cast<const char*>(h + kRequestHeader), key_len);
       std::vector<uint8_t> value(h + kRequestHeader + key_len, h + kRequestHeader + key_len + value_len);
       used += kRequestHeader + key_len + value_len;
+      if (!c.admitted || op == Op::hello) {
+        // Nothing is served to a connection before it shows the job's token.
+        c.admitted = op == Op::hello && key == token;
+        if (c.admitted) {
+          answer(c, Status::ok);
+        } else {
+          refuse(c, op == Op::hello ? "another job's token" : "a request before the job token");
+          c.closing = true;
+        }
+        continue;
+      }
       switch (op) {
         case Op::set:
+          if (!fits(c, key, value.size())) break;
           values[key] = std::move(value);
           answer(c, Status::ok);
           wake_parked(key);
@@ -86,6 +125,7 @@ struct StoreServer::State {
             c.closing = true;
             break;
           }
+          if (it == values.end() && !fits(c, key, 8)) break;
           int64_t now = (it == values.end() ? 0 : decode_int64(it->second)) + decode_int64(value);
           values[key] = encode_int64(now);
           answer(c, Status::ok, values[key]);
@@ -160,7 +200,10 @@ bool write_some(Client& c) {
 
 }  // namespace
 
-StoreServer::StoreServer(int port) : listener_(listen_on(port)), state_(std::make_unique<State>()) {
+StoreServer::StoreServer(int port, StoreLimits limits, std::string token)
+    : listener_(listen_on(port)), state_(std::make_unique<State>()) {
+  state_->limits = limits;
+  state_->token = std::move(token);
   port_ = bound_port(listener_.get());
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw IoError(std::string("pipe: ") + std::strerror(errno));

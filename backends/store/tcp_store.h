@@ -28,8 +28,9 @@ namespace llama4d::store {
 class StoreServer {
  public:
   // Listens on every interface at `port` (0: a free port, see port()). PortInUseError if it is
-  // taken.
-  explicit StoreServer(int port);
+  // taken. Requests past `limits` are refused, naming the cap (wire.h). A connection is served
+  // only once its first request presents `token` (the job's, LaunchEnv::token).
+  explicit StoreServer(int port, StoreLimits limits = {}, std::string token = {});
   ~StoreServer();  // stops serving; waiting clients see the connection close
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
@@ -47,8 +48,9 @@ class StoreServer {
 // One connection to a store. Not shared between threads: give each thread its own client.
 class StoreClient {
  public:
-  // Connects, retrying until `timeout` passes (the server may come up after its clients).
-  StoreClient(std::string host, int port, std::chrono::milliseconds timeout);
+  // Connects, retrying until `timeout` passes (the server may come up after its clients), and
+  // presents the job's token; CommError if the server refuses it.
+  StoreClient(std::string host, int port, std::chrono::milliseconds timeout, const std::string& token = {});
 
   void set(const std::string& key, const std::vector<uint8_t>& value);
   // The value of key, waiting for it up to the timeout; CommError naming key if it never comes.

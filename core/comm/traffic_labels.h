@@ -77,4 +77,7 @@ inline constexpr std::string_view kEpCombine = "expert parallelism: outputs back
 inline constexpr std::string_view kEpDispatchGrad = "expert parallelism: output gradients to the experts";
 inline constexpr std::string_view kEpCombineGrad = "expert parallelism: input gradients back";
 
+// ---- A job's start (rank_agreement.cpp): every rank's settings against rank 0's -----------------
+inline constexpr std::string_view kRankAgreement = "rank agreement";
+
 }  // namespace llama4d::label

@@ -8,6 +8,7 @@
 #include "core/data/byte_level.h"
 #include "core/error.h"
 #include "core/regular_file.h"
+#include "core/strict_json.h"
 
 namespace llama4d {
 
@@ -207,12 +208,8 @@ struct Reader {
 
 BpeTokenizer parse_tokenizer_json(std::string_view json_text, const std::string& source) {
   const Reader r{source};
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    r.fail(std::string("malformed JSON: ") + e.what());
-  }
+  // A token or merge listed twice, a NUL: refused by name, not resolved by the last one winning.
+  const json root = parse_strict_json(json_text, source);
   if (!root.is_object()) r.fail("not a JSON object");
   BpeTokenizerParts parts;
   parts.source = source;

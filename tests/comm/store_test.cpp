@@ -133,9 +133,13 @@ TEST(Store, AServerThatGoesAwayEndsTheWaitAtOnce) {
 TEST(Store, AMalformedRequestDropsOnlyItsConnection) {
   StoreServer server(0);
   Fd raw = connect_to("127.0.0.1", server.port(), Clock::now() + 5s);
+  uint8_t hello[17] = {uint8_t(Op::hello)};  // the server's token: empty
+  send_all(raw.get(), hello, sizeof hello, Clock::now() + 5s, "server");
+  uint8_t answer[9];
+  recv_all(raw.get(), answer, sizeof answer, Clock::now() + 5s, "server", "the hello's answer");
+  ASSERT_EQ(answer[0], uint8_t(Status::ok));
   uint8_t garbage[17] = {99};  // unknown op 99, empty key and value
   send_all(raw.get(), garbage, sizeof garbage, Clock::now() + 5s, "server");
-  uint8_t answer[9];
   recv_all(raw.get(), answer, sizeof answer, Clock::now() + 5s, "server", "the answer");
   EXPECT_EQ(answer[0], uint8_t(Status::bad_request));
   std::string closed = error_of([&] {
@@ -148,6 +152,73 @@ TEST(Store, AMalformedRequestDropsOnlyItsConnection) {
   EXPECT_EQ(good.get("still"), bytes("serving"));
 }
 
+// The store has no authentication (README: its exposure), so what a client can make rank 0 hold is
+// capped, and each refusal names its cap (issue 52, item 7).
+TEST(Store, EveryCapRefusesByName) {
+  StoreLimits caps;
+  caps.max_key_bytes = 8;
+  caps.max_value_bytes = 16;
+  caps.max_keys = 3;
+  caps.max_total_bytes = 40;
+  StoreServer server(0, caps);
+  StoreClient c("127.0.0.1", server.port(), 5s);
+  c.set("a", bytes("0123456789"));  // 11 bytes held
+  c.set("b", bytes("0123456789"));  // 22
+  // Replacing a key's value frees its old bytes: 22 - 11 + 17 = 28, not 39.
+  c.set("a", bytes("0123456789abcdef"));
+  EXPECT_EQ(c.get("a"), bytes("0123456789abcdef"));
+  const std::string total = error_of([&] { c.set("c", bytes("0123456789abc")); });  // 28 + 14 = 42 > 40
+  EXPECT_NE(total.find("refused 'c': the store would hold more than its cap of 40 bytes"), std::string::npos) << total;
+  EXPECT_FALSE(c.check("c"));  // refused, not half-stored; the connection still serves
+  c.set("c", bytes("x"));       // 30
+  const std::string keys = error_of([&] { c.add("d", 1); });
+  EXPECT_NE(keys.find("refused 'd': the store holds its cap of 3 keys"), std::string::npos) << keys;
+}
+
+TEST(Store, AnOversizedKeyOrValueIsRefusedByName) {
+  StoreLimits caps;
+  caps.max_key_bytes = 8;
+  caps.max_value_bytes = 16;
+  StoreServer server(0, caps);
+  const std::string key = error_of([&] {
+    StoreClient c("127.0.0.1", server.port(), 5s);
+    c.set("123456789", bytes("v"));
+  });
+  EXPECT_NE(key.find("a key of 9 bytes is over the cap of 8"), std::string::npos) << key;
+  const std::string value = error_of([&] {
+    StoreClient c("127.0.0.1", server.port(), 5s);
+    c.set("k", Bytes(17, 1));
+  });
+  EXPECT_NE(value.find("refused 'k': a value of 17 bytes is over the cap of 16"), std::string::npos) << value;
+  StoreClient c("127.0.0.1", server.port(), 5s);  // others are still served
+  c.set("k", Bytes(16, 1));
+  EXPECT_EQ(c.get("k"), Bytes(16, 1));
+}
+
+// Every connection presents the job's token first (issue 52, item 7): a forged barrier key from
+// outside the job is refused, and nothing is served before the token.
+TEST(Store, OnlyConnectionsWithTheJobsTokenAreServed) {
+  StoreServer server(0, {}, "job-secret");
+  const std::string wrong = error_of([&] { StoreClient c("127.0.0.1", server.port(), 5s, "guess"); });
+  EXPECT_NE(wrong.find("refused this process: another job's token"), std::string::npos) << wrong;
+  EXPECT_EQ(wrong.find("guess"), std::string::npos) << "the token is not shown: " << wrong;
+  // A raw connection that skips the hello: its set is refused, not stored.
+  Fd raw = connect_to("127.0.0.1", server.port(), Clock::now() + 5s);
+  std::vector<uint8_t> set{uint8_t(Op::set)};
+  put_le(set, 15, 4), put_le(set, 0, 4), put_le(set, 1, 8);
+  const std::string key = "barrier/start/1";
+  set.insert(set.end(), key.begin(), key.end());
+  set.push_back(1);
+  send_all(raw.get(), set.data(), set.size(), Clock::now() + 5s, "server");
+  uint8_t answer[9];
+  recv_all(raw.get(), answer, sizeof answer, Clock::now() + 5s, "server", "the answer");
+  EXPECT_EQ(answer[0], uint8_t(Status::refused));
+  StoreClient job("127.0.0.1", server.port(), 5s, "job-secret");
+  EXPECT_FALSE(job.check(key));
+  job.set(key, bytes("1"));
+  EXPECT_TRUE(job.check(key));
+}
+
 // ---- torchrun-style variables -----------------------------------------------------------------
 
 GetEnv env_of(std::map<std::string, std::string> vars) {
@@ -156,6 +227,24 @@ GetEnv env_of(std::map<std::string, std::string> vars) {
     auto it = owned->find(name);
     return it == owned->end() ? nullptr : it->second.c_str();
   };
+}
+
+TEST(LaunchEnv, TheStoreTokenIsTheLaunchersOrDerivedFromTheLaunch) {
+  std::map<std::string, std::string> vars{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  const std::string derived = launch_env(env_of(vars))->token;
+  auto other = vars;
+  other["MASTER_PORT"] = "29501";
+  EXPECT_NE(launch_env(env_of(other))->token, derived) << "another job's launch, the same token";
+  other = vars;
+  other["WORLD_SIZE"] = "4";
+  EXPECT_NE(launch_env(env_of(other))->token, derived);
+  other = vars;
+  other["RANK"] = "1";
+  EXPECT_EQ(launch_env(env_of(other))->token, derived) << "every rank of one launch derives the same token";
+  vars["LLAMA4D_STORE_TOKEN"] = "s3cret";
+  EXPECT_EQ(launch_env(env_of(vars))->token, "s3cret");
+  vars["LLAMA4D_STORE_TOKEN"] = "";
+  EXPECT_NE(error_of([&] { launch_env(env_of(vars)); }).find("LLAMA4D_STORE_TOKEN is empty"), std::string::npos);
 }
 
 TEST(LaunchEnv, ReadsTorchrunsVariables) {

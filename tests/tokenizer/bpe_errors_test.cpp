@@ -68,7 +68,12 @@ TEST(TokenizerJsonErrors, MergesMustNameTokensOfTheVocabulary) {
 }
 
 TEST(TokenizerJsonErrors, MalformedJsonAndMissingFiles) {
-  expect_input_error([] { parse_tokenizer_json("{\"model\": ", "broken.json"); }, "broken.json: malformed JSON");
+  expect_input_error([] { parse_tokenizer_json("{\"model\": ", "broken.json"); }, "broken.json is not valid JSON");
+  // A token twice in the vocabulary (with two ids) would otherwise be the last one's.
+  expect_input_error([] { parse_tokenizer_json(R"({"model": {"type": "BPE", "vocab": {"a": 0, "a": 1}, "merges": []}})", "twice.json"); },
+                     "twice.json: key 'a' appears twice in one object");
+  expect_input_error([] { parse_tokenizer_json(std::string("{\"model\": {}}\0 trailing", 23), "nul.json"); },
+                     "nul.json has a NUL byte at byte 13");
   expect_input_error([] { parse_tokenizer_json("[1, 2]", "list.json"); }, "not a JSON object");
   expect_input_error([] { parse_tokenizer_json("{}", "empty.json"); }, "has no \"model\"");
   expect_input_error([] { load_tokenizer_json("/nonexistent/tokenizer.json"); }, "/nonexistent/tokenizer.json");
