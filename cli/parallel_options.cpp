@@ -38,6 +38,7 @@ void ParallelChoice::add_options(CLI::App& cmd, const std::string& default_mesh,
 std::vector<RankSetting> ParallelChoice::rank_settings(const ParallelPlan& plan) const {
   const auto flag = [](bool on) { return std::string(on ? "given" : "not given"); };
   return {{"--mesh", plan.describe_mesh()}, {"--zero", std::to_string(zero)},   {"--keep-params", flag(keep_params)},
+          {"--reduce-once", flag(reduce_once)},
           {"--ac", ac},                     {"--sp", sp},                       {"--schedule", schedule},
           {"--pp-chunks", std::to_string(pp_chunks)}, {"--pp-layers", pp_layers}, {"--cp-algo", cp_algo},
           {"--grad-reduce-in-bf16", flag(bf16_grad_reduce)}};
