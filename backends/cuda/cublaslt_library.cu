@@ -66,9 +66,10 @@ CublasLtLibrary open_cublaslt(const std::vector<std::string>& candidates) {
   }
   std::string names;
   for (const std::string& n : candidates) names += (names.empty() ? "" : ", ") + n;
-  throw InputError("--kernels fast needs NVIDIA's cuBLASLt, and none of " + (names.empty() ? "(no candidates)" : names) +
-                   " could be used" + tried + " (install the CUDA toolkit's libcublasLt or add its directory to "
-                   "LD_LIBRARY_PATH, or use --kernels exact)");
+  if (names.empty()) names = "(no candidates)";
+  throw InputError("--kernels fast needs NVIDIA's cuBLASLt, and none of " + names + " could be used" + tried +
+                   " (install the CUDA toolkit's libcublasLt or add its directory to LD_LIBRARY_PATH, or use "
+                   "--kernels exact)");
 }
 
 }  // namespace llama4d::cuda

@@ -161,11 +161,12 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
                      int64_t OC, GemmOperands operands, GradWrite dinp_write) {
   // dinp[BT, C] += (or =) dout[BT, OC] @ weight[OC, C]
   if (dinp != nullptr)
-    gemm<T>(dinp, operands_of(dout, weight, input_grad_layout(C, OC)), BT, C, OC, dinp_write == GradWrite::add, false, operands,
-            "matmul_backward (dinp)");
+    gemm<T>(dinp, operands_of(dout, weight, input_grad_layout(C, OC)), BT, C, OC, dinp_write == GradWrite::add,
+            false, operands, "matmul_backward (dinp)");
   // dweight[OC, C] += dout[BT, OC]^T @ inp[BT, C]: a sum over the tokens
   if (dweight != nullptr)
-    gemm<T>(dweight, operands_of(dout, inp, weight_grad_layout(C, OC)), OC, C, BT, true, true, operands, "matmul_backward (dweight)");
+    gemm<T>(dweight, operands_of(dout, inp, weight_grad_layout(C, OC)), OC, C, BT, true, true, operands,
+            "matmul_backward (dweight)");
 }
 
 // The three products of an n x n linear layer, each timed with CUDA events (around the kernels

@@ -24,7 +24,8 @@ CublasLtLibrary lt;  // written once under `opened`, read after
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
 void check_lt(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLASLt ") + what + " returned status " + std::to_string(int(s)));
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLASLt ") + what + " returned status " + std::to_string(int(s)));
 }
 
 cublasOperation_t op_of(LtOp op) { return op == LtOp::t ? CUBLAS_OP_T : CUBLAS_OP_N; }

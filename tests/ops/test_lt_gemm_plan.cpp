@@ -115,7 +115,8 @@ TEST(LtGemmPlan, StridedOperandsOfEveryOrientation) {
         for (int64_t i = 0; i < M; ++i)
           for (int64_t j = 0; j < N; ++j) {
             double sum = accumulate ? old[i * N + j] : 0.0;
-            for (int64_t k = 0; k < K; ++k) sum += double(a[i * x.a_rows + k * x.a_depth]) * b[k * x.b_depth + j * x.b_cols];
+            for (int64_t k = 0; k < K; ++k)
+              sum += double(a[i * x.a_rows + k * x.a_depth]) * b[k * x.b_depth + j * x.b_cols];
             want[i * N + j] = float(sum);
           }
         run_plan_on_cpu(cuda::plan_lt_gemm(x, M, N, K, accumulate), a, b, got);
@@ -137,7 +138,8 @@ TEST(LtGemmPlan, CacheKeysTellPlansApart) {
   const auto fwd = cuda::plan_lt_gemm(cuda::forward_layout(C), BT, OC, C, false);
   const auto dinp = cuda::plan_lt_gemm(cuda::input_grad_layout(C, OC), BT, C, OC, false);
   const auto dinp_add = cuda::plan_lt_gemm(cuda::input_grad_layout(C, OC), BT, C, OC, true);
-  EXPECT_EQ(cuda::lt_plan_key(fwd, 0), cuda::lt_plan_key(cuda::plan_lt_gemm(cuda::forward_layout(C), BT, OC, C, false), 0));
+  const auto fwd_again = cuda::plan_lt_gemm(cuda::forward_layout(C), BT, OC, C, false);
+  EXPECT_EQ(cuda::lt_plan_key(fwd, 0), cuda::lt_plan_key(fwd_again, 0));
   EXPECT_NE(cuda::lt_plan_key(fwd, 0), cuda::lt_plan_key(fwd, 1));
   EXPECT_NE(cuda::lt_plan_key(dinp, 0), cuda::lt_plan_key(dinp_add, 0));
   EXPECT_NE(cuda::lt_plan_key(fwd, 0), cuda::lt_plan_key(dinp, 0));
