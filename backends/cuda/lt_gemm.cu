@@ -2,7 +2,9 @@
 // lt_gemm_plan.h's plan, which tests/ops/test_lt_gemm_plan.cpp checks on the CPU.
 #include "backends/cuda/lt_gemm.cuh"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -91,7 +93,10 @@ void lt_gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool
   const T* A = p.a_is_right ? x.b : x.a;
   const T* B = p.a_is_right ? x.a : x.b;
 
-  const std::string key = lt_plan_key(p, int(compute));
+  const uint32_t alignment = std::min({lt_alignment(reinterpret_cast<uintptr_t>(A)),
+                                       lt_alignment(reinterpret_cast<uintptr_t>(B)),
+                                       lt_alignment(reinterpret_cast<uintptr_t>(out))});
+  const std::string key = lt_plan_key(p, int(compute), alignment);
   auto it = s.algos.find(key);
   if (it == s.algos.end()) {
     check_lt(lt.pref_create(&d.pref), "cublasLtMatmulPreferenceCreate");
@@ -101,6 +106,9 @@ void lt_gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool
              "MAX_WORKSPACE_BYTES");
     check_lt(lt.pref_set(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split_k, sizeof(no_split_k)),
              "REDUCTION_SCHEME_MASK");
+    for (const auto which : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      check_lt(lt.pref_set(d.pref, which, &alignment, sizeof(alignment)), "MIN_ALIGNMENT");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     check_lt(lt.heuristic(s.handle, d.desc, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found),

@@ -77,14 +77,27 @@ inline LtGemmPlan plan_lt_gemm(const ProductLayout& x, int64_t M, int64_t N, int
   return p;
 }
 
-// The key of lt_gemm.cu's cache of heuristic choices: everything the plan gives cuBLASLt.
-inline std::string lt_plan_key(const LtGemmPlan& p, int compute) {
+// The alignment in bytes lt_gemm.cu promises cuBLASLt for a buffer at `address`
+// (CUDA's CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, whose default of 256 lets the heuristic pick
+// an algorithm that needs 256-byte aligned operands): the largest power of two dividing the
+// address, at most 256. A weight in the flat parameter buffer, or a rank's slice, may start at any
+// element, so the promise is made per call from the pointers, never assumed.
+inline uint32_t lt_alignment(uintptr_t address) {
+  uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+// The key of lt_gemm.cu's cache of heuristic choices: everything the plan and the preference give
+// cuBLASLt (`compute`: the compute type; `alignment`: the smallest of the operands' lt_alignment).
+inline std::string lt_plan_key(const LtGemmPlan& p, int compute, uint32_t alignment) {
   auto matrix = [](const LtMatrix& x) {
     return std::string(x.op == LtOp::t ? "T" : "N") + std::to_string(x.rows) + "x" + std::to_string(x.cols) + "/" +
            std::to_string(x.ld);
   };
   return std::to_string(compute) + ":" + std::to_string(p.m) + "," + std::to_string(p.n) + "," + std::to_string(p.k) +
-         ":" + matrix(p.a) + ":" + matrix(p.b) + ":" + matrix(p.c) + ":" + (p.beta != 0 ? "acc" : "set");
+         ":" + matrix(p.a) + ":" + matrix(p.b) + ":" + matrix(p.c) + ":" + (p.beta != 0 ? "acc" : "set") + ":" +
+         std::to_string(alignment);
 }
 
 }  // namespace llama4d::cuda

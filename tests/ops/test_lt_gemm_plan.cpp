@@ -132,17 +132,27 @@ TEST(LtGemmPlan, RefusesWhatCublasLtCannotExpress) {
   EXPECT_THROW(cuda::plan_lt_gemm(cuda::forward_layout(2), 0, 2, 2, false), std::invalid_argument);
 }
 
-// The heuristic's cache keeps one choice per distinct descriptor set: any field that differs
-// gives another key.
+// The alignment promised to cuBLASLt is what the address has, never the default 256 bytes.
+TEST(LtGemmPlan, AlignmentIsTheAddresssOwn) {
+  EXPECT_EQ(cuda::lt_alignment(0x7f0000001000), 256u);
+  EXPECT_EQ(cuda::lt_alignment(0x7f0000001100), 256u);
+  EXPECT_EQ(cuda::lt_alignment(0x7f0000001080), 128u);
+  EXPECT_EQ(cuda::lt_alignment(0x7f0000001010), 16u);
+  EXPECT_EQ(cuda::lt_alignment(0x7f0000001004), 4u);  // a float at an odd index of a 16-byte aligned buffer
+}
+
+// The heuristic's cache keeps one choice per distinct descriptor set and preference: any field
+// that differs gives another key.
 TEST(LtGemmPlan, CacheKeysTellPlansApart) {
   const auto fwd = cuda::plan_lt_gemm(cuda::forward_layout(C), BT, OC, C, false);
   const auto dinp = cuda::plan_lt_gemm(cuda::input_grad_layout(C, OC), BT, C, OC, false);
   const auto dinp_add = cuda::plan_lt_gemm(cuda::input_grad_layout(C, OC), BT, C, OC, true);
   const auto fwd_again = cuda::plan_lt_gemm(cuda::forward_layout(C), BT, OC, C, false);
-  EXPECT_EQ(cuda::lt_plan_key(fwd, 0), cuda::lt_plan_key(fwd_again, 0));
-  EXPECT_NE(cuda::lt_plan_key(fwd, 0), cuda::lt_plan_key(fwd, 1));
-  EXPECT_NE(cuda::lt_plan_key(dinp, 0), cuda::lt_plan_key(dinp_add, 0));
-  EXPECT_NE(cuda::lt_plan_key(fwd, 0), cuda::lt_plan_key(dinp, 0));
+  EXPECT_EQ(cuda::lt_plan_key(fwd, 0, 256), cuda::lt_plan_key(fwd_again, 0, 256));
+  EXPECT_NE(cuda::lt_plan_key(fwd, 0, 256), cuda::lt_plan_key(fwd, 1, 256));
+  EXPECT_NE(cuda::lt_plan_key(fwd, 0, 256), cuda::lt_plan_key(fwd, 0, 4));
+  EXPECT_NE(cuda::lt_plan_key(dinp, 0, 256), cuda::lt_plan_key(dinp_add, 0, 256));
+  EXPECT_NE(cuda::lt_plan_key(fwd, 0, 256), cuda::lt_plan_key(dinp, 0, 256));
 }
 
 }  // namespace
