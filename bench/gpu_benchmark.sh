@@ -11,7 +11,8 @@
 #   bench/gpu_benchmark.sh [path/to/llama4d]
 # Environment: PYTHON (default python3: an interpreter whose PyTorch sees the GPU); SHAPES (default
 # "124m 1.5b"); COMPILE=0 skips torch.compile; OUT (default a temporary directory) keeps each
-# run's JSON. Prints a table, then one JSON object as its last line.
+# run's JSON; CONFIGS_ONLY=1 writes each shape's config.json to OUT ($OUT/<shape>.json) and stops.
+# Prints a table, then one JSON object as its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build/release/bin/llama4d}
@@ -39,6 +40,7 @@ for shape in "${shapes[@]}"; do
     *) echo "gpu_benchmark.sh: unknown shape '$shape' (124m, 1.5b)" >&2; exit 2 ;;
   esac
   cfg="$out/$shape.json"
+  [ "${CONFIGS_ONLY:-0}" = 1 ] && continue
   rm -f "$out/$shape".*.json  # no result of an earlier run is reported as this one's
   "$bin" bench --device cuda --dtype bf16 --config "$cfg" --batch-size "$batch" --seq-len "$seq" --json \
     > "$out/$shape.llama4d.json"
@@ -54,6 +56,8 @@ for shape in "${shapes[@]}"; do
       --batch-size "$batch" --seq-len "$seq" --json > "$out/$shape.torch_compiled.json"
   fi
 done
+
+[ "${CONFIGS_ONLY:-0}" = 1 ] && exit 0
 
 # The table, by the same interpreter (any Python 3 reads JSON).
 "$python" - "$out" "${shapes[@]}" <<'PY'

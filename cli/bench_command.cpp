@@ -458,6 +458,7 @@ nlohmann::json run_bench(const BenchArgs& a) {
           {"peak_memory", memory_json({memory_peaks(model.memory())})[0]},
           {"parameters", model.num_params()},
           {"device", ops::backend_name()},
+          {"kernels", ops::kernel_mode_name(ops::kernel_mode())},
           {"ops_wait", ops_wait},
           {"profile", profile},
           {"threads", threads},

@@ -212,6 +212,9 @@ void add_compute_options(CLI::App& cmd, ComputeChoice& c, const std::string& thr
   for (const std::string& n : ops::compute_backend_names()) devices += (devices.empty() ? "" : ", ") + n;
   cmd.add_option("--device", c.device, "where the ops run; this build has: " + devices)->capture_default_str();
   add_number(cmd, "--threads", c.threads, threads_help);
+  cmd.add_option("--kernels", c.kernels,
+                 "with --device cuda: exact (the default: products summed in an order fixed by K alone, so "
+                 "verify is bitwise) or fast (NVIDIA's cuBLASLt; opt-in until a GPU run has held it to bounds)");
 }
 
 void use_compute(const ComputeChoice& c) {
@@ -222,8 +225,16 @@ void use_compute(const ComputeChoice& c) {
   if (c.threads > 0 && c.device != "cpu")
     throw InputError("--threads " + std::to_string(c.threads) + " sets the CPU backend's compute threads; --device " +
                      c.device + " does not use them (drop --threads)");
+  if (!c.kernels.empty() && c.kernels != "exact" && c.kernels != "fast")
+    throw InputError("--kernels " + c.kernels + ": use exact or fast");
   ops::select_compute_backend(c.device);
   if (c.threads > 0) ops::set_backend_threads(c.threads);
+  if (c.kernels.empty()) return;
+  const ops::ComputeBackend& backend = ops::compute_backend();
+  if (backend.set_kernel_mode == nullptr)
+    throw InputError("--kernels chooses between the CUDA backend's two sets of kernels; --device " + c.device +
+                     " has one (drop --kernels)");
+  backend.set_kernel_mode(c.kernels == "fast" ? ops::KernelMode::fast : ops::KernelMode::exact);
 }
 
 }  // namespace llama4d::cli

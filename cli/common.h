@@ -113,14 +113,18 @@ class OutputLock {
 void check_writable_file(const std::string& path, const std::string& flag);
 
 // Where a command's ops run: --device (a compute backend linked into this build, "cpu" by
-// default) and --threads (0: all cores).
+// default), --threads (0: all cores) and --kernels (empty: not given, the backend's exact
+// kernels; core/ops.h's KernelMode).
 struct ComputeChoice {
   std::string device = "cpu";
   int threads = 0;
+  std::string kernels;
 };
 void add_compute_options(CLI::App& cmd, ComputeChoice& c, const std::string& threads_help);
-// Selects the device, before any buffer is allocated, and the calling thread's compute threads.
-// InputError (exit 2) for a negative count or a device this build has not linked, naming those it has.
+// Selects the device, before any buffer is allocated, the calling thread's compute threads and
+// the device's kernels. InputError (exit 2) for a negative count, a device this build has not
+// linked (naming those it has), --kernels other than exact or fast, --kernels on a device with one
+// set of kernels, or fast kernels whose library this machine lacks (naming it).
 void use_compute(const ComputeChoice& c);
 
 }  // namespace llama4d::cli

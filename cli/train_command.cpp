@@ -443,7 +443,10 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   nlohmann::json result = a.parallel.parallel()
                               ? (f64 ? run_parallel<double>(r, plan, data) : run_parallel<float>(r, plan, data))
                               : (f64 ? run_single<double>(r, plan, data) : run_single<float>(r, plan, data));
-  if (!result.is_null()) result["device"] = ops::backend_name();  // null: an MPI rank that does not report
+  if (!result.is_null()) {  // null: an MPI rank that does not report
+    result["device"] = ops::backend_name();
+    result["kernels"] = ops::kernel_mode_name(ops::kernel_mode());
+  }
   return result;
 }
 

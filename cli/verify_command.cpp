@@ -147,6 +147,7 @@ void add_verify_command(CLI::App& app) {
       nlohmann::json j = r.to_json();
       j["traffic"] = launcher.traffic_totals();
       j["device"] = ops::backend_name();
+      j["kernels"] = ops::kernel_mode_name(ops::kernel_mode());
       j["doc_mask"] = a->opt.doc_mask;
       if (v.boundaries >= 0) j["document_boundaries"] = v.boundaries;
       print_json(j);

@@ -555,6 +555,17 @@ struct Kernels {
   void (*combine_rows_backward)(T* dsrc, T* dweights, const T* dout, const T* src, const int32_t* slot, const T* weights, int64_t BT, int64_t k, int64_t C);
 };
 
+// Which of a backend's two sets of kernels run its products (--kernels), for a backend that has
+// two (the CUDA backend):
+//   exact  every element of a product summed in an order fixed by K alone (backends/cuda/gemm.cu),
+//          so a data or tensor rank's slice has the whole product's bits: verify's bitwise claims
+//          and the lessons rest on it;
+//   fast   NVIDIA's library (cuBLASLt, backends/cuda/lt_gemm.cu): repeatable run to run on one
+//          GPU and library version, but its order depends on the shape, so a slice is not bitwise
+//          the whole product.
+enum class KernelMode { exact, fast };
+const char* kernel_mode_name(KernelMode mode);
+
 // A compute device's kernels, memory and identity. Pointers the kernels take are the backend's
 // memory (device_alloc), except the host outputs documented as such (sum_squares_chunks'
 // partials, sum_losses' loss_sum and count), the document ids of AttentionShape and either side
@@ -615,6 +626,12 @@ struct ComputeBackend {
   // do not start N full teams. InputError outside [1, kMaxBackendThreads].
   int (*threads)() = nullptr;
   void (*set_threads)(int n) = nullptr;
+
+  // The kernels every thread's products run from now on (KernelMode); set before any op runs.
+  // InputError (exit 2) naming the library when fast's is missing or too old here. Null: the
+  // backend has one set of kernels (the CPU), exact in the sense above.
+  void (*set_kernel_mode)(KernelMode mode) = nullptr;
+  KernelMode (*kernel_mode)() = nullptr;
 };
 
 // Each OpenMP thread reserves its own stack and team state; far past any machine's core count a
@@ -687,6 +704,11 @@ class QueuedOps {
 // Name of the active compute backend ("cpu", "cuda") and its thread count, for reports.
 inline const char* backend_name() { return compute_backend().name; }
 inline int backend_threads() { return compute_backend().threads(); }
+// The active backend's kernel mode (exact on a backend with one set).
+inline KernelMode kernel_mode() {
+  const ComputeBackend& b = compute_backend();
+  return b.kernel_mode ? b.kernel_mode() : KernelMode::exact;
+}
 // Sets the calling thread's compute threads on the active backend; InputError outside
 // [1, kMaxBackendThreads], whatever the backend.
 void set_backend_threads(int n);

@@ -3,7 +3,7 @@
 # for a GPU machine reached from a machine without one: build here, pack what runs there, carry
 # the pack, run there, read what it wrote.
 #   scripts/gpu_session.sh pack                          here, after scripts/build.sh release
-#   scripts/gpu_session.sh all|tests|verify|launch|bench|cpu|sanitize   there
+#   scripts/gpu_session.sh all|tests|verify|launch|bench|cpu|sanitize|kernels   there
 #     pack    build/release's binaries (llama4d, lesson 08, tests/cuda, tests/nccl), its corpus, and
 #             the shared libraries they load that a bare CUDA image may lack (Open MPI's, and
 #             OpenBLAS for the CPU's reference GEMM) into runs/gpu-carry/bundle.tar.xz (carry
@@ -27,6 +27,13 @@
 #             that share memory or shuffle within a warp and have not yet run under it (embedding
 #             backward, sums of squares, the bf16 GEMM's depth chunks); skipped where the
 #             machine has no compute-sanitizer. Last in `all`, on what budget is left
+#     kernels the two kernel modes (--kernels exact|fast, issue 50) within KERNELS_BUDGET seconds
+#             (default 420): the fast mode's tests (tests/cuda CublasLt* and CudaFastKernels*; the
+#             rest of tests/cuda is the exact mode's, in `tests`); on 124m and 1.5b, `bench --profile`
+#             in both modes beside bench/torch_train_step.py (eager); 124m trained 3 steps exact and
+#             twice fast (the losses and gradient norms: fast against exact, and fast run to run bit
+#             for bit); `verify` in both modes on dp, ZeRO-3, tp, pp, cp and 4D. kernels.json holds
+#             every figure (scripts/kernel_modes_summary.py)
 #     exec    COMMAND... with the pack unpacked and the environment above set (libraries, BLAS,
 #             LLAMA4D_BIN): for a check of its own
 # Output: one file per step and summary.txt with each step's exit code and seconds (124: stopped
@@ -36,9 +43,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 part=${1:-}
 case "$part" in
-  pack | all | tests | verify | launch | bench | cpu | sanitize | exec) ;;
+  pack | all | tests | verify | launch | bench | cpu | sanitize | kernels | exec) ;;
   *)
-    echo "usage: scripts/gpu_session.sh pack|all|tests|verify|launch|bench|cpu|sanitize|exec COMMAND..." >&2
+    echo "usage: scripts/gpu_session.sh pack|all|tests|verify|launch|bench|cpu|sanitize|kernels|exec COMMAND..." >&2
     exit 2
     ;;
 esac
@@ -85,7 +92,7 @@ fi
 # on the search path.
 python_libs=$(${PYTHON:-python3} -c 'import glob, os, site
 for p in site.getsitepackages(): print("\n".join(glob.glob(os.path.join(p, "nvidia", "*", "lib"))))' 2>/dev/null)
-for lib in libnccl.so.2 libcublas.so.13; do
+for lib in libnccl.so.2 libcublas.so.13 libcublasLt.so.13; do
   ldconfig -p 2>/dev/null | grep -q "$lib" && continue
   for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $python_libs; do
     if [ -e "$dir/$lib" ]; then
@@ -213,6 +220,52 @@ sanitize() {
   done
 }
 
+# The kernel modes (issue 50), in about 7 minutes on an H200: each step's limit is what its run
+# may take at most, the part's deadline KERNELS_BUDGET.
+kernels() {
+  local k=$out/kernels python=${PYTHON:-python3}
+  mkdir -p "$k"
+  deadline=$((SECONDS + ${KERNELS_BUDGET:-420}))
+  step kernels_tests_fast 60 build/release/tests/cuda/test_cuda --gtest_filter='CublasLt*:CudaFastKernels*'
+  OUT="$k" SHAPES="124m 1.5b" CONFIGS_ONLY=1 bench/gpu_benchmark.sh "$bin" > /dev/null || failed=1
+  local shape batch seq mode
+  for shape in 124m 1.5b; do
+    case "$shape" in 124m) batch=16 seq=1024 ;; 1.5b) batch=4 seq=2048 ;; esac
+    for mode in exact fast; do
+      step "kernels_bench_${shape}_$mode" 60 sh -c "\"\$0\" bench --device cuda --kernels $mode --dtype bf16 \
+        --config $k/$shape.json --batch-size $batch --seq-len $seq --warmup 1 --iters 3 --profile --json \
+        > $k/bench_${shape}_$mode.json" "$bin"
+    done
+    step "kernels_torch_${shape}" 60 sh -c "\"\$0\" bench/torch_train_step.py $k/$shape.json --device cuda \
+      --dtype bf16 --attention sdpa --batch-size $batch --seq-len $seq --json > $k/torch_$shape.json" "$python"
+  done
+  for run in exact fast fast_again; do
+    mode=${run%_again}
+    step "kernels_train_124m_$run" 60 "$bin" train --device cuda --kernels "$mode" --dtype bf16 \
+      --config "$k/124m.json" --batch-size 8 --seq-len 1024 --steps 3 --eval-every 0 --out "$k/train_$run" --json
+    rm -rf "$k/train_$run/checkpoint"  # only metrics.jsonl is compared
+  done
+  local name args
+  for name in dp2 dp4_zero3 tp2 pp2_1f1b cp2_allgather 4d; do
+    case "$name" in
+      dp2) args="--mesh dp=2" ;;
+      dp4_zero3) args="--mesh dp=4 --zero 3" ;;
+      tp2) args="--mesh tp=2" ;;
+      pp2_1f1b) args="--mesh pp=2 --schedule 1f1b" ;;
+      cp2_allgather) args="--mesh cp=2" ;;
+      4d) args="--mesh tp=2,cp=2,pp=2,dp=2 --zero 1" ;;
+    esac
+    for mode in exact fast; do
+      # shellcheck disable=SC2086  # args holds several options
+      step "kernels_verify_${name}_$mode" 30 sh -c "\"\$0\" verify --device cuda --kernels $mode $args --dtype bf16 \
+        --steps 2 --seq-len 64 --json > $k/verify_${name}_$mode.json" "$bin"
+    done
+  done
+  "$python" scripts/kernel_modes_summary.py "$k" > "$out/kernels.json" || failed=1
+  [ "$out" = "$root" ] || cp "$out/kernels.json" "$root/" 2>/dev/null
+  cat "$out/kernels.json"
+}
+
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" > "$out/nvidia-smi.txt"
 case "$part" in
   all)
@@ -239,6 +292,7 @@ case "$part" in
     ;;
   cpu) cpu ;;
   sanitize) sanitize ;;
+  kernels) kernels ;;
 esac
 archive
 exit "$failed"

@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/lt_gemm.cuh"
 #include "backends/cuda/no_gpu_reason.h"
 
 namespace llama4d::cuda {
@@ -78,6 +79,8 @@ const ops::ComputeBackend kCuda = {
     .synchronize = &synchronize,
     .threads = &threads,
     .set_threads = &set_threads,
+    .set_kernel_mode = &set_kernel_mode,
+    .kernel_mode = &kernel_mode,
 };
 
 const bool kRegistered = (ops::register_compute_backend(&kCuda), true);

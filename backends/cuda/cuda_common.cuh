@@ -110,7 +110,7 @@ class QueueOnly {
 // A tally of calls by the unit they ran on (cuda_kernels.h's UnitCalls), kept by gemm.cu and
 // attention.cu: atomic, since virtual GPUs are threads of one process.
 struct UnitCallCounters {
-  std::atomic<int64_t> tensor_cores{0}, cuda_cores{0};
+  std::atomic<int64_t> tensor_cores{0}, cuda_cores{0}, library{0};
 };
 
 // Device scratch of n elements, allocated and freed in stream order (freed even when the op

@@ -1,4 +1,6 @@
-// The linear layer's three products on the GPU, with a GEMM of our own, and the peak-rate probe.
+// The linear layer's three products on the GPU, with a GEMM of our own (--kernels exact, the
+// default) or cuBLASLt (--kernels fast, lt_gemm.cu: shape-dependent order, given up for speed),
+// and the peak-rate probe, which times whichever the mode picks.
 //
 // Why not cuBLAS: the equivalence harness needs every element of a product summed in an order
 // that depends on nothing but K. A tensor-parallel rank computes a slice of the columns, a
@@ -26,6 +28,8 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/gemm.cuh"
+#include "backends/cuda/lt_gemm.cuh"
+#include "backends/cuda/lt_gemm_plan.h"
 #include "core/gemm_timing.h"
 #include "core/tensor/bf16_rounding.h"
 
@@ -112,6 +116,12 @@ void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool ac
     finish_op(op);
     return;
   }
+  if (kernel_mode() == ops::KernelMode::fast) {
+    ++gemm_calls.library;
+    lt_gemm<T>(out, x, M, N, K, accumulate, operands == GemmOperands::bf16);
+    finish_op(op);
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) {
     if (operands == GemmOperands::bf16 && has_bf16_tensor_cores()) {
       ++gemm_calls.tensor_cores;
@@ -129,12 +139,21 @@ void gemm(T* out, const Operands<T>& x, int64_t M, int64_t N, int64_t K, bool ac
 
 }  // namespace
 
-UnitCalls gemm_unit_calls() { return {gemm_calls.tensor_cores.load(), gemm_calls.cuda_cores.load()}; }
+UnitCalls gemm_unit_calls() {
+  return {gemm_calls.tensor_cores.load(), gemm_calls.cuda_cores.load(), gemm_calls.library.load()};
+}
+
+// The operands of the linear layer's three products, strided as lt_gemm_plan.h's layouts say
+// (one definition for both kernels).
+template <class T>
+Operands<T> operands_of(const T* left, const T* right, const ProductLayout& l) {
+  return {left, l.a_rows, l.a_depth, right, l.b_depth, l.b_cols};
+}
 
 // out[BT, OC] = inp[BT, C] @ weight[OC, C]^T
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* weight, int64_t BT, int64_t C, int64_t OC, GemmOperands operands) {
-  gemm<T>(out, {inp, C, 1, weight, 1, C}, BT, OC, C, false, false, operands, "matmul_forward");
+  gemm<T>(out, operands_of(inp, weight, forward_layout(C)), BT, OC, C, false, false, operands, "matmul_forward");
 }
 
 template <class T>
@@ -142,11 +161,12 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
                      int64_t OC, GemmOperands operands, GradWrite dinp_write) {
   // dinp[BT, C] += (or =) dout[BT, OC] @ weight[OC, C]
   if (dinp != nullptr)
-    gemm<T>(dinp, {dout, OC, 1, weight, C, 1}, BT, C, OC, dinp_write == GradWrite::add, false, operands,
-            "matmul_backward (dinp)");
+    gemm<T>(dinp, operands_of(dout, weight, input_grad_layout(C, OC)), BT, C, OC, dinp_write == GradWrite::add,
+            false, operands, "matmul_backward (dinp)");
   // dweight[OC, C] += dout[BT, OC]^T @ inp[BT, C]: a sum over the tokens
   if (dweight != nullptr)
-    gemm<T>(dweight, {dout, 1, OC, inp, C, 1}, OC, C, BT, true, true, operands, "matmul_backward (dweight)");
+    gemm<T>(dweight, operands_of(dout, inp, weight_grad_layout(C, OC)), OC, C, BT, true, true, operands,
+            "matmul_backward (dweight)");
 }
 
 // The three products of an n x n linear layer, each timed with CUDA events (around the kernels

@@ -46,6 +46,8 @@ void register_compute_backend(const ComputeBackend* backend) {
     throw InputError("compute backend '" + name + "' leaves an entry of its table empty");
   if (!backend->set_queue_only != !backend->synchronize)
     throw InputError("compute backend '" + name + "' has one of set_queue_only and synchronize without the other");
+  if (!backend->set_kernel_mode != !backend->kernel_mode)
+    throw InputError("compute backend '" + name + "' has one of set_kernel_mode and kernel_mode without the other");
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (const ComputeBackend* b : r.backends)
@@ -92,6 +94,8 @@ const ComputeBackend& compute_backend() {
   if (!b) throw Error("no compute backend is linked into this program (link llama4d_backend_cpu)");
   return *b;
 }
+
+const char* kernel_mode_name(KernelMode mode) { return mode == KernelMode::fast ? "fast" : "exact"; }
 
 void set_backend_threads(int n) {
   if (n < 1 || n > kMaxBackendThreads)

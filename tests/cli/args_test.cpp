@@ -40,6 +40,15 @@ TEST(CliArgs, OddValuesAreRefused) {
                                 std::string("generate"), std::string("bench")})
     expect_bad_input(run(cmd + " --device tpu"), std::string("--device tpu: this build has no such compute backend ") +
                                                      (LLAMA4D_CLI_CUDA ? "(it has: cpu, cuda)" : "(it has: cpu)"));
+  // --kernels: an unknown value is refused on any device, and the CPU, with one set of kernels,
+  // refuses the flag whatever its value (it would change nothing the user could see).
+  for (const std::string& cmd : {kTrain + "--out " + tmp("kernels") + "/run", std::string("verify"), std::string("eval"),
+                                std::string("generate"), std::string("bench")}) {
+    expect_bad_input(run(cmd + " --kernels quick"), "--kernels quick: use exact or fast");
+    for (const char* mode : {"exact", "fast"})
+      expect_bad_input(run(cmd + " --kernels " + mode),
+                       "--kernels chooses between the CUDA backend's two sets of kernels; --device cpu has one");
+  }
 }
 
 // --device cuda runs where the build has the CUDA backend and a GPU can run it; anywhere else it

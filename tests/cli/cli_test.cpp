@@ -176,6 +176,7 @@ TEST(Cli, TrainEvalGenerateJson) {
   EXPECT_EQ(j.at("parameters").get<int64_t>(), 126'272);
   EXPECT_EQ(j.at("ranks").get<int>(), 1);
   EXPECT_EQ(j.at("device").get<std::string>(), "cpu");
+  EXPECT_EQ(j.at("kernels").get<std::string>(), "exact");
   EXPECT_EQ(j.at("plan").at("mesh_spec").get<std::string>(), "1 device");
   EXPECT_EQ(j.at("plan").at("world_size").get<int>(), 1);
   EXPECT_EQ(j.at("plan").at("zero").get<int>(), 0);
@@ -267,6 +268,7 @@ TEST(Cli, VerifyJsonReportsBitwiseEquivalence) {
   // What was asked for is what ran.
   EXPECT_EQ(j.at("ranks").get<int>(), 3);
   EXPECT_EQ(j.at("device").get<std::string>(), "cpu");
+  EXPECT_EQ(j.at("kernels").get<std::string>(), "exact");
   EXPECT_EQ(j.at("steps").get<int>(), 2);
   EXPECT_EQ(j.at("losses_single").size(), 2u);  // one loss per step
   EXPECT_EQ(j.at("grad_norms_parallel").size(), 2u);

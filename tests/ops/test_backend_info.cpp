@@ -177,5 +177,18 @@ TEST(ComputeBackend, QueuedOpsQueueUntilFinishedAndRestoreTheSetting) {
   EXPECT_THROW(ops::register_compute_backend(&half), InputError);
 }
 
+// A backend that can set a kernel mode must also say which one is in effect (reports read it),
+// and the CPU, with one set of kernels, reports exact.
+void ignore_kernel_mode(ops::KernelMode) {}
+TEST(ComputeBackend, AKernelModeSetterNeedsItsGetter) {
+  EXPECT_EQ(ops::kernel_mode(), ops::KernelMode::exact);
+  EXPECT_STREQ(ops::kernel_mode_name(ops::kernel_mode()), "exact");
+  EXPECT_STREQ(ops::kernel_mode_name(ops::KernelMode::fast), "fast");
+  ops::ComputeBackend half = ops::compute_backend();
+  half.name = "half-moded";
+  half.set_kernel_mode = &ignore_kernel_mode;
+  EXPECT_THROW(ops::register_compute_backend(&half), InputError);
+}
+
 }  // namespace
 }  // namespace llama4d::test
