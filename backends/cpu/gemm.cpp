@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/cpu_common.h"
@@ -21,6 +22,42 @@
 
 namespace llama4d::cpu {
 namespace {
+
+// One stage of an in-register transpose of L vectors of L lanes (r[i] lane p: element (i, p)):
+// pairs of vectors S apart swap their blocks of S lanes; stages S = L/2, ..., 1 leave r[p] lane
+// i holding element (i, p). Indices into the pair's 2L lanes, a's first.
+template <class Vec, int L, int S, size_t... P>
+Vec low_blocks(Vec a, Vec b, std::index_sequence<P...>) {
+  return __builtin_shufflevector(a, b, ((P & S) ? L + P - S : P)...);
+}
+template <class Vec, int L, int S, size_t... P>
+Vec high_blocks(Vec a, Vec b, std::index_sequence<P...>) {
+  return __builtin_shufflevector(a, b, ((P & S) ? L + P : P + S)...);
+}
+template <class Vec, int L, int S>
+void transpose_stages(Vec* r) {
+  for (int i = 0; i < L; ++i) {
+    if (i & S) continue;
+    const Vec a = r[i], b = r[i + S];
+    r[i] = low_blocks<Vec, L, S>(a, b, std::make_index_sequence<L>{});
+    r[i + S] = high_blocks<Vec, L, S>(a, b, std::make_index_sequence<L>{});
+  }
+  if constexpr (S > 1) transpose_stages<Vec, L, S / 2>(r);
+}
+
+// W rows (row_stride apart) x L consecutive k of a row-major operand into dst[L][W] (k-major), as
+// W / L transposes of L x L blocks in registers; W a multiple of L, the vector's lanes.
+template <class T, int W>
+void pack_transposed(T* dst, const T* src, int64_t row_stride) {
+  using Vec = typename Kernel<T>::Vec;
+  constexpr int L = Kernel<T>::kLanes;
+  for (int g = 0; g < W / L; ++g) {
+    Vec r[L];
+    for (int i = 0; i < L; ++i) std::memcpy(&r[i], src + (g * L + i) * row_stride, sizeof(Vec));
+    if constexpr (L > 1) transpose_stages<Vec, L, L / 2>(r);
+    for (int k = 0; k < L; ++k) std::memcpy(dst + k * W + g * L, &r[k], sizeof(Vec));
+  }
+}
 
 // Copies rows [i0, i0 + W) x depth [0, K) of `v` into panel[K][W], k-major, so the kernel reads
 // W consecutive values per k. Rows past n are zeros (they compute rows that are never stored).
@@ -32,10 +69,20 @@ void pack_panel(T* panel, const GemmOperand<T>& v, int64_t i0, int64_t n, int64_
     // time into the panel's columns. Walking k outermost instead read one value from each of W
     // rows per k, rows that are 4 KiB apart at K = 1,024 and so share one L1 set: 1.3 ms of a
     // 1024^3 product's 7 ms on 2 cores here, against 0.55 ms this way.
+    // A whole panel's full runs are transposed in registers: a decode step packs each slice of a
+    // weight as it reads it (stream_b), where the element by element copy cost more than the
+    // product's arithmetic.
     constexpr int64_t kRun = 64 / int64_t(sizeof(T));
+    constexpr int L = Kernel<T>::kLanes;
     for (int64_t k0 = 0; k0 < K; k0 += kRun) {
       const int64_t run = std::min(kRun, K - k0);
       T* dst = panel + k0 * W;
+      if constexpr (W % L == 0) {
+        if (rows == W && run == kRun) {
+          for (int64_t k = 0; k < kRun; k += L) pack_transposed<T, W>(dst + k * W, v.data + i0 * v.row_stride + k0 + k, v.row_stride);
+          continue;
+        }
+      }
       for (int64_t r = 0; r < rows; ++r) {
         const T* src = v.data + (i0 + r) * v.row_stride + k0;
         for (int64_t k = 0; k < run; ++k) dst[k * W + r] = src[k];
@@ -94,27 +141,53 @@ void plan_panels(std::vector<Panel<T>>& panels, const GemmOperand<T>& v, int64_t
   }
 }
 
+// The micro-kernel over a panel of `rows` rows: the whole register block, or for a last panel
+// of at most 4 rows (a decode step's tokens) a block of 1 or 4, so rows that are never stored
+// cost no arithmetic. Every element's sum is the same either way (gemm_kernel.h).
+template <class T, bool kRowsApart>
+void kernel_for_rows(int64_t kc, const T* a, int64_t a_stride, const T* b, int64_t b_stride, T* o, int64_t ldo,
+                     int64_t rows, int64_t cols, bool store) {
+  if (rows == 1) {
+    micro_kernel<T, kRowsApart, 2, 1>(kc, a, a_stride, b, b_stride, o, ldo, rows, cols, store);
+  } else if (rows <= 4) {
+    micro_kernel<T, kRowsApart, 2, 4>(kc, a, a_stride, b, b_stride, o, ldo, rows, cols, store);
+  } else {
+    micro_kernel<T, kRowsApart>(kc, a, a_stride, b, b_stride, o, ldo, rows, cols, store);
+  }
+}
+
 // One tile of out over depth [k_begin, k_end): kc blocks outermost, then a column panel (kept
-// in L1), then the row panels of the tile (kept in L2).
+// in L1), then the row panels of the tile (kept in L2). With `stream_b` the right operand's
+// panels were not packed beforehand: each [kc, kCols] slice is packed here into this thread's
+// buffer right before the row panels read it.
 template <class T>
 void run_tile(T* out, int64_t ldo, const Panel<T>* a_panels, const Panel<T>* b_panels, int64_t M, int64_t N,
-              int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t k_begin, int64_t k_end, bool overwrite) {
+              int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t k_begin, int64_t k_end, bool overwrite,
+              const GemmOperand<T>* stream_b) {
   using Ker = Kernel<T>;
+  T* slice = stream_b ? scratch<T>(5, Ker::kCols * kGemmDepthBlock) : nullptr;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kGemmDepthBlock) {
     const int64_t kc = std::min(kGemmDepthBlock, k_end - k0);
     const bool store = overwrite && k0 == k_begin;
     for (int64_t j = c0; j < c0 + nc; j += Ker::kCols) {
       const Panel<T>& b = b_panels[j / Ker::kCols];
+      const T* b_block = b.data + k0 * b.depth_stride;
+      int64_t b_stride = b.depth_stride;
+      if (stream_b) {
+        const GemmOperand<T> from_k0{stream_b->data + k0 * stream_b->depth_stride, stream_b->row_stride,
+                                     stream_b->depth_stride};
+        pack_panel<T, Ker::kCols>(slice, from_k0, j, N, kc);
+        b_block = slice, b_stride = Ker::kCols;
+      }
       for (int64_t i = r0; i < r0 + nr; i += Ker::kRows) {
         const Panel<T>& a = a_panels[i / Ker::kRows];
         const T* a_block = a.data + k0 * a.depth_stride;
-        const T* b_block = b.data + k0 * b.depth_stride;
         T* o = out + i * ldo + j;
         const int64_t rows = std::min<int64_t>(Ker::kRows, M - i), cols = std::min<int64_t>(Ker::kCols, N - j);
         if (a.row_stride == 1) {
-          micro_kernel<T, false>(kc, a_block, a.depth_stride, b_block, b.depth_stride, o, ldo, rows, cols, store);
+          kernel_for_rows<T, false>(kc, a_block, a.depth_stride, b_block, b_stride, o, ldo, rows, cols, store);
         } else {
-          micro_kernel<T, true>(kc, a_block, a.row_stride, b_block, b.depth_stride, o, ldo, rows, cols, store);
+          kernel_for_rows<T, true>(kc, a_block, a.row_stride, b_block, b_stride, o, ldo, rows, cols, store);
         }
       }
     }
@@ -133,14 +206,23 @@ void gemm(T* out, int64_t ldo, GemmOperand<T> a, GemmOperand<T> b_t, int64_t M, 
       for (int64_t i = 0; i < M; ++i) std::fill(out + i * ldo, out + i * ldo + N, T(0));
     return;
   }
+  // One row tile (a few rows: a decode step's tokens) reads each panel of b once per tile anyway:
+  // then each task packs the slices it reads as it goes (stream_b) instead of all of b being
+  // copied first, which for a [1, K] x [K, N] product wrote and read back the whole weight matrix.
+  const GemmTiling tiling = gemm_tiling<T>(M, N, K, accumulate && split_depth);
+  const bool stream_b = tiling.rows.count == 1 && !in_place(b_t, false);
   // Panels of kRows rows of a, then of kCols columns of b (rows of b_t).
   // The right operand's kCols values of one k are read as vectors: in place only where adjacent.
   const int64_t packed = (packed_panels<Ker::kRows>(a, M, true) * Ker::kRows +
-                          packed_panels<Ker::kCols>(b_t, N, false) * Ker::kCols) * K;
+                          (stream_b ? 0 : packed_panels<Ker::kCols>(b_t, N, false) * Ker::kCols)) * K;
   T* buffer = packed > 0 ? scratch<T>(6, packed) : nullptr;
   std::vector<Panel<T>> panels;
   plan_panels<T, Ker::kRows>(panels, a, M, K, true, buffer);
-  plan_panels<T, Ker::kCols>(panels, b_t, N, K, false, buffer);
+  if (stream_b) {
+    for (int64_t j = 0; j < N; j += Ker::kCols) panels.push_back({nullptr, 1, Ker::kCols, nullptr, j});
+  } else {
+    plan_panels<T, Ker::kCols>(panels, b_t, N, K, false, buffer);
+  }
   const int64_t a_count = (M + Ker::kRows - 1) / Ker::kRows;
   const Panel<T>* a_panels = panels.data();
   const Panel<T>* b_panels = panels.data() + a_count;
@@ -160,7 +242,6 @@ void gemm(T* out, int64_t ldo, GemmOperand<T> a, GemmOperand<T> b_t, int64_t M, 
   });
   // Tasks = (depth chunk, tile). Chunk 0 goes straight into out; chunks 1.. into partial
   // buffers [M, N] that are then added in chunk order.
-  const GemmTiling tiling = gemm_tiling<T>(M, N, K, accumulate && split_depth);
   const Split &rows = tiling.rows, &cols = tiling.cols, &depth = tiling.depth;
   T* partial = depth.count > 1 ? scratch<T>(7, (depth.count - 1) * M * N) : nullptr;
   parallel_for_dynamic(tiling.tasks(), parallel, [&](int64_t t) {
@@ -169,10 +250,10 @@ void gemm(T* out, int64_t ldo, GemmOperand<T> a, GemmOperand<T> b_t, int64_t M, 
     const int64_t k0 = depth.begin(chunk), k1 = k0 + depth.length(chunk);
     if (chunk == 0) {
       run_tile<T>(out, ldo, a_panels, b_panels, M, N, rows.begin(r), rows.length(r), cols.begin(c), cols.length(c),
-                  k0, k1, !accumulate);
+                  k0, k1, !accumulate, stream_b ? &b_t : nullptr);
     } else {
       run_tile<T>(partial + (chunk - 1) * M * N, N, a_panels, b_panels, M, N, rows.begin(r), rows.length(r),
-                  cols.begin(c), cols.length(c), k0, k1, true);
+                  cols.begin(c), cols.length(c), k0, k1, true, stream_b ? &b_t : nullptr);
     }
   });
   if (depth.count > 1) {

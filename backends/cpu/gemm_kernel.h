@@ -23,27 +23,30 @@ struct Kernel {
   static constexpr int kRows = kGemmKernelRows, kCols = 2 * kLanes;
 };
 
-// out[rows, cols] (rows <= kRows, cols <= kVecs * kLanes) = or += the block of a_panel * b_panel
-// over kc steps, kRows x kVecs vectors of accumulators held in registers for the whole loop.
+// out[rows, cols] (rows <= kR, cols <= kVecs * kLanes) = or += the block of a_panel * b_panel
+// over kc steps, kR x kVecs vectors of accumulators held in registers for the whole loop.
 // b_panel's consecutive k are b_stride apart, each k's kVecs * kLanes values adjacent. a_panel's
 // k are a_stride apart with its rows adjacent, or (kRowsApart) its rows a_stride apart with its k
-// adjacent. The kernel reads all kRows rows and kVecs * kLanes columns whatever rows and cols
-// are: the caller makes them readable (packed zeros, padding).
-template <class T, bool kRowsApart, int kVecs = 2>
+// adjacent. The kernel reads all kR rows and kVecs * kLanes columns whatever rows and cols
+// are: the caller makes them readable (packed zeros, padding). kR below kRows serves a last
+// panel of few rows (a decode step's one token) without the arithmetic of rows never stored;
+// each element's sum is the same whatever kR is.
+template <class T, bool kRowsApart, int kVecs = 2, int kR = Kernel<T>::kRows>
 [[gnu::always_inline]] inline void micro_kernel(int64_t kc, const T* __restrict a_panel, int64_t a_stride,
                                                 const T* __restrict b_panel, int64_t b_stride, T* out, int64_t ldo,
                                                 int64_t rows, int64_t cols, bool overwrite) {
   using K = Kernel<T>;
   using Vec = typename K::Vec;
   static_assert(kVecs == 1 || kVecs == 2, "one or two vectors of columns");
-  Vec acc[K::kRows][kVecs];
-  for (int i = 0; i < K::kRows; ++i)
+  static_assert(kR >= 1 && kR <= K::kRows, "at most the register block's rows");
+  Vec acc[kR][kVecs];
+  for (int i = 0; i < kR; ++i)
     for (int v = 0; v < kVecs; ++v) acc[i][v] = Vec{};
   for (int64_t k = 0; k < kc; ++k) {
     Vec b[kVecs];
     for (int v = 0; v < kVecs; ++v) std::memcpy(&b[v], b_panel + k * b_stride + v * K::kLanes, sizeof(Vec));
 #pragma GCC unroll 16
-    for (int i = 0; i < K::kRows; ++i) {
+    for (int i = 0; i < kR; ++i) {
       const T a = kRowsApart ? a_panel[i * a_stride + k] : a_panel[k * a_stride + i];
       for (int v = 0; v < kVecs; ++v) acc[i][v] += a * b[v];
     }
@@ -52,7 +55,7 @@ template <class T, bool kRowsApart, int kVecs = 2>
   // the same sums either way.
   const int64_t whole = cols / K::kLanes;
 #pragma GCC unroll 16
-  for (int i = 0; i < K::kRows; ++i) {
+  for (int i = 0; i < kR; ++i) {
     if (i >= rows) break;
     T* o = out + i * ldo;
     for (int v = 0; v < whole; ++v) {

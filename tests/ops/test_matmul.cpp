@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "tests/ops/op_test_util.h"
 
@@ -58,8 +59,8 @@ void documented_order(std::vector<T>& out, int64_t M, int64_t N, int64_t K, bool
 // packed (the last, partial one). The release build fuses (FMA); the sanitizer builds at -O1 do
 // not contract, so either is accepted, the same for both products. The input gradient written
 // over its buffer (GradWrite::overwrite) stores its first block whatever the buffer held (NaN).
-TEST(Matmul, SumsInTheDocumentedOrder) {
-  const int64_t BT = 101, C = 600, OC = 45;
+void expect_documented_order(int64_t BT, int64_t C, int64_t OC) {
+  SCOPED_TRACE(std::to_string(BT) + " x " + std::to_string(C) + " x " + std::to_string(OC));
   const auto x = cast_to<float>(random_vector(BT * C, 21)), w = cast_to<float>(random_vector(OC * C, 22));
   const auto dout = cast_to<float>(random_vector(BT * OC, 23)), dx0 = cast_to<float>(random_vector(BT * C, 24));
   std::vector<float> y_ref[2] = {std::vector<float>(BT * OC), std::vector<float>(BT * OC)}, dx_ref[2] = {dx0, dx0},
@@ -88,6 +89,15 @@ TEST(Matmul, SumsInTheDocumentedOrder) {
     EXPECT_TRUE(bitwise_equal(dx_over, dx_over_ref[fused])) << threads << " threads, written over";
   }
   ops::set_backend_threads(saved);
+}
+
+TEST(Matmul, SumsInTheDocumentedOrder) { expect_documented_order(101, 600, 45); }
+
+// A decode step's few rows: one row tile, so each task packs the weight's slices as it reads them
+// (gemm.cpp's stream_b), with the one- and four-row kernels and a partial column panel (77 = 2 x 32
+// + 13 columns with AVX-512, other splits elsewhere).
+TEST(Matmul, FewRowsSumInTheDocumentedOrder) {
+  for (int64_t rows : {1, 3, 4, 7}) expect_documented_order(rows, 600, 77);
 }
 
 TEST(Matmul, BackwardMatchesFiniteDifferences) {
