@@ -107,6 +107,7 @@ void prefer_passive_waits_under_mpirun(char** argv) {
 
 struct RankLaunch::Impl {
   LaunchOptions opt;
+  std::function<void(int, CommOp, int64_t)> fault_hook;
   std::unique_ptr<VirtualCluster> cluster;
 #ifdef LLAMA4D_HAVE_MPI
   std::unique_ptr<MpiSession> mpi;
@@ -145,6 +146,7 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
     vo.cluster = spec;
     vo.algo = algo;
     vo.timeout = std::chrono::seconds(o.timeout_s);
+    vo.fault_hook = impl_->fault_hook;
     impl_->cluster = std::make_unique<VirtualCluster>(vo);
     // Each virtual GPU gets its share of the cores, so N ranks do not start N full thread teams.
     const int cores = std::max(1, ops::backend_threads());
@@ -194,6 +196,13 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
   ops::ScopedFlopSink flops(&impl_->mpi->accounting().trace);  // this process's ops feed its simulated clock
   fn(impl_->mpi->world());
 #endif
+}
+
+void RankLaunch::set_fault_hook(std::function<void(int, CommOp, int64_t)> hook) {
+  if (impl_->opt.backend != "virtual")
+    throw InputError("collective faults are injected on virtual GPUs only (--backend virtual), not --backend " +
+                     impl_->opt.backend);
+  impl_->fault_hook = std::move(hook);
 }
 
 bool RankLaunch::reporting() const {

@@ -49,6 +49,9 @@ class RankLaunch {
   // Runs fn(world) on every rank of a world of `ranks`. Virtual: one thread per rank, each with
   // an even share of the cores for compute. MPI: this process's rank (world size must match).
   void run(int ranks, const std::function<void(ProcessGroup& world)>& fn);
+  // Virtual backend: runs on a rank's communication thread in the middle of every collective
+  // (VirtualClusterOptions::fault_hook); InputError on another backend.
+  void set_fault_hook(std::function<void(int world_rank, CommOp op, int64_t seq)> hook);
   // True in the process that should print results (always for virtual; world rank 0 for MPI).
   bool reporting() const;
   // Bytes each rank sent and received in the last run, and by operation (virtual backend: all
