@@ -1,0 +1,128 @@
+// Failures injected into a running `train` on virtual GPUs (--faults), named when detected, and
+// recovered from by the supervisor (--max-restarts) from the latest checkpoint: the recovered
+// run's final checkpoint is byte for byte the one of a run without failures, on DP, ZeRO-3, TP,
+// PP and a 4D plan. Bad schedules exit 2 naming the fault. Every run is `tiny`, 4 steps.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "tests/common/tier.h"
+
+namespace fault_cli {
+
+using namespace llama4d::cli_test;
+
+const std::string kFaultRun = " --preset tiny --seq-len 32 --eval-every 0 --steps 4 --timeout 1";
+
+std::string schedule(const std::string& name, const std::string& faults) {
+  const std::string path = tmp(name) + ".json";
+  std::ofstream(path, std::ios::trunc) << R"({"seed": 11, "faults": [)" << faults << "]}";
+  return path;
+}
+
+TEST(FaultCli, BadSchedulesAndFlagsExitTwoNamingThem) {
+  const std::string out = " --out " + tmp("faults_bad");
+  const std::string dp2 = kFaultRun + " --mesh dp=2" + out;
+  const auto with = [&](const std::string& faults) { return " --faults " + schedule("faults_bad_s", faults); };
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "crash", "rank": 2, "step": 1})")), "rank 2 does not exist");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "hang", "rank": 0, "step": 5})")), "step 5 does not exist");
+  expect_bad_input(run("train" + dp2 + " --stop-at 2" + with(R"({"kind": "crash", "rank": 0, "step": 3})")),
+                   "step 3 does not exist");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "meteor", "rank": 0, "step": 1})")), "\"kind\" \"meteor\"");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "slow", "rank": 0, "step": 1})")), "\"factor\"");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "crash", "rank": 0, "step": 1, "factor": 2})")),
+                   "slow faults only");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "crash", "rank": -1, "step": 1})")), "\"rank\" -1");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "crash", "rank": 0, "step": 1, "rank": 1})")), "twice");
+  expect_bad_input(run("train" + dp2 + " --zero 3" + with(R"({"kind": "sdc", "rank": 0, "step": 1})")), "ZeRO-3");
+  expect_bad_input(run("train" + dp2 + " --faults " + tmp("faults_missing") + ".json"), "--faults");
+  expect_bad_input(run("train" + dp2 + " --max-restarts -1"), "--max-restarts");
+  expect_bad_input(run("train --preset tiny --steps 4" + out + with(R"({"kind": "crash", "rank": 0, "step": 1})")),
+                   "--faults applies to the ranks of a parallel --mesh");
+  expect_bad_input(run("train" + dp2 + " --zero 3 --check-replicas"), "--check-replicas");
+  EXPECT_FALSE(fs::exists(tmp("faults_bad") + "/checkpoint")) << "a refused run wrote nothing";
+}
+
+struct Recovery;
+void PrintTo(const Recovery& c, std::ostream* os);
+
+struct Recovery {
+  const char* name;
+  std::string mesh;    // plan flags
+  std::string faults;  // schedule entries
+  std::string named;   // what the failure's cause must say
+};
+
+void PrintTo(const Recovery& c, std::ostream* os) { *os << c.name; }
+
+class RecoveryCli : public testing::TestWithParam<Recovery> {};
+
+// Straight run and faulted run on the same mesh: the faulted one restarts once from the step-2
+// checkpoint and ends on the same bytes; metrics.jsonl holds each step once.
+TEST_P(RecoveryCli, RecoveredRunIsByteIdenticalToAnUninterruptedOne) {
+  const Recovery& c = GetParam();
+  const std::string straight = tmp(std::string("faults_straight_") + c.name), faulted = tmp(std::string("faults_") + c.name);
+  const Result s = run("train" + kFaultRun + c.mesh + " --out " + straight + " --json");
+  ASSERT_EQ(s.code, 0) << s.err;
+  const Result f = run("train" + kFaultRun + c.mesh + " --save-every 2 --max-restarts 2 --out " + faulted + " --faults " +
+                       schedule(std::string("faults_s_") + c.name, c.faults) + " --json");
+  ASSERT_EQ(f.code, 0) << f.err;
+  const nlohmann::json g = nlohmann::json::parse(f.out).at("goodput");
+  EXPECT_EQ(g.at("restarts").get<int>(), 1) << g.dump();
+  ASSERT_EQ(g.at("failures").size(), 1u) << g.dump();
+  EXPECT_NE(g.at("failures")[0].get<std::string>().find(c.named), std::string::npos) << g.dump();
+  EXPECT_NE(f.err.find("restarting (1 of 2) from " + faulted + "/checkpoint (step 2)"), std::string::npos) << f.err;
+  EXPECT_GT(g.at("goodput").get<double>(), 0.0);
+  EXPECT_LT(g.at("goodput").get<double>(), 1.0);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(straight + "/checkpoint/" + file) == read_file(faulted + "/checkpoint/" + file)) << file;
+  std::ifstream metrics(faulted + "/metrics.jsonl");
+  int64_t expect = 1;
+  for (std::string line; std::getline(metrics, line);)
+    EXPECT_EQ(nlohmann::json::parse(line).at("step").get<int64_t>(), expect++);
+  EXPECT_EQ(expect, 5);
+  fs::remove_all(straight);
+  fs::remove_all(faulted);
+}
+
+const Recovery kRecoveries[] = {
+    {"dp_crash", " --mesh dp=2", R"({"kind": "crash", "rank": 1, "step": 3})", "injected crash on rank 1 at step 3"},
+    {"zero3_link", " --mesh dp=2 --zero 3", R"({"kind": "collective", "rank": 0, "step": 3})",
+     "injected collective failure on rank 0 at step 3"},
+    {"tp_hang", " --mesh tp=2", R"({"kind": "hang", "rank": 1, "step": 3})", "timeout after 1000 ms: rank 1 of 'tp' (world rank 1) never called"},
+    {"pp_sdc", " --mesh pp=2,dp=3 --batch-size 6 --check-replicas", R"({"kind": "sdc", "rank": 1, "step": 3})",
+     "silent data corruption after step 3: the weights of world rank 1 differ from the other replicas' in dp"},
+    {"4d_slow_then_crash", " --mesh tp=2,pp=2,dp=2 --micro-batch-size 2",
+     R"({"kind": "slow", "rank": 6, "step": 1, "factor": 2, "steps": 2}, {"kind": "crash", "rank": 5, "step": 4})",
+     "injected crash on rank 5 at step 4"},
+};
+
+// Tiers: the sanitizer presets run the crash on DP (the supervisor's loop); the release preset
+// every strategy and kind.
+LLAMA4D_INSTANTIATE(Faults, RecoveryCli, kRecoveries, full, {{"dp_crash", llama4d::test::Tier::sanitizer}});
+
+TEST(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt) {
+  const std::string out = tmp("faults_give_up");
+  const std::string twice = schedule("faults_twice", R"({"kind": "crash", "rank": 1, "step": 2}, {"kind": "crash", "rank": 0, "step": 3})");
+  const Result none = run("train" + kFaultRun + " --mesh dp=2 --out " + out + " --faults " + twice);
+  EXPECT_EQ(none.code, 1) << none.err;
+  EXPECT_NE(none.err.find("injected crash on rank 1 at step 2"), std::string::npos) << none.err;
+  const Result past = run("train" + kFaultRun + " --mesh dp=2 --max-restarts 1 --out " + out + " --faults " + twice);
+  EXPECT_EQ(past.code, 1) << past.err;
+  EXPECT_NE(past.err.find("gave up after 1 restart: injected crash on rank 0 at step 3"), std::string::npos) << past.err;
+  EXPECT_FALSE(fs::exists(out + "/checkpoint")) << "no step finished was saved: nothing half-written either";
+  // With two replicas a corrupted one cannot be told from the other: both are named.
+  const Result sdc = run("train" + kFaultRun + " --mesh dp=2 --check-replicas --out " + out + " --faults " +
+                         schedule("faults_sdc2", R"({"kind": "sdc", "rank": 0, "step": 1, "element": 5, "bit": 3})"));
+  EXPECT_EQ(sdc.code, 1) << sdc.err;
+  EXPECT_NE(sdc.err.find("after step 1: the weights of world ranks 0, 1 differ from each other"), std::string::npos)
+      << sdc.err;
+  fs::remove_all(out);
+}
+LLAMA4D_TIER(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt, full);
+
+}  // namespace fault_cli
