@@ -205,6 +205,17 @@ void RankLaunch::set_fault_hook(std::function<void(int, CommOp, int64_t)> hook) 
   impl_->fault_hook = std::move(hook);
 }
 
+std::vector<std::vector<FlightEntry>> RankLaunch::flight_records() const {
+  std::vector<std::vector<FlightEntry>> out;
+  if (impl_->cluster) {
+    for (int r = 0; r < impl_->cluster->size(); ++r) out.push_back(impl_->cluster->accounting(r).flight.entries());
+  } else if (const RankAccounting* acc = impl_->process_accounting()) {
+    out.resize(size_t(acc->memory.rank() + 1));
+    out.back() = acc->flight.entries();
+  }
+  return out;
+}
+
 bool RankLaunch::reporting() const {
   const RankAccounting* acc = impl_->process_accounting();
   return !acc || acc->trace.rank() == 0;

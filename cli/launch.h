@@ -64,6 +64,9 @@ class RankLaunch {
   nlohmann::json simulated_per_step(int64_t steps) const;
   // The ranks' timelines of the last run (virtual: every rank's; MPI: this rank's own).
   std::vector<const RankTrace*> traces() const;
+  // The ranks' flight recorders after the last run (virtual: every rank's, index = world rank;
+  // MPI and NCCL: this process's own rank only, at its index).
+  std::vector<std::vector<FlightEntry>> flight_records() const;
   std::string summary() const;
 
  private:

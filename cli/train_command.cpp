@@ -19,6 +19,7 @@
 #include "core/data/entropy.h"
 #include "core/error.h"
 #include "core/io/atomic_dir.h"
+#include "core/io/atomic_file.h"
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
@@ -363,7 +364,8 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
                            [&](const std::string& dir) {
                              trainer.save_checkpoint(dir);
                              write_tokenizer_files(r, dir);
-                           }};
+                           },
+                           {}, {}};
   nlohmann::json j = train_loop(a, a.opt, calls, true);
   j["unigram_entropy_nats"] = std::isnan(unigram) ? nlohmann::json(nullptr) : nlohmann::json(unigram);
   j["model"] = model_name(a);
@@ -384,6 +386,23 @@ struct Attempt {
   std::string restart_from;
 };
 
+// A failed parallel run leaves every rank's flight recorder in <out>/flight_recorder.json (the
+// latest failure's) and prints which rank did not enter which collective.
+void write_flight_records(const std::string& out, const std::vector<std::vector<FlightEntry>>& ranks) {
+  const nlohmann::json j = flight_json(ranks);
+  const std::string path = out + "/flight_recorder.json";
+  write_text_file_atomically(path, j.dump(1) + "\n");
+  const std::string diagnosis = j.at("diagnosis").get<std::string>();
+  std::string lines;
+  for (size_t at = 0; at < diagnosis.size();) {
+    const size_t end = std::min(diagnosis.find('\n', at), diagnosis.size());
+    lines += "\n  " + diagnosis.substr(at, end - at);
+    at = end + 1;
+  }
+  progress("train: flight recorder of every rank's last collectives in %s%s\n", path.c_str(),
+           lines.empty() ? "" : (":" + lines).c_str());
+}
+
 template <class T>
 nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data, const Attempt& at = {}) {
   const TrainArgs& a = r.args;
@@ -401,6 +420,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   std::vector<RankMemory> memory(static_cast<size_t>(ranks));
   std::mutex mu;
   std::string strategy;
+  try {
   launcher.run(ranks, [&](ProcessGroup& world) {
     Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
     ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
@@ -438,6 +458,10 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     memory[size_t(world.rank())] = trainer.strategy().peak_memory();
     if (world.rank() == 0) result = j, strategy = trainer.describe();
   });
+  } catch (const Error& e) {
+    if (dynamic_cast<const InputError*>(&e) == nullptr) write_flight_records(a.out, launcher.flight_records());
+    throw;
+  }
   if (staged) std::filesystem::remove_all(start);
   if (!launcher.reporting()) return {};
   const nlohmann::json mem = memory_json(memory);

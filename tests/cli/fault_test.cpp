@@ -55,6 +55,7 @@ struct Recovery {
   std::string mesh;    // plan flags
   std::string faults;  // schedule entries
   std::string named;   // what the failure's cause must say
+  std::string flight;  // how the flight recorder's diagnosis must begin ("": not checked)
 };
 
 void PrintTo(const Recovery& c, std::ostream* os) { *os << c.name; }
@@ -76,6 +77,11 @@ TEST_P(RecoveryCli, RecoveredRunIsByteIdenticalToAnUninterruptedOne) {
   ASSERT_EQ(g.at("failures").size(), 1u) << g.dump();
   EXPECT_NE(g.at("failures")[0].get<std::string>().find(c.named), std::string::npos) << g.dump();
   EXPECT_NE(f.err.find("restarting (1 of 2) from " + faulted + "/checkpoint (step 2)"), std::string::npos) << f.err;
+  if (!c.flight.empty()) {
+    const nlohmann::json fr = nlohmann::json::parse(read_file(faulted + "/flight_recorder.json"));
+    EXPECT_EQ(fr.at("diagnosis").get<std::string>().rfind(c.flight, 0), 0u) << fr.at("diagnosis");
+    EXPECT_NE(f.err.find("  " + c.flight), std::string::npos) << "printed too:\n" << f.err;
+  }
   EXPECT_GT(g.at("goodput").get<double>(), 0.0);
   EXPECT_LT(g.at("goodput").get<double>(), 1.0);
   for (const char* file : {"model.safetensors", "optimizer.safetensors"})
@@ -90,15 +96,17 @@ TEST_P(RecoveryCli, RecoveredRunIsByteIdenticalToAnUninterruptedOne) {
 }
 
 const Recovery kRecoveries[] = {
-    {"dp_crash", " --mesh dp=2", R"({"kind": "crash", "rank": 1, "step": 3})", "injected crash on rank 1 at step 3"},
+    {"dp_crash", " --mesh dp=2", R"({"kind": "crash", "rank": 1, "step": 3})", "injected crash on rank 1 at step 3",
+     "rank 1 did not enter all_reduce("},
     {"zero3_link", " --mesh dp=2 --zero 3", R"({"kind": "collective", "rank": 0, "step": 3})",
-     "injected collective failure on rank 0 at step 3"},
-    {"tp_hang", " --mesh tp=2", R"({"kind": "hang", "rank": 1, "step": 3})", "timeout after 1000 ms: rank 1 of 'tp' (world rank 1) never called"},
+     "injected collective failure on rank 0 at step 3", ""},
+    {"tp_hang", " --mesh tp=2", R"({"kind": "hang", "rank": 1, "step": 3})", "timeout after 1000 ms: rank 1 of 'tp' (world rank 1) never called",
+     "rank 1 did not enter reduce_scatter(count=8192 per rank, F32, sum) #58 on group 'tp' (its last: #57, completed)"},
     {"pp_sdc", " --mesh pp=2,dp=3 --batch-size 6 --check-replicas", R"({"kind": "sdc", "rank": 1, "step": 3})",
-     "silent data corruption after step 3: the weights of world rank 1 differ from the other replicas' in dp"},
+     "silent data corruption after step 3: the weights of world rank 1 differ from the other replicas' in dp", ""},
     {"4d_slow_then_crash", " --mesh tp=2,pp=2,dp=2 --micro-batch-size 2",
      R"({"kind": "slow", "rank": 6, "step": 1, "factor": 2, "steps": 2}, {"kind": "crash", "rank": 5, "step": 4})",
-     "injected crash on rank 5 at step 4"},
+     "injected crash on rank 5 at step 4", ""},
 };
 
 // Tiers: the sanitizer presets run the crash on DP (the supervisor's loop); the release preset

@@ -5,12 +5,14 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "backends/virtual/virtual_cluster.h"
 #include "core/error.h"
+#include "core/comm/flight_recorder.h"
 #include "core/parallel/fault_injector.h"
 #include "core/parallel/fault_schedule.h"
 #include "core/parallel/replica_checksum.h"
@@ -119,6 +121,53 @@ TEST(ReplicaChecksum, TheReplicaThatDiffersIsNamedByEveryRank) {
   });
   for (const std::string& e : errors)
     EXPECT_NE(e.find("after step 2: the weights of world rank 2 differ from the other replicas'"), std::string::npos) << e;
+}
+
+// Rank 2 of 3 stops answering before the world's call #4 (the fifth) that ranks 0 and 1 are waiting in: the
+// recorders of a real virtual cluster name it, and name nobody when all finish.
+TEST(FlightRecorder, NamesTheRankThatDidNotEnterTheCall) {
+  VirtualClusterOptions o;
+  o.ranks = 3;
+  o.timeout = std::chrono::milliseconds(300);
+  std::vector<std::vector<FlightEntry>> ranks;
+  test::within_deadline(20, [&] {
+    VirtualCluster cluster(o);
+    const auto calls = [](ProcessGroup& world, int n) {
+      std::vector<float> v(10, 1.0f);
+      for (int i = 0; i < n; ++i) world.all_reduce(v.data(), 10, DType::f32, ReduceOp::sum);
+    };
+    cluster.run([&](ProcessGroup& world) { calls(world, 2); });
+    std::vector<std::vector<FlightEntry>> clean;
+    for (int r = 0; r < 3; ++r) clean.push_back(cluster.accounting(r).flight.entries());
+    EXPECT_EQ(flight_diagnosis(clean), "");
+    ASSERT_EQ(clean[1].size(), 2u);
+    EXPECT_EQ(clean[1][1].seq, 1);
+    EXPECT_EQ(clean[1][1].bytes, 40);
+    EXPECT_EQ(clean[1][1].state, FlightEntry::State::completed);
+    EXPECT_THROW(cluster.run([&](ProcessGroup& world) {
+                   calls(world, 4);
+                   if (world.rank() == 2) {  // hangs past its peers' timeout, then leaves
+                     std::this_thread::sleep_for(std::chrono::milliseconds(600));
+                     return;
+                   }
+                   calls(world, 1);
+                 }),
+                 CommError);
+    for (int r = 0; r < 3; ++r) ranks.push_back(cluster.accounting(r).flight.entries());
+  });
+  EXPECT_EQ(flight_diagnosis(ranks).rfind("rank 2 did not enter all_reduce(count=10, F32, sum) #4 on group 'world' "
+                                          "(its last: #3, completed)", 0),
+            0u)
+      << flight_diagnosis(ranks);
+  EXPECT_EQ(ranks[0].back().state, FlightEntry::State::failed);
+  EXPECT_NE(ranks[0].back().error.find("rank 2"), std::string::npos) << ranks[0].back().error;
+  FlightRecorder small(2);
+  for (int i = 0; i < 3; ++i) small.issued({});
+  small.completed(0);  // dropped: no effect
+  small.completed(2);
+  ASSERT_EQ(small.entries().size(), 2u);
+  EXPECT_EQ(small.entries()[0].id, 1);
+  EXPECT_EQ(small.entries()[1].state, FlightEntry::State::completed);
 }
 
 }  // namespace
