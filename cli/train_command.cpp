@@ -516,14 +516,14 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
   FaultInjector injector(faults, std::chrono::milliseconds(int64_t(a.launch.timeout_s) * 1000 + 500));
   Supervision sup;
   const std::string ckpt = a.out + "/checkpoint";
+  // Where the next attempt starts: the run's own start, then the latest checkpoint this run saved
+  // (a checkpoint already in <out> from an earlier run is not this run's).
+  std::string from;
+  int64_t from_step = a.resume.empty() ? 0 : read_training_state(a.resume).steps_done;
   for (int64_t attempt = 0;; ++attempt) {
-    const bool from_saved = sup.ledger.last_saved_step() > 0 && attempt > 0 && std::filesystem::exists(ckpt);
-    Attempt at{faults.empty() ? nullptr : &injector, &sup, from_saved ? ckpt : ""};
-    const int64_t start_step = from_saved ? read_training_state(ckpt).steps_done
-                               : a.resume.empty() ? 0 : read_training_state(a.resume).steps_done;
-    sup.ledger.attempt_started(sup.now(), start_step);
+    sup.ledger.attempt_started(sup.now(), from_step);
     try {
-      nlohmann::json j = run_parallel<T>(r, plan, data, at);
+      nlohmann::json j = run_parallel<T>(r, plan, data, {faults.empty() ? nullptr : &injector, &sup, from});
       sup.ledger.attempt_ended(sup.now(), "");
       if (!j.is_null()) {
         j["goodput"] = sup.ledger.report();
@@ -541,10 +541,13 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
                       (a.max_restarts == 1 ? "" : "s") + ": " + e.what());
         throw;
       }
-      const bool saved = sup.ledger.last_saved_step() > 0 && std::filesystem::exists(ckpt);
+      if (sup.ledger.saves() > 0) {
+        from = ckpt;
+        from_step = read_training_state(ckpt).steps_done;
+      }
       progress("train: attempt %lld failed: %s\ntrain: restarting (%lld of %lld) from %s\n", (long long)attempt + 1,
                e.what(), (long long)attempt + 1, (long long)a.max_restarts,
-               saved ? (ckpt + " (step " + std::to_string(read_training_state(ckpt).steps_done) + ")").c_str()
+               !from.empty() ? (from + " (step " + std::to_string(from_step) + ")").c_str()
                : a.resume.empty() ? "the start (no checkpoint saved yet)"
                                   : a.resume.c_str());
     }

@@ -19,6 +19,7 @@ void GoodputLedger::step_done(int64_t step, double seconds, double t) {
 
 void GoodputLedger::saved(int64_t step, double seconds, double t) {
   checkpoint_ += seconds;
+  ++saves_;
   if (!attempts_.empty()) attempts_.back().last_progress = t;
   for (auto it = unsaved_.begin(); it != unsaved_.end() && it->first <= step;) {
     productive_ += it->second;

@@ -38,6 +38,8 @@ class GoodputLedger {
   void attempt_ended(double t, const std::string& cause);
 
   int attempts() const { return int(attempts_.size()); }
+  // Checkpoints written in this run so far.
+  int64_t saves() const { return saves_; }
   // The last step a checkpoint of this run holds (0: none).
   int64_t last_saved_step() const { return last_saved_; }
   // {"wall_s", "productive_s", "goodput", "lost_work_s", "lost_steps", "checkpoint_s",
@@ -52,7 +54,7 @@ class GoodputLedger {
   std::vector<Attempt> attempts_;
   std::map<int64_t, double> unsaved_;  // this attempt's steps after its last save: seconds
   double productive_ = 0, lost_ = 0, checkpoint_ = 0;
-  int64_t lost_steps_ = 0, last_saved_ = 0;
+  int64_t lost_steps_ = 0, last_saved_ = 0, saves_ = 0;
 };
 
 }  // namespace llama4d

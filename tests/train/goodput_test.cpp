@@ -19,6 +19,7 @@ TEST(GoodputLedger, ScriptedRunWithOneFailure) {
   g.step_done(3, 2, 7.5);     // step 3: lost
   g.attempt_ended(8.5, "rank 1 crashed");  // detection 1 s
   EXPECT_EQ(g.last_saved_step(), 2);
+  EXPECT_EQ(g.saves(), 1);
   g.attempt_started(8.5, 2);
   g.loop_started(10);         // restart 1.5 s
   g.step_done(3, 2, 12);
