@@ -421,45 +421,53 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   std::mutex mu;
   std::string strategy;
   try {
-  launcher.run(ranks, [&](ProcessGroup& world) {
-    Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
-    ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
-    if (!start.empty()) trainer.load_checkpoint(start);
-    const bool lead = world.rank() == 0 && launcher.reporting();
-    if (lead) {
-      progress("train: %s, %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
-               model_name(a).c_str(), (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
-               ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
-      progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
-               (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),
-               (long long)rank_micro_batch_rows(a.opt, plan.dp()));
-    }
-    // The rank's weights as bytes, where it holds them whole (not under ZeRO-3's per-unit residency).
-    const auto weights = [&] {
-      return model.param_residency() == Llama<T>::Residency::whole
-                 ? std::span<std::byte>(reinterpret_cast<std::byte*>(model.params()), size_t(model.num_params()) * sizeof(T))
-                 : std::span<std::byte>();
-    };
-    TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
-                       [&](int64_t w) { return trainer.validation_loss(w).mean(); },
-                       [&](const std::string& dir) {
-                         trainer.save_checkpoint(dir);
-                         if (world.rank() == 0) write_tokenizer_files(r, dir);
-                       },
-                       {}, {}};
-    if (at.faults) calls.before_step = [&](int64_t next) { at.faults->before_step(world.rank(), next); };
-    if (at.faults || a.check_replicas)
-      calls.after_step = [&](const StepStats& st) {
-        if (at.faults) at.faults->after_step(world.rank(), st.step, st.seconds, weights(), int(sizeof(T)));
-        if (a.check_replicas) check_replicas_agree(trainer.replica_group(), weights(), st.step);
+    launcher.run(ranks, [&](ProcessGroup& world) {
+      Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
+      ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
+      if (!start.empty()) trainer.load_checkpoint(start);
+      const bool lead = world.rank() == 0 && launcher.reporting();
+      if (lead) {
+        progress("train: %s, %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
+                 model_name(a).c_str(), (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
+                 ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
+        progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
+                 (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),
+                 (long long)rank_micro_batch_rows(a.opt, plan.dp()));
+      }
+      // The rank's weights as bytes, where it holds them whole (not under ZeRO-3's per-unit residency).
+      const auto weights = [&] {
+        return model.param_residency() == Llama<T>::Residency::whole
+                   ? std::span<std::byte>(reinterpret_cast<std::byte*>(model.params()), size_t(model.num_params()) * sizeof(T))
+                   : std::span<std::byte>();
       };
-    nlohmann::json j = train_loop(a, a.opt, calls, lead, at.sup);
-    std::lock_guard<std::mutex> lock(mu);
-    memory[size_t(world.rank())] = trainer.strategy().peak_memory();
-    if (world.rank() == 0) result = j, strategy = trainer.describe();
-  });
+      TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
+                         [&](int64_t w) { return trainer.validation_loss(w).mean(); },
+                         [&](const std::string& dir) {
+                           trainer.save_checkpoint(dir);
+                           if (world.rank() == 0) write_tokenizer_files(r, dir);
+                         },
+                         {}, {}};
+      if (at.faults) calls.before_step = [&](int64_t next) { at.faults->before_step(world.rank(), next); };
+      if (at.faults || a.check_replicas)
+        calls.after_step = [&](const StepStats& st) {
+          if (at.faults) at.faults->after_step(world.rank(), st.step, st.seconds, weights(), int(sizeof(T)));
+          if (a.check_replicas) check_replicas_agree(trainer.replica_group(), weights(), st.step);
+        };
+      nlohmann::json j = train_loop(a, a.opt, calls, lead, at.sup);
+      std::lock_guard<std::mutex> lock(mu);
+      memory[size_t(world.rank())] = trainer.strategy().peak_memory();
+      if (world.rank() == 0) result = j, strategy = trainer.describe();
+    });
   } catch (const Error& e) {
-    if (dynamic_cast<const InputError*>(&e) == nullptr) write_flight_records(a.out, launcher.flight_records());
+    // Virtual GPUs only: there this process holds every rank's recorder (MPI processes would
+    // each write their own rank's over the others'). A failure to write it hides nothing.
+    if (dynamic_cast<const InputError*>(&e) == nullptr && a.launch.backend == "virtual") {
+      try {
+        write_flight_records(a.out, launcher.flight_records());
+      } catch (const Error& w) {
+        progress("train: the flight recorder was not written: %s\n", w.what());
+      }
+    }
     throw;
   }
   if (staged) std::filesystem::remove_all(start);
