@@ -133,4 +133,19 @@ TEST(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt) {
 }
 LLAMA4D_TIER(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt, full);
 
+// plan's failure model on the paper's layout: 16,384 GPUs by default from the mesh, 90.37% at
+// 30 s checkpoints and 5 min restarts (worked out by hand in tests/plan/failure_model_test.cpp).
+TEST(FaultCli, PlanReportsTheFailureModelOfItsGpus) {
+  const std::string paper = "plan --preset llama3-405b --mesh tp=8,cp=1,pp=16,dp=128";
+  const Result r = run(paper + " --checkpoint-s 30 --restart-s 300 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json f = nlohmann::json::parse(r.out).at("failure_model");
+  EXPECT_EQ(f.at("gpus").get<double>(), 16384);
+  EXPECT_NEAR(f.at("goodput_at_daly").get<double>(), 0.903701, 1e-6);
+  EXPECT_EQ(f.at("sweep").size(), 13u);
+  expect_bad_input(run(paper + " --restart-s 300"), "add --checkpoint-s");
+  expect_bad_input(run(paper + " --checkpoint-s 0"), "--checkpoint-s must be > 0");
+  expect_bad_input(run(paper + " --checkpoint-s 30 --failure-gpus 0.5"), "--failure-gpus");
+}
+
 }  // namespace fault_cli
