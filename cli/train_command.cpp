@@ -501,6 +501,9 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
     throw InputError("--check-replicas reads the weights in host memory: it runs on --device cpu");
   if (a.check_replicas && plan.zero == ZeroStage::zero3)
     throw InputError("--check-replicas compares whole weights, and ZeRO-3 (--zero 3) keeps only a shard of each");
+  if (a.max_restarts > 0 && a.launch.backend != "virtual")
+    throw InputError("--max-restarts restarts the ranks of virtual GPUs (--backend virtual); under mpirun a launcher "
+                     "would relaunch the processes, which this build does not do");
   if (a.faults.empty()) return {};
   if (a.launch.backend != "virtual")
     throw InputError("--faults injects into virtual GPUs only (--backend virtual), not --backend " + a.launch.backend);
@@ -524,10 +527,17 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
   FaultInjector injector(faults, std::chrono::milliseconds(int64_t(a.launch.timeout_s) * 1000 + 500));
   Supervision sup;
   const std::string ckpt = a.out + "/checkpoint";
-  // Where the next attempt starts: the run's own start, then the latest checkpoint this run saved
-  // (a checkpoint already in <out> from an earlier run is not this run's).
+  // Where the next attempt starts: the run's own start, then the latest checkpoint this run saved.
+  // Read from disk, not from the lead rank's view: a save can be complete on disk while the lead
+  // rank, still in its last collective, fails with the rank that crashed right after it. A
+  // checkpoint already in <out> before the run is not this run's unless it changed since.
   std::string from;
   int64_t from_step = a.resume.empty() ? 0 : read_training_state(a.resume).steps_done;
+  const auto trainer_state = [&] {
+    std::ifstream in(ckpt + "/" + kTrainerStateFile, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string state_before = trainer_state();
   for (int64_t attempt = 0;; ++attempt) {
     sup.ledger.attempt_started(sup.now(), from_step);
     try {
@@ -535,23 +545,26 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
       sup.ledger.attempt_ended(sup.now(), "");
       if (!j.is_null()) {
         j["goodput"] = sup.ledger.report();
-        j["faults_injected"] = nlohmann::json::array();
-        for (const Fault& f : injector.fired()) j["faults_injected"].push_back(f.describe());
+        if (!faults.empty()) {
+          j["faults_injected"] = nlohmann::json::array();
+          for (const Fault& f : injector.fired()) j["faults_injected"].push_back(f.describe());
+        }
       }
       return j;
     } catch (const InputError&) {
       throw;
     } catch (const Error& e) {
-      sup.ledger.attempt_ended(sup.now(), e.what());
+      const std::string state = trainer_state();
+      if (!state.empty() && state != state_before) {
+        from = ckpt;
+        from_step = read_training_state(ckpt).steps_done;
+      }
+      sup.ledger.attempt_ended(sup.now(), e.what(), from.empty() ? 0 : from_step);
       if (attempt >= a.max_restarts) {
         if (a.max_restarts > 0)
           throw Error("train: gave up after " + std::to_string(a.max_restarts) + " restart" +
                       (a.max_restarts == 1 ? "" : "s") + ": " + e.what());
         throw;
-      }
-      if (sup.ledger.saves() > 0) {
-        from = ckpt;
-        from_step = read_training_state(ckpt).steps_done;
       }
       progress("train: attempt %lld failed: %s\ntrain: restarting (%lld of %lld) from %s\n", (long long)attempt + 1,
                e.what(), (long long)attempt + 1, (long long)a.max_restarts,
@@ -570,7 +583,6 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   plan.check_precision(a.opt.bf16_compute);
   a.launch.validate(a.parallel.parallel());
   const FaultSchedule faults = check_fault_flags(a, cmd, plan);
-  const bool supervised = cmd.count("--faults") > 0 || cmd.count("--max-restarts") > 0;
   const bool f64 = a.model.fp64();
   check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
                        "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
@@ -585,9 +597,9 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   if (const int stale = remove_stale_staging(a.out + "/checkpoint"))
     std::fprintf(stderr, "removed %d staging director%s left by a killed save in %s\n", stale, stale == 1 ? "y" : "ies",
                  a.out.c_str());
-  nlohmann::json result = supervised ? (f64 ? supervise<double>(r, plan, data, faults) : supervise<float>(r, plan, data, faults))
-                          : a.parallel.parallel()
-                              ? (f64 ? run_parallel<double>(r, plan, data) : run_parallel<float>(r, plan, data))
+  // Every parallel run goes through the supervisor (with no restarts unless asked): it reports goodput.
+  nlohmann::json result = a.parallel.parallel()
+                              ? (f64 ? supervise<double>(r, plan, data, faults) : supervise<float>(r, plan, data, faults))
                               : (f64 ? run_single<double>(r, plan, data) : run_single<float>(r, plan, data));
   if (!result.is_null()) result["device"] = ops::backend_name();  // null: an MPI rank that does not report
   return result;

@@ -19,7 +19,6 @@ void GoodputLedger::step_done(int64_t step, double seconds, double t) {
 
 void GoodputLedger::saved(int64_t step, double seconds, double t) {
   checkpoint_ += seconds;
-  ++saves_;
   if (!attempts_.empty()) attempts_.back().last_progress = t;
   for (auto it = unsaved_.begin(); it != unsaved_.end() && it->first <= step;) {
     productive_ += it->second;
@@ -28,12 +27,16 @@ void GoodputLedger::saved(int64_t step, double seconds, double t) {
   last_saved_ = std::max(last_saved_, step);
 }
 
-void GoodputLedger::attempt_ended(double t, const std::string& cause) {
+void GoodputLedger::attempt_ended(double t, const std::string& cause, int64_t saved_through) {
   Attempt& a = attempts_.back();
   a.end = t;
   a.cause = cause;
-  for (const auto& [step, seconds] : unsaved_) (cause.empty() ? productive_ : lost_) += seconds;
-  if (!cause.empty()) lost_steps_ += int64_t(unsaved_.size());
+  for (const auto& [step, seconds] : unsaved_) {
+    const bool kept = cause.empty() || step <= saved_through;
+    (kept ? productive_ : lost_) += seconds;
+    lost_steps_ += kept ? 0 : 1;
+  }
+  last_saved_ = std::max(last_saved_, saved_through);
   unsaved_.clear();
 }
 

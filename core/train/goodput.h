@@ -34,12 +34,12 @@ class GoodputLedger {
   void step_done(int64_t step, double seconds, double t);
   // A checkpoint holding every step up to `step` took `seconds` to write, ending at t.
   void saved(int64_t step, double seconds, double t);
-  // The attempt ended at t, by `cause` ("" when it finished).
-  void attempt_ended(double t, const std::string& cause);
+  // The attempt ended at t, by `cause` ("" when it finished). `saved_through`: the last step of
+  // a checkpoint found complete on disk after a failure, which the lead rank may not have seen
+  // finish: steps up to it are kept.
+  void attempt_ended(double t, const std::string& cause, int64_t saved_through = 0);
 
   int attempts() const { return int(attempts_.size()); }
-  // Checkpoints written in this run so far.
-  int64_t saves() const { return saves_; }
   // The last step a checkpoint of this run holds (0: none).
   int64_t last_saved_step() const { return last_saved_; }
   // {"wall_s", "productive_s", "goodput", "lost_work_s", "lost_steps", "checkpoint_s",
@@ -54,7 +54,7 @@ class GoodputLedger {
   std::vector<Attempt> attempts_;
   std::map<int64_t, double> unsaved_;  // this attempt's steps after its last save: seconds
   double productive_ = 0, lost_ = 0, checkpoint_ = 0;
-  int64_t lost_steps_ = 0, last_saved_ = 0, saves_ = 0;
+  int64_t lost_steps_ = 0, last_saved_ = 0;
 };
 
 }  // namespace llama4d

@@ -19,7 +19,6 @@ TEST(GoodputLedger, ScriptedRunWithOneFailure) {
   g.step_done(3, 2, 7.5);     // step 3: lost
   g.attempt_ended(8.5, "rank 1 crashed");  // detection 1 s
   EXPECT_EQ(g.last_saved_step(), 2);
-  EXPECT_EQ(g.saves(), 1);
   g.attempt_started(8.5, 2);
   g.loop_started(10);         // restart 1.5 s
   g.step_done(3, 2, 12);
@@ -39,6 +38,21 @@ TEST(GoodputLedger, ScriptedRunWithOneFailure) {
   EXPECT_DOUBLE_EQ(r.at("goodput").get<double>(), 8.0 / 15);
   EXPECT_EQ(r.at("restarts").get<int>(), 1);
   EXPECT_EQ(r.at("failures"), nlohmann::json::array({"rank 1 crashed"}));
+}
+
+// A failure right after a save the lead rank did not see finish: the steps the checkpoint on disk
+// holds are kept, the later ones lost.
+TEST(GoodputLedger, ACheckpointFoundOnDiskKeepsItsSteps) {
+  GoodputLedger g;
+  g.attempt_started(0, 0);
+  g.loop_started(0);
+  for (int64_t s = 1; s <= 3; ++s) g.step_done(s, 1, double(s));
+  g.attempt_ended(4, "crash", 2);
+  EXPECT_EQ(g.last_saved_step(), 2);
+  const nlohmann::json r = g.report();
+  EXPECT_DOUBLE_EQ(r.at("productive_s").get<double>(), 2);
+  EXPECT_DOUBLE_EQ(r.at("lost_work_s").get<double>(), 1);
+  EXPECT_EQ(r.at("lost_steps").get<int64_t>(), 1);
 }
 
 }  // namespace
