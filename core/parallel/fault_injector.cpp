@@ -1,5 +1,6 @@
 #include "core/parallel/fault_injector.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -41,7 +42,7 @@ int FaultInjector::take(FaultKind kind, int rank, int64_t step) {
     if (!due) continue;
     // A slow fault stays in force for its steps; it counts as fired from its first.
     if (kind != FaultKind::slow || step == f.step + f.steps - 1) fired_[i] = true;
-    if (step == f.step) order_.push_back(i);
+    if (std::find(order_.begin(), order_.end(), i) == order_.end()) order_.push_back(i);
     return int(i);
   }
   return -1;
