@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <random>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -131,6 +132,50 @@ TEST(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt) {
   fs::remove_all(out);
 }
 LLAMA4D_TIER(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt, full);
+
+// A small chaos test: seeded random schedules (one to three faults of the kinds that do not wait
+// for a timeout: crash, collective, sdc, slow) on a 4D plan; each run recovers to the bytes of the
+// run without failures, restarting at most once per fault that stops it, and leaves no staging
+// directory.
+TEST(FaultCli, SeededChaosSchedulesOn4dAllRecoverBitwise) {
+  const std::string mesh = " --mesh tp=2,pp=2,dp=2 --micro-batch-size 2 --check-replicas";
+  const std::string straight = tmp("faults_chaos_straight");
+  ASSERT_EQ(run("train" + kFaultRun + mesh + " --out " + straight).code, 0);
+  const std::string model = read_file(straight + "/checkpoint/model.safetensors");
+  std::mt19937 rng(2024);
+  const char* kinds[] = {"crash", "collective", "sdc", "slow"};
+  int total_restarts = 0;
+  for (int s = 0; s < 6; ++s) {
+    std::string faults;
+    int stopping = 0;
+    const int n = 1 + int(rng() % 3);
+    for (int i = 0; i < n; ++i) {
+      const std::string kind = kinds[rng() % 4];
+      const int rank = int(rng() % 8), step = 1 + int(rng() % 4);
+      faults += std::string(i ? ", " : "") + "{\"kind\": \"" + kind + "\", \"rank\": " + std::to_string(rank) +
+                ", \"step\": " + std::to_string(step) + (kind == "slow" ? ", \"factor\": 2" : "") + "}";
+      stopping += kind != "slow";
+    }
+    const std::string out = tmp("faults_chaos_" + std::to_string(s));
+    const Result r = run("train" + kFaultRun + mesh + " --save-every 1 --max-restarts 3 --out " + out + " --json --faults " +
+                         schedule("faults_chaos_s", faults));
+    ASSERT_EQ(r.code, 0) << faults << "\n" << r.err;
+    // Two faults of one step on two ranks may stop one attempt together (which fires first is a race).
+    const int restarts = nlohmann::json::parse(r.out).at("goodput").at("restarts").get<int>();
+    EXPECT_LE(restarts, stopping) << faults;
+    EXPECT_GE(restarts, stopping > 0 ? 1 : 0) << faults;
+    total_restarts += restarts;
+    EXPECT_TRUE(read_file(out + "/checkpoint/model.safetensors") == model) << faults;
+    for (const auto& e : fs::directory_iterator(out))
+      EXPECT_TRUE(e.path().filename() == "checkpoint" || e.path().extension() == ".json" ||
+                  e.path().extension() == ".jsonl")
+          << "left behind: " << e.path() << " (" << faults << ")";
+    fs::remove_all(out);
+  }
+  EXPECT_GE(total_restarts, 6) << "the seed's schedules stop runs";
+  fs::remove_all(straight);
+}
+LLAMA4D_TIER(FaultCli, SeededChaosSchedulesOn4dAllRecoverBitwise, full);
 
 // plan's failure model on the paper's layout: 16,384 GPUs by default from the mesh, 90.37% at
 // 30 s checkpoints and 5 min restarts (worked out by hand in tests/plan/failure_model_test.cpp).
