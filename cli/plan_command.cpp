@@ -34,7 +34,7 @@ struct PlanArgs {
   int gpus_per_node = 8;
   double gpu_tflops = 989, hbm_gb = 80, nvlink_gbps = 450, nvlink_us = 1, ib_gbps = 50, ib_us = 5;
   double efficiency = 0.6, dp_overlap = 0.9, tokens = 0;
-  double failure_gpus = 0, mtbf_hours = 0, checkpoint_s = 0, restart_s = 0;  // the failure model
+  double failure_gpus = 0, mtbf_hours = 0, checkpoint_s = 0, restart_s = 0;  // the failure model (flags given)
   bool llama3 = false, json = false, doc_mask = false;
 };
 
@@ -217,6 +217,9 @@ void add_plan_command(CLI::App& app) {
         if (cmd->count(flag) > 0)
           throw InputError(std::string("plan --llama3 sets ") + flag +
                            " itself (the paper's layouts); only the cluster flags apply");
+      for (const char* flag : {"--checkpoint-s", "--restart-s", "--failure-gpus", "--mtbf-hours"})
+        if (cmd->count(flag) > 0)
+          throw InputError(std::string(flag) + ": the failure model is for one plan (--mesh), not plan --llama3's table");
       const nlohmann::json t = llama3_table(*a);
       if (a->json)
         std::printf("%s\n", t.dump().c_str());
@@ -232,8 +235,10 @@ void add_plan_command(CLI::App& app) {
     const std::string note = few_micro_batches_note(r);
     nlohmann::json failures;
     if (cmd->count("--checkpoint-s") > 0) {
-      FailureModel f{a->failure_gpus > 0 ? a->failure_gpus : double(plan.world_size()), a->mtbf_hours * 3600,
-                     a->checkpoint_s, a->restart_s};
+      FailureModel f{cmd->count("--failure-gpus") > 0 ? a->failure_gpus : double(plan.world_size()),
+                     a->mtbf_hours * 3600, a->checkpoint_s, a->restart_s};
+      if (cmd->count("--mtbf-hours") > 0 && !(a->mtbf_hours > 0))
+        throw InputError("--mtbf-hours must be > 0 (leave it out for Llama 3's rate)");
       f.validate();
       failures = f.to_json();
     } else {

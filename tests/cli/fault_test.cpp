@@ -189,7 +189,9 @@ TEST(FaultCli, PlanReportsTheFailureModelOfItsGpus) {
   EXPECT_EQ(f.at("sweep").size(), 13u);
   expect_bad_input(run(paper + " --restart-s 300"), "add --checkpoint-s");
   expect_bad_input(run(paper + " --checkpoint-s 0"), "--checkpoint-s must be > 0");
-  expect_bad_input(run(paper + " --checkpoint-s 30 --failure-gpus 0.5"), "--failure-gpus");
+  expect_bad_input(run(paper + " --checkpoint-s 30 --failure-gpus 0"), "--failure-gpus");
+  expect_bad_input(run(paper + " --checkpoint-s 30 --mtbf-hours 0"), "--mtbf-hours");
+  expect_bad_input(run("plan --llama3 --checkpoint-s 30"), "--checkpoint-s");
 }
 
 }  // namespace fault_cli
