@@ -516,9 +516,9 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
   return s;
 }
 
-// `train --max-restarts N`: runs the job; when it fails (a rank crashed, hung, lost a link, or
-// its weights disagree with its replicas), starts it again from the latest checkpoint this run
-// saved (or from the run's own start), at most N times. The batches of a step are a pure function
+// Every parallel run: runs the job and reports its goodput. With `train --max-restarts N`, when
+// it fails (a rank crashed, hung, lost a link, or its weights disagree with its replicas), starts
+// it again from the latest checkpoint this run saved (or from the run's own start), at most N times. The batches of a step are a pure function
 // of the step, so the restarted run trains the same rows and ends on the same bytes.
 template <class T>
 nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDataset& data, const FaultSchedule& faults) {
@@ -554,18 +554,18 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
     } catch (const InputError&) {
       throw;
     } catch (const Error& e) {
-      const std::string state = trainer_state();
-      if (!state.empty() && state != state_before) {
-        from = ckpt;
-        from_step = read_training_state(ckpt).steps_done;
-      }
-      sup.ledger.attempt_ended(sup.now(), e.what(), from.empty() ? 0 : from_step);
       if (attempt >= a.max_restarts) {
         if (a.max_restarts > 0)
           throw Error("train: gave up after " + std::to_string(a.max_restarts) + " restart" +
                       (a.max_restarts == 1 ? "" : "s") + ": " + e.what());
         throw;
       }
+      const std::string state = trainer_state();
+      if (!state.empty() && state != state_before) {
+        from = ckpt;
+        from_step = read_training_state(ckpt).steps_done;
+      }
+      sup.ledger.attempt_ended(sup.now(), e.what(), from.empty() ? 0 : from_step);
       progress("train: attempt %lld failed: %s\ntrain: restarting (%lld of %lld) from %s\n", (long long)attempt + 1,
                e.what(), (long long)attempt + 1, (long long)a.max_restarts,
                !from.empty() ? (from + " (step " + std::to_string(from_step) + ")").c_str()
