@@ -109,6 +109,7 @@ struct RankLaunch::Impl {
   LaunchOptions opt;
   std::vector<RankSetting> settings;  // agree_on's, checked once per job
   bool agreed = false;
+  std::function<void(int, CommOp, int64_t)> fault_hook;
   std::unique_ptr<VirtualCluster> cluster;
 #ifdef LLAMA4D_HAVE_MPI
   std::unique_ptr<MpiSession> mpi;
@@ -168,6 +169,7 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
     vo.cluster = spec;
     vo.algo = algo;
     vo.timeout = std::chrono::seconds(o.timeout_s);
+    vo.fault_hook = impl_->fault_hook;
     impl_->cluster = std::make_unique<VirtualCluster>(vo);
     // Each virtual GPU gets its share of the cores, so N ranks do not start N full thread teams.
     const int cores = std::max(1, ops::backend_threads());
@@ -223,6 +225,24 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
   ops::ScopedFlopSink flops(&impl_->mpi->accounting().trace);  // this process's ops feed its simulated clock
   fn(impl_->mpi->world());
 #endif
+}
+
+void RankLaunch::set_fault_hook(std::function<void(int, CommOp, int64_t)> hook) {
+  if (impl_->opt.backend != "virtual")
+    throw InputError("collective faults are injected on virtual GPUs only (--backend virtual), not --backend " +
+                     impl_->opt.backend);
+  impl_->fault_hook = std::move(hook);
+}
+
+std::vector<std::vector<FlightEntry>> RankLaunch::flight_records() const {
+  std::vector<std::vector<FlightEntry>> out;
+  if (impl_->cluster) {
+    for (int r = 0; r < impl_->cluster->size(); ++r) out.push_back(impl_->cluster->accounting(r).flight.entries());
+  } else if (const RankAccounting* acc = impl_->process_accounting()) {
+    out.resize(size_t(acc->memory.rank() + 1));
+    out.back() = acc->flight.entries();
+  }
+  return out;
 }
 
 bool RankLaunch::reporting() const {

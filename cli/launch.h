@@ -55,6 +55,9 @@ class RankLaunch {
   // Virtual GPUs share this process's one command line: nothing to check.
   void agree_on(std::vector<RankSetting> settings);
   void run(int ranks, const std::function<void(ProcessGroup& world)>& fn);
+  // Virtual backend: runs on a rank's communication thread in the middle of every collective
+  // (VirtualClusterOptions::fault_hook); InputError on another backend.
+  void set_fault_hook(std::function<void(int world_rank, CommOp op, int64_t seq)> hook);
   // True in the process that should print results (always for virtual; world rank 0 for MPI).
   bool reporting() const;
   // Bytes each rank sent and received in the last run, and by operation (virtual backend: all
@@ -67,6 +70,9 @@ class RankLaunch {
   nlohmann::json simulated_per_step(int64_t steps) const;
   // The ranks' timelines of the last run (virtual: every rank's; MPI: this rank's own).
   std::vector<const RankTrace*> traces() const;
+  // The ranks' flight recorders after the last run (virtual: every rank's, index = world rank;
+  // MPI and NCCL: this process's own rank only, at its index).
+  std::vector<std::vector<FlightEntry>> flight_records() const;
   std::string summary() const;
 
  private:

@@ -19,6 +19,7 @@
 #include "cli/common.h"
 #include "cli/parallel_options.h"
 #include "core/error.h"
+#include "core/plan/failure_model.h"
 #include "core/plan/llama3.h"
 
 namespace llama4d::cli {
@@ -33,8 +34,21 @@ struct PlanArgs {
   int gpus_per_node = 8;
   double gpu_tflops = 989, hbm_gb = 80, nvlink_gbps = 450, nvlink_us = 1, ib_gbps = 50, ib_us = 5;
   double efficiency = 0.6, dp_overlap = 0.9, tokens = 0;
+  double failure_gpus = 0, mtbf_hours = 0, checkpoint_s = 0, restart_s = 0;  // the failure model (flags given)
   bool llama3 = false, json = false, doc_mask = false;
 };
+
+void print_failure_model(const nlohmann::json& f) {
+  std::printf("\nfailures: %.0f GPUs, job MTBF %.2f h (%.1f interruptions a day); checkpoint %.0f s, restart %.0f s\n",
+              f.at("gpus").get<double>(), f.at("job_mtbf_hours").get<double>(),
+              f.at("expected_interruptions_per_day").get<double>(), f.at("checkpoint_s").get<double>(),
+              f.at("restart_s").get<double>());
+  std::printf("  checkpoint every %.0f s (Young: %.0f s): goodput %.1f%%\n", f.at("daly_interval_s").get<double>(),
+              f.at("young_interval_s").get<double>(), 100 * f.at("goodput_at_daly").get<double>());
+  std::printf("  %12s  %8s\n", "interval s", "goodput");
+  for (const auto& p : f.at("sweep"))
+    std::printf("  %12.0f  %7.1f%%\n", p.at("interval_s").get<double>(), 100 * p.at("goodput").get<double>());
+}
 
 ClusterModel cluster_model(const PlanArgs& a) {
   if (a.gpus_per_node < 1 || a.hbm_gb < 0 || a.nvlink_gbps <= 0 || a.ib_gbps <= 0 || a.nvlink_us < 0 || a.ib_us < 0)
@@ -187,6 +201,12 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--doc-mask", a->doc_mask, "document masking: count each micro-batch's document ids");
   cmd->add_flag("--llama3", a->llama3,
                 "Llama 3 405B's plans from the paper beside its reported MFU, and plans of ours for 8B and 70B");
+  add_number(*cmd, "--checkpoint-s", a->checkpoint_s,
+             "seconds one checkpoint stalls training: adds the failure model (Young's and Daly's intervals, goodput)");
+  add_number(*cmd, "--restart-s", a->restart_s, "failure model: seconds from an interruption to training again");
+  add_number(*cmd, "--failure-gpus", a->failure_gpus, "failure model: GPUs of the job (default: the plan's)");
+  add_number(*cmd, "--mtbf-hours", a->mtbf_hours,
+             "failure model: the job's mean time between interruptions (default: Llama 3's 419 in 54 days on 16,384 GPUs, scaled)");
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->callback([a, cmd] {
     if (a->llama3) {
@@ -197,6 +217,9 @@ void add_plan_command(CLI::App& app) {
         if (cmd->count(flag) > 0)
           throw InputError(std::string("plan --llama3 sets ") + flag +
                            " itself (the paper's layouts); only the cluster flags apply");
+      for (const char* flag : {"--checkpoint-s", "--restart-s", "--failure-gpus", "--mtbf-hours"})
+        if (cmd->count(flag) > 0)
+          throw InputError(std::string(flag) + ": the failure model is for one plan (--mesh), not plan --llama3's table");
       const nlohmann::json t = llama3_table(*a);
       if (a->json)
         std::printf("%s\n", t.dump().c_str());
@@ -210,14 +233,28 @@ void add_plan_command(CLI::App& app) {
     paper_defaults(*a, *cmd, plan.dp());
     const PlanReport r = plan_step(shape_of(model, plan, *a), cluster_model(*a), a->tokens);
     const std::string note = few_micro_batches_note(r);
+    nlohmann::json failures;
+    if (cmd->count("--checkpoint-s") > 0) {
+      FailureModel f{cmd->count("--failure-gpus") > 0 ? a->failure_gpus : double(plan.world_size()),
+                     a->mtbf_hours * 3600, a->checkpoint_s, a->restart_s};
+      if (cmd->count("--mtbf-hours") > 0 && !(a->mtbf_hours > 0))
+        throw InputError("--mtbf-hours must be > 0 (leave it out for Llama 3's rate)");
+      f.validate();
+      failures = f.to_json();
+    } else {
+      for (const char* flag : {"--restart-s", "--failure-gpus", "--mtbf-hours"})
+        if (cmd->count(flag) > 0) throw InputError(std::string(flag) + " belongs to the failure model: add --checkpoint-s");
+    }
     if (a->json) {
       nlohmann::json j = r.to_json();
+      if (!failures.is_null()) j["failure_model"] = failures;
       j["notes"] = note.empty() ? nlohmann::json::array() : nlohmann::json::array({note});
       j["parameters"] = model.num_parameters();
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%s", r.table().c_str());
       if (!note.empty()) std::printf("\nnote: %s.\n", note.c_str());
+      if (!failures.is_null()) print_failure_model(failures);
     }
   });
 }

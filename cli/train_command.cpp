@@ -1,6 +1,7 @@
 // `llama4d train`: trains a Llama on a text file (the shipped corpus by default), on one rank or
 // on a data-parallel mesh of virtual GPUs / MPI ranks. Logs metrics to <out>/metrics.jsonl,
 // evaluates on the held-out split, saves a checkpoint that resumes bitwise on any mesh.
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -19,12 +20,16 @@
 #include "core/data/entropy.h"
 #include "core/error.h"
 #include "core/io/atomic_dir.h"
+#include "core/io/atomic_file.h"
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
 #include "core/ops.h"
 #include "core/parallel/parallel_trainer.h"
 #include "core/parallel/dp_common.h"
+#include "core/parallel/fault_injector.h"
+#include "core/parallel/replica_checksum.h"
 #include "core/train/checkpoint_state.h"
+#include "core/train/goodput.h"
 #include "core/train/trainer.h"
 
 namespace llama4d::cli {
@@ -36,8 +41,9 @@ struct TrainArgs {
   ParallelChoice parallel;
   LaunchOptions launch;
   TrainOptions opt;
-  std::string data, out = "runs/train", resume, init;
-  int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0;
+  std::string data, out = "runs/train", resume, init, faults;
+  int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0, max_restarts = 0;
+  bool check_replicas = false;
   ComputeChoice compute;
   bool json = false, force = false;
 };
@@ -242,11 +248,28 @@ struct TrainerCalls {
   std::function<int64_t()> steps_done;
   std::function<double(int64_t windows)> validation_loss;  // mean
   std::function<void(const std::string& dir)> save;
+  // Fault injection and detection around each step (may be empty): before step `next` runs, and
+  // after it with its stats.
+  std::function<void(int64_t next)> before_step;
+  std::function<void(const StepStats&)> after_step;
+};
+
+// Seconds since `origin`: the clock a supervised run's ledger keeps.
+double seconds_since(std::chrono::steady_clock::time_point origin) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin).count();
+}
+
+// What a supervised run shares with the lead rank's loop: the ledger and its clock.
+struct Supervision {
+  GoodputLedger ledger;
+  std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+  double now() const { return seconds_since(origin); }
 };
 
 // The run itself: steps, metrics, progress, evaluation, checkpoints. `lead` is the rank that
 // writes files and prints; every rank runs the loop (collectives inside the calls).
-nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const TrainerCalls& t, bool lead) {
+nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const TrainerCalls& t, bool lead,
+                          Supervision* sup = nullptr) {
   const int64_t last = a.stop_at > 0 ? std::min(a.stop_at, opt.steps) : opt.steps;
   std::ofstream metrics;
   if (lead) {
@@ -256,8 +279,19 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
   }
   double total_seconds = 0, last_loss = NAN, val_loss = NAN;
   int64_t total_tokens = 0, steps_this_run = 0;
+  GoodputLedger* ledger = lead && sup ? &sup->ledger : nullptr;
+  if (ledger) ledger->loop_started(sup->now());
+  const auto save = [&](const std::string& dir) {
+    const auto t0 = std::chrono::steady_clock::now();
+    t.save(dir);
+    if (ledger) ledger->saved(t.steps_done(), seconds_since(t0), sup->now());
+  };
   while (t.steps_done() < last) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (t.before_step) t.before_step(t.steps_done() + 1);
     const StepStats st = t.step();
+    if (t.after_step) t.after_step(st);
+    if (ledger) ledger->step_done(st.step, seconds_since(t0), sup->now());
     total_seconds += st.seconds;
     total_tokens += st.tokens;
     ++steps_this_run;
@@ -277,11 +311,11 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
                  (long long)last, st.loss, st.lr, st.grad_norm, double(st.tokens) / st.seconds,
                  eval_now ? ("  val_loss " + std::to_string(val_loss)).c_str() : "");
     }
-    if (a.save_every > 0 && st.step % a.save_every == 0 && st.step != last) t.save(a.out + "/checkpoint");
+    if (a.save_every > 0 && st.step % a.save_every == 0 && st.step != last) save(a.out + "/checkpoint");
   }
   if (std::isnan(val_loss) && a.eval_every > 0) val_loss = t.validation_loss(a.eval_windows);
   const std::string ckpt = a.out + "/checkpoint";
-  t.save(ckpt);
+  save(ckpt);
   if (lead && steps_this_run == 0)  // a resumed run that had already finished: no loss to report
     progress("train: the checkpoint had finished all %lld steps, nothing to train (pass --steps with a larger total "
              "to go on); saved %s%s\n",
@@ -324,7 +358,8 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
                            [&](const std::string& dir) {
                              trainer.save_checkpoint(dir);
                              write_tokenizer_files(r, dir);
-                           }};
+                           },
+                           {}, {}};
   nlohmann::json j = train_loop(a, a.opt, calls, true);
   j["unigram_entropy_nats"] = std::isnan(unigram) ? nlohmann::json(nullptr) : nlohmann::json(unigram);
   j["model"] = model_name(a);
@@ -351,51 +386,106 @@ std::vector<RankSetting> rank_settings(const Run& r, const ParallelPlan& plan) {
   for (const auto& [flag, value] : {std::pair{"--out", a.out}, std::pair{"--resume", a.resume}, std::pair{"--init", a.init}})
     s.push_back({flag, value});
   s.push_back({"--stop-at", std::to_string(a.stop_at)});
+  s.push_back({"--check-replicas", a.check_replicas ? "given" : "not given"});  // a collective every step
   return s;
 }
 
+// A supervised run's attempt: the faults to inject (null: none), the ledger, and the checkpoint
+// a restarted attempt resumes (empty: the run's own start).
+struct Attempt {
+  FaultInjector* faults = nullptr;
+  Supervision* sup = nullptr;
+  std::string restart_from;
+};
+
+// A failed parallel run leaves every rank's flight recorder in <out>/flight_recorder.json (the
+// latest failure's) and prints which rank did not enter which collective.
+void write_flight_records(const std::string& out, const std::vector<std::vector<FlightEntry>>& ranks) {
+  const nlohmann::json j = flight_json(ranks);
+  const std::string path = out + "/flight_recorder.json";
+  write_text_file_atomically(path, j.dump(1) + "\n");
+  const std::string diagnosis = j.at("diagnosis").get<std::string>();
+  std::string lines;
+  for (size_t at = 0; at < diagnosis.size();) {
+    const size_t end = std::min(diagnosis.find('\n', at), diagnosis.size());
+    lines += "\n  " + diagnosis.substr(at, end - at);
+    at = end + 1;
+  }
+  progress("train: flight recorder of every rank's last collectives in %s%s\n", path.c_str(),
+           lines.empty() ? "" : (":" + lines).c_str());
+}
+
 template <class T>
-nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data) {
+nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data, const Attempt& at = {}) {
   const TrainArgs& a = r.args;
   // --init: the directory's weights staged in <out>/init-checkpoint, removed after the run.
-  const std::string start = !a.resume.empty() ? a.resume
-                            : !a.init.empty() ? stage_init_checkpoint<T>(r.cfg, a.init, data, a.opt, a.out + "/init-checkpoint")
-                                              : "";
+  const bool staged = at.restart_from.empty() && a.resume.empty() && !a.init.empty();
+  const std::string start = !at.restart_from.empty() ? at.restart_from
+                            : !a.resume.empty()      ? a.resume
+                            : staged ? stage_init_checkpoint<T>(r.cfg, a.init, data, a.opt, a.out + "/init-checkpoint")
+                                     : "";
   const int ranks = plan.world_size();
   const double unigram = unigram_nats(r, data);
   RankLaunch launcher(a.launch);
   launcher.agree_on(rank_settings(r, plan));
+  if (at.faults) launcher.set_fault_hook([f = at.faults](int rank, CommOp op, int64_t seq) { f->on_collective(rank, op, seq); });
   nlohmann::json result;
   std::vector<RankMemory> memory(static_cast<size_t>(ranks));
   std::mutex mu;
   std::string strategy;
-  launcher.run(ranks, [&](ProcessGroup& world) {
-    std::optional<OutputLock> out_lock;
-    if (world.backend() != "virtual" && world.rank() == 0) out_lock.emplace(a.out, "train");
-    Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
-    ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
-    if (!start.empty()) trainer.load_checkpoint(start);
-    const bool lead = world.rank() == 0 && launcher.reporting();
-    if (lead) {
-      progress("train: %s, %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
-               model_name(a).c_str(), (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
-               ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
-      progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
-               (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),
-               (long long)rank_micro_batch_rows(a.opt, plan.dp()));
+  try {
+    launcher.run(ranks, [&](ProcessGroup& world) {
+      std::optional<OutputLock> out_lock;
+      if (world.backend() != "virtual" && world.rank() == 0) out_lock.emplace(a.out, "train");
+      Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
+      ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
+      if (!start.empty()) trainer.load_checkpoint(start);
+      const bool lead = world.rank() == 0 && launcher.reporting();
+      if (lead) {
+        progress("train: %s, %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
+                 model_name(a).c_str(), (long long)r.cfg.num_parameters(), a.model.dtype.c_str(), trainer.describe().c_str(),
+                 ranks, a.launch.backend.c_str(), a.launch.algo.c_str(), a.data.c_str());
+        progress("train: global batch %lld x %lld tokens, %lld rows per rank in micro-batches of %lld\n",
+                 (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)(a.opt.batch_size / plan.dp()),
+                 (long long)rank_micro_batch_rows(a.opt, plan.dp()));
+      }
+      // The rank's weights as bytes, where it holds them whole (not under ZeRO-3's per-unit residency).
+      const auto weights = [&] {
+        return model.param_residency() == Llama<T>::Residency::whole
+                   ? std::span<std::byte>(reinterpret_cast<std::byte*>(model.params()), size_t(model.num_params()) * sizeof(T))
+                   : std::span<std::byte>();
+      };
+      TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
+                         [&](int64_t w) { return trainer.validation_loss(w).mean(); },
+                         [&](const std::string& dir) {
+                           trainer.save_checkpoint(dir);
+                           if (world.rank() == 0) write_tokenizer_files(r, dir);
+                         },
+                         {}, {}};
+      if (at.faults) calls.before_step = [&](int64_t next) { at.faults->before_step(world.rank(), next); };
+      if (at.faults || a.check_replicas)
+        calls.after_step = [&](const StepStats& st) {
+          if (at.faults) at.faults->after_step(world.rank(), st.step, st.seconds, weights(), int(sizeof(T)));
+          if (a.check_replicas) check_replicas_agree(trainer.replica_group(), weights(), st.step);
+        };
+      nlohmann::json j = train_loop(a, a.opt, calls, lead, at.sup);
+      std::lock_guard<std::mutex> lock(mu);
+      memory[size_t(world.rank())] = trainer.strategy().peak_memory();
+      if (world.rank() == 0) result = j, strategy = trainer.describe();
+    });
+  } catch (const Error& e) {
+    // Virtual GPUs only: there this process holds every rank's recorder (MPI processes would
+    // each write their own rank's over the others'). A failure to write it hides nothing.
+    if (dynamic_cast<const InputError*>(&e) == nullptr && a.launch.backend == "virtual") {
+      try {
+        write_flight_records(a.out, launcher.flight_records());
+      } catch (const Error& w) {
+        progress("train: the flight recorder was not written: %s\n", w.what());
+      }
     }
-    const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
-                             [&](int64_t w) { return trainer.validation_loss(w).mean(); },
-                             [&](const std::string& dir) {
-                               trainer.save_checkpoint(dir);
-                               if (world.rank() == 0) write_tokenizer_files(r, dir);
-                             }};
-    nlohmann::json j = train_loop(a, a.opt, calls, lead);
-    std::lock_guard<std::mutex> lock(mu);
-    memory[size_t(world.rank())] = trainer.strategy().peak_memory();
-    if (world.rank() == 0) result = j, strategy = trainer.describe();
-  });
-  if (!a.init.empty()) std::filesystem::remove_all(start);
+    throw;
+  }
+  if (staged) std::filesystem::remove_all(start);
   if (!launcher.reporting()) return {};
   const nlohmann::json mem = memory_json(memory);
   if (!a.json) std::fputs(launcher.summary().c_str(), stderr);
@@ -414,6 +504,92 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   return result;
 }
 
+// Checks the fault-tolerance flags against the run before anything is computed.
+FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan) {
+  if (a.max_restarts < 0)
+    throw InputError("--max-restarts must be >= 0 (0: a failure ends the run), got " + std::to_string(a.max_restarts));
+  const bool parallel = a.parallel.parallel();
+  for (const char* flag : {"--faults", "--max-restarts", "--check-replicas"})
+    if (cmd.count(flag) > 0 && !parallel)
+      throw InputError(std::string(flag) + " applies to the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=2)");
+  if (a.check_replicas && std::string_view(ops::backend_name()) != "cpu")
+    throw InputError("--check-replicas reads the weights in host memory: it runs on --device cpu");
+  if (a.check_replicas && plan.zero == ZeroStage::zero3)
+    throw InputError("--check-replicas compares whole weights, and ZeRO-3 (--zero 3) keeps only a shard of each");
+  if (a.max_restarts > 0 && a.launch.backend != "virtual")
+    throw InputError("--max-restarts restarts the ranks of virtual GPUs (--backend virtual); under mpirun a launcher "
+                     "would relaunch the processes, which this build does not do");
+  if (a.faults.empty()) return {};
+  if (a.launch.backend != "virtual")
+    throw InputError("--faults injects into virtual GPUs only (--backend virtual), not --backend " + a.launch.backend);
+  FaultSchedule s = FaultSchedule::read(a.faults);
+  s.check_fits(plan.world_size(), a.stop_at > 0 ? std::min(a.stop_at, a.opt.steps) : a.opt.steps);
+  for (const Fault& f : s.faults)
+    if (f.kind == FaultKind::sdc && plan.zero == ZeroStage::zero3)
+      throw InputError("--faults: " + f.describe() + ": an sdc fault flips a bit of a rank's whole weights, which ZeRO-3 "
+                       "(--zero 3) does not hold");
+  return s;
+}
+
+// Every parallel run: runs the job and reports its goodput. With `train --max-restarts N`, when
+// it fails (a rank crashed, hung, lost a link, or its weights disagree with its replicas), starts
+// it again from the latest checkpoint this run saved (or from the run's own start), at most N times. The batches of a step are a pure function
+// of the step, so the restarted run trains the same rows and ends on the same bytes.
+template <class T>
+nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDataset& data, const FaultSchedule& faults) {
+  const TrainArgs& a = r.args;
+  // A hung rank sleeps past its peers' timeout (they name it), then stops.
+  FaultInjector injector(faults, std::chrono::milliseconds(int64_t(a.launch.timeout_s) * 1000 + 500));
+  Supervision sup;
+  const std::string ckpt = a.out + "/checkpoint";
+  // Where the next attempt starts: the run's own start, then the latest checkpoint this run saved.
+  // Read from disk, not from the lead rank's view: a save can be complete on disk while the lead
+  // rank, still in its last collective, fails with the rank that crashed right after it. A
+  // checkpoint already in <out> before the run is not this run's unless it changed since.
+  std::string from;
+  int64_t from_step = a.resume.empty() ? 0 : read_training_state(a.resume).steps_done;
+  const auto trainer_state = [&] {
+    std::ifstream in(ckpt + "/" + kTrainerStateFile, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string state_before = trainer_state();
+  for (int64_t attempt = 0;; ++attempt) {
+    sup.ledger.attempt_started(sup.now(), from_step);
+    try {
+      nlohmann::json j = run_parallel<T>(r, plan, data, {faults.empty() ? nullptr : &injector, &sup, from});
+      sup.ledger.attempt_ended(sup.now(), "");
+      if (!j.is_null()) {
+        j["goodput"] = sup.ledger.report();
+        if (!faults.empty()) {
+          j["faults_injected"] = nlohmann::json::array();
+          for (const Fault& f : injector.fired()) j["faults_injected"].push_back(f.describe());
+        }
+      }
+      return j;
+    } catch (const InputError&) {
+      throw;
+    } catch (const Error& e) {
+      if (attempt >= a.max_restarts) {
+        if (a.max_restarts > 0)
+          throw Error("train: gave up after " + std::to_string(a.max_restarts) + " restart" +
+                      (a.max_restarts == 1 ? "" : "s") + ": " + e.what());
+        throw;
+      }
+      const std::string state = trainer_state();
+      if (!state.empty() && state != state_before) {
+        from = ckpt;
+        from_step = read_training_state(ckpt).steps_done;
+      }
+      sup.ledger.attempt_ended(sup.now(), e.what(), from.empty() ? 0 : from_step);
+      progress("train: attempt %lld failed: %s\ntrain: restarting (%lld of %lld) from %s\n", (long long)attempt + 1,
+               e.what(), (long long)attempt + 1, (long long)a.max_restarts,
+               !from.empty() ? (from + " (step " + std::to_string(from_step) + ")").c_str()
+               : a.resume.empty() ? "the start (no checkpoint saved yet)"
+                                  : a.resume.c_str());
+    }
+  }
+}
+
 nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   use_compute(asked.compute);
   Run r = resolve_run(asked, cmd);
@@ -421,6 +597,7 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   const ParallelPlan plan = a.parallel.plan(r.cfg, a.launch.algo);
   plan.check_precision(a.opt.bf16_compute);
   a.launch.validate(a.parallel.parallel());
+  const FaultSchedule faults = check_fault_flags(a, cmd, plan);
   const bool f64 = a.model.fp64();
   check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
                        "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
@@ -440,8 +617,9 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   if (const int stale = remove_stale_staging(a.out + "/checkpoint"))
     std::fprintf(stderr, "removed %d staging director%s left by a killed save in %s\n", stale, stale == 1 ? "y" : "ies",
                  a.out.c_str());
+  // Every parallel run goes through the supervisor (with no restarts unless asked): it reports goodput.
   nlohmann::json result = a.parallel.parallel()
-                              ? (f64 ? run_parallel<double>(r, plan, data) : run_parallel<float>(r, plan, data))
+                              ? (f64 ? supervise<double>(r, plan, data, faults) : supervise<float>(r, plan, data, faults))
                               : (f64 ? run_single<double>(r, plan, data) : run_single<float>(r, plan, data));
   if (!result.is_null()) {  // null: an MPI rank that does not report
     result["device"] = ops::backend_name();
@@ -485,6 +663,15 @@ void add_train_command(CLI::App& app) {
   add_number(*cmd, "--save-every", a->save_every, "also checkpoint every N steps")->capture_default_str();
   add_number(*cmd, "--log-every", a->log_every, "print progress every N steps")->capture_default_str();
   add_compute_options(*cmd, a->compute, "compute threads of this process (default: all cores)");
+  cmd->add_option("--faults", a->faults,
+                  "inject failures from this JSON schedule (kinds crash, hang, slow, collective, sdc; see "
+                  "core/parallel/fault_schedule.h) into the virtual GPUs of the run");
+  add_number(*cmd, "--max-restarts", a->max_restarts,
+             "restart a failed run up to N times from its latest checkpoint (--save-every), without a person")
+      ->capture_default_str();
+  cmd->add_flag("--check-replicas", a->check_replicas,
+                "after every step, compare checksums of the weights data-parallel replicas hold, naming a rank whose "
+                "bits differ (silent data corruption); costs one read of the weights per step");
   cmd->add_flag("--force", a->force, "train even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {

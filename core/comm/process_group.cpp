@@ -259,10 +259,20 @@ std::shared_ptr<Work> ProcessGroup::submit_on(CommStream& stream, CommCall call,
   auto sim_end = std::make_shared<double>(issue_us);
   std::string description = describe(call);
   std::string waited_for = description;  // names the compute lane's wait, if there is one
-  auto task = [run = std::move(run), call = std::move(call), seq, issue_us, sim_end] {
-    *sim_end = run(call, seq, issue_us);
-  };
   RankAccounting* acc = &accounting();
+  int64_t bytes = call.count;
+  for (const int64_t c : call.counts) bytes += c;  // the whole buffer of a reduce_scatter, all_gather, all_to_all
+  const int64_t flight_id = acc->flight.issued(
+      {0, name(), world_ranks(), seq, description, bytes * int64_t(dtype_size(call.dtype)), FlightEntry::State::issued, ""});
+  auto task = [run = std::move(run), call = std::move(call), seq, issue_us, sim_end, acc, flight_id] {
+    try {
+      *sim_end = run(call, seq, issue_us);
+    } catch (const std::exception& e) {
+      acc->flight.failed(flight_id, e.what());
+      throw;
+    }
+    acc->flight.completed(flight_id);
+  };
   return stream.submit(
       std::move(description), std::move(task),
       [acc, sim_end, waited_for] { acc->trace.join_comm(*sim_end, waited_for); }, caller_waits);

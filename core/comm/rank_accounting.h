@@ -1,9 +1,11 @@
 #pragma once
-// Everything the cluster model tracks for one rank: its HBM, its timeline and its traffic.
+// Everything the cluster model tracks for one rank: its HBM, its timeline, its traffic and its
+// flight recorder of the last collectives.
 // Shared by all the groups a rank belongs to (a rank has one memory, whatever group it talks in).
 #include <cstdint>
 
 #include "core/comm/cluster.h"
+#include "core/comm/flight_recorder.h"
 #include "core/comm/trace.h"
 #include "core/comm/traffic_log.h"
 #include "core/tensor/memory_tracker.h"
@@ -16,6 +18,7 @@ struct RankAccounting {
   MemoryTracker memory;
   RankTrace trace;
   TrafficLog traffic;
+  FlightRecorder flight;
 };
 
 }  // namespace llama4d

@@ -51,6 +51,8 @@ class ParallelTrainer {
   const DeviceMesh& mesh() const { return *mesh_; }
   // Pipeline parallelism: this rank's runner (null without pp).
   PipelineRunner<T>* pipeline() { return pipeline_.get(); }
+  // The ranks that hold this rank's weights bit for bit after every step (the dp_cp group).
+  ProcessGroup& replica_group() { return *dp_cp_group_; }
 
   // Collective. Validation windows are split across ranks and their losses summed.
   LossSum validation_loss(int64_t max_windows);

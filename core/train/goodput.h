@@ -1,0 +1,60 @@
+#pragma once
+// Goodput: the share of a run's wall time that trained steps it kept, and where the rest went.
+// A supervised run (`train --max-restarts N`) is a sequence of attempts; each starts (builds the
+// model, reads a checkpoint), trains steps, saves, and either finishes or fails. Of its time:
+//
+//   productive   steps whose result the run kept (in the final weights);
+//   lost work    steps trained after the last checkpoint of an attempt that then failed: the
+//                next attempt trains them again;
+//   checkpoint   stalls writing checkpoints;
+//   startup      the first attempt's start (model, weights, checkpoint read);
+//   restart      every later attempt's start;
+//   detection    from the end of an attempt's last finished step or save until the failure stopped it
+//                (the partial step, the timeout that named the rank);
+//   other        evaluation and the rest of the loop.
+//
+// The lead rank records steps and saves as they happen; the supervisor records attempt starts
+// and ends. Times are wall-clock seconds of this process.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace llama4d {
+
+class GoodputLedger {
+ public:
+  // An attempt began (t seconds since the run started), resuming after `steps_done` steps.
+  void attempt_started(double t, int64_t steps_done);
+  // The attempt's training loop is ready for its first step.
+  void loop_started(double t);
+  // Step `step` took `seconds`, ending at t.
+  void step_done(int64_t step, double seconds, double t);
+  // A checkpoint holding every step up to `step` took `seconds` to write, ending at t.
+  void saved(int64_t step, double seconds, double t);
+  // The attempt ended at t, by `cause` ("" when it finished). `saved_through`: the last step of
+  // a checkpoint found complete on disk after a failure, which the lead rank may not have seen
+  // finish: steps up to it are kept.
+  void attempt_ended(double t, const std::string& cause, int64_t saved_through = 0);
+
+  int attempts() const { return int(attempts_.size()); }
+  // The last step a checkpoint of this run holds (0: none).
+  int64_t last_saved_step() const { return last_saved_; }
+  // {"wall_s", "productive_s", "goodput", "lost_work_s", "lost_steps", "checkpoint_s",
+  //  "startup_s", "restart_s", "detection_s", "other_s", "restarts", "failures": [cause, ...]}
+  nlohmann::json report() const;
+
+ private:
+  struct Attempt {
+    double start = 0, loop = -1, last_progress = -1, end = -1;  // last_progress: a step or save ended
+    std::string cause;
+  };
+  std::vector<Attempt> attempts_;
+  std::map<int64_t, double> unsaved_;  // this attempt's steps after its last save: seconds
+  double productive_ = 0, lost_ = 0, checkpoint_ = 0;
+  int64_t lost_steps_ = 0, last_saved_ = 0;
+};
+
+}  // namespace llama4d

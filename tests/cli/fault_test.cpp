@@ -1,0 +1,197 @@
+// Failures injected into a running `train` on virtual GPUs (--faults), named when detected, and
+// recovered from by the supervisor (--max-restarts) from the latest checkpoint: the recovered
+// run's final checkpoint is byte for byte the one of a run without failures, on DP, ZeRO-3, TP,
+// PP and a 4D plan. Bad schedules exit 2 naming the fault. Every run is `tiny`, 4 steps.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "tests/common/tier.h"
+
+namespace fault_cli {
+
+using namespace llama4d::cli_test;
+
+const std::string kFaultRun = " --preset tiny --seq-len 32 --eval-every 0 --steps 4 --timeout 1";
+
+std::string schedule(const std::string& name, const std::string& faults) {
+  const std::string path = tmp(name) + ".json";
+  std::ofstream(path, std::ios::trunc) << R"({"seed": 11, "faults": [)" << faults << "]}";
+  return path;
+}
+
+TEST(FaultCli, BadSchedulesAndFlagsExitTwoNamingThem) {
+  const std::string out = " --out " + tmp("faults_bad");
+  const std::string dp2 = kFaultRun + " --mesh dp=2" + out;
+  const auto with = [&](const std::string& faults) { return " --faults " + schedule("faults_bad_s", faults); };
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "crash", "rank": 2, "step": 1})")), "rank 2 does not exist");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "hang", "rank": 0, "step": 5})")), "step 5 does not exist");
+  expect_bad_input(run("train" + dp2 + " --stop-at 2" + with(R"({"kind": "crash", "rank": 0, "step": 3})")),
+                   "step 3 does not exist");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "meteor", "rank": 0, "step": 1})")), "\"kind\" \"meteor\"");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "slow", "rank": 0, "step": 1})")), "\"factor\"");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "crash", "rank": 0, "step": 1, "factor": 2})")),
+                   "slow faults only");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "crash", "rank": -1, "step": 1})")), "\"rank\" -1");
+  expect_bad_input(run("train" + dp2 + with(R"({"kind": "crash", "rank": 0, "step": 1, "rank": 1})")), "twice");
+  expect_bad_input(run("train" + dp2 + " --zero 3" + with(R"({"kind": "sdc", "rank": 0, "step": 1})")), "ZeRO-3");
+  expect_bad_input(run("train" + dp2 + " --faults " + tmp("faults_missing") + ".json"), "--faults");
+  expect_bad_input(run("train" + dp2 + " --max-restarts -1"), "--max-restarts");
+  expect_bad_input(run("train --preset tiny --steps 4" + out + with(R"({"kind": "crash", "rank": 0, "step": 1})")),
+                   "--faults applies to the ranks of a parallel --mesh");
+  expect_bad_input(run("train" + dp2 + " --zero 3 --check-replicas"), "--check-replicas");
+  EXPECT_FALSE(fs::exists(tmp("faults_bad") + "/checkpoint")) << "a refused run wrote nothing";
+}
+
+struct Recovery;
+void PrintTo(const Recovery& c, std::ostream* os);
+
+struct Recovery {
+  const char* name;
+  std::string mesh;    // plan flags
+  std::string faults;  // schedule entries
+  std::string named;   // what the failure's cause must say
+  std::string flight;  // how the flight recorder's diagnosis must begin ("": not checked)
+};
+
+void PrintTo(const Recovery& c, std::ostream* os) { *os << c.name; }
+
+class RecoveryCli : public testing::TestWithParam<Recovery> {};
+
+// Straight run and faulted run on the same mesh: the faulted one restarts once from the step-2
+// checkpoint and ends on the same bytes; metrics.jsonl holds each step once.
+TEST_P(RecoveryCli, RecoveredRunIsByteIdenticalToAnUninterruptedOne) {
+  const Recovery& c = GetParam();
+  const std::string straight = tmp(std::string("faults_straight_") + c.name), faulted = tmp(std::string("faults_") + c.name);
+  const Result s = run("train" + kFaultRun + c.mesh + " --out " + straight + " --json");
+  ASSERT_EQ(s.code, 0) << s.err;
+  const Result f = run("train" + kFaultRun + c.mesh + " --save-every 2 --max-restarts 2 --out " + faulted + " --faults " +
+                       schedule(std::string("faults_s_") + c.name, c.faults) + " --json");
+  ASSERT_EQ(f.code, 0) << f.err;
+  const nlohmann::json g = nlohmann::json::parse(f.out).at("goodput");
+  EXPECT_EQ(g.at("restarts").get<int>(), 1) << g.dump();
+  ASSERT_EQ(g.at("failures").size(), 1u) << g.dump();
+  EXPECT_NE(g.at("failures")[0].get<std::string>().find(c.named), std::string::npos) << g.dump();
+  EXPECT_NE(f.err.find("restarting (1 of 2) from " + faulted + "/checkpoint (step 2)"), std::string::npos) << f.err;
+  if (!c.flight.empty()) {
+    const nlohmann::json fr = nlohmann::json::parse(read_file(faulted + "/flight_recorder.json"));
+    EXPECT_EQ(fr.at("diagnosis").get<std::string>().rfind(c.flight, 0), 0u) << fr.at("diagnosis");
+    EXPECT_NE(f.err.find("  " + c.flight), std::string::npos) << "printed too:\n" << f.err;
+  }
+  EXPECT_GT(g.at("goodput").get<double>(), 0.0);
+  EXPECT_LT(g.at("goodput").get<double>(), 1.0);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(straight + "/checkpoint/" + file) == read_file(faulted + "/checkpoint/" + file)) << file;
+  std::ifstream metrics(faulted + "/metrics.jsonl");
+  int64_t expect = 1;
+  for (std::string line; std::getline(metrics, line);)
+    EXPECT_EQ(nlohmann::json::parse(line).at("step").get<int64_t>(), expect++);
+  EXPECT_EQ(expect, 5);
+  fs::remove_all(straight);
+  fs::remove_all(faulted);
+}
+
+const Recovery kRecoveries[] = {
+    {"dp_crash", " --mesh dp=2", R"({"kind": "crash", "rank": 1, "step": 3})", "injected crash on rank 1 at step 3", ""},
+    {"zero3_link", " --mesh dp=2 --zero 3", R"({"kind": "collective", "rank": 0, "step": 3})",
+     "injected collective failure on rank 0 at step 3", ""},
+    {"tp_hang", " --mesh tp=2", R"({"kind": "hang", "rank": 1, "step": 3})", "timeout after 1000 ms: rank 1 of 'tp' (world rank 1) never called",
+     "rank 1 did not enter reduce_scatter(count=8192 per rank, F32, sum) #58 on group 'tp' (its last: #57, completed)"},
+    {"pp_sdc", " --mesh pp=2,dp=3 --batch-size 6 --check-replicas", R"({"kind": "sdc", "rank": 1, "step": 3})",
+     "silent data corruption after step 3: the weights of world rank 1 differ from the other replicas' in dp", ""},
+    {"4d_slow_then_crash", " --mesh tp=2,pp=2,dp=2 --micro-batch-size 2",
+     R"({"kind": "slow", "rank": 6, "step": 1, "factor": 2, "steps": 2}, {"kind": "crash", "rank": 5, "step": 4})",
+     "injected crash on rank 5 at step 4", ""},
+};
+
+// Tiers: the sanitizer presets run the crash on DP (the supervisor's loop); the release preset
+// every strategy and kind.
+LLAMA4D_INSTANTIATE(Faults, RecoveryCli, kRecoveries, full, {{"dp_crash", llama4d::test::Tier::sanitizer}});
+
+TEST(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt) {
+  const std::string out = tmp("faults_give_up");
+  const std::string twice = schedule("faults_twice", R"({"kind": "crash", "rank": 1, "step": 2}, {"kind": "crash", "rank": 0, "step": 3})");
+  const Result none = run("train" + kFaultRun + " --mesh dp=2 --out " + out + " --faults " + twice);
+  EXPECT_EQ(none.code, 1) << none.err;
+  EXPECT_NE(none.err.find("injected crash on rank 1 at step 2"), std::string::npos) << none.err;
+  const Result past = run("train" + kFaultRun + " --mesh dp=2 --max-restarts 1 --out " + out + " --faults " + twice);
+  EXPECT_EQ(past.code, 1) << past.err;
+  EXPECT_NE(past.err.find("gave up after 1 restart: injected crash on rank 0 at step 3"), std::string::npos) << past.err;
+  EXPECT_FALSE(fs::exists(out + "/checkpoint")) << "no step finished was saved: nothing half-written either";
+  // With two replicas a corrupted one cannot be told from the other: both are named.
+  const Result sdc = run("train" + kFaultRun + " --mesh dp=2 --check-replicas --out " + out + " --faults " +
+                         schedule("faults_sdc2", R"({"kind": "sdc", "rank": 0, "step": 1, "element": 5, "bit": 3})"));
+  EXPECT_EQ(sdc.code, 1) << sdc.err;
+  EXPECT_NE(sdc.err.find("after step 1: the weights of world ranks 0, 1 differ from each other"), std::string::npos)
+      << sdc.err;
+  fs::remove_all(out);
+}
+LLAMA4D_TIER(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt, full);
+
+// A small chaos test: seeded random schedules (one to three faults of the kinds that do not wait
+// for a timeout: crash, collective, sdc, slow) on a 4D plan; each run recovers to the bytes of the
+// run without failures, restarting at most once per fault that stops it, and leaves no staging
+// directory.
+TEST(FaultCli, SeededChaosSchedulesOn4dAllRecoverBitwise) {
+  const std::string mesh = " --mesh tp=2,pp=2,dp=2 --micro-batch-size 2 --check-replicas";
+  const std::string straight = tmp("faults_chaos_straight");
+  ASSERT_EQ(run("train" + kFaultRun + mesh + " --out " + straight).code, 0);
+  const std::string model = read_file(straight + "/checkpoint/model.safetensors");
+  std::mt19937 rng(2024);
+  const char* kinds[] = {"crash", "collective", "sdc", "slow"};
+  int total_restarts = 0;
+  for (int s = 0; s < 6; ++s) {
+    std::string faults;
+    int stopping = 0;
+    const int n = 1 + int(rng() % 3);
+    for (int i = 0; i < n; ++i) {
+      const std::string kind = kinds[rng() % 4];
+      const int rank = int(rng() % 8), step = 1 + int(rng() % 4);
+      faults += std::string(i ? ", " : "") + "{\"kind\": \"" + kind + "\", \"rank\": " + std::to_string(rank) +
+                ", \"step\": " + std::to_string(step) + (kind == "slow" ? ", \"factor\": 2" : "") + "}";
+      stopping += kind != "slow";
+    }
+    const std::string out = tmp("faults_chaos_" + std::to_string(s));
+    const Result r = run("train" + kFaultRun + mesh + " --save-every 1 --max-restarts 3 --out " + out + " --json --faults " +
+                         schedule("faults_chaos_s", faults));
+    ASSERT_EQ(r.code, 0) << faults << "\n" << r.err;
+    // Two faults of one step on two ranks may stop one attempt together (which fires first is a race).
+    const int restarts = nlohmann::json::parse(r.out).at("goodput").at("restarts").get<int>();
+    EXPECT_LE(restarts, stopping) << faults;
+    EXPECT_GE(restarts, stopping > 0 ? 1 : 0) << faults;
+    total_restarts += restarts;
+    EXPECT_TRUE(read_file(out + "/checkpoint/model.safetensors") == model) << faults;
+    for (const auto& e : fs::directory_iterator(out))
+      EXPECT_TRUE(e.path().filename() == "checkpoint" || e.path().extension() == ".json" ||
+                  e.path().extension() == ".jsonl")
+          << "left behind: " << e.path() << " (" << faults << ")";
+    fs::remove_all(out);
+  }
+  EXPECT_GE(total_restarts, 6) << "the seed's schedules stop runs";
+  fs::remove_all(straight);
+}
+LLAMA4D_TIER(FaultCli, SeededChaosSchedulesOn4dAllRecoverBitwise, full);
+
+// plan's failure model on the paper's layout: 16,384 GPUs by default from the mesh, 90.37% at
+// 30 s checkpoints and 5 min restarts (worked out by hand in tests/plan/failure_model_test.cpp).
+TEST(FaultCli, PlanReportsTheFailureModelOfItsGpus) {
+  const std::string paper = "plan --preset llama3-405b --mesh tp=8,cp=1,pp=16,dp=128";
+  const Result r = run(paper + " --checkpoint-s 30 --restart-s 300 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json f = nlohmann::json::parse(r.out).at("failure_model");
+  EXPECT_EQ(f.at("gpus").get<double>(), 16384);
+  EXPECT_NEAR(f.at("goodput_at_daly").get<double>(), 0.903701, 1e-6);
+  EXPECT_EQ(f.at("sweep").size(), 13u);
+  expect_bad_input(run(paper + " --restart-s 300"), "add --checkpoint-s");
+  expect_bad_input(run(paper + " --checkpoint-s 0"), "--checkpoint-s must be > 0");
+  expect_bad_input(run(paper + " --checkpoint-s 30 --failure-gpus 0"), "--failure-gpus");
+  expect_bad_input(run(paper + " --checkpoint-s 30 --mtbf-hours 0"), "--mtbf-hours");
+  expect_bad_input(run("plan --llama3 --checkpoint-s 30"), "--checkpoint-s");
+}
+
+}  // namespace fault_cli
