@@ -147,19 +147,25 @@ tests() {
   step test_nccl 120 build/release/tests/nccl/test_nccl
 }
 
+# The flags of a named verify plan.
+plan_args() {
+  case "$1" in
+    dp2) echo "--mesh dp=2" ;;
+    dp4_zero3) echo "--mesh dp=4 --zero 3" ;;
+    tp2) echo "--mesh tp=2" ;;
+    pp2_1f1b) echo "--mesh pp=2 --schedule 1f1b" ;;
+    cp2_allgather) echo "--mesh cp=2" ;;
+    cp2_ring) echo "--mesh cp=2 --cp-algo ring" ;;
+    4d) echo "--mesh tp=2,cp=2,pp=2,dp=2 --zero 1" ;;
+    *) echo "gpu_session: no plan named $1" >&2; return 2 ;;
+  esac
+}
+
 # verify PLANS...: each named plan in fp32 and in bf16.
 verify() {
   for name in "$@"; do
     local args
-    case "$name" in
-      dp2) args="--mesh dp=2" ;;
-      dp4_zero3) args="--mesh dp=4 --zero 3" ;;
-      tp2) args="--mesh tp=2" ;;
-      pp2_1f1b) args="--mesh pp=2 --schedule 1f1b" ;;
-      cp2_allgather) args="--mesh cp=2" ;;
-      cp2_ring) args="--mesh cp=2 --cp-algo ring" ;;
-      4d) args="--mesh tp=2,cp=2,pp=2,dp=2 --zero 1" ;;
-    esac
+    args=$(plan_args "$name")
     for dtype in f32 bf16; do
       # shellcheck disable=SC2086  # args holds several options
       step "verify_${name}_$dtype" 60 "$bin" verify --device cuda $args --dtype "$dtype" --steps 2 --seq-len 64 --json
@@ -247,14 +253,7 @@ kernels() {
   done
   local name args
   for name in dp2 dp4_zero3 tp2 pp2_1f1b cp2_allgather 4d; do
-    case "$name" in
-      dp2) args="--mesh dp=2" ;;
-      dp4_zero3) args="--mesh dp=4 --zero 3" ;;
-      tp2) args="--mesh tp=2" ;;
-      pp2_1f1b) args="--mesh pp=2 --schedule 1f1b" ;;
-      cp2_allgather) args="--mesh cp=2" ;;
-      4d) args="--mesh tp=2,cp=2,pp=2,dp=2 --zero 1" ;;
-    esac
+    args=$(plan_args "$name")
     for mode in exact fast; do
       # shellcheck disable=SC2086  # args holds several options
       step "kernels_verify_${name}_$mode" 30 sh -c "\"\$0\" verify --device cuda --kernels $mode $args --dtype bf16 \
