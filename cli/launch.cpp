@@ -151,7 +151,8 @@ std::vector<RankSetting> job_settings(std::vector<RankSetting> settings, const L
                                    {"--hbm-gib", number(o.hbm_gib)},
                                    {"--gpu-tflops", number(o.gpu_tflops)},
                                    {"--timeout", std::to_string(o.timeout_s)},
-                                   {"--device", ops::backend_name()}});
+                                   {"--device", ops::backend_name()},
+                                   {"--kernels", ops::kernel_mode_name(ops::kernel_mode())}});
   return settings;
 }
 

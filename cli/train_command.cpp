@@ -524,10 +524,15 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
     throw InputError("--faults injects into virtual GPUs only (--backend virtual), not --backend " + a.launch.backend);
   FaultSchedule s = FaultSchedule::read(a.faults);
   s.check_fits(plan.world_size(), a.stop_at > 0 ? std::min(a.stop_at, a.opt.steps) : a.opt.steps);
-  for (const Fault& f : s.faults)
+  const int weight_bits = a.model.fp64() ? 64 : 32;  // bf16 runs keep fp32 master weights
+  for (const Fault& f : s.faults) {
+    if (f.bit >= weight_bits)
+      throw InputError("--faults: " + f.describe() + ": \"bit\" " + std::to_string(f.bit) + " does not exist in a " +
+                       std::to_string(weight_bits) + "-bit weight");
     if (f.kind == FaultKind::sdc && plan.zero == ZeroStage::zero3)
       throw InputError("--faults: " + f.describe() + ": an sdc fault flips a bit of a rank's whole weights, which ZeRO-3 "
                        "(--zero 3) does not hold");
+  }
   return s;
 }
 
@@ -553,6 +558,15 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   const std::string state_before = trainer_state();
+  // --init's staged copy of the directory's weights goes when the supervised run ends, however
+  // it ends: an attempt restarted from <out>/checkpoint no longer reads (or removes) it.
+  struct RemoveStagedInit {
+    std::string dir;
+    ~RemoveStagedInit() {
+      std::error_code ignored;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_staged{!a.init.empty() && a.resume.empty() ? a.out + "/init-checkpoint" : ""};
   for (int64_t attempt = 0;; ++attempt) {
     sup.ledger.attempt_started(sup.now(), from_step);
     try {

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "backends/store/wire.h"
 #include "core/error.h"
 #include "core/parse_number.h"
 
@@ -55,6 +56,12 @@ std::optional<LaunchEnv> launch_env(const GetEnv& get_fn) {
     env.token = "launch " + env.master_addr + ":" + std::to_string(env.master_port) + " world " +
                 std::to_string(env.world_size) + " run " + (run_id ? run_id : "");
   }
+  // The token travels as a key (the hello), under the store's key cap.
+  if (env.token.size() > StoreLimits{}.max_key_bytes)
+    throw InputError(std::string(get("LLAMA4D_STORE_TOKEN") ? "LLAMA4D_STORE_TOKEN" : "the job token from MASTER_ADDR and "
+                                                                                       "TORCHELASTIC_RUN_ID") +
+                     " is " + std::to_string(env.token.size()) + " bytes, over the store's " +
+                     std::to_string(StoreLimits{}.max_key_bytes) + "-byte cap on a key");
   if (const char* lws = get("LOCAL_WORLD_SIZE")) env.local_world_size = parse_int("LOCAL_WORLD_SIZE", lws, 1, env.world_size);
   if (const char* lr = get("LOCAL_RANK"))
     env.local_rank = parse_int("LOCAL_RANK", lr, 0, (env.local_world_size ? *env.local_world_size : env.world_size) - 1);

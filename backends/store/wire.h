@@ -28,8 +28,9 @@ enum class Status : uint8_t { ok = 0, not_found = 1, bad_request = 2, refused = 
 constexpr size_t kRequestHeader = 1 + 4 + 4 + 8;
 constexpr size_t kAnswerHeader = 1 + 8;
 // What the store holds for a job: a NCCL unique id (128 bytes) per communicator, barrier and
-// "done" keys of a few bytes per rank. The caps bound what any client (a stray or hostile one
-// included: the store has no authentication) can make rank 0 hold.
+// "done" keys of a few bytes per rank. The caps bound what any client that presents the job's
+// token can make rank 0 hold (the token keeps out other jobs, and is a secret only when the
+// launcher sets LLAMA4D_STORE_TOKEN: launch_env.h).
 struct StoreLimits {
   uint64_t max_key_bytes = 1024;
   uint64_t max_value_bytes = uint64_t(4) << 20;

@@ -83,6 +83,14 @@ std::string flight_diagnosis(const std::vector<std::vector<FlightEntry>>& ranks)
       const auto it = by_rank.find(m);
       if (size_t(m) >= ranks.size() || (it != by_rank.end() && it->second->seq >= ahead->seq)) continue;
       std::string line = "rank " + std::to_string(m);
+      if (it == by_rank.end() && ranks[size_t(m)].size() >= kFlightRecorderEntries) {
+        // Its last entries are all on other groups: the call may be older than they are.
+        if (!then.empty()) then += "\n";
+        then += line + ": no call on group '" + ahead->group + "' among its last " +
+                std::to_string(ranks[size_t(m)].size()) + " recorded (the others reached " + ahead->call + " #" +
+                std::to_string(ahead->seq) + ")";
+        continue;
+      }
       line += " did not enter " + ahead->call;
       line += " #" + std::to_string(ahead->seq);
       line += " on group '" + ahead->group;

@@ -30,9 +30,12 @@ struct FlightEntry {
   std::string error;           // failed: why
 };
 
+// Entries a rank's recorder keeps by default.
+inline constexpr size_t kFlightRecorderEntries = 32;
+
 class FlightRecorder {
  public:
-  explicit FlightRecorder(size_t capacity = 32) : capacity_(capacity) {}
+  explicit FlightRecorder(size_t capacity = kFlightRecorderEntries) : capacity_(capacity) {}
   // Records a call as issued; returns its id for completed / failed.
   int64_t issued(FlightEntry entry);
   void completed(int64_t id);
@@ -54,7 +57,9 @@ nlohmann::json flight_json(const std::vector<std::vector<FlightEntry>>& ranks);
 // "rank 1 did not enter all_reduce(count=16960, F32, sum) #16 on group 'world' (its last: #15,
 // completed)", one line per lagging member, those blocked in no call first (the cause: hung,
 // crashed or slow outside communication), then those blocked in another group's call (held up
-// by the first); "" when every group's members issued the same calls.
+// by the first); "" when every group's members issued the same calls. A member with no call on
+// the group among a full recorder's entries may have entered it before they were pushed out: it
+// is listed last, as not seen rather than as not entering.
 std::string flight_diagnosis(const std::vector<std::vector<FlightEntry>>& ranks);
 
 }  // namespace llama4d

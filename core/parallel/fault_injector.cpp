@@ -21,8 +21,14 @@ uint64_t splitmix64(uint64_t x) {
 BitFlip sdc_target(const Fault& f, uint64_t seed, size_t index, int64_t count, int bits) {
   const uint64_t draw = splitmix64(seed ^ splitmix64(uint64_t(index) + 1));
   BitFlip b;
-  b.element = f.element >= 0 ? f.element % count : int64_t(draw % uint64_t(count));
-  b.bit = f.bit >= 0 ? f.bit % bits : int(splitmix64(draw) % uint64_t(bits));
+  if (f.element >= count)
+    throw InputError("--faults: " + f.describe() + ": \"element\" " + std::to_string(f.element) + " does not exist: rank " +
+                     std::to_string(f.rank) + " holds " + std::to_string(count) + " weights");
+  if (f.bit >= bits)
+    throw InputError("--faults: " + f.describe() + ": \"bit\" " + std::to_string(f.bit) + " does not exist in a " +
+                     std::to_string(bits) + "-bit weight");
+  b.element = f.element >= 0 ? f.element : int64_t(draw % uint64_t(count));
+  b.bit = f.bit >= 0 ? f.bit : int(splitmix64(draw) % uint64_t(bits));
   return b;
 }
 

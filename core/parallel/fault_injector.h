@@ -30,8 +30,9 @@ class InjectedFault : public Error {
 };
 
 // The element and bit an sdc fault flips in weights of `count` elements of `bits` bits each:
-// the fault's own when given (element modulo count), else drawn from the schedule's seed and
-// the fault's place in the schedule (splitmix64), so a schedule flips the same bit every run.
+// the fault's own when given (InputError naming it when the rank's weights have no such element
+// or bit), else drawn from the schedule's seed and the fault's place in the schedule
+// (splitmix64), so a schedule flips the same bit every run.
 struct BitFlip {
   int64_t element = 0;
   int bit = 0;

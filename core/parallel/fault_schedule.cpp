@@ -125,6 +125,9 @@ void FaultSchedule::check_fits(int ranks, int64_t last_step) const {
     if (f.step > last_step)
       throw InputError(at + ": step " + std::to_string(f.step) + " does not exist: the run trains steps 1.." +
                        std::to_string(last_step));
+    if (f.kind == FaultKind::slow && f.steps > last_step - f.step + 1)
+      throw InputError(at + ": \"steps\" " + std::to_string(f.steps) + " runs past the run's last step " +
+                       std::to_string(last_step));
   }
 }
 

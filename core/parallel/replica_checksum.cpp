@@ -11,10 +11,11 @@ namespace llama4d {
 
 uint64_t replica_checksum(std::span<const std::byte> bytes) {
   uint64_t h = 0x9e3779b97f4a7c15ull ^ uint64_t(bytes.size());
-  const size_t words = bytes.size() / 8;
-  for (size_t i = 0; i <= words; ++i) {
+  const size_t words = bytes.size() / 8, tail = bytes.size() % 8;
+  // Whole words, then the tail (if any) as a zero-padded word.
+  for (size_t i = 0; i < words + (tail > 0); ++i) {
     uint64_t w = 0;
-    std::memcpy(&w, bytes.data() + 8 * i, i < words ? 8 : bytes.size() - 8 * words);
+    std::memcpy(&w, bytes.data() + 8 * i, i < words ? 8 : tail);
     h = (h ^ w) * 0x100000001b3ull;
     h ^= h >> 29;
   }

@@ -245,6 +245,8 @@ TEST(LaunchEnv, TheStoreTokenIsTheLaunchersOrDerivedFromTheLaunch) {
   EXPECT_EQ(launch_env(env_of(vars))->token, "s3cret");
   vars["LLAMA4D_STORE_TOKEN"] = "";
   EXPECT_NE(error_of([&] { launch_env(env_of(vars)); }).find("LLAMA4D_STORE_TOKEN is empty"), std::string::npos);
+  vars["LLAMA4D_STORE_TOKEN"] = std::string(1025, 'x');  // sent as a key: over the store's cap
+  EXPECT_NE(error_of([&] { launch_env(env_of(vars)); }).find("LLAMA4D_STORE_TOKEN is 1025 bytes"), std::string::npos);
 }
 
 TEST(LaunchEnv, ReadsTorchrunsVariables) {

@@ -31,9 +31,10 @@ TEST(FaultSchedule, RoundTripsAndChecksRanksAndSteps) {
   ASSERT_EQ(s.faults.size(), 2u);
   EXPECT_EQ(s.faults[0].describe(), "slow on rank 3 at step 2 (2.5x slower for 3 steps)");
   EXPECT_EQ(FaultSchedule::from_json(s.to_json(), "again").to_json(), s.to_json());
-  EXPECT_NO_THROW(s.check_fits(4, 2));
-  EXPECT_THROW(s.check_fits(3, 2), InputError);  // rank 3 of 3
+  EXPECT_NO_THROW(s.check_fits(4, 4));
+  EXPECT_THROW(s.check_fits(3, 4), InputError);  // rank 3 of 3
   EXPECT_THROW(s.check_fits(4, 1), InputError);  // step 2 of 1
+  EXPECT_THROW(s.check_fits(4, 3), InputError);  // slow for steps 2..4 of 3
   for (const char* bad : {R"({"faults": [{"kind": "crash", "rank": 0}]})", R"({"faults": [{"kind": "crash", "rank": 0, "step": 0}]})",
                           R"({"faults": [{"kind": "crash", "rank": 0, "step": 1.5}]})", R"({"faults": {}})",
                           R"({"faults": [], "rate": 3})", R"({"faults": [{"kind": "slow", "rank": 0, "step": 1, "factor": 1}]})",
@@ -81,6 +82,12 @@ TEST(FaultInjector, SdcFlipsOneSeededBitOfItsRanksWeights) {
   }
   EXPECT_EQ(differing_bits, 1);
   EXPECT_NE(sdc_target(s.faults[0], 10, 0, 1 << 30, 32).element, b.element) << "another seed, another element";
+  // A given element or bit the rank's weights do not have is named, never wrapped around.
+  const FaultSchedule given = parse(R"({"faults": [{"kind": "sdc", "rank": 0, "step": 1, "element": 100, "bit": 40}]})");
+  EXPECT_THROW(sdc_target(given.faults[0], 1, 0, 100, 64), InputError);  // element 100 of 100
+  EXPECT_THROW(sdc_target(given.faults[0], 1, 0, 101, 32), InputError);  // bit 40 of an f32
+  EXPECT_EQ(sdc_target(given.faults[0], 1, 0, 101, 64).element, 100);
+  EXPECT_EQ(sdc_target(given.faults[0], 1, 0, 101, 64).bit, 40);
   const std::vector<float> flipped = w;
   inj.after_step(2, 4, 0, bytes, 4);
   EXPECT_EQ(w, flipped) << "fired once";
@@ -168,6 +175,27 @@ TEST(FlightRecorder, NamesTheRankThatDidNotEnterTheCall) {
   ASSERT_EQ(small.entries().size(), 2u);
   EXPECT_EQ(small.entries()[0].id, 1);
   EXPECT_EQ(small.entries()[1].state, FlightEntry::State::completed);
+}
+
+// A rank whose full recorder holds only other groups' calls may have entered the lagging call
+// before those pushed it out: it is named as not seen, after the ranks seen lagging.
+TEST(FlightRecorder, ARankWhoseRecorderFilledWithOtherCallsIsNotSeenRatherThanBlamed) {
+  const auto entry = [](const std::string& group, std::vector<int> members, int64_t seq) {
+    FlightEntry e;
+    e.group = group, e.members = std::move(members), e.seq = seq, e.call = "all_reduce(count=1, F32, sum)";
+    e.state = FlightEntry::State::completed;
+    return e;
+  };
+  std::vector<std::vector<FlightEntry>> ranks(2);
+  ranks[0].push_back(entry("world", {0, 1}, 7));
+  for (size_t i = 0; i < kFlightRecorderEntries; ++i) ranks[1].push_back(entry("tp", {1}, int64_t(i)));
+  EXPECT_EQ(flight_diagnosis(ranks), "rank 1: no call on group 'world' among its last 32 recorded (the others reached "
+                                     "all_reduce(count=1, F32, sum) #7)");
+  ranks[1].pop_back();  // a recorder with room left kept every call: rank 1 never entered
+  EXPECT_EQ(flight_diagnosis(ranks).rfind("rank 1 did not enter all_reduce(count=1, F32, sum) #7 on group 'world' "
+                                          "(its last: none recorded)", 0),
+            0u)
+      << flight_diagnosis(ranks);
 }
 
 }  // namespace
