@@ -96,6 +96,13 @@ const FourDCase kFourDCases[] = {
      ContextAlgo::allgather, true, false, true},
     {"doc_tp2_cp2_pp2_dp2_ring_selective", "tp=2,cp=2,pp=2,dp=2", ZeroStage::zero3, "selective", Kind::one_f_one_b, 1,
      ContextAlgo::ring, true, true},
+    // More tensor ranks than key/value heads (tiny: 4 query heads over 2 key/value heads, tp = 4):
+    // each pair of tensor ranks holds a copy of one key/value head and sums its gradient, composed
+    // with context parallelism (whose gathered keys and values are the replicated heads') and a
+    // pipeline.
+    {"tp4_cp2_pp2_replicated_kv_zero1", "tp=4,cp=2,pp=2", ZeroStage::zero1, "selective"},
+    {"tp4_cp2_pp2_replicated_kv_ring_no_sp", "tp=4,cp=2,pp=2", ZeroStage::none, "none", Kind::one_f_one_b, 1,
+     ContextAlgo::ring, false},
     // Other orders: data parallelism innermost, and context inside tensor.
     {"order_dp_pp_cp_tp_zero3", "dp=2,pp=2,cp=2,tp=2", ZeroStage::zero3},
     {"order_cp_tp_dp_pp_ring_zero1", "cp=2,tp=2,dp=2,pp=2", ZeroStage::zero1, "none", Kind::one_f_one_b, 1,
