@@ -514,6 +514,9 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
       throw InputError(std::string(flag) + " applies to the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=2)");
   if (a.check_replicas && std::string_view(ops::backend_name()) != "cpu")
     throw InputError("--check-replicas reads the weights in host memory: it runs on --device cpu");
+  if (a.check_replicas && parallel && plan.dp() * plan.size("cp") == 1)
+    throw InputError("--check-replicas compares the data-parallel replicas' weights, and --mesh " + plan.describe_mesh() +
+                     " has one (dp x cp = 1): it would check nothing");
   if (a.check_replicas && plan.zero == ZeroStage::zero3)
     throw InputError("--check-replicas compares whole weights, and ZeRO-3 (--zero 3) keeps only a shard of each");
   if (a.max_restarts > 0 && a.launch.backend != "virtual")

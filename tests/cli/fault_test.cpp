@@ -45,6 +45,7 @@ TEST(FaultCli, BadSchedulesAndFlagsExitTwoNamingThem) {
   expect_bad_input(run("train --preset tiny --steps 4" + out + with(R"({"kind": "crash", "rank": 0, "step": 1})")),
                    "--faults applies to the ranks of a parallel --mesh");
   expect_bad_input(run("train" + dp2 + " --zero 3 --check-replicas"), "--check-replicas");
+  expect_bad_input(run("train --preset tiny --steps 4 --mesh tp=2 --check-replicas" + out), "it would check nothing");
   EXPECT_FALSE(fs::exists(tmp("faults_bad") + "/checkpoint")) << "a refused run wrote nothing";
 }
 
