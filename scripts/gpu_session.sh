@@ -89,12 +89,12 @@ fi
 if [ -z "${REFERENCE_BLAS:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0' && [ -f "$libs/libopenblas.so.0" ]; then
   export REFERENCE_BLAS="$PWD/$libs/libopenblas.so.0"
 fi
-# NCCL, cuBLAS and cuDNN are opened at run time by name. Where the loader does not know them (CUDA's
-# lib64 outside ld.so.conf, NCCL only inside PyTorch's Python packages), their folder goes last
-# on the search path.
+# NCCL, cuBLAS, cuDNN and (for the cuDNN frontend) the shared CUDA runtime are opened at run time
+# by name. Where the loader does not know them (CUDA's lib64 outside ld.so.conf, NCCL only inside
+# PyTorch's Python packages), their folder goes last on the search path.
 python_libs=$(${PYTHON:-python3} -c 'import glob, os, site
 for p in site.getsitepackages(): print("\n".join(glob.glob(os.path.join(p, "nvidia", "*", "lib"))))' 2>/dev/null)
-for lib in libnccl.so.2 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9; do
+for lib in libnccl.so.2 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcudart.so.13; do
   ldconfig -p 2>/dev/null | grep -q "$lib" && continue
   for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib $python_libs; do
     if [ -e "$dir/$lib" ]; then

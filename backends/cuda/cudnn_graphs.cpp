@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -19,6 +20,9 @@
 
 // The frontend's dynamic loading reads every cuDNN call from this handle (cudnn_frontend_shim.h
 // declares it and leaves its definition to the program).
+// It also opens a CUDA runtime of its own (libcudart.so.12 or .13, cudnn_frontend_shim.h) for
+// cudaGetDevice and cudaDeviceGetAttribute; the build's static runtime and that one share the
+// device's primary context, so pointers and cudaStreamPerThread mean the same to both.
 namespace cudnn_frontend {
 void* cudnn_dlhandle = nullptr;
 }
@@ -151,7 +155,14 @@ const Built& cached(const SdpaPlan& p, bool backward) {
   static thread_local std::unordered_map<std::string, Built> graphs;
   const std::string key = sdpa_plan_key(p, backward);
   auto it = graphs.find(key);
-  if (it == graphs.end()) it = graphs.emplace(key, backward ? build_backward(p) : build_forward(p)).first;
+  if (it != graphs.end()) return it->second;
+  try {
+    it = graphs.emplace(key, backward ? build_backward(p) : build_forward(p)).first;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // the frontend's own (a CUDA runtime it could not load)
+    throw Error(std::string("cuDNN frontend, building the attention graph ") + key + ": " + e.what());
+  }
   return it->second;
 }
 
