@@ -28,9 +28,11 @@
 #             backward, sums of squares, the bf16 GEMM's depth chunks); skipped where the
 #             machine has no compute-sanitizer. Last in `all`, on what budget is left
 #     kernels the two kernel modes (--kernels exact|fast, issue 50) within KERNELS_BUDGET seconds
-#             (default 420): the fast mode's tests (tests/cuda CublasLt* and CudaFastKernels*; the
-#             rest of tests/cuda is the exact mode's, in `tests`); on 124m and 1.5b, `bench --profile`
-#             in both modes beside bench/torch_train_step.py (eager); 124m trained 3 steps exact and
+#             (default 420): the fast mode's tests (tests/cuda CublasLt*, CudnnLibrary* and
+#             CudaFastKernels*: cuBLASLt's products and cuDNN's attention against the CPU; the rest
+#             of tests/cuda is the exact mode's, in `tests`); on 124m and 1.5b, `bench --profile`
+#             in both modes beside bench/torch_train_step.py (eager), the attention's share of each
+#             profile in kernels.json's "attention"; 124m trained 3 steps exact and
 #             twice fast (the losses and gradient norms: fast against exact, and fast run to run bit
 #             for bit); `verify` in both modes on dp, ZeRO-3, tp, pp, cp and 4D. kernels.json holds
 #             every figure (scripts/kernel_modes_summary.py)
@@ -87,14 +89,14 @@ fi
 if [ -z "${REFERENCE_BLAS:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0' && [ -f "$libs/libopenblas.so.0" ]; then
   export REFERENCE_BLAS="$PWD/$libs/libopenblas.so.0"
 fi
-# NCCL and cuBLAS are opened at run time by name. Where the loader does not know them (CUDA's
-# lib64 outside ld.so.conf, NCCL only inside PyTorch's Python packages), their folder goes last
-# on the search path.
+# NCCL, cuBLAS, cuDNN and (for the cuDNN frontend) the shared CUDA runtime are opened at run time
+# by name. Where the loader does not know them (CUDA's lib64 outside ld.so.conf, NCCL only inside
+# PyTorch's Python packages), their folder goes last on the search path.
 python_libs=$(${PYTHON:-python3} -c 'import glob, os, site
 for p in site.getsitepackages(): print("\n".join(glob.glob(os.path.join(p, "nvidia", "*", "lib"))))' 2>/dev/null)
-for lib in libnccl.so.2 libcublas.so.13 libcublasLt.so.13; do
+for lib in libnccl.so.2 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcudart.so.13; do
   ldconfig -p 2>/dev/null | grep -q "$lib" && continue
-  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $python_libs; do
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib $python_libs; do
     if [ -e "$dir/$lib" ]; then
       export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir"
       break
@@ -232,7 +234,8 @@ kernels() {
   local k=$out/kernels python=${PYTHON:-python3}
   mkdir -p "$k"
   deadline=$((SECONDS + ${KERNELS_BUDGET:-420}))
-  step kernels_tests_fast 60 build/release/tests/cuda/test_cuda --gtest_filter='CublasLt*:CudaFastKernels*'
+  # CudaFastKernels* includes cuDNN's attention against the CPU within its bounds, repeating bit for bit.
+  step kernels_tests_fast 60 build/release/tests/cuda/test_cuda --gtest_filter='CublasLt*:CudnnLibrary*:CudaFastKernels*'
   OUT="$k" SHAPES="124m 1.5b" CONFIGS_ONLY=1 bench/gpu_benchmark.sh "$bin" > /dev/null || failed=1
   local shape batch seq mode
   for shape in 124m 1.5b; do

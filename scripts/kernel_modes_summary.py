@@ -3,7 +3,8 @@
 
     scripts/kernel_modes_summary.py DIR
 
-DIR holds bench_<shape>_<mode>.json, torch_<shape>.json, train_<run>/metrics.jsonl (runs exact,
+DIR holds bench_<shape>_<mode>.json (whose --profile rows of the attention ops are also reported
+under "attention": cuDNN's in fast mode, the exact kernels' otherwise), torch_<shape>.json, train_<run>/metrics.jsonl (runs exact,
 fast, fast_again) and verify_<plan>_<mode>.json. A file a step did not write is reported as null,
 never guessed. The fast mode's bounds are what this measures: fast against exact is reported as
 the largest relative difference of the loss and of the gradient norm over the steps; fast run to
@@ -31,19 +32,30 @@ def metrics(path):
         return None
 
 
+def attention_ops(bench):
+    """The attention ops' rows of a bench --profile (per step: calls, seconds, FLOP/s), or null."""
+    try:
+        rows = bench["profile"]["by_op"]
+    except (TypeError, KeyError):
+        return None
+    return {r["op"]: {k: r.get(k) for k in ("calls_per_step", "seconds_per_step", "share_of_step", "flops_per_s")}
+            for r in rows if isinstance(r, dict) and str(r.get("op", "")).startswith("attention")}
+
+
 def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
 
 def main():
     d = sys.argv[1]
-    out = {"bench": {}, "torch_eager": {}, "train_124m": {}, "verify": {}}
+    out = {"bench": {}, "attention": {}, "torch_eager": {}, "train_124m": {}, "verify": {}}
     for shape in ("124m", "1.5b"):
         for mode in ("exact", "fast"):
             b = load(os.path.join(d, f"bench_{shape}_{mode}.json"))
             out["bench"][f"{shape}_{mode}"] = None if b is None else {
                 k: b.get(k) for k in ("kernels", "tokens_per_s", "mfu", "peak_gemm_flops_per_s", "peak_memory", "gemm",
                                       "profile")}
+            out["attention"][f"{shape}_{mode}"] = attention_ops(b)
         t = load(os.path.join(d, f"torch_{shape}.json"))
         out["torch_eager"][shape] = t
     runs = {r: metrics(os.path.join(d, f"train_{r}", "metrics.jsonl")) for r in ("exact", "fast", "fast_again")}

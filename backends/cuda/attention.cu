@@ -4,7 +4,8 @@
 // recomputes the probabilities from it. Everything is computed in T, as on the CPU.
 //
 // Calls with bf16 operands (AttentionShape::operands) and a head_dim of 16..128 in 16s run on
-// tensor cores instead (attention_bf16.cu).
+// tensor cores instead (attention_bf16.cu). With --kernels fast, the calls cuDNN can express
+// (cudnn_sdpa_plan.h's sdpa_refusal) run on cuDNN's fused attention (cudnn_attention.cu).
 //
 // Design: one warp per row, no atomics, deterministic.
 // - A row is a query row (b, h, i) in the forward and in dq, or a key row (b, g, j) of KV head g
@@ -30,6 +31,9 @@
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cudnn_attention.cuh"
+#include "backends/cuda/cudnn_sdpa_plan.h"
+#include "backends/cuda/lt_gemm.cuh"
 #include "core/error.h"
 
 namespace llama4d::cuda {
@@ -305,7 +309,9 @@ void with_slots(int64_t hd, F&& launch) {
 
 }  // namespace
 
-UnitCalls attention_unit_calls() { return {attention_calls.tensor_cores.load(), attention_calls.cuda_cores.load()}; }
+UnitCalls attention_unit_calls() {
+  return {attention_calls.tensor_cores.load(), attention_calls.cuda_cores.load(), attention_calls.library.load()};
+}
 
 // The shape was checked by the forwarder (core/ops.h check_attention_shape).
 template <class T>
@@ -318,6 +324,11 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const Geometry G = geometry(s, q_doc, k_doc);
   const T scale = softmax_scale<T>(s.hd);
   if constexpr (std::is_same_v<T, float>) {
+    if (kernel_mode() == ops::KernelMode::fast && sdpa_refusal(s).empty()) {  // cuDNN (cudnn_attention.cu)
+      ++attention_calls.library;
+      cudnn_attention_forward(out, lse, q, k, v, s);
+      return;
+    }
     if (s.operands == GemmOperands::bf16 && attention_bf16_fits(s.hd)) {  // tensor cores (attention_bf16.cu)
       ++attention_calls.tensor_cores;
       launch_attention_forward_bf16(out, lse, q, k, v, G, scale);
@@ -343,6 +354,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const DeviceIds k_doc(s.k_doc, s.B * s.Tk, "attention_backward: k_doc");
   const Geometry G = geometry(s, q_doc, k_doc);
   const T scale = softmax_scale<T>(s.hd);
+  if constexpr (std::is_same_v<T, float>) {
+    if (kernel_mode() == ops::KernelMode::fast && sdpa_refusal(s).empty()) {  // cuDNN (cudnn_attention.cu)
+      ++attention_calls.library;
+      cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+      return;
+    }
+  }
   const StreamScratch<T> D(rows, "attention_backward: D");  // [B, nh, Tq]
   if constexpr (std::is_same_v<T, float>) {
     if (s.operands == GemmOperands::bf16 && attention_bf16_fits(s.hd)) {  // tensor cores (attention_bf16.cu)

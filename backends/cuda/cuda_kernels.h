@@ -15,10 +15,11 @@ namespace llama4d::cuda {
 // by the units they ran on, since the process started. bf16 operands go to the tensor cores on a
 // GPU that has bf16 ones (sm_80 and later; attention also needs the shared memory its head
 // dimension takes), everything else to CUDA cores. Both give right answers, so tests read these
-// to see which ran. With --kernels fast every product goes to cuBLASLt instead (`library`).
+// to see which ran. With --kernels fast every product goes to cuBLASLt instead, and every
+// attention call cuDNN can express (cudnn_sdpa_plan.h's sdpa_refusal) to cuDNN (`library`).
 struct UnitCalls {
   int64_t tensor_cores = 0, cuda_cores = 0;
-  int64_t library = 0;  // cuBLASLt (--kernels fast; lt_gemm.cu)
+  int64_t library = 0;  // cuBLASLt or cuDNN (--kernels fast; lt_gemm.cu, cudnn_attention.cu)
 };
 UnitCalls gemm_unit_calls();
 UnitCalls attention_unit_calls();

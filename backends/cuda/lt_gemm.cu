@@ -12,6 +12,7 @@
 
 #include "backends/cuda/cublaslt_library.h"
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cudnn_attention.cuh"
 #include "backends/cuda/lt_gemm_plan.h"
 #include "core/error.h"
 
@@ -68,7 +69,10 @@ struct Descriptors {
 }  // namespace
 
 void set_kernel_mode(ops::KernelMode m) {
-  if (m == ops::KernelMode::fast) std::call_once(opened, [] { lt = open_cublaslt(kCublasLtCandidates); });
+  if (m == ops::KernelMode::fast) {
+    std::call_once(opened, [] { lt = open_cublaslt(kCublasLtCandidates); });
+    open_cudnn_attention();  // the fast attention's library (cudnn_attention.cuh)
+  }
   mode.store(m);
 }
 ops::KernelMode kernel_mode() { return mode.load(); }

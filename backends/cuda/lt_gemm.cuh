@@ -16,8 +16,8 @@
 
 namespace llama4d::cuda {
 
-// ComputeBackend::set_kernel_mode and kernel_mode. Fast opens cuBLASLt (cublaslt_library.h) the
-// first time: InputError naming it when it cannot be used here.
+// ComputeBackend::set_kernel_mode and kernel_mode. Fast opens cuBLASLt (cublaslt_library.h) and
+// cuDNN (cudnn_attention.cuh) the first time: InputError naming the one that cannot be used here.
 void set_kernel_mode(ops::KernelMode mode);
 ops::KernelMode kernel_mode();
 
