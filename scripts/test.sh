@@ -23,7 +23,11 @@ if [ "${LLAMA4D_TRANSFORMERS:-0}" = 1 ]; then
 fi
 for preset in "${presets[@]}"; do
   echo "=== $preset: build"
-  scripts/build.sh "$preset" -DLLAMA4D_TEST_PYTHON="$python" -DLLAMA4D_TEST_TRANSFORMERS_PYTHON="$transformers"
+  # cuDNN attention on (CMake keeps a cached OFF from scripts/main.sh otherwise); only the
+  # release preset builds CUDA, so the others leave the option unused.
+  cuda=()
+  [ "$preset" = release ] && cuda=(-DLLAMA4D_CUDNN=ON)
+  scripts/build.sh "$preset" -DLLAMA4D_TEST_PYTHON="$python" -DLLAMA4D_TEST_TRANSFORMERS_PYTHON="$transformers" "${cuda[@]}"
   echo "=== $preset: test"
   ctest --preset "$preset" -j "$jobs"
 done
