@@ -115,6 +115,51 @@ const std::vector<T>& TrainingStateImage<T>::tensor(const std::string& file, con
 }
 
 template <class T>
+StateShard<T> TrainingStateImage<T>::written_by(int rank, bool with_data) const {
+  StateShard<T> shard;
+  for (const auto& [key, t] : tensors_)
+    for (size_t i = 0; i < t.writer.size();) {
+      if (t.writer[i] != rank) {
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      while (j < t.writer.size() && t.writer[j] == rank) ++j;
+      shard.runs.push_back({key, int64_t(i), int64_t(j - i)});
+      if (with_data) shard.data.insert(shard.data.end(), t.data.begin() + int64_t(i), t.data.begin() + int64_t(j));
+      i = j;
+    }
+  if (!with_data) {
+    int64_t n = 0;
+    for (const auto& r : shard.runs) n += r.count;
+    shard.data.resize(size_t(n));
+  }
+  return shard;
+}
+
+template <class T>
+void TrainingStateImage<T>::put(int rank, const StateShard<T>& shard) {
+  if (!created_) throw Error("training state image: put() before create()");
+  size_t at = 0;
+  for (const auto& r : shard.runs) {
+    Tensor& t = find(r.key);
+    if (r.begin < 0 || r.count < 0 || size_t(r.begin + r.count) > t.data.size() || at + size_t(r.count) > shard.data.size())
+      throw InputError("training state image: a shard's run [" + std::to_string(r.begin) + ", " +
+                       std::to_string(r.begin + r.count) + ") lies outside tensor '" + r.key + "'");
+    for (int64_t i = 0; i < r.count; ++i) {
+      t.data[size_t(r.begin + i)] = shard.data[at + size_t(i)];
+      t.writer[size_t(r.begin + i)] = rank;
+    }
+    at += size_t(r.count);
+  }
+}
+
+template <class T>
+void TrainingStateImage<T>::release() {
+  tensors_.clear();
+}
+
+template <class T>
 StateMoves TrainingStateImage<T>::moves() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return moves_;
@@ -127,6 +172,8 @@ int64_t TrainingStateImage<T>::bytes() const {
   return n;
 }
 
+template struct StateShard<float>;
+template struct StateShard<double>;
 template class TrainingStateImage<float>;
 template class TrainingStateImage<double>;
 

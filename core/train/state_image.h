@@ -38,6 +38,18 @@ struct StateMoves {
   int64_t total_read() const;
 };
 
+// Runs of elements of an image, back to back in `data`: what one rank wrote (its shard of the
+// state), to keep or to send to another rank and put back later.
+template <class T>
+struct StateShard {
+  struct Run {
+    std::string key;  // file + "/" + tensor name, as the image keys it
+    int64_t begin = 0, count = 0;
+  };
+  std::vector<Run> runs;
+  std::vector<T> data;  // sum of the runs' counts
+};
+
 template <class T>
 class TrainingStateImage {
  public:
@@ -66,6 +78,13 @@ class TrainingStateImage {
 
   // The whole tensor stored under file/name (for tests and tools). InputError if absent.
   const std::vector<T>& tensor(const std::string& file, const std::string& name) const;
+  // The elements `rank` wrote, in key and element order; with_data false: the runs only (to
+  // receive a shard whose layout is known into them).
+  StateShard<T> written_by(int rank, bool with_data = true) const;
+  // Puts a shard back, recorded as written by `rank`. InputError if a run lies outside its tensor.
+  void put(int rank, const StateShard<T>& shard);
+  // Drops the tensors (keeps config, steps and options): the memory of an image no longer needed.
+  void release();
   StateMoves moves() const;
   // Bytes of tensor data held.
   int64_t bytes() const;
