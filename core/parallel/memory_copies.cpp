@@ -1,5 +1,7 @@
 #include "core/parallel/memory_copies.h"
 
+#include <algorithm>
+
 #include "core/comm/traffic_labels.h"
 #include "core/error.h"
 
@@ -26,30 +28,63 @@ void MemoryCopies<T>::take(ParallelTrainer<T>& trainer, ProcessGroup& world) {
                 std::to_string(world.size()));
   trainer.save_state(scratch_);  // collective: every rank has written its shard on return
   const int r = world.rank();
-  StateShard<T> mine = scratch_.written_by(r);
-  StateShard<T> theirs = scratch_.written_by(previous(r), /*with_data=*/false);
+  Copy c;
+  c.steps_done = scratch_.steps_done();
+  c.optimizer_steps = scratch_.optimizer_steps();
+  c.cfg = scratch_.config();
+  c.options = scratch_.options();
+  c.own = scratch_.written_by(r);
+  c.partners = scratch_.written_by(previous(r), /*with_data=*/false);
   // Sends are buffered (they never wait for the receiver), so send-then-recv cannot deadlock.
   const SendOptions so{.label = std::string(label::kInMemoryCopy)};
   const RecvOptions ro{.label = std::string(label::kInMemoryCopy)};
-  if (!mine.data.empty()) world.send(mine.data.data(), int64_t(mine.data.size()), dtype_of<T>(), partner(r), so)->wait();
-  if (!theirs.data.empty())
-    world.recv(theirs.data.data(), int64_t(theirs.data.size()), dtype_of<T>(), previous(r), ro)->wait();
-  // Nobody reads the laid-out copy past this point: rank 0 records its steps and frees it.
+  if (!c.own.data.empty()) world.send(c.own.data.data(), int64_t(c.own.data.size()), dtype_of<T>(), partner(r), so)->wait();
+  if (!c.partners.data.empty())
+    world.recv(c.partners.data.data(), int64_t(c.partners.data.size()), dtype_of<T>(), previous(r), ro)->wait();
+  // Kept before the closing collective: a peer may fail the job while this rank waits in it.
+  Holder& h = holders_[size_t(r)];
+  h.previous = std::move(h.newest);
+  h.newest = std::move(c);
+  h.alive = true;
+  if (r == 0) last_taken_ = h.newest.steps_done;
+  // Once every rank arrived nobody reads the laid-out copy any more: rank 0 frees it.
   int32_t done = 1;
   AllReduceOptions b{.label = std::string(label::kInMemoryCopyTaken)};
   world.all_reduce(&done, 1, DType::i32, ReduceOp::min, b)->wait();
-  if (r == 0) {
-    cfg_ = scratch_.config();
-    steps_done_ = scratch_.steps_done();
-    optimizer_steps_ = scratch_.optimizer_steps();
-    options_ = scratch_.options();
-    taken_ = true;
-    scratch_.release();
+  if (r == 0) scratch_.release();
+}
+
+template <class T>
+const typename MemoryCopies<T>::Copy* MemoryCopies<T>::copy_at(int holder, int64_t steps) const {
+  const Holder& h = holders_[size_t(holder)];
+  if (!h.alive) return nullptr;
+  if (h.newest.steps_done == steps) return &h.newest;
+  if (h.previous.steps_done == steps) return &h.previous;
+  return nullptr;
+}
+
+template <class T>
+const StateShard<T>* MemoryCopies<T>::shard(int r, int64_t steps) const {
+  if (const Copy* c = copy_at(r, steps)) return &c->own;
+  if (const Copy* c = copy_at(partner(r), steps)) return &c->partners;
+  return nullptr;
+}
+
+template <class T>
+int64_t MemoryCopies<T>::step() const {
+  // Candidates: every generation a living holder has, newest first.
+  std::vector<int64_t> steps;
+  for (const Holder& h : holders_)
+    if (h.alive)
+      for (int64_t s : {h.newest.steps_done, h.previous.steps_done})
+        if (s >= 0) steps.push_back(s);
+  std::sort(steps.rbegin(), steps.rend());
+  for (int64_t s : steps) {
+    bool whole = true;
+    for (int r = 0; r < ranks_ && whole; ++r) whole = shard(r, s) != nullptr;
+    if (whole) return s;
   }
-  Holder& h = holders_[size_t(r)];  // only this rank's thread touches its holder
-  h.own = std::move(mine);
-  h.partners = std::move(theirs);
-  h.alive = true;
+  return 0;
 }
 
 template <class T>
@@ -67,33 +102,36 @@ void MemoryCopies<T>::lose_node(int node) {
 
 template <class T>
 std::string MemoryCopies<T>::why_unrecoverable() const {
-  if (!taken_) return "no in-memory copy has been taken yet";
-  for (int r = 0; r < ranks_; ++r) {
-    const int p = partner(r);
-    if (!holders_[size_t(r)].alive && !holders_[size_t(p)].alive)
-      return "the in-memory copy of rank " + std::to_string(r) + "'s shard (step " + std::to_string(steps_done_) +
+  const int64_t newest = last_taken_;
+  if (newest < 0) return "no in-memory copy has been taken yet";
+  if (step() > 0) return "";
+  for (int r = 0; r < ranks_; ++r)
+    if (!shard(r, newest)) {
+      const int p = partner(r);
+      return "the in-memory copy of rank " + std::to_string(r) + "'s shard (step " + std::to_string(newest) +
              ") is lost: it was held by rank " + std::to_string(r) + " (node " + std::to_string(node_of(r)) +
              ") and its partner rank " + std::to_string(p) + " (node " + std::to_string(node_of(p)) +
              "), and both failed";
-  }
-  return "";
+    }
+  return "no in-memory copy is whole";  // unreachable: a copy with every shard held is whole
 }
 
 template <class T>
 void MemoryCopies<T>::restore_into(TrainingStateImage<T>& image) const {
-  const std::string why = why_unrecoverable();
-  if (!why.empty()) throw Error("cannot restore from memory: " + why);
-  image.create(cfg_, optimizer_steps_, steps_done_, options_);
-  for (int r = 0; r < ranks_; ++r) {
-    const Holder& own = holders_[size_t(r)];
-    image.put(r, own.alive ? own.own : holders_[size_t(partner(r))].partners);
-  }
+  const int64_t s = step();
+  if (s <= 0) throw Error("cannot restore from memory: " + why_unrecoverable());
+  const Copy* meta = nullptr;
+  for (int h = 0; h < ranks_ && !meta; ++h) meta = copy_at(h, s);
+  image.create(meta->cfg, meta->optimizer_steps, s, meta->options);
+  for (int r = 0; r < ranks_; ++r) image.put(r, *shard(r, s));
 }
 
 template <class T>
 int64_t MemoryCopies<T>::bytes_held(int rank) const {
   const Holder& h = holders_.at(size_t(rank));
-  return int64_t((h.own.data.size() + h.partners.data.size()) * sizeof(T));
+  size_t n = 0;
+  for (const Copy* c : {&h.newest, &h.previous}) n += c->own.data.size() + c->partners.data.size();
+  return int64_t(n * sizeof(T));
 }
 
 template class MemoryCopies<float>;

@@ -12,8 +12,9 @@
 // node's shards, whose owners are alive. Losing two neighbouring nodes loses the first one's
 // shards; recovery then needs the disk, and why_unrecoverable() says which shard and holders.
 //
-// Memory per rank: its shard plus its partner's, about 2 x (3 x params x sizeof(T)) / ranks
-// for a ZeRO plan (a replicated DP plan's shards are the same size, 1/dp of the buffer each).
+// Memory per rank: its shard plus its partner's, in two generations (the newest copy and the one
+// before), about 4 x (3 x params x sizeof(T)) / ranks (every plan's shards are 1/ranks of the
+// state on average: each element is written by one rank).
 // Traffic per copy: each rank sends its shard once (3 x params x sizeof(T) / ranks for ZeRO).
 //
 // Holders live in this process (virtual GPUs), outside any attempt of the supervised run, the
@@ -44,39 +45,45 @@ class MemoryCopies {
   bool due(int64_t step) const { return step % every_ == 0; }
 
   // Collective over `world` (trainer's, of size ranks()): every rank's shard kept and sent to its
-  // partner. Replaces the previous copy on every holder.
+  // partner. A holder keeps the two latest copies it received: a failure in the middle of a take
+  // (some holders have the new copy, some only the previous one) still leaves a whole copy.
   void take(ParallelTrainer<T>& trainer, ProcessGroup& world);
-  // The steps done that the copies hold (0: none taken yet).
-  int64_t step() const { return steps_done_; }
-  bool empty() const { return !taken_; }
-  // The memory of these ranks is gone: what they held (own shard and partner's copy).
+  // The steps done of the newest copy that every shard still has a living holder of (0: none).
+  int64_t step() const;
+  // The memory of these ranks is gone: what they held (own shards and partners' copies).
   void lose(const std::vector<int>& ranks);
   void lose_node(int node);
-  // "" when every shard of the last copy has a living holder; otherwise which shard is lost and
-  // on which two ranks it was.
+  // "" when some copy is whole among the living holders; otherwise which shard of the newest
+  // copy is lost and on which two ranks it was.
   std::string why_unrecoverable() const;
-  // Assembles the last copy from the living holders into `image` (then ParallelTrainer::
-  // load_state). Error if unrecoverable or empty.
+  // Assembles the newest whole copy into `image` (then ParallelTrainer::load_state). Error if
+  // there is none.
   void restore_into(TrainingStateImage<T>& image) const;
-  // Bytes this rank holds now (own shard + partner's copy).
+  // Bytes this rank holds now (own shards and partners' copies, both generations).
   int64_t bytes_held(int rank) const;
 
  private:
-  struct Holder {
-    bool alive = false;
+  struct Copy {
+    int64_t steps_done = -1;  // -1: none
+    int64_t optimizer_steps = 0;
+    LlamaConfig cfg;
+    TrainOptions options;
     StateShard<T> own, partners;  // partners: the shard of the rank whose partner this rank is
   };
+  struct Holder {
+    bool alive = false;
+    Copy newest, previous;
+  };
   int previous(int rank) const { return (rank - gpus_per_node_ + ranks_) % ranks_; }
+  // Rank r's shard of the copy after `steps` steps from a living holder, or null.
+  const StateShard<T>* shard(int r, int64_t steps) const;
+  const Copy* copy_at(int holder, int64_t steps) const;
+  int64_t last_taken_ = -1;  // steps done of the newest copy taken (written by rank 0's thread)
 
   int ranks_, gpus_per_node_;
   int64_t every_;
-  TrainingStateImage<T> scratch_;  // where take() lays a copy out; released when done
-  // What trainer_state.json would say of the last copy: every rank knows it, so it is not lost.
-  bool taken_ = false;
-  LlamaConfig cfg_;
-  int64_t steps_done_ = 0, optimizer_steps_ = 0;
-  TrainOptions options_;
-  std::vector<Holder> holders_;
+  TrainingStateImage<T> scratch_;  // where take() lays a copy out
+  std::vector<Holder> holders_;    // each touched by its own rank's thread during take()
 };
 
 extern template class MemoryCopies<float>;

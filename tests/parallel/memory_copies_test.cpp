@@ -125,9 +125,11 @@ TEST(MemoryCopies, BothHoldersLostIsNamed) {
   const ParallelPlan plan = copies_plan("dp=6", ZeroStage::zero1);  // 3 nodes of 2
   MemoryCopies<float> copies(6, kGpusPerNode, 1);
   EXPECT_EQ(copies.why_unrecoverable(), "no in-memory copy has been taken yet");
+  EXPECT_EQ(copies.step(), 0);
   run_attempt(plan, test::options(1, 2), &copies, nullptr, 1, "");
   copies.lose_node(1);
   EXPECT_EQ(copies.why_unrecoverable(), "");
+  EXPECT_EQ(copies.step(), 1);
   copies.lose_node(0);
   EXPECT_EQ(copies.why_unrecoverable(),
             "the in-memory copy of rank 0's shard (step 1) is lost: it was held by rank 0 (node 0) and its partner "
