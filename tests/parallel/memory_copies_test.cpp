@@ -48,42 +48,50 @@ void run_attempt(const ParallelPlan& plan, const TrainOptions& opt, MemoryCopies
   });
 }
 
-// dp, ZeRO-3, tp, pp and one 4D plan on 2 GPUs per node: copies every 2 steps, the job fails
-// after step 3, loses one node (every node in turn), restarts from the partners' copies of step 2
-// (no disk) and replays step 3 and 4. Its final checkpoint is byte for byte the uninterrupted one.
-TEST(MemoryCopies, RecoveryFromMemoryEqualsAnUninterruptedRun) {
+// Copies every 2 steps, 2 GPUs per node; the job fails after step 3, loses one node, restarts
+// from the partners' copies of step 2 (no disk) and replays steps 3 and 4. Its final checkpoint
+// is byte for byte the uninterrupted one.
+void expect_recovery_from_memory_is_bitwise(const ParallelPlan& plan, const std::vector<int>& lost_nodes) {
+  SCOPED_TRACE(plan.to_json().dump());
   const TrainOptions opt = test::options(4, 2);
   const std::string root = testing::TempDir() + "/llama4d_memory_copies";
-  for (const ParallelPlan& plan :
-       {copies_plan("dp=4"), copies_plan("dp=4", ZeroStage::zero3), copies_plan("tp=2,dp=2", ZeroStage::zero1),
-        copies_plan("pp=2,dp=2"), copies_plan("dp=2,tp=2,pp=2,cp=2", ZeroStage::zero1)}) {
-    SCOPED_TRACE(plan.to_json().dump());
-    std::filesystem::remove_all(root);
-    run_attempt(plan, opt, nullptr, nullptr, 0, root + "/straight");
-    const std::string straight_model = copies_file_bytes(root + "/straight/model.safetensors");
-    const std::string straight_moments = copies_file_bytes(root + "/straight/optimizer.safetensors");
-    const std::string straight_state = copies_file_bytes(root + "/straight/" + std::string(kTrainerStateFile));
-    const int nodes = plan.world_size() / kGpusPerNode;
-    // Every node of the smallest plan; the last node of the others (any node is symmetric there).
-    for (int lost = plan.world_size() == 4 ? 0 : nodes - 1; lost < nodes; ++lost) {
-      SCOPED_TRACE("node " + std::to_string(lost) + " lost");
-      MemoryCopies<float> copies(plan.world_size(), kGpusPerNode, 2);
-      run_attempt(plan, opt, &copies, nullptr, 3, "");
-      EXPECT_EQ(copies.step(), 2);
-      copies.lose_node(lost);
-      ASSERT_EQ(copies.why_unrecoverable(), "");
-      TrainingStateImage<float> image;
-      copies.restore_into(image);
-      const std::string dir = root + "/recovered" + std::to_string(lost);
-      run_attempt(plan, opt, &copies, &image, 0, dir);
-      EXPECT_TRUE(copies_file_bytes(dir + "/model.safetensors") == straight_model);
-      EXPECT_TRUE(copies_file_bytes(dir + "/optimizer.safetensors") == straight_moments);
-      EXPECT_TRUE(copies_file_bytes(dir + "/" + std::string(kTrainerStateFile)) == straight_state);
-    }
+  std::filesystem::remove_all(root);
+  run_attempt(plan, opt, nullptr, nullptr, 0, root + "/straight");
+  const std::string straight_model = copies_file_bytes(root + "/straight/model.safetensors");
+  const std::string straight_moments = copies_file_bytes(root + "/straight/optimizer.safetensors");
+  const std::string straight_state = copies_file_bytes(root + "/straight/" + std::string(kTrainerStateFile));
+  for (int lost : lost_nodes) {
+    SCOPED_TRACE("node " + std::to_string(lost) + " lost");
+    MemoryCopies<float> copies(plan.world_size(), kGpusPerNode, 2);
+    run_attempt(plan, opt, &copies, nullptr, 3, "");
+    EXPECT_EQ(copies.step(), 2);
+    copies.lose_node(lost);
+    ASSERT_EQ(copies.why_unrecoverable(), "");
+    TrainingStateImage<float> image;
+    copies.restore_into(image);
+    const std::string dir = root + "/recovered" + std::to_string(lost);
+    run_attempt(plan, opt, &copies, &image, 0, dir);
+    EXPECT_TRUE(copies_file_bytes(dir + "/model.safetensors") == straight_model);
+    EXPECT_TRUE(copies_file_bytes(dir + "/optimizer.safetensors") == straight_moments);
+    EXPECT_TRUE(copies_file_bytes(dir + "/" + std::string(kTrainerStateFile)) == straight_state);
   }
   std::filesystem::remove_all(root);
 }
+
+// ZeRO-3 on dp=4 (2 nodes), each node lost in turn.
+TEST(MemoryCopies, RecoveryFromMemoryEqualsAnUninterruptedRun) {
+  expect_recovery_from_memory_is_bitwise(copies_plan("dp=4", ZeroStage::zero3), {0, 1});
+}
 LLAMA4D_TIER(MemoryCopies, RecoveryFromMemoryEqualsAnUninterruptedRun, quick);
+
+// DP, TP, PP and a 4D plan on 16 ranks (8 nodes): the same, losing the last node.
+TEST(MemoryCopies, RecoveryFromMemoryEqualsAnUninterruptedRunOnEveryStrategy) {
+  for (const ParallelPlan& plan : {copies_plan("dp=4"), copies_plan("tp=2,dp=2", ZeroStage::zero1),
+                                   copies_plan("pp=2,dp=2"), copies_plan("dp=2,tp=2,pp=2,cp=2", ZeroStage::zero1)})
+    expect_recovery_from_memory_is_bitwise(plan, {plan.world_size() / kGpusPerNode - 1});
+}
+// Every strategy and a 16-rank 4D plan: seconds; the quick case covers the mechanism.
+LLAMA4D_TIER(MemoryCopies, RecoveryFromMemoryEqualsAnUninterruptedRunOnEveryStrategy, full);
 
 // Each rank sends its shard once, by send/recv labelled "in-memory copy", to the same GPU of the
 // next node; the shards of all ranks together are the whole state once: 3 N floats (weights and
