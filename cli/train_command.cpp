@@ -29,6 +29,7 @@
 #include "core/parallel/fault_injector.h"
 #include "core/parallel/replica_checksum.h"
 #include "core/train/checkpoint_state.h"
+#include "core/parallel/memory_copies.h"
 #include "core/train/goodput.h"
 #include "core/train/trainer.h"
 
@@ -43,6 +44,7 @@ struct TrainArgs {
   TrainOptions opt;
   std::string data, out = "runs/train", resume, init, faults;
   int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0, max_restarts = 0;
+  int64_t memory_copy_every = 0;  // 0: no in-memory copies
   bool check_replicas = false;
   ComputeChoice compute;
   bool json = false, force = false;
@@ -392,10 +394,13 @@ std::vector<RankSetting> rank_settings(const Run& r, const ParallelPlan& plan) {
 
 // A supervised run's attempt: the faults to inject (null: none), the ledger, and the checkpoint
 // a restarted attempt resumes (empty: the run's own start).
+template <class T>
 struct Attempt {
   FaultInjector* faults = nullptr;
   Supervision* sup = nullptr;
   std::string restart_from;
+  MemoryCopies<T>* copies = nullptr;              // --memory-copy-every: taken every K steps
+  const TrainingStateImage<T>* image = nullptr;  // restored from the copies: start from it, not disk
 };
 
 // A failed parallel run leaves every rank's flight recorder in <out>/flight_recorder.json (the
@@ -416,11 +421,12 @@ void write_flight_records(const std::string& out, const std::vector<std::vector<
 }
 
 template <class T>
-nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data, const Attempt& at = {}) {
+nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data, const Attempt<T>& at = {}) {
   const TrainArgs& a = r.args;
   // --init: the directory's weights staged in <out>/init-checkpoint, removed after the run.
-  const bool staged = at.restart_from.empty() && a.resume.empty() && !a.init.empty();
-  const std::string start = !at.restart_from.empty() ? at.restart_from
+  const bool staged = !at.image && at.restart_from.empty() && a.resume.empty() && !a.init.empty();
+  const std::string start = at.image                 ? ""
+                            : !at.restart_from.empty() ? at.restart_from
                             : !a.resume.empty()      ? a.resume
                             : staged ? stage_init_checkpoint<T>(r.cfg, a.init, data, a.opt, a.out + "/init-checkpoint")
                                      : "";
@@ -439,7 +445,10 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
       if (world.backend() != "virtual" && world.rank() == 0) out_lock.emplace(a.out, "train");
       Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
       ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
-      if (!start.empty()) trainer.load_checkpoint(start);
+      if (at.image)
+        trainer.load_state(*at.image);  // the partners' copies: no disk
+      else if (!start.empty())
+        trainer.load_checkpoint(start);
       const bool lead = world.rank() == 0 && launcher.reporting();
       if (lead) {
         progress("train: %s, %lld parameters, %s, %s on %d %s ranks (%s reductions); data %s\n",
@@ -463,10 +472,16 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
                          },
                          {}, {}};
       if (at.faults) calls.before_step = [&](int64_t next) { at.faults->before_step(world.rank(), next); };
-      if (at.faults || a.check_replicas)
+      if (at.faults || a.check_replicas || at.copies)
         calls.after_step = [&](const StepStats& st) {
           if (at.faults) at.faults->after_step(world.rank(), st.step, st.seconds, weights(), int(sizeof(T)));
           if (a.check_replicas) check_replicas_agree(trainer.replica_group(), weights(), st.step);
+          // After the replica check: a copy of corrupted weights is never taken.
+          if (at.copies && at.copies->due(st.step)) {
+            const auto t0 = std::chrono::steady_clock::now();
+            at.copies->take(trainer, world);
+            if (lead && at.sup) at.sup->ledger.memory_copied(seconds_since(t0), at.sup->now());
+          }
         };
       nlohmann::json j = train_loop(a, a.opt, calls, lead, at.sup);
       std::lock_guard<std::mutex> lock(mu);
@@ -522,6 +537,14 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
   if (a.max_restarts > 0 && a.launch.backend != "virtual")
     throw InputError("--max-restarts restarts the ranks of virtual GPUs (--backend virtual); under mpirun a launcher "
                      "would relaunch the processes, which this build does not do");
+  if (cmd.count("--memory-copy-every") > 0) {
+    if (!parallel)
+      throw InputError("--memory-copy-every copies the shards of a parallel --mesh, and none was given (e.g. --mesh dp=4)");
+    if (a.launch.backend != "virtual")
+      throw InputError("--memory-copy-every keeps the copies in this process, for virtual GPUs (--backend virtual), not "
+                       "--backend " + a.launch.backend);
+    MemoryCopies<float>(plan.world_size(), a.launch.gpus_per_node, a.memory_copy_every);  // InputError naming it
+  }
   if (a.faults.empty()) return {};
   if (a.launch.backend != "virtual")
     throw InputError("--faults injects into virtual GPUs only (--backend virtual), not --backend " + a.launch.backend);
@@ -550,6 +573,10 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
   FaultInjector injector(faults, std::chrono::milliseconds(int64_t(a.launch.timeout_s) * 1000 + 500));
   Supervision sup;
   const std::string ckpt = a.out + "/checkpoint";
+  // --memory-copy-every: the copies outlive the attempts, as another host's memory outlives a GPU.
+  std::optional<MemoryCopies<T>> copies;
+  if (a.memory_copy_every > 0) copies.emplace(plan.world_size(), a.launch.gpus_per_node, a.memory_copy_every);
+  std::optional<TrainingStateImage<T>> image;  // the copies assembled for the next attempt
   // Where the next attempt starts: the run's own start, then the latest checkpoint this run saved.
   // Read from disk, not from the lead rank's view: a save can be complete on disk while the lead
   // rank, still in its last collective, fails with the rank that crashed right after it. A
@@ -570,10 +597,14 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
       if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
     }
   } remove_staged{!a.init.empty() && a.resume.empty() ? a.out + "/init-checkpoint" : ""};
+  size_t fired_at_start = 0;
   for (int64_t attempt = 0;; ++attempt) {
     sup.ledger.attempt_started(sup.now(), from_step);
     try {
-      nlohmann::json j = run_parallel<T>(r, plan, data, {faults.empty() ? nullptr : &injector, &sup, from});
+      fired_at_start = injector.fired().size();
+      nlohmann::json j = run_parallel<T>(r, plan, data,
+                                         {faults.empty() ? nullptr : &injector, &sup, from, copies ? &*copies : nullptr,
+                                          image ? &*image : nullptr});
       sup.ledger.attempt_ended(sup.now(), "");
       if (!j.is_null()) {
         j["goodput"] = sup.ledger.report();
@@ -597,10 +628,32 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
         from = ckpt;
         from_step = read_training_state(ckpt).steps_done;
       }
-      sup.ledger.attempt_ended(sup.now(), e.what(), from.empty() ? 0 : from_step);
-      progress("train: attempt %lld failed: %s\ntrain: restarting (%lld of %lld) from %s\n", (long long)attempt + 1,
-               e.what(), (long long)attempt + 1, (long long)a.max_restarts,
-               !from.empty() ? (from + " (step " + std::to_string(from_step) + ")").c_str()
+      image.reset();
+      std::string why_disk;
+      if (copies) {
+        // A crashed or hung rank takes its node's memory (its host) with it, copies included.
+        const std::vector<Fault>& fired = injector.fired();
+        for (size_t i = fired_at_start; i < fired.size(); ++i)
+          if (fired[i].kind == FaultKind::crash || fired[i].kind == FaultKind::hang)
+            copies->lose_node(copies->node_of(fired[i].rank));
+        why_disk = copies->why_unrecoverable();
+        if (why_disk.empty() && copies->step() >= (from.empty() ? 0 : from_step)) {
+          image.emplace();
+          copies->restore_into(*image);
+        }
+      }
+      const int64_t kept = image ? image->steps_done() : from.empty() ? 0 : from_step;
+      sup.ledger.attempt_ended(sup.now(), e.what(), kept);
+      sup.ledger.recovered(image.has_value());
+      if (image) from_step = image->steps_done();
+      if (copies && !why_disk.empty())
+        progress("train: attempt %lld failed: %s\ntrain: cannot recover from memory: %s; falling back to disk\n",
+                 (long long)attempt + 1, e.what(), why_disk.c_str());
+      else
+        progress("train: attempt %lld failed: %s\n", (long long)attempt + 1, e.what());
+      progress("train: restarting (%lld of %lld) from %s\n", (long long)attempt + 1, (long long)a.max_restarts,
+               image      ? ("the in-memory copies (step " + std::to_string(from_step) + ")").c_str()
+               : !from.empty() ? (from + " (step " + std::to_string(from_step) + ")").c_str()
                : a.resume.empty() ? "the start (no checkpoint saved yet)"
                                   : a.resume.c_str());
     }
@@ -686,6 +739,9 @@ void add_train_command(CLI::App& app) {
   add_number(*cmd, "--max-restarts", a->max_restarts,
              "restart a failed run up to N times from its latest checkpoint (--save-every), without a person")
       ->capture_default_str();
+  add_number(*cmd, "--memory-copy-every", a->memory_copy_every,
+             "every K steps each rank keeps its shard of the state and a copy of a partner's on the next node "
+             "(--gpus-per-node), so --max-restarts recovers a lost node without the disk (Gemini, SOSP 2023)");
   cmd->add_flag("--check-replicas", a->check_replicas,
                 "after every step, compare checksums of the weights data-parallel replicas hold, naming a rank whose "
                 "bits differ (silent data corruption); costs one read of the weights per step");

@@ -80,4 +80,8 @@ inline constexpr std::string_view kEpCombineGrad = "expert parallelism: input gr
 // ---- A job's start (rank_agreement.cpp): every rank's settings against rank 0's -----------------
 inline constexpr std::string_view kRankAgreement = "rank agreement";
 
+// ---- In-memory copies of the training state (core/parallel/memory_copies.cpp) --------------------
+inline constexpr std::string_view kInMemoryCopy = "in-memory copy";  // a rank's shard sent to its partner
+inline constexpr std::string_view kInMemoryCopyTaken = "in-memory copy taken";  // every rank has its copy
+
 }  // namespace llama4d::label

@@ -226,6 +226,36 @@ int first_failed_rank(ProcessGroup& world, int32_t failed, const std::string& la
 }  // namespace
 
 template <class T>
+void ParallelTrainer<T>::write_share(TrainingCheckpointWriter<T>& writer) {
+  if (!strategy_->weights_finite())
+    throw DivergenceError("step " + std::to_string(steps_done_) + ": some weights of this rank are not finite "
+                          "(training diverged; is --lr too large?); the state is not saved");
+  strategy_->save_state(writer);
+  writer.finish();
+}
+
+template <class T>
+void ParallelTrainer<T>::save_state(TrainingStateImage<T>& image) {
+  // The phases of save_checkpoint without the files: rank 0 lays the image out, then every rank
+  // writes its share through the same strategy code, each phase closed by a collective.
+  std::exception_ptr error;
+  int32_t failed = 0;
+  if (world_.rank() == 0)
+    failed = attempt(error, [&] {
+      TrainingCheckpointWriter<T>(image, 0, model_.config(), model_.param_specs())
+          .create(strategy_->optimizer_steps(), steps_done_, opt_);
+    });
+  int bad = first_failed_rank(world_, failed, "state image laid out");
+  if (bad >= 0) throw_checkpoint_failure(error, bad, "<in-memory image>");
+  failed = attempt(error, [&] {
+    TrainingCheckpointWriter<T> writer(image, world_.rank(), model_.config(), model_.param_specs());
+    write_share(writer);
+  });
+  bad = first_failed_rank(world_, failed, "state image written");
+  if (bad >= 0) throw_checkpoint_failure(error, bad, "<in-memory image>");
+}
+
+template <class T>
 void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
   // Every rank writes its own share straight into the files; nobody gathers the whole state.
   // Three phases, each closed by a collective, so that a failure on any rank reaches all:
@@ -253,12 +283,8 @@ void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
   world_.broadcast(staging.data(), length, DType::u8, b)->wait();
 
   failed = attempt(error, [&] {
-    if (!strategy_->weights_finite())
-      throw DivergenceError("step " + std::to_string(steps_done_) + ": some weights of this rank are not finite "
-                            "(training diverged; is --lr too large?); the checkpoint is not written");
     TrainingCheckpointWriter<T> writer(staging, model_.config(), model_.param_specs());
-    strategy_->save_state(writer);
-    writer.finish();
+    write_share(writer);
   });
   int bad = first_failed_rank(world_, failed, "checkpoint written");
   if (bad >= 0) throw_checkpoint_failure(error, bad, dir);  // rank 0's `staged` removes the files
@@ -270,7 +296,26 @@ void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
 
 template <class T>
 void ParallelTrainer<T>::load_checkpoint(const std::string& dir) {
-  const TrainingCheckpointReader<T> ckpt(dir, model_.config(), model_.param_specs());
+  read_share(TrainingCheckpointReader<T>(dir, model_.config(), model_.param_specs()));
+}
+
+template <class T>
+void ParallelTrainer<T>::load_state(const TrainingStateImage<T>& image) {
+  // Closed by a collective, so that image.moves() is complete on return and a rank that cannot
+  // load (another model shape, options that cannot resume) stops every rank, not just itself.
+  std::exception_ptr error;
+  const int32_t failed = attempt(error, [&] {
+    read_share(TrainingCheckpointReader<T>(image, world_.rank(), model_.config(), model_.param_specs()));
+  });
+  const int bad = first_failed_rank(world_, failed, "state image loaded");
+  if (bad >= 0) {
+    if (error) std::rethrow_exception(error);
+    throw InputError("the training state image was not loaded: rank " + std::to_string(bad) + " failed");
+  }
+}
+
+template <class T>
+void ParallelTrainer<T>::read_share(const TrainingCheckpointReader<T>& ckpt) {
   check_resumable(ckpt.info().options, ckpt.info().steps_done, opt_);
   strategy_->load_state(ckpt);  // each rank reads only what it keeps
   steps_done_ = ckpt.info().steps_done;

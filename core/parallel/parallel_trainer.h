@@ -62,10 +62,19 @@ class ParallelTrainer {
   void save_checkpoint(const std::string& dir);
   // Every rank reads just the flat ranges it keeps from the (unsharded) checkpoint.
   void load_checkpoint(const std::string& dir);
+  // The same two through memory (core/train/state_image.h): every rank writes its share into
+  // `image` (shared by the ranks of this process) or reads what it keeps from it, by the strategy
+  // code that writes and reads files. An image saved on one plan loads on any other plan of the
+  // same model, like a checkpoint; see reshard_in_memory.h.
+  void save_state(TrainingStateImage<T>& image);
+  void load_state(const TrainingStateImage<T>& image);
 
  private:
   // This rank's tokens of a batch of its rows: all of them, or its chunks under context parallelism.
   Batch local_tokens(const Batch& b) const;
+  // The one path of saving and loading, to files or an image: this rank's share.
+  void write_share(TrainingCheckpointWriter<T>& writer);
+  void read_share(const TrainingCheckpointReader<T>& ckpt);
 
   ProcessGroup& world_;
   Llama<T>& model_;

@@ -31,11 +31,17 @@ TrainingCheckpointWriter<T>::TrainingCheckpointWriter(std::string dir, const Lla
 }
 
 template <class T>
+TrainingCheckpointWriter<T>::TrainingCheckpointWriter(TrainingStateImage<T>& image, int rank, const LlamaConfig& cfg,
+                                                      const std::vector<ParamSpec>& specs)
+    : dir_("<in-memory image>"), cfg_(cfg), specs_(specs), image_(&image), rank_(rank) {}
+
+template <class T>
 TrainingCheckpointWriter<T>::~TrainingCheckpointWriter() = default;
 
 template <class T>
 void TrainingCheckpointWriter<T>::create(int64_t optimizer_steps, int64_t steps_done,
                                          const TrainOptions& options) const {
+  if (image_) return image_->create(cfg_, optimizer_steps, steps_done, options);
   write_config_file(dir_, cfg_, dtype_of<T>());
   create_tensor_files(dir_, files_->model);
   create_tensor_files(dir_, files_->optimizer);
@@ -48,12 +54,14 @@ void TrainingCheckpointWriter<T>::create(int64_t optimizer_steps, int64_t steps_
 
 template <class T>
 void TrainingCheckpointWriter<T>::params(int64_t begin, int64_t end, const T* data) {
+  if (image_) return image_->write(rank_, kModelBase, specs_, begin, end, data, "");
   if (!files_->model_writer) files_->model_writer = std::make_unique<TensorFilesWriter>(dir_, files_->model);
   write_flat_range(*files_->model_writer, specs_, begin, end, data);
 }
 
 template <class T>
 void TrainingCheckpointWriter<T>::exp_avg(int64_t begin, int64_t end, const T* data) {
+  if (image_) return image_->write(rank_, kOptimizerBase, specs_, begin, end, data, "exp_avg.");
   if (!files_->optimizer_writer)
     files_->optimizer_writer = std::make_unique<TensorFilesWriter>(dir_, files_->optimizer);
   write_flat_range(*files_->optimizer_writer, specs_, begin, end, data, "exp_avg.");
@@ -61,6 +69,7 @@ void TrainingCheckpointWriter<T>::exp_avg(int64_t begin, int64_t end, const T* d
 
 template <class T>
 void TrainingCheckpointWriter<T>::exp_avg_sq(int64_t begin, int64_t end, const T* data) {
+  if (image_) return image_->write(rank_, kOptimizerBase, specs_, begin, end, data, "exp_avg_sq.");
   if (!files_->optimizer_writer)
     files_->optimizer_writer = std::make_unique<TensorFilesWriter>(dir_, files_->optimizer);
   write_flat_range(*files_->optimizer_writer, specs_, begin, end, data, "exp_avg_sq.");
@@ -68,6 +77,7 @@ void TrainingCheckpointWriter<T>::exp_avg_sq(int64_t begin, int64_t end, const T
 
 template <class T>
 void TrainingCheckpointWriter<T>::finish() {
+  if (image_) return;
   if (files_->model_writer) files_->model_writer->finish();
   if (files_->optimizer_writer) files_->optimizer_writer->finish();
 }
@@ -145,17 +155,33 @@ TrainingCheckpointReader<T>::TrainingCheckpointReader(const std::string& dir, co
 }
 
 template <class T>
+TrainingCheckpointReader<T>::TrainingCheckpointReader(const TrainingStateImage<T>& image, int rank,
+                                                      const LlamaConfig& cfg, const std::vector<ParamSpec>& specs)
+    : dir_("<in-memory image>"), specs_(specs), image_(&image), rank_(rank) {
+  if (!image.created()) throw InputError("the training state image is empty (nothing was saved into it)");
+  if (image.config().to_json() != cfg.to_json())
+    throw InputError("the training state image holds a different model shape than the one requested");
+  info_.options = image.options();
+  info_.steps_done = image.steps_done();
+  info_.optimizer_steps = image.optimizer_steps();
+  info_.dtype = dtype_name(dtype_of<T>());  // an image of T holds T: nothing to round
+}
+
+template <class T>
 void TrainingCheckpointReader<T>::params(int64_t begin, int64_t end, T* out) const {
+  if (image_) return image_->read(rank_, kModelBase, specs_, begin, end, out, "");
   read_flat_range(*model_, specs_, begin, end, out);
 }
 
 template <class T>
 void TrainingCheckpointReader<T>::exp_avg(int64_t begin, int64_t end, T* out) const {
+  if (image_) return image_->read(rank_, kOptimizerBase, specs_, begin, end, out, "exp_avg.");
   read_flat_range(*optimizer_, specs_, begin, end, out, "exp_avg.");
 }
 
 template <class T>
 void TrainingCheckpointReader<T>::exp_avg_sq(int64_t begin, int64_t end, T* out) const {
+  if (image_) return image_->read(rank_, kOptimizerBase, specs_, begin, end, out, "exp_avg_sq.");
   read_flat_range(*optimizer_, specs_, begin, end, out, "exp_avg_sq.");
 }
 

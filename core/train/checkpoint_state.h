@@ -13,6 +13,7 @@
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
 #include "core/optim/adamw.h"
+#include "core/train/state_image.h"
 #include "core/train/train_options.h"
 
 namespace llama4d {
@@ -49,6 +50,10 @@ class TrainingCheckpointWriter {
  public:
   // The layout of the checkpoint's files in `dir` (weights and moments stored as T); no I/O.
   TrainingCheckpointWriter(std::string dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs);
+  // The same writes into an in-memory image instead (state_image.h), recorded as written by
+  // `rank`; create() and finish() do no I/O.
+  TrainingCheckpointWriter(TrainingStateImage<T>& image, int rank, const LlamaConfig& cfg,
+                           const std::vector<ParamSpec>& specs);
   ~TrainingCheckpointWriter();
 
   // Once, by one rank, before any rank writes: config.json, trainer_state.json, and the tensor
@@ -65,7 +70,9 @@ class TrainingCheckpointWriter {
   std::string dir_;
   LlamaConfig cfg_;
   std::vector<ParamSpec> specs_;
-  std::unique_ptr<TrainingCheckpointFiles> files_;
+  std::unique_ptr<TrainingCheckpointFiles> files_;  // null when writing an image
+  TrainingStateImage<T>* image_ = nullptr;
+  int rank_ = 0;
 };
 
 // A whole training checkpoint from one device's full buffers, written atomically.
@@ -81,6 +88,10 @@ class TrainingCheckpointReader {
  public:
   // InputError if dir is not a training checkpoint of this model shape.
   TrainingCheckpointReader(const std::string& dir, const LlamaConfig& cfg, const std::vector<ParamSpec>& specs);
+  // Reads an in-memory image instead, counting what `rank` reads in image.moves(). InputError if
+  // the image is empty or of another model shape. dir() is "<in-memory image>".
+  TrainingCheckpointReader(const TrainingStateImage<T>& image, int rank, const LlamaConfig& cfg,
+                           const std::vector<ParamSpec>& specs);
   const std::string& dir() const { return dir_; }
   const TrainingCheckpointInfo& info() const { return info_; }
   int64_t optimizer_steps() const { return info_.optimizer_steps; }
@@ -93,7 +104,9 @@ class TrainingCheckpointReader {
   std::string dir_;
   std::vector<ParamSpec> specs_;
   TrainingCheckpointInfo info_;
-  std::shared_ptr<const TensorStore> model_, optimizer_;
+  std::shared_ptr<const TensorStore> model_, optimizer_;  // null when reading an image
+  const TrainingStateImage<T>* image_ = nullptr;
+  int rank_ = 0;
 };
 
 // Reads the full state of a checkpoint whose shape matches cfg: params, moments [num_params] each.

@@ -40,6 +40,13 @@ void GoodputLedger::attempt_ended(double t, const std::string& cause, int64_t sa
   unsaved_.clear();
 }
 
+void GoodputLedger::memory_copied(double seconds, double t) {
+  memory_copy_ += seconds;
+  if (!attempts_.empty()) attempts_.back().last_progress = t;
+}
+
+void GoodputLedger::recovered(bool from_memory) { ++(from_memory ? from_memory_ : from_disk_); }
+
 nlohmann::json GoodputLedger::report() const {
   double wall = 0, startup = 0, restart = 0, detection = 0;
   nlohmann::json failures = nlohmann::json::array();
@@ -54,6 +61,8 @@ nlohmann::json GoodputLedger::report() const {
       failures.push_back(a.cause);
     }
   }
+  // A step's seconds include the copy taken after it (train_loop times the step and its
+  // after_step together), so memory_copy_s is a part of productive and lost time, not beside them.
   const double other = wall - productive_ - lost_ - checkpoint_ - startup - restart - detection;
   return {{"wall_s", wall},
           {"productive_s", productive_},
@@ -64,8 +73,10 @@ nlohmann::json GoodputLedger::report() const {
           {"startup_s", startup},
           {"restart_s", restart},
           {"detection_s", detection},
+          {"memory_copy_s", memory_copy_},
           {"other_s", other > 0 ? other : 0.0},
           {"restarts", attempts_.empty() ? 0 : int(attempts_.size()) - 1},
+          {"recoveries", {{"from_memory", from_memory_}, {"from_disk", from_disk_}}},
           {"failures", failures}};
 }
 

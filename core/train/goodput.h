@@ -9,6 +9,8 @@
 //   checkpoint   stalls writing checkpoints;
 //   startup      the first attempt's start (model, weights, checkpoint read);
 //   restart      every later attempt's start;
+//   memory copy  stalls taking in-memory copies of the state (train --memory-copy-every), a part
+//                of the steps' time (a copy is taken inside the step it follows), not a share beside it;
 //   detection    from the end of an attempt's last finished step or save until the failure stopped it
 //                (the partial step, the timeout that named the rank);
 //   other        evaluation and the rest of the loop.
@@ -38,12 +40,17 @@ class GoodputLedger {
   // a checkpoint found complete on disk after a failure, which the lead rank may not have seen
   // finish: steps up to it are kept.
   void attempt_ended(double t, const std::string& cause, int64_t saved_through = 0);
+  // An in-memory copy of the state took `seconds`, ending at t.
+  void memory_copied(double seconds, double t);
+  // The next attempt restores its state from the in-memory copies (true) or from disk (false).
+  void recovered(bool from_memory);
 
   int attempts() const { return int(attempts_.size()); }
   // The last step a checkpoint of this run holds (0: none).
   int64_t last_saved_step() const { return last_saved_; }
   // {"wall_s", "productive_s", "goodput", "lost_work_s", "lost_steps", "checkpoint_s",
-  //  "startup_s", "restart_s", "detection_s", "other_s", "restarts", "failures": [cause, ...]}
+  //  "startup_s", "restart_s", "detection_s", "memory_copy_s", "other_s", "restarts",
+  //  "recoveries": {"from_memory", "from_disk"}, "failures": [cause, ...]}
   nlohmann::json report() const;
 
  private:
@@ -53,7 +60,8 @@ class GoodputLedger {
   };
   std::vector<Attempt> attempts_;
   std::map<int64_t, double> unsaved_;  // this attempt's steps after its last save: seconds
-  double productive_ = 0, lost_ = 0, checkpoint_ = 0;
+  double productive_ = 0, lost_ = 0, checkpoint_ = 0, memory_copy_ = 0;
+  int from_memory_ = 0, from_disk_ = 0;
   int64_t lost_steps_ = 0, last_saved_ = 0;
 };
 

@@ -196,3 +196,61 @@ TEST(FaultCli, PlanReportsTheFailureModelOfItsGpus) {
 }
 
 }  // namespace fault_cli
+
+namespace memory_copy_cli {
+
+using namespace llama4d::cli_test;
+using fault_cli::kFaultRun;
+using fault_cli::schedule;
+
+const std::string kCopyRun = kFaultRun + " --mesh dp=4 --gpus-per-node 2 --memory-copy-every 2";
+
+// A crash at step 3 takes rank 1's node (ranks 0 and 1) with it; the supervisor restores step 2
+// from the copies on node 1, without a checkpoint on disk, and ends on the uninterrupted bytes.
+// Crashes on both nodes lose both holders of rank 0's shard: the run says so and resumes from disk.
+// (Both crashes may fire in one attempt, or the second in the attempt restored from memory, before
+// it took a new copy: either way both nodes' memory is gone, hence --max-restarts 2.)
+TEST(MemoryCopyCli, RecoversANodeFromMemoryAndFallsBackToDiskWhenBothHoldersAreLost) {
+  const std::string straight = tmp("copies_straight"), memory = tmp("copies_memory"), disk = tmp("copies_disk");
+  const Result s = run("train" + kFaultRun + " --mesh dp=4 --out " + straight + " --json");
+  ASSERT_EQ(s.code, 0) << s.err;
+  const Result m = run("train" + kCopyRun + " --max-restarts 1 --out " + memory + " --json --faults " +
+                       schedule("copies_one", R"({"kind": "crash", "rank": 1, "step": 3})"));
+  ASSERT_EQ(m.code, 0) << m.err;
+  EXPECT_NE(m.err.find("restarting (1 of 1) from the in-memory copies (step 2)"), std::string::npos) << m.err;
+  const nlohmann::json g = nlohmann::json::parse(m.out).at("goodput");
+  EXPECT_EQ(g.at("recoveries").at("from_memory").get<int>(), 1) << g.dump();
+  EXPECT_GT(g.at("memory_copy_s").get<double>(), 0.0) << g.dump();
+  EXPECT_EQ(g.at("lost_steps").get<int>(), 0) << g.dump();
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(straight + "/checkpoint/" + file) == read_file(memory + "/checkpoint/" + file)) << file;
+
+  const Result d = run("train" + kCopyRun + " --max-restarts 2 --save-every 2 --out " + disk + " --json --faults " +
+                       schedule("copies_two", R"({"kind": "crash", "rank": 1, "step": 3}, {"kind": "crash", "rank": 3, "step": 3})"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.err.find("cannot recover from memory: the in-memory copy of rank 0's shard (step 2) is lost: it was held "
+                       "by rank 0 (node 0) and its partner rank 2 (node 1), and both failed; falling back to disk"),
+            std::string::npos)
+      << d.err;
+  EXPECT_NE(d.err.find(" of 2) from " + disk + "/checkpoint (step 2)"), std::string::npos) << d.err;
+  EXPECT_EQ(nlohmann::json::parse(d.out).at("goodput").at("recoveries").at("from_disk").get<int>(), 1);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(straight + "/checkpoint/" + file) == read_file(disk + "/checkpoint/" + file)) << file;
+  for (const std::string& dir : {straight, memory, disk}) fs::remove_all(dir);
+}
+LLAMA4D_TIER(MemoryCopyCli, RecoversANodeFromMemoryAndFallsBackToDiskWhenBothHoldersAreLost, quick);
+
+TEST(MemoryCopyCli, BadPlacementExitsTwoNamingIt) {
+  const std::string out = " --out " + tmp("copies_bad");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=4 --memory-copy-every 0" + out), "--memory-copy-every must be >= 1");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=4 --memory-copy-every -2" + out), "--memory-copy-every");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=4 --gpus-per-node 4 --memory-copy-every 1" + out),
+                   "the replica group of 2 must span 2 nodes");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=3 --gpus-per-node 2 --memory-copy-every 1" + out),
+                   "not a whole number of nodes");
+  expect_bad_input(run("train --preset tiny --steps 2 --memory-copy-every 1" + out), "--memory-copy-every copies the shards");
+  EXPECT_FALSE(fs::exists(tmp("copies_bad") + "/checkpoint")) << "a refused run wrote nothing";
+}
+LLAMA4D_TIER(MemoryCopyCli, BadPlacementExitsTwoNamingIt, quick);
+
+}  // namespace memory_copy_cli
