@@ -206,7 +206,7 @@ std::string model_name(const TrainArgs& a) {
 TextDataset load_run_data(Run& r, bool data_given) {
   TextDataset data = has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, r.args.data,
                                                                     r.args.opt.seq_len, ops::backend_threads(),
-                                                                    progress_printer(stderr, r.args.data))
+                                                                    tokenize_progress(r.args.launch, r.args.data))
                                          : load_dataset(r.args.data, r.args.opt.seq_len);
   nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
   const std::string now = data_fingerprint(data.tokens);

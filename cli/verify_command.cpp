@@ -77,7 +77,7 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   check_step_fits_in_memory(o.model, o.train, o.plan, a.launch.backend, 2.0 * sizeof(T), false);
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
   const TextDataset data = bpe ? load_tokenized_dataset(*md->tokenizer, path, o.train.seq_len, ops::backend_threads(),
-                                                     progress_printer(stderr, path))
+                                                     tokenize_progress(a.launch, path))
                                : load_dataset(path, o.train.seq_len);
   // The weights staged as a step-0 checkpoint in this process's own temporary directory.
   const std::filesystem::path staged =
@@ -142,7 +142,9 @@ void add_verify_command(CLI::App& app) {
     const Verified v = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
     const EquivalenceReport& r = v.report;
     if (!launcher.reporting()) return;
-    progress("verify: %s, --mesh %s\n", a->model.describe().c_str(), a->parallel.mesh.c_str());
+    // With --init the model is the directory's, not the --preset default.
+    const std::string model = a->init.empty() ? a->model.describe() : "model directory " + a->init;
+    progress("verify: %s, --mesh %s\n", model.c_str(), a->parallel.mesh.c_str());
     if (a->json) {
       nlohmann::json j = r.to_json();
       j["traffic"] = launcher.traffic_totals();

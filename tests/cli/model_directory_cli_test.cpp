@@ -102,6 +102,8 @@ TEST(CliModelDirectory, VerifyInitChecksAPlanOnTheDirectorysWeights) {
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json v = nlohmann::json::parse(r.out);
   EXPECT_TRUE(v["ok"].get<bool>());
+  EXPECT_NE(r.err.find("verify: model directory " + ckpt + ","), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("preset tiny"), std::string::npos) << "the model is the directory's, not the preset's: " << r.err;
   const std::string out = tmp("bpe_verify_train");
   r = run("train --init " + ckpt + " --seq-len 32 --batch-size 8 --micro-batch-size 2 --warmup-steps 1 --steps 1 "
           "--eval-every 0 --out " + out);
