@@ -40,7 +40,7 @@ int64_t document_boundaries(const TextDataset& data, const TrainOptions& opt) {
   for (int64_t s = 0; s < opt.steps; ++s) {
     const Batch b = sample_batch(data.train(), opt.seq_len, opt.seed, s, opt.batch_size);
     for (int64_t r = 0; r < b.B; ++r)
-      n += std::count(b.tokens.begin() + r * b.seq, b.tokens.begin() + (r + 1) * b.seq - 1, kEndOfTextToken);
+      n += std::count(b.tokens.begin() + r * b.seq, b.tokens.begin() + (r + 1) * b.seq - 1, opt.doc_separator);
   }
   return n;
 }
@@ -57,11 +57,11 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   std::unique_ptr<const ModelDirectory> md;
   if (!a.init.empty()) md = std::make_unique<const ModelDirectory>(open_model_directory(a.init));
   const bool bpe = md && !dynamic_cast<const ByteTokenizer*>(md->tokenizer.get());
-  if (bpe && a.opt.doc_mask) throw InputError("--doc-mask is implemented for byte-tokenizer models only");
   o.model = md ? md->config : a.model.resolve();
   o.plan = a.parallel.plan(o.model, a.launch.algo);
   if (o.plan.single_device()) throw InputError("verify needs a parallel --mesh to compare against one device");
   o.train = a.opt;
+  if (bpe) o.train.doc_separator = end_of_text_id(*md->tokenizer);  // what the mask cuts after
   o.train.bf16_compute = a.model.bf16();
   // Defaults that exercise gradient accumulation: four rows per data rank, and micro-batches of
   // half a rank's rows (one row each when that is odd), so every rank accumulates.
