@@ -37,8 +37,6 @@ nlohmann::json run_eval(const EvalArgs& a) {
   if (a.seq_len < 1) throw InputError("--seq-len must be >= 1");
   check_batch_fits_in_memory(cfg, a.batch_size, a.seq_len, sizeof(T), 1.0, a.force,
                              "--batch-size " + std::to_string(a.batch_size) + " x --seq-len " + std::to_string(a.seq_len));
-  // The document mask cuts rows at the byte tokenizer's <|end_of_text|> (batch_sampler.h).
-  if (a.doc_mask && !bytes) throw InputError("--doc-mask is implemented for byte-tokenizer models only");
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
   const std::vector<int32_t> tokens = tokenize_corpus(*md.tokenizer, path, ops::backend_threads(), progress_printer(stderr, path));
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
@@ -50,7 +48,8 @@ nlohmann::json run_eval(const EvalArgs& a) {
   else
     model.init_weights(a.seed);
 
-  const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows, a.doc_mask);
+  const LossSum loss = evaluate_loss(model, TokenSpan(tokens), a.seq_len, a.batch_size, a.max_windows, a.doc_mask,
+                                     end_of_text_id(*md.tokenizer));
   // Bits per byte and the unigram baseline are byte-model measures (one token per byte).
   const double nats = loss.mean();
   if (!bytes) {

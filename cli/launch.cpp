@@ -14,6 +14,7 @@
 #include "core/comm/traffic_log.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/parse_number.h"
 #ifdef LLAMA4D_HAVE_MPI
 #include "backends/mpi/mpi_session.h"
 #endif
@@ -103,6 +104,18 @@ void prefer_passive_waits_under_mpirun(char** argv) {
   // the same results.
   setenv("OMP_WAIT_POLICY", "passive", 1);
   execv("/proc/self/exe", argv);
+}
+
+bool prints_before_ranks_are_known(const LaunchOptions& opt) {
+  if (opt.backend == "virtual") return true;
+  // Open MPI, PMIx and Hydra launchers name each process's rank in one of these.
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(name)) return parse_number<int>(v, name, 0) == 0;
+  return true;
+}
+
+EncodeProgress tokenize_progress(const LaunchOptions& opt, const std::string& what) {
+  return prints_before_ranks_are_known(opt) ? progress_printer(stderr, what) : EncodeProgress{};
 }
 
 struct RankLaunch::Impl {

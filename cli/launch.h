@@ -11,6 +11,7 @@
 #include "core/comm/process_group.h"
 #include "core/comm/rank_agreement.h"
 #include "core/comm/trace.h"
+#include "core/data/encode_corpus.h"
 
 namespace llama4d::cli {
 
@@ -42,6 +43,14 @@ int mpi_default_threads(int node_cores, int allowed_cores, int processes_on_node
 // processes; unless OMP_WAIT_POLICY is set, this re-executes the program with it set to passive.
 // Call first thing in main. Returns (doing nothing) when not under a launcher or if exec fails.
 void prefer_passive_waits_under_mpirun(char** argv);
+
+// Whether this process prints what every process of the job would print alike before MPI has
+// told it its rank (the tokenize progress lines of a BPE corpus): always with the virtual
+// backend (one process); with mpi or nccl, only the process its launcher started as rank 0
+// (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; none set: a single process, which prints).
+bool prints_before_ranks_are_known(const LaunchOptions& opt);
+// progress_printer(stderr, what) in that process, no progress lines in the others.
+EncodeProgress tokenize_progress(const LaunchOptions& opt, const std::string& what);
 
 class RankLaunch {
  public:

@@ -177,9 +177,8 @@ Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
         break;
       }
   }
-  if (has_bpe_tokenizer(r) && r.args.opt.doc_mask)
-    throw InputError("--doc-mask is implemented for byte-tokenizer models only (it cuts rows at id " +
-                     std::to_string(kEndOfTextToken) + ")");
+  // The document mask cuts rows after the <|end_of_text|> the corpus is packed with: the model's own.
+  if (has_bpe_tokenizer(r)) r.args.opt.doc_separator = end_of_text_id(*r.model_dir->tokenizer);
   if (!a.init.empty() && a.parallel.parallel() && a.launch.backend != "virtual")
     throw InputError("--init on a mesh runs on virtual GPUs (--backend virtual): it stages the directory's weights "
                      "as a checkpoint in one process that every rank then reads its part of");
@@ -208,7 +207,7 @@ std::string model_name(const TrainArgs& a) {
 TextDataset load_run_data(Run& r, bool data_given) {
   TextDataset data = has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, r.args.data,
                                                                     r.args.opt.seq_len, ops::backend_threads(),
-                                                                    progress_printer(stderr, r.args.data))
+                                                                    tokenize_progress(r.args.launch, r.args.data))
                                          : load_dataset(r.args.data, r.args.opt.seq_len);
   nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
   const std::string now = data_fingerprint(data.tokens);

@@ -40,7 +40,7 @@ int64_t document_boundaries(const TextDataset& data, const TrainOptions& opt) {
   for (int64_t s = 0; s < opt.steps; ++s) {
     const Batch b = sample_batch(data.train(), opt.seq_len, opt.seed, s, opt.batch_size);
     for (int64_t r = 0; r < b.B; ++r)
-      n += std::count(b.tokens.begin() + r * b.seq, b.tokens.begin() + (r + 1) * b.seq - 1, kEndOfTextToken);
+      n += std::count(b.tokens.begin() + r * b.seq, b.tokens.begin() + (r + 1) * b.seq - 1, opt.doc_separator);
   }
   return n;
 }
@@ -57,11 +57,11 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   std::unique_ptr<const ModelDirectory> md;
   if (!a.init.empty()) md = std::make_unique<const ModelDirectory>(open_model_directory(a.init));
   const bool bpe = md && !dynamic_cast<const ByteTokenizer*>(md->tokenizer.get());
-  if (bpe && a.opt.doc_mask) throw InputError("--doc-mask is implemented for byte-tokenizer models only");
   o.model = md ? md->config : a.model.resolve();
   o.plan = a.parallel.plan(o.model, a.launch.algo);
   if (o.plan.single_device()) throw InputError("verify needs a parallel --mesh to compare against one device");
   o.train = a.opt;
+  if (bpe) o.train.doc_separator = end_of_text_id(*md->tokenizer);  // what the mask cuts after
   o.train.bf16_compute = a.model.bf16();
   // Defaults that exercise gradient accumulation: four rows per data rank, and micro-batches of
   // half a rank's rows (one row each when that is odd), so every rank accumulates.
@@ -77,7 +77,7 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   check_step_fits_in_memory(o.model, o.train, o.plan, a.launch.backend, 2.0 * sizeof(T), false);
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
   const TextDataset data = bpe ? load_tokenized_dataset(*md->tokenizer, path, o.train.seq_len, ops::backend_threads(),
-                                                     progress_printer(stderr, path))
+                                                     tokenize_progress(a.launch, path))
                                : load_dataset(path, o.train.seq_len);
   // The weights staged as a step-0 checkpoint in this process's own temporary directory.
   const std::filesystem::path staged =
@@ -142,7 +142,9 @@ void add_verify_command(CLI::App& app) {
     const Verified v = a->model.fp64() ? run_verify<double>(*a, launcher) : run_verify<float>(*a, launcher);
     const EquivalenceReport& r = v.report;
     if (!launcher.reporting()) return;
-    progress("verify: %s, --mesh %s\n", a->model.describe().c_str(), a->parallel.mesh.c_str());
+    // With --init the model is the directory's, not the --preset default.
+    const std::string model = a->init.empty() ? a->model.describe() : "model directory " + a->init;
+    progress("verify: %s, --mesh %s\n", model.c_str(), a->parallel.mesh.c_str());
     if (a->json) {
       nlohmann::json j = r.to_json();
       j["traffic"] = launcher.traffic_totals();

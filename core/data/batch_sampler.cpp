@@ -29,14 +29,14 @@ int64_t Batch::counted_targets() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
 
-void mark_documents(Batch& b) {
+void mark_documents(Batch& b, int32_t separator) {
   b.docs.resize(b.tokens.size());
   for (int64_t r = 0; r < b.B; ++r) {
     int32_t doc = 0;
     for (int64_t t = 0; t < b.seq; ++t) {
       const size_t i = size_t(r * b.seq + t);
       b.docs[i] = doc;
-      doc += b.tokens[i] == kEndOfTextToken;
+      doc += b.tokens[i] == separator;
     }
   }
 }

@@ -33,11 +33,12 @@ struct Batch {
   const int32_t* documents() const { return docs.empty() ? nullptr : docs.data(); }
 };
 
-// Fills b.docs from b.tokens: docs[b, t] = the number of <|end_of_text|> tokens in
-// tokens[b, 0 .. t-1], so each <|end_of_text|> belongs to the document it ends and the token
-// after it starts the next. Counted from each row's start, over the whole row (before any
-// context-parallel slicing), so ids never decrease along a row.
-void mark_documents(Batch& b);
+// Fills b.docs from b.tokens: docs[b, t] = the number of `separator` tokens (the corpus's
+// <|end_of_text|>: kEndOfTextToken for bytes, a BPE tokenizer's own id) in tokens[b, 0 .. t-1],
+// so each separator belongs to the document it ends and the token after it starts the next.
+// Counted from each row's start, over the whole row (before any context-parallel slicing), so
+// ids never decrease along a row.
+void mark_documents(Batch& b, int32_t separator);
 
 // SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA
 // 2014) as a pure function: the output the generator gives for state x, i.e. the 64-bit

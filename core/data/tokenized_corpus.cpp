@@ -41,17 +41,23 @@ std::vector<std::string> load_text_documents(const std::string& path) {
   return ends_with(path, ".jsonl") ? load_jsonl(path) : load_documents(path);
 }
 
+int32_t end_of_text_id(const Tokenizer& tok) {
+  if (dynamic_cast<const ByteTokenizer*>(&tok)) return kEndOfTextToken;
+  const std::optional<int32_t> eot = tok.token_to_id("<|end_of_text|>");
+  if (!eot) throw InputError("tokenizer " + tok.describe() + " has no <|end_of_text|> to pack documents with");
+  return *eot;
+}
+
 std::vector<int32_t> tokenize_corpus(const Tokenizer& tok, const std::string& path, int threads,
                                      const EncodeProgress& progress) {
   const std::vector<std::string> docs = load_text_documents(path);
   if (dynamic_cast<const ByteTokenizer*>(&tok)) return pack_documents(docs);
-  const std::optional<int32_t> eot = tok.token_to_id("<|end_of_text|>");
-  if (!eot) throw InputError("tokenizer " + tok.describe() + " has no <|end_of_text|> to pack documents with");
+  const int32_t eot = end_of_text_id(tok);
   const EncodedDocuments enc = encode_documents_cached(tok, path, docs, threads, {}, progress);
   std::vector<int32_t> tokens;
   tokens.reserve(enc.ids.size() + enc.size());
   for (size_t d = 0; d < enc.size(); ++d) {
-    if (d > 0) tokens.push_back(*eot);
+    if (d > 0) tokens.push_back(eot);
     const TokenSpan ids = enc.document(d);
     tokens.insert(tokens.end(), ids.begin(), ids.end());
   }

@@ -18,6 +18,10 @@ namespace llama4d {
 // that is not an object with a string "text", or not valid UTF-8), else load_documents(path).
 std::vector<std::string> load_text_documents(const std::string& path);
 
+// The id documents are packed with: `tok`'s <|end_of_text|> (kEndOfTextToken for the byte
+// tokenizer). InputError when `tok` has none.
+int32_t end_of_text_id(const Tokenizer& tok);
+
 // The documents of `path` encoded by `tok` (no BOS; encode_documents_cached on `threads`
 // threads, so a corpus is encoded once per tokenizer and the ids do not depend on the thread
 // count) and packed with <|end_of_text|> between them. InputError when `tok` has no

@@ -35,7 +35,7 @@ std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& 
   std::vector<Batch> out;
   for (int64_t r = first; r < first + rows; r += mb) {
     out.push_back(sample_rows(train, opt.seq_len, opt.seed, step, r, r + mb));
-    if (opt.doc_mask) mark_documents(out.back());
+    if (opt.doc_mask) mark_documents(out.back(), opt.doc_separator);
   }
   return out;
 }
@@ -185,7 +185,7 @@ LossSum ParallelTrainer<T>::validation_loss(int64_t max_windows) {
   for (int64_t i = 0; i < most; i += rows) {
     const int64_t a = w0 + i, b = std::min(w1, a + rows);
     Batch whole = a < b ? eval_windows(val, opt_.seq_len, a, b) : eval_windows(val, opt_.seq_len, spare, spare + 1);
-    if (opt_.doc_mask) mark_documents(whole);  // over whole rows, before the context split
+    if (opt_.doc_mask) mark_documents(whole, opt_.doc_separator);  // over whole rows, before the context split
     const LossSum part = strategy_->evaluate(local_tokens(whole));
     if (a >= b) continue;
     local.loss_sum += part.loss_sum;

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/data/tokenizer.h"
 #include "core/optim/adamw.h"
 
 namespace llama4d {
@@ -28,6 +29,10 @@ struct TrainOptions {
   // documents of a row being cut at <|end_of_text|> (mark_documents, core/data/batch_sampler.h).
   // Training and evaluation batches alike. Off: causal attention across the whole row.
   bool doc_mask = false;
+  // The id the mask cuts after: the <|end_of_text|> the documents were packed with (the byte
+  // tokenizer's 257, or a BPE model's own, e.g. Llama 3's 128001; end_of_text_id). Not saved in a
+  // checkpoint: the commands set it from the model's tokenizer.
+  int32_t doc_separator = kEndOfTextToken;
   // bf16 mixed precision (--dtype bf16; Llama::set_bf16_compute): bf16 weights and activations
   // for compute over f32 master weights, gradients and AdamW state. The trainers set it on the
   // model. Off: every tensor in the model's own type.

@@ -56,7 +56,7 @@ StepStats Trainer<T>::step() {
   for (int64_t m = 0; m < micro_batches; ++m) {
     model_.zero_grad();
     Batch b = sample_rows(data_.train(), opt_.seq_len, opt_.seed, s, m * mb, (m + 1) * mb);
-    if (opt_.doc_mask) mark_documents(b);
+    if (opt_.doc_mask) mark_documents(b, opt_.doc_separator);
     const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.seq, b.documents());
     loss.loss_sum += part.loss_sum;  // in fp64, in micro-batch order: what all_reduce_loss adds
     loss.tokens += part.tokens;
@@ -100,7 +100,7 @@ StepStats Trainer<T>::step_queued() {
 
 template <class T>
 LossSum Trainer<T>::validation_loss(int64_t max_windows) const {
-  return evaluate_loss(model_, data_.validation(), opt_.seq_len, opt_.micro(), max_windows, opt_.doc_mask);
+  return evaluate_loss(model_, data_.validation(), opt_.seq_len, opt_.micro(), max_windows, opt_.doc_mask, opt_.doc_separator);
 }
 
 template <class T>

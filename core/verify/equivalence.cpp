@@ -296,7 +296,7 @@ ReplayResult<T> replay_on_one_device(const EquivalenceOptions& o, const TextData
     auto run = [&](int d, int64_t m) {
       const int64_t r0 = d * rows + m * mb;
       Batch b = slice_rows(global, r0, r0 + mb);
-      if (opt.doc_mask) mark_documents(b);  // ids count from each row's start: slicing rows keeps them
+      if (opt.doc_mask) mark_documents(b, opt.doc_separator);  // ids count from each row's start: slicing rows keeps them
       if (tp) {
         rank_loss[size_t(d)] += tp->forward_backward(b, loss_scale);
         return;

@@ -73,6 +73,7 @@ TEST(CliModelDirectory, TrainInitTokenizesWithTheModelsTokenizerAndSavesItBeside
   Result r = run("train --init " + ckpt + " --data " + data + " --seq-len 16 --batch-size 2 --steps 2 --eval-every 0 --out " +
                  out + " --json");
   ASSERT_EQ(r.code, 0) << r.err;
+  const double causal_train = nlohmann::json::parse(r.out)["final_loss"];
   EXPECT_EQ(nlohmann::json::parse(r.out)["tokenizer"].get<std::string>().rfind("bpe", 0), 0u);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"})
     EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint" / f)) << f;
@@ -89,7 +90,25 @@ TEST(CliModelDirectory, TrainInitTokenizesWithTheModelsTokenizerAndSavesItBeside
             read_file(tmp_path("bpe_init_dp") + "/checkpoint/model.safetensors"));
   EXPECT_TRUE(fs::exists(tmp_path("bpe_init_dp") + "/checkpoint/tokenizer.json"));
   EXPECT_FALSE(fs::exists(tmp_path("bpe_init_dp") + "/init-checkpoint")) << "the staged weights are removed";
-  expect_bad_input(run("train --init " + ckpt + " --doc-mask --out " + tmp("bpe_init_mask")), "--doc-mask");
+
+  // --doc-mask cuts rows at this tokenizer's <|end_of_text|> (3841), not the byte tokenizer's 257:
+  // the 40 short documents put boundaries in verify's rows of 16, and the mask changes eval's loss.
+  r = run("verify --init " + ckpt + " --data " + data + " --doc-mask --mesh dp=2 --seq-len 16 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json v = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(v["ok"].get<bool>());
+  EXPECT_GT(v["document_boundaries"].get<int64_t>(), 0);
+  const std::string eval = "eval --checkpoint " + out + "/checkpoint --data " + data + " --seq-len 16 --json";
+  r = run(eval);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double causal = nlohmann::json::parse(r.out)["loss"];
+  r = run(eval + " --doc-mask");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(nlohmann::json::parse(r.out)["loss"].get<double>(), causal);
+  r = run("train --init " + ckpt + " --data " + data + " --seq-len 16 --batch-size 2 --steps 2 --eval-every 0 --doc-mask --out " +
+          tmp("bpe_init_mask") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(nlohmann::json::parse(r.out)["final_loss"].get<double>(), causal_train);
   expect_bad_input(run("train --init " + ckpt + " --preset tiny --out " + tmp("bpe_init_preset")), "--preset and --init");
 }
 
@@ -102,6 +121,8 @@ TEST(CliModelDirectory, VerifyInitChecksAPlanOnTheDirectorysWeights) {
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json v = nlohmann::json::parse(r.out);
   EXPECT_TRUE(v["ok"].get<bool>());
+  EXPECT_NE(r.err.find("verify: model directory " + ckpt + ","), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("preset tiny"), std::string::npos) << "the model is the directory's, not the preset's: " << r.err;
   const std::string out = tmp("bpe_verify_train");
   r = run("train --init " + ckpt + " --seq-len 32 --batch-size 8 --micro-batch-size 2 --warmup-steps 1 --steps 1 "
           "--eval-every 0 --out " + out);

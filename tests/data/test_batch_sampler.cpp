@@ -135,10 +135,21 @@ TEST(BatchSampler, DocumentsAreCountedFromEachRowsStart) {
               257, 'd', 'e', 'f', 'g', 'h'};
   b.targets.assign(12, 0);
   EXPECT_EQ(b.documents(), nullptr);
-  mark_documents(b);
+  mark_documents(b, kEndOfTextToken);
   EXPECT_EQ(b.docs, (std::vector<int32_t>{0, 0, 1, 1, 1, 2,  //
                                           0, 1, 1, 1, 1, 1}));
   EXPECT_EQ(b.documents(), b.docs.data());
+}
+
+// A BPE corpus is packed with its tokenizer's own <|end_of_text|> (3841 for data/tokenizer): the
+// mask cuts after that id and nothing else, 257 being an ordinary token there.
+TEST(BatchSampler, DocumentsAreCutAtTheGivenSeparator) {
+  Batch b;
+  b.B = 1, b.seq = 6;
+  b.tokens = {5, 3841, 257, 7, 3841, 9};
+  b.targets.assign(6, 0);
+  mark_documents(b, 3841);
+  EXPECT_EQ(b.docs, (std::vector<int32_t>{0, 0, 1, 1, 1, 2}));
 }
 
 TEST(BatchSampler, IsAPureFunctionAndRowsSliceLikeDataParallelRanks) {
