@@ -600,7 +600,7 @@ Batch rows_across_documents(const TextDataset& data, int64_t B, int64_t S) {
     rows.tokens.insert(rows.tokens.end(), train.begin() + start, train.begin() + start + S);
   }
   rows.targets.assign(rows.tokens.size(), 0);
-  mark_documents(rows);
+  mark_documents(rows, kEndOfTextToken);
   return rows;
 }
 
