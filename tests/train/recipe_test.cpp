@@ -79,7 +79,7 @@ TEST(Recipe, BadInputNamesTheStageAndTheKey) {
   j["stages"][0]["tokens"] = 1024;  // both steps and tokens
   expect_refused(j, "exactly one");
   j = two_stages();
-  j["stages"][1]["seq_len"] = 36;  // not a multiple of 2·cp = 4
+  j["stages"][1]["seq_len"] = 34;  // not a multiple of 2·cp = 4
   expect_refused(j, "2·cp");
   j = two_stages();
   j["stages"][0]["lr"]["shape"] = "step";
