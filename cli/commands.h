@@ -17,6 +17,7 @@ void add_generate_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_average_command(CLI::App& app);
 
 // Thrown by `verify` when the parallel run is outside tolerance: exit code 1, after the report.
 class VerificationFailed : public std::runtime_error {

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   llama4d::cli::add_verify_command(app);
   llama4d::cli::add_schedule_command(app);
   llama4d::cli::add_plan_command(app);
+  llama4d::cli::add_average_command(app);
   CLI::App* bench = llama4d::cli::add_bench_command(app);
   llama4d::cli::add_bench_comm_command(*bench);
   try {

@@ -102,3 +102,30 @@ TEST(Cli, ConfigAndWeightsThatDisagreeAreRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// `average`: the mean of two runs' weights, written as a model checkpoint that eval reads;
+// bad input (one checkpoint, a missing one) exits 2 naming the problem and writes nothing.
+TEST(Cli, AverageWritesAModelCheckpointAndRefusesBadInput) {
+  const std::string dir = tmp("average");
+  for (const char* seed : {"1", "2"}) {
+    const Result t = run(std::string("train --preset tiny --steps 1 --seq-len 32 --batch-size 2 --eval-every 0 --seed ") +
+                         seed + " --out " + dir + "/r" + seed);
+    ASSERT_EQ(t.code, 0) << t.err;
+  }
+  const std::string a = dir + "/r1/checkpoint", b = dir + "/r2/checkpoint";
+  const Result r = run("average --json --out " + dir + "/avg " + a + " " + b);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("checkpoints").get<int>(), 2);
+  EXPECT_EQ(j.at("dtype").get<std::string>(), "float32");
+  const Result e = run("eval --checkpoint " + dir + "/avg --seq-len 32 --max-windows 1 --json");
+  EXPECT_EQ(e.code, 0) << e.err;
+  expect_bad_input(run("average --out " + dir + "/bad " + a), "at least 2 checkpoints");
+  expect_bad_input(run("average --out " + dir + "/bad " + a + " " + dir + "/nope"), "nope");
+  EXPECT_FALSE(fs::exists(dir + "/bad"));
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,97 @@
+// Recipe files: stages, lengths in steps or tokens, the LR across stages, and bad input named
+// by stage and key.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/train/recipe.h"
+
+namespace llama4d {
+namespace {
+
+using nlohmann::json;
+
+json two_stages() {
+  return json::parse(R"({"seed": 7, "stages": [
+    {"name": "ramp", "steps": 4, "batch_size": 8, "seq_len": 32, "dp": 2,
+     "data": {"a": 1}, "lr": {"shape": "warmup", "from": 0, "to": 0.004}},
+    {"name": "anneal", "tokens": 3072, "batch_size": 4, "seq_len": 64, "cp": 2,
+     "data": {"a": 1, "b": 3}, "lr": {"shape": "cosine", "from": 0.004, "to": 0.0}}]})");
+}
+
+TEST(Recipe, ParsesStagesAndTheirLengths) {
+  const Recipe r = parse_recipe(two_stages(), 128);
+  EXPECT_EQ(r.seed, 7u);
+  ASSERT_EQ(r.stages.size(), 2u);
+  EXPECT_EQ(r.stages[0].steps, 4);
+  EXPECT_EQ(r.stages[1].steps, 3072 / (4 * 64));  // 12
+  EXPECT_EQ(r.stages[1].cp, 2);
+  ASSERT_EQ(r.stages[1].data.size(), 2u);
+  EXPECT_EQ(r.stages[1].data[1].path, "b");
+  EXPECT_EQ(r.stages[1].data[1].weight, 3);
+  EXPECT_EQ(r.total_steps(), 16);
+  EXPECT_EQ(r.locate(3), (std::pair<size_t, int64_t>{0, 3}));
+  EXPECT_EQ(r.locate(4), (std::pair<size_t, int64_t>{1, 0}));
+  EXPECT_THROW(r.locate(16), InputError);
+}
+
+TEST(Recipe, LearningRateFollowsEachStagesSegment) {
+  const Recipe r = parse_recipe(two_stages(), 128);
+  // Warmup: 0.004 * k / 4 over steps 0..3.
+  for (int k = 0; k < 4; ++k) EXPECT_DOUBLE_EQ(r.lr_at(k), 0.004 * k / 4.0);
+  // Cosine from 0.004 to 0 over 12 steps: 0.004 * (1 + cos(pi k / 12)) / 2.
+  for (int k = 0; k < 12; ++k) EXPECT_NEAR(r.lr_at(4 + k), 0.004 * (1 + std::cos(std::numbers::pi * k / 12)) / 2, 1e-17);
+}
+
+void expect_refused(json j, const std::string& needle, int64_t max_positions = 128) {
+  try {
+    parse_recipe(j, max_positions);
+    ADD_FAILURE() << "accepted: " << needle;
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Recipe, BadInputNamesTheStageAndTheKey) {
+  json j = two_stages();
+  j["stages"][1]["batchsize"] = 4;
+  expect_refused(j, "recipe stage 2 (\"anneal\") key \"batchsize\": unknown key");
+  j = two_stages();
+  j["stages"][0]["dp"] = 3;
+  expect_refused(j, "stage 1 (\"ramp\") key \"batch_size\"");
+  j = two_stages();
+  j["stages"][1]["seq_len"] = 256;
+  expect_refused(j, "stage 2 (\"anneal\") key \"seq_len\"");
+  j = two_stages();
+  j["stages"][1]["data"]["b"] = 0;
+  expect_refused(j, "key \"data\": weight of b must be a number > 0");
+  j["stages"][1]["data"]["b"] = -2;
+  expect_refused(j, "weight of b");
+  j = two_stages();
+  j["stages"][1]["tokens"] = 3000;  // not a whole number of 256-token steps
+  expect_refused(j, "key \"tokens\"");
+  j = two_stages();
+  j["stages"][0]["tokens"] = 1024;  // both steps and tokens
+  expect_refused(j, "exactly one");
+  j = two_stages();
+  j["stages"][1]["seq_len"] = 34;  // not a multiple of 2·cp = 4
+  expect_refused(j, "2·cp");
+  j = two_stages();
+  j["stages"][0]["lr"]["shape"] = "step";
+  expect_refused(j, "stage 1 (\"ramp\") lr key \"shape\"");
+  j = two_stages();
+  j["stages"][0]["steps"] = 1.5;
+  expect_refused(j, "key \"steps\": must be a whole number");
+  j = two_stages();
+  j["speed"] = 1;
+  expect_refused(j, "recipe key \"speed\": unknown key");
+  expect_refused(json::parse(R"({"stages": []})"), "recipe key \"stages\"");
+}
+
+}  // namespace
+}  // namespace llama4d
