@@ -34,20 +34,29 @@ void ModelChoice::add_options(CLI::App& cmd, const std::string& default_preset, 
       ->capture_default_str();
 }
 
-LlamaConfig ModelChoice::resolve() const {
-  if (!checkpoint.empty()) {
+namespace {
+// The chosen config, MoE or not.
+LlamaConfig resolve_config(const ModelChoice& m) {
+  if (!m.checkpoint.empty()) {
     std::error_code ec;
     const char* makes = "; `llama4d train --out DIR` saves one as DIR/checkpoint";
-    if (!std::filesystem::exists(checkpoint, ec))
-      throw InputError("--checkpoint " + checkpoint + " does not exist" + makes);
-    if (std::filesystem::is_directory(checkpoint, ec) &&
-        !std::filesystem::exists(std::filesystem::path(checkpoint) / kConfigFile, ec))
-      throw InputError("--checkpoint " + checkpoint + " is not a checkpoint (no config.json in it)" + makes);
-    return load_config(checkpoint);
+    if (!std::filesystem::exists(m.checkpoint, ec))
+      throw InputError("--checkpoint " + m.checkpoint + " does not exist" + makes);
+    if (std::filesystem::is_directory(m.checkpoint, ec) &&
+        !std::filesystem::exists(std::filesystem::path(m.checkpoint) / kConfigFile, ec))
+      throw InputError("--checkpoint " + m.checkpoint + " is not a checkpoint (no config.json in it)" + makes);
+    return load_config(m.checkpoint);
   }
-  if (!config.empty()) return LlamaConfig::from_file(config);
-  LlamaConfig cfg = LlamaConfig::preset(preset);
+  if (!m.config.empty()) return LlamaConfig::from_file(m.config);
+  LlamaConfig cfg = LlamaConfig::preset(m.preset);
   cfg.validate();
+  return cfg;
+}
+}  // namespace
+
+LlamaConfig ModelChoice::resolve() const {
+  LlamaConfig cfg = resolve_config(*this);
+  refuse_moe(cfg, describe());
   return cfg;
 }
 

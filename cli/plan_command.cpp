@@ -228,6 +228,7 @@ void add_plan_command(CLI::App& app) {
       return;
     }
     const LlamaConfig model = a->config.empty() ? LlamaConfig::preset(a->preset) : LlamaConfig::from_file(a->config);
+    refuse_moe(model, "plan");  // its memory, traffic and FLOP formulas are the dense layers'
     if (a->parallel.mesh.empty()) throw InputError("plan: --mesh is required (e.g. --mesh dp=1 for one GPU)");
     const ParallelPlan plan = a->parallel.plan(model, "ordered");
     paper_defaults(*a, *cmd, plan.dp());

@@ -186,10 +186,13 @@ LlamaConfig byte_shape(int64_t C, int64_t I, int64_t L, int64_t nh, int64_t nkv,
 
 int64_t LlamaConfig::num_parameters_per_layer() const {
   const int64_t C = hidden_size;
+  const int64_t ffn = moe() ? num_local_experts * C                          // block_sparse_moe.gate
+                                  + num_local_experts * 3 * C * intermediate_size  // experts' w1, w2, w3
+                            : 3 * C * intermediate_size;                      // gate_proj, up_proj, down_proj
   return 2 * C                       // input_layernorm + post_attention_layernorm
          + C * q_dim() + q_dim() * C  // q_proj, o_proj
          + 2 * C * kv_dim()           // k_proj, v_proj
-         + 3 * C * intermediate_size; // gate_proj, up_proj, down_proj
+         + ffn;
 }
 
 int64_t LlamaConfig::num_parameters() const {
@@ -212,6 +215,18 @@ void LlamaConfig::validate() const {
   positive(num_key_value_heads, "num_key_value_heads");
   positive(head_dim, "head_dim");
   positive(max_position_embeddings, "max_position_embeddings");
+  if (num_local_experts < 0)
+    throw InputError("config: num_local_experts must be 0 (dense) or positive, got " + std::to_string(num_local_experts));
+  if (moe()) {
+    if (num_experts_per_tok < 1 || num_experts_per_tok > num_local_experts)
+      throw InputError("config: num_experts_per_tok (" + std::to_string(num_experts_per_tok) +
+                       ") must be in [1, num_local_experts = " + std::to_string(num_local_experts) + "]");
+    if (!std::isfinite(router_aux_loss_coef) || router_aux_loss_coef < 0)
+      throw InputError("config: router_aux_loss_coef must be a finite number >= 0");
+  } else if (num_experts_per_tok != 0 || router_aux_loss_coef != 0.0 || output_router_logits) {
+    throw InputError("config: num_experts_per_tok, router_aux_loss_coef and output_router_logits need "
+                     "num_local_experts > 0 (a mixture of experts)");
+  }
   if (num_attention_heads % num_key_value_heads != 0)
     throw InputError("config: num_attention_heads (" + std::to_string(num_attention_heads) +
                      ") is not divisible by num_key_value_heads (" +
@@ -254,8 +269,16 @@ void LlamaConfig::validate() const {
 
 json LlamaConfig::to_json() const {
   json j;
-  j["architectures"] = json::array({"LlamaForCausalLM"});
-  j["model_type"] = "llama";
+  j["architectures"] = json::array({moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = moe() ? "mixtral" : "llama";
+  if (moe()) {
+    j["num_local_experts"] = num_local_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["output_router_logits"] = output_router_logits;
+    j["router_jitter_noise"] = 0.0;  // transformers' default; we add no noise to the router's logits
+    j["sliding_window"] = nullptr;   // full causal attention, as Llama's
+  }
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -305,10 +328,25 @@ LlamaConfig LlamaConfig::from_json(const json& j) {
   // Keys that would change the architecture into one we do not implement. model_type names the
   // architecture in every Hugging Face config.json; another one's weights (mistral, qwen2, ...)
   // share most Llama tensor names and would otherwise load and run as a different model.
+  bool mixtral = false;
   if (const json* type = find(j, "model_type")) {
     if (!type->is_string()) wrong_type("model_type", "a string", *type);
-    if (type->get<std::string>() != "llama")
-      throw InputError("config: model_type '" + type->get<std::string>() + "' is not supported (only 'llama')");
+    const std::string name = type->get<std::string>();
+    if (name != "llama" && name != "mixtral")
+      throw InputError("config: model_type '" + name + "' is not supported (only 'llama' or 'mixtral')");
+    mixtral = name == "mixtral";
+  }
+  // Mixtral's keys: on a Llama config transformers ignores them, and so would we; refused
+  // instead, so a config never means something other than what it says.
+  for (const char* key : {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
+                          "router_jitter_noise", "sliding_window"})
+    if (!mixtral && find(j, key))
+      throw InputError(std::string("config key '") + key + "' needs model_type 'mixtral'");
+  if (mixtral) {
+    if (const json* w = find(j, "sliding_window"); w && !w->is_null())
+      throw InputError("config: sliding_window " + w->dump() + " is not supported (only null: full causal attention)");
+    if (optional_double(j, "router_jitter_noise", 0.0) != 0.0)
+      throw InputError("config: router_jitter_noise other than 0 is not supported (the router is deterministic)");
   }
   if (const json* act = find(j, "hidden_act")) {
     if (!act->is_string()) wrong_type("hidden_act", "a string", *act);
@@ -343,6 +381,15 @@ LlamaConfig LlamaConfig::from_json(const json& j) {
   // Absent ids keep our byte-vocabulary defaults (bos 256, eos 257).
   c.bos_token_id = token_id(j, "bos_token_id", c.bos_token_id);
   c.eos_token_id = token_id(j, "eos_token_id", c.eos_token_id);
+  if (mixtral) {  // transformers' MixtralConfig defaults
+    c.num_local_experts = optional_int(j, "num_local_experts", 8);
+    c.num_experts_per_tok = optional_int(j, "num_experts_per_tok", 2);
+    c.router_aux_loss_coef = optional_double(j, "router_aux_loss_coef", 0.001);
+    c.output_router_logits = optional_bool(j, "output_router_logits", false);
+    if (c.num_local_experts < 1)
+      throw InputError("config: num_local_experts must be positive for model_type 'mixtral', got " +
+                       std::to_string(c.num_local_experts));
+  }
   c.validate();
   return c;
 }
@@ -355,6 +402,12 @@ LlamaConfig LlamaConfig::from_file(const std::string& path) {
   } catch (const InputError& e) {
     throw InputError("config file '" + path + "': " + e.what());
   }
+}
+
+void refuse_moe(const LlamaConfig& cfg, const std::string& what) {
+  if (cfg.moe())
+    throw InputError(what + ": mixture-of-experts layers (num_local_experts = " + std::to_string(cfg.num_local_experts) +
+                     ") are not supported yet: the model runs dense Llama layers only");
 }
 
 // ---- Presets --------------------------------------------------------------------------------

@@ -38,6 +38,15 @@ struct LlamaConfig {
   std::optional<RopeScaling> rope_scaling;
   int64_t bos_token_id = 256;           // byte vocabulary: ids >= 256 are special tokens
   int64_t eos_token_id = 257;
+  // Mixture of experts (Hugging Face Mixtral's keys, model_type "mixtral"): every layer's SwiGLU
+  // FFN becomes num_local_experts experts of width intermediate_size and a router choosing
+  // num_experts_per_tok of them per token (core/model/moe.h). 0 experts: a dense Llama, and the
+  // other three keep their defaults (validate refuses anything else).
+  int64_t num_local_experts = 0;     // E
+  int64_t num_experts_per_tok = 0;   // k, in [1, E]
+  double router_aux_loss_coef = 0.0; // the load-balancing loss's weight (HF's default 0.001)
+  bool output_router_logits = false; // HF: add the load-balancing loss to the training loss
+  bool moe() const { return num_local_experts > 0; }
 
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t q_dim() const { return num_attention_heads * head_dim; }
@@ -59,5 +68,10 @@ struct LlamaConfig {
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 };
+
+// InputError naming `what` when cfg has mixture-of-experts layers: the model's forward and backward
+// (and every command built on them) do not run MoE layers yet (issue 54; core/model/moe.h is the
+// layer alone), so a Mixtral config is refused by name rather than run as something else.
+void refuse_moe(const LlamaConfig& cfg, const std::string& what);
 
 }  // namespace llama4d

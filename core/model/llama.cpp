@@ -59,6 +59,7 @@ template <class T>
 Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& layout, const std::vector<UnitRange>& held)
     : cfg_(cfg), tp_(layout), memory_(memory) {
   cfg_.validate();
+  refuse_moe(cfg_, "Llama");
   const int L = num_layers();
   held_.assign(size_t(num_units()), held.empty() ? 1 : 0);
   for (const UnitRange& r : held) {

@@ -71,6 +71,18 @@ std::vector<ParamSpec> llama_param_specs(const LlamaConfig& cfg, const TpLayout&
     }
     add(p + "self_attn.o_proj.weight", {C, heads * hd}, {C, q}, 0, heads_begin * hd, l, true);
     add(p + "post_attention_layernorm.weight", {C}, {C}, 0, 0, l, false);
+    if (cfg.moe()) {  // Hugging Face Mixtral's names, in MoeWeights' order (core/model/moe.h)
+      if (sliced) throw InputError("tensor parallelism of mixture-of-experts layers is not supported");
+      const int64_t E = cfg.num_local_experts;
+      add(p + "block_sparse_moe.gate.weight", {E, C}, {E, C}, 0, 0, l, true);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        add(x + "w1.weight", {I, C}, {I, C}, 0, 0, l, true);
+        add(x + "w2.weight", {C, I}, {C, I}, 0, 0, l, true);
+        add(x + "w3.weight", {I, C}, {I, C}, 0, 0, l, true);
+      }
+      continue;
+    }
     add(p + "mlp.gate_proj.weight", {ffn, C}, {I, C}, ffn_begin, 0, l, true);
     add(p + "mlp.up_proj.weight", {ffn, C}, {I, C}, ffn_begin, 0, l, true);
     add(p + "mlp.down_proj.weight", {C, ffn}, {C, I}, 0, ffn_begin, l, true);
