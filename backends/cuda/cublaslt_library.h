@@ -37,8 +37,6 @@ struct CublasLtLibrary {
   decltype(&cublasLtMatmul) matmul = nullptr;
 };
 
-// "13.1.0" from cublasLtGetVersion's number.
-std::string cublaslt_version_text(size_t version);
 // InputError naming cuBLASLt, the file and both versions when `version` is below the minimum.
 void check_cublaslt_version(size_t version, const std::string& path);
 // The first candidate that loads and exports every call above, version-checked; the library stays

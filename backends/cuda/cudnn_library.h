@@ -27,8 +27,6 @@ struct CudnnLibrary {
   void* handle = nullptr;  // dlopen's handle, which the frontend's dynamic loading reads symbols from
 };
 
-// "9.19.0" from cudnnGetVersion's number.
-std::string cudnn_version_text(size_t version);
 // InputError naming cuDNN, the file and both versions when `version` is below the minimum.
 void check_cudnn_version(size_t version, const std::string& path);
 // The first candidate that loads and exports the calls the frontend's SDPA graphs make first
