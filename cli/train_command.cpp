@@ -543,6 +543,10 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
       throw InputError("--memory-copy-every keeps the copies in this process, for virtual GPUs (--backend virtual), not "
                        "--backend " + a.launch.backend);
     MemoryCopies<float>(plan.world_size(), a.launch.gpus_per_node, a.memory_copy_every);  // InputError naming it
+    // The copies exist to restart from; with no restart allowed they would only cost time.
+    if (a.max_restarts == 0)
+      throw InputError("--memory-copy-every keeps copies to restart from, and --max-restarts is 0 (a failure ends the "
+                       "run): give --max-restarts N as well");
   }
   if (a.faults.empty()) return {};
   if (a.launch.backend != "virtual")

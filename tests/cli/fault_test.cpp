@@ -249,6 +249,8 @@ TEST(MemoryCopyCli, BadPlacementExitsTwoNamingIt) {
   expect_bad_input(run("train" + kFaultRun + " --mesh dp=3 --gpus-per-node 2 --memory-copy-every 1" + out),
                    "not a whole number of nodes");
   expect_bad_input(run("train --preset tiny --steps 2 --memory-copy-every 1" + out), "--memory-copy-every copies the shards");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=4 --gpus-per-node 2 --memory-copy-every 1" + out),
+                   "--memory-copy-every keeps copies to restart from, and --max-restarts is 0");
   EXPECT_FALSE(fs::exists(tmp("copies_bad") + "/checkpoint")) << "a refused run wrote nothing";
 }
 LLAMA4D_TIER(MemoryCopyCli, BadPlacementExitsTwoNamingIt, quick);
