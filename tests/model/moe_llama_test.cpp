@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/model/decode.h"
 #include "core/model/llama.h"
 #include "tests/model/model_test_util.h"
 
@@ -264,6 +265,64 @@ TEST(MoeLlama, FloatForwardAgreesWithDouble) {
   EXPECT_NEAR(lf.loss_sum, ld.loss_sum, 1e-5 * std::abs(ld.loss_sum));
   EXPECT_NEAR(f.aux_loss(), d.aux_loss(), 1e-6);
   EXPECT_EQ(f.expert_counts().size(), size_t(2 * 4));
+}
+
+// Activation checkpointing recomputes the MoE layer with the same ops on the same inputs (selective
+// keeps the layer's activations; full and every:k rerun its forward), so every policy gives the
+// bits of none: the loss, the load-balancing loss and every gradient, over two micro-batches.
+TEST(MoeLlama, CheckpointingPoliciesGiveTheBitsOfNone) {
+  LlamaConfig cfg = tiny_moe(4, 2, 0.05);
+  cfg.num_hidden_layers = 3;  // every:2 ends in a short segment
+  const Batch b = test::make_batch(2, 9, cfg.vocab_size, 31, true);
+  std::vector<float> reference;
+  double ref_loss = 0, ref_aux = 0;
+  for (const char* spec : {"none", "selective", "full", "every:2"}) {
+    Llama<float> m(cfg);
+    m.set_checkpointing(Checkpointing::parse(spec, int(cfg.num_hidden_layers)));
+    m.init_weights(12);
+    test::perturb_params(m, 13);
+    m.zero_grad();
+    LossSum loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
+    m.backward(0.1f);
+    loss = m.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
+    m.backward(0.1f);
+    if (std::string(spec) == "none") {
+      reference = test::flat_grads(m), ref_loss = loss.loss_sum, ref_aux = m.aux_loss();
+      ASSERT_GT(ref_aux, 0.0);
+      continue;
+    }
+    EXPECT_EQ(loss.loss_sum, ref_loss) << spec;
+    EXPECT_EQ(m.aux_loss(), ref_aux) << spec;
+    EXPECT_TRUE(test::same_bits(test::flat_grads(m), reference)) << spec;
+  }
+}
+
+// KV-cache decoding runs the MoE layer on the new positions only; each token's routing depends on
+// that token alone, so the logits equal a full forward's at the last position of every prefix.
+TEST(MoeLlama, DecodeMatchesForwardFp64) {
+  const LlamaConfig cfg = tiny_moe(4, 2, 0.02);
+  const int64_t B = 2, total = 8, V = cfg.vocab_size;
+  Llama<double> m(cfg);
+  m.init_weights(17);
+  test::perturb_params(m, 18);
+  const Batch seq = test::make_batch(B, total, V, 19, false);
+  Decoder<double> decoder(m, B, total);
+  std::vector<double> step_logits(size_t(B * V));
+  int64_t len = 0;
+  for (int64_t n : {3, 2, 1, 1, 1}) {
+    std::vector<int32_t> chunk(size_t(B * n));
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < n; ++t) chunk[size_t(r * n + t)] = seq.tokens[size_t(r * total + len + t)];
+    decoder.feed(chunk.data(), n, step_logits.data());
+    len += n;
+    std::vector<int32_t> prefix(size_t(B * len));
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < len; ++t) prefix[size_t(r * len + t)] = seq.tokens[size_t(r * total + t)];
+    m.forward(prefix.data(), nullptr, B, len);
+    for (int64_t r = 0; r < B; ++r)
+      EXPECT_LE(test::rel_error(step_logits.data() + r * V, m.logits() + (r * len + len - 1) * V, V), 1e-12)
+          << "row " << r << " after " << len << " tokens";
+  }
 }
 
 // What the MoE layer does not run under yet is refused by name, before anything computes.
