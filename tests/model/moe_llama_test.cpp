@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/model/decode.h"
+#include "core/model/flops.h"
 #include "core/model/llama.h"
 #include "tests/model/model_test_util.h"
 
@@ -323,6 +324,21 @@ TEST(MoeLlama, DecodeMatchesForwardFp64) {
       EXPECT_LE(test::rel_error(step_logits.data() + r * V, m.logits() + (r * len + len - 1) * V, V), 1e-12)
           << "row " << r << " after " << len << " tokens";
   }
+}
+
+// MFU's numerator counts what a token multiplies: tiny-moe (C 64, q 64, kv 32, I 88, E 4, k 2,
+// V 264, L 2) per layer 2·64·64 + 2·32·64 = 12'288 of attention, the router 4·64 = 256 and two
+// experts 2·3·88·64 = 33'792, so 46'336; two layers and the head 264·64 = 16'896: 109'568.
+TEST(MoeLlama, FlopsCountTheRouterAndTheKChosenExpertsByHand) {
+  const LlamaConfig cfg = LlamaConfig::preset("tiny-moe");
+  EXPECT_EQ(ffn_matmul_parameters(cfg), 256 + 33'792);
+  EXPECT_EQ(matmul_parameters(cfg), 109'568);
+  EXPECT_EQ(training_flops_per_token(cfg, 128), 6.0 * 109'568 + 12.0 * 2 * 64 * 128);
+  // One block, B 1 x T 4: products 2·4·64·(64 + 64) + 2·4·64·64 + 2·4·34'048 = 370'688; attention
+  // 4·hd 16·nh 4·T(T+1)/2 10 = 2'560; a recomputed MoE layer runs whole (no down_proj saved).
+  const UnitFlops f = unit_flops(cfg, 1, 4, block_unit(0));
+  EXPECT_EQ(f.forward, 370'688.0 + 2'560.0);
+  EXPECT_EQ(f.down_proj, 0.0);
 }
 
 // What the MoE layer does not run under yet is refused by name, before anything computes.
