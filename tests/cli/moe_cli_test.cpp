@@ -1,7 +1,7 @@
 // A mixture-of-experts Llama through the real binary: `train --preset tiny-moe` runs on one
 // device, its loss falls, its routing is reported (aux_loss and per-expert token counts in every
 // metrics row, final_aux_loss in --json), its checkpoint (Hugging Face Mixtral names) loads in
-// eval; and every mesh dim and the bf16 path it does not run under yet exit 2 naming them.
+// eval; the trivial mesh gives its bytes; and every mesh dim and the bf16 path it does not run under yet exit 2 naming them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -57,6 +57,23 @@ TEST(CliMoe, TinyMoeTrainsOnOneDeviceAndReportsItsRouting) {
   ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_TRUE(std::isfinite(nlohmann::json::parse(e.out).at("loss").get<double>()));
   fs::remove_all(out);
+}
+
+// The trivial mesh (one rank through the parallel trainer) is the one mesh a MoE model runs on: it
+// gives the plain trainer's weights and AdamW moments byte for byte.
+TEST(CliMoe, TrivialMeshEqualsOneDeviceByteForByte) {
+  const std::string common = "train --preset tiny-moe --seq-len 32 --batch-size 4 --steps 3 --eval-every 0 --out ";
+  const std::string one = tmp("moe_one"), mesh = tmp("moe_dp1");
+  ASSERT_EQ(run(common + one).code, 0);
+  const Result r = run(common + mesh + " --mesh dp=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string a = read_file(one + "/checkpoint/" + f);
+    ASSERT_FALSE(a.empty()) << f;
+    EXPECT_TRUE(a == read_file(mesh + "/checkpoint/" + f)) << f << " differs from one device's";
+  }
+  fs::remove_all(one);
+  fs::remove_all(mesh);
 }
 
 TEST(CliMoe, MeshesAndBf16AreRefusedByName) {
