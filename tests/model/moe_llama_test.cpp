@@ -90,8 +90,12 @@ TEST_P(MoeLlamaGradientCheck, EveryTensorMatchesFiniteDifferences) {
   ASSERT_TRUE(std::isfinite(f0));
   if (gc.coef > 0) ASSERT_GT(m.aux_loss(), 0.0);
   const std::vector<int64_t> counts = m.expert_counts();
-  m.backward(1.0);
-  const std::vector<double> grads = test::flat_grads(m);
+  // backward(s) differentiates s · objective: s a power of two, so dividing by it is exact, and a
+  // load-balancing gradient that ignored s (or B·seq) would not match.
+  const double s = 0.25;
+  m.backward(s);
+  std::vector<double> grads = test::flat_grads(m);
+  for (double& g : grads) g /= s;
 
   // A step of h must not change any token's choice of experts (top-k is piecewise): the counts
   // after the finite differences are those of the forward above, and so is the objective.
@@ -111,7 +115,7 @@ TEST_P(MoeLlamaGradientCheck, EveryTensorMatchesFiniteDifferences) {
       }
     }
     double num = 0, den = 0;
-    for (int s = 0; s < 6; ++s) {
+    for (int sample = 0; sample < 6; ++sample) {
       const int64_t i = test::next_index(rng, p.numel);
       const double fd = finite_difference(m, b, m.params() + p.offset + i, 1e-4);
       const double an = grads[size_t(p.offset + i)];
