@@ -4,7 +4,10 @@
 //  - identities that need no reference implementation: E experts all holding one dense SwiGLU's
 //    weights give the dense Llama's loss and gradients for any router (the renormalised weights
 //    of a token sum to 1), and a zero router gives uniform probabilities, experts 0..k-1 for every
-//    token and a load-balancing loss of coef·k per layer by hand;
+//    token and a load-balancing loss of coef·k per layer by hand; two experts behind equal router
+//    rows, one silenced, give the dense model at half its down projection;
+//  - every activation-checkpointing policy gives the bits of none; KV-cache decoding the full
+//    forward's logits; FLOPs per token counted by hand;
 //  - the parallel paths it does not cover yet refuse it by name.
 //
 // Objective of backward(loss_scale) (Llama::aux_loss): loss_scale · (loss_sum + B·seq · aux_loss).
@@ -255,6 +258,50 @@ TEST(MoeLlama, ZeroRouterSendsEveryTokenToTheFirstKExpertsWithAuxCoefTimesK) {
   const std::vector<int64_t> want = {15, 15, 0, 0, 15, 15, 0, 0};
   EXPECT_EQ(moe.expert_counts(), want);
   EXPECT_NEAR(lm.loss_sum, ld.loss_sum, 1e-12 * std::abs(ld.loss_sum));
+}
+
+// The combine weighs each expert by its renormalised probability. With E = k = 2, equal router rows
+// (probabilities 1/2 for every token) and expert 1's down projection zero, out[t] = f_0(x[t]) / 2:
+// the dense model whose down_proj is expert 0's w2 halved (exact in binary). By hand the
+// load-balancing loss is coef·E·(f_0 P_0 + f_1 P_1) = coef·2·(1·1/2 + 1·1/2) = 2·coef per layer
+// (every token reaches both experts), and d loss / d w2_0 is the dense down_proj's gradient halved.
+TEST(MoeLlama, EqualRouterRowsWeighEachExpertByOneHalf) {
+  const double coef = 0.25;
+  const LlamaConfig dense_cfg = test::tiny_config(false, false);
+  Llama<double> dense(dense_cfg), moe(tiny_moe(2, 2, coef));
+  dense.init_weights(21);
+  test::perturb_params(dense, 22);
+  moe.init_weights(23);
+  test::perturb_params(moe, 24);
+  copy_dense_into_every_expert(moe, dense, 2, 2);
+  for (int l = 0; l < 2; ++l) {
+    const std::string layer = "model.layers." + std::to_string(l) + ".";
+    const int64_t C = dense_cfg.hidden_size, I = dense_cfg.intermediate_size;
+    double* gate = moe.param(layer + "block_sparse_moe.gate.weight");
+    std::copy(gate, gate + C, gate + C);  // row 1 = row 0 (random)
+    double* w2_1 = moe.param(layer + "block_sparse_moe.experts.1.w2.weight");
+    std::fill(w2_1, w2_1 + C * I, 0.0);
+    double* down = dense.param(layer + "mlp.down_proj.weight");
+    for (int64_t i = 0; i < C * I; ++i) down[i] /= 2;
+  }
+  const Batch b = test::make_batch(2, 6, dense_cfg.vocab_size, 25, /*ignore_some=*/true);
+  dense.zero_grad();
+  moe.zero_grad();
+  const LossSum ld = dense.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
+  const LossSum lm = moe.forward(b.tokens.data(), b.targets.data(), b.B, b.seq);
+  EXPECT_NEAR(lm.loss_sum, ld.loss_sum, 1e-12 * std::abs(ld.loss_sum));
+  EXPECT_NEAR(moe.aux_loss(), 2 * 2 * coef, 1e-15);
+  EXPECT_EQ(moe.expert_counts(), (std::vector<int64_t>{12, 12, 12, 12}));
+  dense.backward(1.0);
+  moe.backward(1.0);
+  for (int l = 0; l < 2; ++l) {
+    const std::string layer = "model.layers." + std::to_string(l) + ".";
+    const ParamSpec& down = find_param(dense.param_specs(), layer + "mlp.down_proj.weight");
+    std::vector<double> half(dense.grad(down.name), dense.grad(down.name) + down.numel);
+    for (double& g : half) g /= 2;
+    EXPECT_LE(test::rel_error(moe.grad(layer + "block_sparse_moe.experts.0.w2.weight"), half.data(), down.numel), 1e-11)
+        << layer;
+  }
 }
 
 // The float model trains too, and its loss agrees with the fp64 one's at float precision.
