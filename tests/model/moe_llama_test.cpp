@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <functional>
 #include <initializer_list>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,9 @@ TEST_P(MoeLlamaGradientCheck, EveryTensorMatchesFiniteDifferences) {
   m.zero_grad();
   const double f0 = objective(m, b);
   ASSERT_TRUE(std::isfinite(f0));
-  if (gc.coef > 0) ASSERT_GT(m.aux_loss(), 0.0);
+  if (gc.coef > 0) {
+    ASSERT_GT(m.aux_loss(), 0.0);
+  }
   const std::vector<int64_t> counts = m.expert_counts();
   // backward(s) differentiates s · objective: s a power of two, so dividing by it is exact, and a
   // load-balancing gradient that ignored s (or B·seq) would not match.
@@ -146,7 +149,7 @@ INSTANTIATE_TEST_SUITE_P(Model, MoeLlamaGradientCheck,
 
 // Copies every tensor the dense model has into the MoE model: the attention, norms, embedding and
 // head by name, and the dense SwiGLU (gate_proj, up_proj, down_proj) into every expert (w1, w3, w2).
-void copy_dense_into_every_expert(Llama<double>& moe, Llama<double>& dense, int64_t E, int layers) {
+void copy_dense_into_every_expert(Llama<double>& moe, Llama<double>& dense, int64_t E) {
   for (const ParamSpec& p : dense.param_specs()) {
     const double* src = dense.param(p.name);
     auto put = [&](const std::string& name) {
@@ -162,7 +165,6 @@ void copy_dense_into_every_expert(Llama<double>& moe, Llama<double>& dense, int6
     const std::string w = proj == "gate_proj.weight" ? "w1" : proj == "up_proj.weight" ? "w3" : "w2";
     for (int64_t e = 0; e < E; ++e) put(layer + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight");
   }
-  (void)layers;
 }
 
 // For any router, E identical experts give the dense SwiGLU: out[t] = sum_j weights[t,j] f(x[t])
@@ -180,7 +182,7 @@ TEST(MoeLlama, IdenticalExpertsGiveTheDenseModelForAnyRouter) {
   test::perturb_params(dense, 55);
   moe.init_weights(4);
   test::perturb_params(moe, 66);  // the router's rows: random, and differently so per layer
-  copy_dense_into_every_expert(moe, dense, E, int(dense_cfg.num_hidden_layers));
+  copy_dense_into_every_expert(moe, dense, E);
 
   const Batch b = test::make_batch(2, 7, dense_cfg.vocab_size, 11, /*ignore_some=*/true);
   dense.zero_grad();
@@ -246,7 +248,7 @@ TEST(MoeLlama, ZeroRouterSendsEveryTokenToTheFirstKExpertsWithAuxCoefTimesK) {
   dense.init_weights(8);
   test::perturb_params(dense, 9);
   moe.init_weights(10);
-  copy_dense_into_every_expert(moe, dense, E, 2);
+  copy_dense_into_every_expert(moe, dense, E);
   for (int l = 0; l < 2; ++l) {
     const ParamSpec& gate = find_param(moe.param_specs(), "model.layers." + std::to_string(l) + ".block_sparse_moe.gate.weight");
     std::fill(moe.param(gate.name), moe.param(gate.name) + gate.numel, 0.0);
@@ -273,7 +275,7 @@ TEST(MoeLlama, EqualRouterRowsWeighEachExpertByOneHalf) {
   test::perturb_params(dense, 22);
   moe.init_weights(23);
   test::perturb_params(moe, 24);
-  copy_dense_into_every_expert(moe, dense, 2, 2);
+  copy_dense_into_every_expert(moe, dense, 2);
   for (int l = 0; l < 2; ++l) {
     const std::string layer = "model.layers." + std::to_string(l) + ".";
     const int64_t C = dense_cfg.hidden_size, I = dense_cfg.intermediate_size;
