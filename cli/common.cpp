@@ -55,9 +55,7 @@ LlamaConfig resolve_config(const ModelChoice& m) {
 }  // namespace
 
 LlamaConfig ModelChoice::resolve() const {
-  LlamaConfig cfg = resolve_config(*this);
-  refuse_moe(cfg, describe());
-  return cfg;
+  return resolve_config(*this);
 }
 
 std::string ModelChoice::describe() const {

@@ -23,7 +23,8 @@ struct ModelChoice {
 
   void add_options(CLI::App& cmd, const std::string& default_preset, bool with_checkpoint);
   // The chosen config, validated. InputError for unknown presets or bad files.
-  // Mixture-of-experts configs are refused (refuse_moe): no command runs them yet.
+  // Mixture-of-experts configs run on one device; a --mesh with any dim > 1 refuses them
+  // (ParallelPlan::check_model), and `plan` refuses them (refuse_moe).
   LlamaConfig resolve() const;
   // Which model this is, for the progress line and the JSON: "preset tiny", "config PATH",
   // "checkpoint DIR".

@@ -279,6 +279,7 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
     if (!metrics) throw IoError("cannot append to " + a.out + "/metrics.jsonl");
   }
   double total_seconds = 0, last_loss = NAN, val_loss = NAN;
+  std::optional<double> last_aux;  // mixture of experts: the last step's load-balancing loss
   int64_t total_tokens = 0, steps_this_run = 0;
   GoodputLedger* ledger = lead && sup ? &sup->ledger : nullptr;
   if (ledger) ledger->loop_started(sup->now());
@@ -297,6 +298,7 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
     total_tokens += st.tokens;
     ++steps_this_run;
     last_loss = st.loss;
+    if (!st.expert_tokens.empty()) last_aux = st.aux_loss;
     if (!std::isfinite(st.loss))
       throw Error("training diverged: loss is " + std::to_string(st.loss) + " at step " + std::to_string(st.step));
     const bool eval_now = a.eval_every > 0 && (st.step % a.eval_every == 0 || st.step == last);
@@ -305,11 +307,13 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
       nlohmann::json row = {{"step", st.step}, {"loss", st.loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
                             {"tokens_per_s", double(st.tokens) / st.seconds}};
       if (eval_now) row["val_loss"] = val_loss;
+      if (!st.expert_tokens.empty()) row["aux_loss"] = st.aux_loss, row["expert_tokens"] = st.expert_tokens;
       // A row lost to a full disk or an I/O error ends the run: the history is the run's record.
       if (!(metrics << row.dump() << "\n" << std::flush)) throw IoError("cannot write " + a.out + "/metrics.jsonl");
       if (st.step % a.log_every == 0 || st.step == last || eval_now)
-        progress("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s%s\n", (long long)st.step,
+        progress("step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s%s%s\n", (long long)st.step,
                  (long long)last, st.loss, st.lr, st.grad_norm, double(st.tokens) / st.seconds,
+                 st.expert_tokens.empty() ? "" : ("  aux_loss " + std::to_string(st.aux_loss)).c_str(),
                  eval_now ? ("  val_loss " + std::to_string(val_loss)).c_str() : "");
     }
     if (a.save_every > 0 && st.step % a.save_every == 0 && st.step != last) save(a.out + "/checkpoint");
@@ -326,7 +330,7 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
     progress("train: saved %s; final loss %.4f%s\n", ckpt.c_str(), last_loss,
              a.eval_every > 0 ? (", val loss " + std::to_string(val_loss)).c_str() : " (no validation: --eval-every 0)");
   auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
-  return {{"final_loss", num(last_loss)},
+  nlohmann::json result = {{"final_loss", num(last_loss)},
           {"steps", t.steps_done()},
           {"steps_this_run", steps_this_run},
           {"tokens", total_tokens},
@@ -335,6 +339,8 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
           {"checkpoint", ckpt},
           {"metrics", a.out + "/metrics.jsonl"},
           {"options", opt.to_json()}};
+  if (last_aux) result["final_aux_loss"] = *last_aux;  // final_loss is the cross-entropy alone
+  return result;
 }
 
 template <class T>

@@ -19,6 +19,10 @@ BlockWeights<T> block_weights(T* p, const BlockDims& d) {
   w.wv = p, p += kvd * C;
   w.wo = p, p += C * qd;
   w.ln2 = p, p += C;
+  if (d.moe()) {
+    w.moe = p;
+    return w;
+  }
   w.wgate = p, p += I * C;
   w.wup = p, p += I * C;
   w.wdown = p;
@@ -31,7 +35,7 @@ void BlockActivations<T>::allocate(MemoryTracker* m, const BlockDims& d) {
   const auto act = MemoryCategory::activations;
   q = Buffer<T>(m, act, BT * qd, "q"), k = Buffer<T>(m, act, BT * kvd, "k"), v = Buffer<T>(m, act, BT * kvd, "v");
   h = Buffer<T>(m, act, d.rows() * C, "h");
-  gate = Buffer<T>(m, act, BT * I, "gate"), up = Buffer<T>(m, act, BT * I, "up");
+  if (!d.moe()) gate = Buffer<T>(m, act, BT * I, "gate"), up = Buffer<T>(m, act, BT * I, "up");
   allocate_recomputable(m, d);
 }
 
@@ -42,7 +46,7 @@ void BlockActivations<T>::allocate_recomputable(MemoryTracker* m, const BlockDim
   n1 = Buffer<T>(m, act_cat, BT * C, "n1"), rstd1 = Buffer<T>(m, act_cat, d.rows(), "rstd1");
   att = Buffer<T>(m, act_cat, BT * qd, "att"), lse = Buffer<T>(m, act_cat, BT * d.nh, "lse");
   n2 = Buffer<T>(m, act_cat, BT * C, "n2"), rstd2 = Buffer<T>(m, act_cat, d.rows(), "rstd2");
-  act = Buffer<T>(m, act_cat, BT * I, "act");
+  if (!d.moe()) act = Buffer<T>(m, act_cat, BT * I, "act");
 }
 
 template <class T>
@@ -71,6 +75,7 @@ void BlockActivations<T>::reset() {
   release_recomputable();
   for (Buffer<T>* b : {&q, &k, &v, &h, &gate, &up}) b->reset();
   for (Buffer<bf16>& b : parked) b.reset();
+  moe.reset();
 }
 
 template <class T>
@@ -78,6 +83,10 @@ int64_t BlockActivations<T>::bytes() const {
   int64_t n = 0;
   for (const Buffer<T>* b : {&q, &k, &v, &h, &gate, &up, &n1, &rstd1, &att, &lse, &n2, &rstd2, &act}) n += b->bytes();
   for (const Buffer<bf16>& b : parked) n += b.bytes();
+  for (const Buffer<T>* b : {&moe.probs, &moe.weights, &moe.ys, &moe.expert.xs, &moe.expert.h1, &moe.expert.h3,
+                             &moe.expert.act})
+    n += b->bytes();
+  for (const Buffer<int32_t>* b : {&moe.experts, &moe.token, &moe.row}) n += b->bytes();
   return n;
 }
 
@@ -89,6 +98,7 @@ void BlockScratch<T>::allocate(MemoryTracker* m, const BlockDims& d) {
   dn = Buffer<T>(m, s, BT * C, "backward dn"), dh = Buffer<T>(m, s, BT * C, "backward dh");
   dq = Buffer<T>(m, s, BT * qd, "backward dq"), dk = Buffer<T>(m, s, BT * kvd, "backward dk");
   dv = Buffer<T>(m, s, BT * kvd, "backward dv"), datt = Buffer<T>(m, s, BT * qd, "backward datt");
+  if (d.moe()) return;  // the MoE layer's backward allocates its own temporaries
   dgate = Buffer<T>(m, s, BT * I, "backward dgate"), dup = Buffer<T>(m, s, BT * I, "backward dup");
   dact = Buffer<T>(m, s, BT * I, "backward dact");
 }
@@ -191,6 +201,20 @@ void attend(BlockActivations<T>& a, const BlockDims& d, int64_t pos_start, Block
   round_if_bf16(a.att.data(), a.att.size(), d.bf16);
 }
 
+// The mixture of experts' half: out[BT,C] = h + moe(n2) (out null, a recompute: the layer's
+// activations only, its output into a temporary). One device: no sequence or tensor parallelism,
+// no bf16 rounding (refused by the model before it gets here).
+template <class T>
+void moe_block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, const BlockDims& d) {
+  if (d.sp > 1 || d.bf16)
+    throw Error("block: a mixture-of-experts layer runs without sequence parallelism and bf16 so far");
+  const MoeDims md = d.moe_dims();
+  MemoryTracker* memory = a.h.memory();
+  Buffer<T> y(memory, MemoryCategory::scratch, md.BT * md.C, "MoE layer output");
+  moe_forward(y.data(), a.moe, moe_weights(w.moe, md), a.n2.data(), md, memory);
+  if (out) ops::add_forward(out, y.data(), a.h.data(), md.BT * md.C);
+}
+
 }  // namespace
 
 template <class T>
@@ -263,6 +287,10 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   // Feed-forward half: out = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h).
   ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
   round_if_bf16(a.n2.data() + mine, rows * C, d.bf16);
+  if (d.moe()) {
+    moe_block_forward(out, a, w, d);
+    return;
+  }
   comm.mlp_input(a.n2.data(), d);
   ops::matmul_forward(a.gate.data(), a.n2.data(), w.wgate, BT, C, I, d.operands());
   ops::matmul_forward(a.up.data(), a.n2.data(), w.wup, BT, C, I, d.operands());
@@ -289,6 +317,7 @@ void block_recompute_selective(BlockActivations<T>& a, const BlockWeights<T>& w,
   attend(a, d, pos_start, comm);
   ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
   round_if_bf16(a.n2.data() + mine, rows * C, d.bf16);
+  if (d.moe()) return;  // the MoE layer's activations are kept, not recomputed
   comm.mlp_input(a.n2.data(), d);
   ops::swiglu_forward(a.act.data(), a.gate.data(), a.up.data(), BT * I);
   round_if_bf16(a.act.data(), BT * I, d.bf16);
@@ -362,23 +391,33 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
 
   // Feed-forward half, last op first. The residual passes dout straight to dh.
   ops::copy(dh, dout, rows * C);
-  ops::copy(b.ddown + mine, dout, rows * C);  // d(mlp output): the down_proj output's gradient
-  comm.mlp_output_backward(b.ddown, d);
-  // An input gradient's first source writes over its buffer (GradWrite::overwrite), later ones
-  // add: no buffer is zeroed first.
-  ops::matmul_backward(b.dact, g.wdown, b.ddown, a.act.data(), w.wdown, BT, I, C, d.operands(),
-                       ops::GradWrite::overwrite);
-  round_if_bf16(b.dact, BT * I, d.bf16);
-  ops::swiglu_backward(b.dgate, b.dup, b.dact, a.gate.data(), a.up.data(), BT * I);
-  round_if_bf16(b.dgate, BT * I, d.bf16);
-  round_if_bf16(b.dup, BT * I, d.bf16);
-  ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I, d.operands(),
-                       ops::GradWrite::overwrite);
-  ops::matmul_backward(b.dn2, g.wup, b.dup, a.n2.data(), w.wup, BT, C, I, d.operands());
-  comm.mlp_input_backward(b.dn2, d);
-  round_if_bf16(b.dn2 + mine, rows * C, d.bf16);
-  if (b.kept_dn2) ops::copy(b.kept_dn2, b.dn2 + mine, rows * C);
-  norm_backward(dh, g.ln2, b.dn2 + mine, a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
+  if (d.moe()) {
+    // The MoE layer's input gradient into its own temporary: b.dn2 may share b.ddown's buffer.
+    if (!g.ln1 && !g.wq) throw Error("block: a mixture-of-experts layer has no split (input/weight) backward yet");
+    const MoeDims md = d.moe_dims();
+    Buffer<T> dn2(s.memory, MemoryCategory::scratch, BT * C, "backward MoE input gradient");
+    moe_backward(dn2.data(), moe_weights(g.moe, md), dout, a.moe, moe_weights(w.moe, md), a.n2.data(), md,
+                 d.aux_scale, s.memory);
+    norm_backward(dh, g.ln2, dn2.data(), a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
+  } else {
+    ops::copy(b.ddown + mine, dout, rows * C);  // d(mlp output): the down_proj output's gradient
+    comm.mlp_output_backward(b.ddown, d);
+    // An input gradient's first source writes over its buffer (GradWrite::overwrite), later ones
+    // add: no buffer is zeroed first.
+    ops::matmul_backward(b.dact, g.wdown, b.ddown, a.act.data(), w.wdown, BT, I, C, d.operands(),
+                         ops::GradWrite::overwrite);
+    round_if_bf16(b.dact, BT * I, d.bf16);
+    ops::swiglu_backward(b.dgate, b.dup, b.dact, a.gate.data(), a.up.data(), BT * I);
+    round_if_bf16(b.dgate, BT * I, d.bf16);
+    round_if_bf16(b.dup, BT * I, d.bf16);
+    ops::matmul_backward(b.dn2, g.wgate, b.dgate, a.n2.data(), w.wgate, BT, C, I, d.operands(),
+                         ops::GradWrite::overwrite);
+    ops::matmul_backward(b.dn2, g.wup, b.dup, a.n2.data(), w.wup, BT, C, I, d.operands());
+    comm.mlp_input_backward(b.dn2, d);
+    round_if_bf16(b.dn2 + mine, rows * C, d.bf16);
+    if (b.kept_dn2) ops::copy(b.kept_dn2, b.dn2 + mine, rows * C);
+    norm_backward(dh, g.ln2, b.dn2 + mine, a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
+  }
   round_if_bf16(dh, rows * C, d.bf16);
 
   // Attention half. dout is no longer read, so dx may alias it from here on.

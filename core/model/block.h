@@ -3,11 +3,15 @@
 //   h   = x + o_proj( attention( rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1) ) ),  n1 = rmsnorm(x)
 //   out = h + down_proj( silu(gate_proj(n2)) * up_proj(n2) ),                         n2 = rmsnorm(h)
 // Shapes: x, h, out [B, T, C]; q [B, T, nh, hd]; k, v [B, T, nkv, hd]; gate, up [B, T, I].
+// A mixture-of-experts block (BlockDims::E > 0, Mixtral's) replaces the SwiGLU by
+//   out = h + moe(n2)                                                 (core/model/moe.h)
+// with E experts of width I, k per token; one device only (no communication point around it).
 #include <array>
 #include <cstdint>
 #include <string>
 
 #include "core/model/bf16_parking.h"
+#include "core/model/moe.h"
 #include "core/model/rope.h"
 #include "core/tensor/buffer.h"
 #include "core/tensor/dtype.h"
@@ -24,8 +28,16 @@ struct BlockDims {
   int64_t B = 0, seq = 0;      // batch rows, tokens per row ([B, T] in shape comments)
   int64_t C = 0;               // hidden size
   int64_t nh = 0, nkv = 0, hd = 0;
-  int64_t I = 0;               // SwiGLU intermediate size
+  int64_t I = 0;               // SwiGLU intermediate size (each expert's, in a mixture of experts)
   double eps = 1e-5;
+  // Mixture of experts: E > 0 experts, k per token, the load-balancing loss's weight (0: not
+  // added to the loss). E = 0: the dense SwiGLU.
+  int64_t E = 0, k = 0;
+  double aux_coef = 0.0;
+  // The backward's d(objective)/d(this block's load-balancing loss) (moe_backward's aux_scale).
+  double aux_scale = 0.0;
+  bool moe() const { return E > 0; }
+  MoeDims moe_dims() const { return {.BT = BT(), .C = C, .I = I, .E = E, .k = k, .aux_coef = aux_coef}; }
   // Sequence parallelism: the residual stream (x, h, the block's output and their gradients)
   // and the RMSNorms hold only this rank's rows [row0(), row0() + rows()) of the B*T tokens
   // (flattened, batch row by batch row);
@@ -75,8 +87,11 @@ struct BlockWeights {
   T* wgate = nullptr;  // [I, C]
   T* wup = nullptr;    // [I, C]
   T* wdown = nullptr;  // [C, I]
+  T* moe = nullptr;    // mixture of experts (BlockDims::moe()): the router and experts, MoeWeights' layout;
+                       // wgate, wup, wdown are then null
 };
-// The nine tensors of a block segment, laid out consecutively in params.h order.
+// The nine tensors of a block segment, laid out consecutively in params.h order (a mixture of
+// experts: the seven attention tensors, then the MoE layer's).
 template <class T>
 BlockWeights<T> block_weights(T* segment, const BlockDims& d);
 
@@ -94,6 +109,10 @@ struct BlockActivations {
   Buffer<T> att, lse;            // [B,T,nh,hd], [B,nh,T]
   Buffer<T> n2, rstd2;           // [B,T,C], [rows]
   Buffer<T> act;                 // [B,T,I] silu(gate) * up
+  // Mixture of experts (instead of gate, up, act): the router's and the experts' activations,
+  // kept by every policy that keeps the block (selective recomputes none of them); in T also
+  // under bf16 (which the MoE layer does not run yet).
+  MoeActivations<T> moe;
 
   // bf16 mixed precision (core/model/bf16_parking.h): after the block's forward every held
   // tensor but rstd1, lse, rstd2 waits as bf16, in the order of bf16_valued(); unpark_bf16

@@ -180,6 +180,14 @@ LlamaConfig byte_shape(int64_t C, int64_t I, int64_t L, int64_t nh, int64_t nkv,
   return c;
 }
 
+LlamaConfig moe_shape(LlamaConfig c, int64_t experts, int64_t per_token) {
+  c.num_local_experts = experts;
+  c.num_experts_per_tok = per_token;
+  c.router_aux_loss_coef = 0.02;
+  c.output_router_logits = true;
+  return c;
+}
+
 }  // namespace
 
 // ---- Parameter counts -----------------------------------------------------------------------
@@ -407,13 +415,13 @@ LlamaConfig LlamaConfig::from_file(const std::string& path) {
 void refuse_moe(const LlamaConfig& cfg, const std::string& what) {
   if (cfg.moe())
     throw InputError(what + ": mixture-of-experts layers (num_local_experts = " + std::to_string(cfg.num_local_experts) +
-                     ") are not supported yet: the model runs dense Llama layers only");
+                     ") are not supported here yet: it covers dense Llama layers only");
 }
 
 // ---- Presets --------------------------------------------------------------------------------
 
 std::vector<std::string> LlamaConfig::preset_names() {
-  return {"tiny", "small", "medium", "llama3-8b", "llama3-70b", "llama3-405b"};
+  return {"tiny", "small", "medium", "tiny-moe", "small-moe", "llama3-8b", "llama3-70b", "llama3-405b"};
 }
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
@@ -426,6 +434,12 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
   // multiple of 256 (Meta's multiple_of), 8 layers so pp = 2, 4, 8 cut evenly, and Llama 3's
   // pre-training context of 8,192 positions for long-context lessons.
   if (name == "medium") return byte_shape(1024, 2816, 8, 16, 4, 8192);
+  // Mixtures of experts (Mixtral's layer, core/model/moe.h): tiny's and small's attention, every
+  // FFN replaced by experts of half the dense width with 2 chosen per token, so a token's FFN
+  // FLOPs equal the dense preset's; the load-balancing loss added with Mixtral-8x7B's weight
+  // 0.02 (its Hugging Face config.json).
+  if (name == "tiny-moe") return moe_shape(byte_shape(64, 88, 2, 4, 2, 128), 4, 2);
+  if (name == "small-moe") return moe_shape(byte_shape(288, 384, 6, 6, 2, 4096), 8, 2);
   // Llama 3.1 shapes (Llama 3 herd paper, Table 3; HF meta-llama/Llama-3.1-*/config.json).
   if (name == "llama3-8b") return llama3_shape(4096, 14336, 32, 32);
   if (name == "llama3-70b") return llama3_shape(8192, 28672, 80, 64);

@@ -47,6 +47,9 @@ struct LlamaConfig {
   double router_aux_loss_coef = 0.0; // the load-balancing loss's weight (HF's default 0.001)
   bool output_router_logits = false; // HF: add the load-balancing loss to the training loss
   bool moe() const { return num_local_experts > 0; }
+  // The load-balancing loss's weight in the training objective: Hugging Face adds it only with
+  // output_router_logits (MixtralForCausalLM.forward), so 0 without.
+  double moe_aux_coef() const { return output_router_logits ? router_aux_loss_coef : 0.0; }
 
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t q_dim() const { return num_attention_heads * head_dim; }
@@ -63,15 +66,14 @@ struct LlamaConfig {
   static LlamaConfig from_json(const nlohmann::json& j);
   static LlamaConfig from_file(const std::string& path);
 
-  // Presets: "tiny", "small", "medium", "llama3-8b", "llama3-70b", "llama3-405b".
+  // Presets: "tiny", "small", "medium", "tiny-moe", "small-moe", "llama3-8b", "llama3-70b", "llama3-405b".
   // Throws InputError listing the valid names for an unknown one.
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 };
 
-// InputError naming `what` when cfg has mixture-of-experts layers: the model's forward and backward
-// (and every command built on them) do not run MoE layers yet (issue 54; core/model/moe.h is the
-// layer alone), so a Mixtral config is refused by name rather than run as something else.
+// InputError naming `what` when cfg has mixture-of-experts layers, for what does not cover them
+// yet (the planner's memory, traffic and FLOP formulas are the dense layers').
 void refuse_moe(const LlamaConfig& cfg, const std::string& what);
 
 }  // namespace llama4d

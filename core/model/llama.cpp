@@ -41,6 +41,8 @@ void MicroBatchState<T>::reset() {
   for (BlockActivations<T>& a : blocks) a.reset();
   for (BlockWeightGradInputs<T>& w : block_weight_inputs) w.reset();
   loss = {};
+  aux_loss = 0;
+  expert_counts.clear();
   forward_done = false;
   weight_pass_pending = false;
 }
@@ -59,7 +61,8 @@ template <class T>
 Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& layout, const std::vector<UnitRange>& held)
     : cfg_(cfg), tp_(layout), memory_(memory) {
   cfg_.validate();
-  refuse_moe(cfg_, "Llama");
+  if (cfg_.moe() && layout.sliced())
+    throw InputError("tensor parallelism of mixture-of-experts layers is not supported: MoE models run on one device only so far");
   const int L = num_layers();
   held_.assign(size_t(num_units()), held.empty() ? 1 : 0);
   for (const UnitRange& r : held) {
@@ -271,11 +274,13 @@ template <class T>
 BlockDims Llama<T>::block_dims(int64_t B, int64_t seq, const int32_t* docs) const {
   // Under tensor parallelism the block works on this rank's heads and SwiGLU columns only.
   const bool s = tp_.sliced();
-  return {.B = B, .seq = seq, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
+  BlockDims d{.B = B, .seq = seq, .C = cfg_.hidden_size, .nh = s ? tp_.heads : cfg_.num_attention_heads,
           .nkv = s ? tp_.kv_heads : cfg_.num_key_value_heads, .hd = cfg_.head_dim,
           .I = s ? tp_.ffn : cfg_.intermediate_size, .eps = cfg_.rms_norm_eps,
           .sp = tp_.sequence_parallel ? tp_.tp : 1, .sp_rank = tp_.sequence_parallel ? tp_.rank : 0,
           .cp = cp_, .cp_rank = cp_rank_, .doc = docs, .bf16 = bf16_};
+  d.E = cfg_.num_local_experts, d.k = cfg_.num_experts_per_tok, d.aux_coef = cfg_.moe_aux_coef();
+  return d;
 }
 
 template <class T>
@@ -287,6 +292,9 @@ template <class T>
 void Llama<T>::set_context_split(int cp, int rank) {
   if (cp < 1 || rank < 0 || rank >= cp)
     throw Error("Llama::set_context_split: rank " + std::to_string(rank) + " of " + std::to_string(cp));
+  // The load-balancing loss is over all of a micro-batch's tokens, which no rank holds alone.
+  if (cp > 1 && cfg_.moe())
+    throw InputError("context parallelism of mixture-of-experts models is not supported: they run on one device only so far");
   cp_ = cp, cp_rank_ = rank;
 }
 
@@ -294,6 +302,8 @@ template <class T>
 void Llama<T>::set_bf16_compute(bool on) {
   if (on && !std::is_same_v<T, float>)
     throw InputError("bf16 mixed precision keeps fp32 master weights: it runs on an f32 model, not f64");
+  if (on && cfg_.moe())
+    throw InputError("bf16 mixed precision of mixture-of-experts layers is not supported yet (--dtype f32 or f64)");
   bf16_ = on;
 }
 
@@ -355,6 +365,14 @@ Vocabulary<T>& Llama<T>::vocabulary() {
   if (vocabulary_) return *vocabulary_;
   if (tp_.sliced()) throw Error("Llama: a tensor-parallel slice (" + tp_.describe() + ") runs only with its Vocabulary");
   return whole_vocabulary_;
+}
+
+template <class T>
+void Llama<T>::record_routing(MicroBatchState<T>& st, int layer, const MoeActivations<T>& a) {
+  const int64_t E = cfg_.num_local_experts;
+  if (st.expert_counts.empty()) st.expert_counts.assign(size_t(num_layers() * E), 0);
+  st.aux_loss += a.aux_loss;
+  for (int64_t e = 0; e < E; ++e) st.expert_counts[size_t(layer * E + e)] += a.dispatch.counts[size_t(e)];
 }
 
 template <class T>
@@ -433,6 +451,7 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
     forward_block(st, l, st.x[size_t(l + 1)].data());
     // Keep what the policy keeps; the next block's input stays until that block has run.
     BlockActivations<T>& a = st.blocks[size_t(l)];
+    if (cfg_.moe()) record_routing(st, l, a.moe);
     if (ac_.kind == Checkpointing::Kind::selective) a.release_recomputable();
     if (ac_.recomputes_blocks()) a.reset();
     if (!ac_.keeps_input(l, first_block)) st.x[size_t(l)].reset();
@@ -515,8 +534,14 @@ void Llama<T>::backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, Backwa
 
 template <class T>
 void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch<T>& scratch, BackwardPass pass,
-                              UnitHooks& h) {
-  const BlockDims d = block_dims(st);
+                              T loss_scale, UnitHooks& h) {
+  BlockDims d = block_dims(st);
+  if (d.moe() && pass != BackwardPass::full)
+    throw InputError("a split (input/weight) backward of mixture-of-experts layers is not supported: "
+                     "MoE models run on one device only so far");
+  // Each micro-batch's load-balancing loss enters the objective weighted by its share of the
+  // step's tokens (loss_scale = 1 / tokens per step): the mean over equal micro-batches.
+  d.aux_scale = double(loss_scale) * double(d.BT());
   ensure_block_activations(st, l, h);
   BlockActivations<T>& a = st.blocks[size_t(l)];
   const T* x = st.x[size_t(l)].data();
@@ -591,7 +616,7 @@ void Llama<T>::backward(MicroBatchState<T>& st, T loss_scale, const T* grad_out,
     h.before_backward(u);
     if (u == head) backward_head(st, dx.data(), loss_scale, pass);
     else if (u == embedding_unit()) backward_embedding(st, dx.data(), pass);
-    else backward_block(st, u - 1, dx.data(), scratch, pass, h);
+    else backward_block(st, u - 1, dx.data(), scratch, pass, loss_scale, h);
     st.x[size_t(std::max(u - 1, 0))].reset();  // the unit's input: nothing reads it again (or the input pass kept it)
     if (pass == BackwardPass::full) h.after_backward(u);
     else h.after_backward_input(u);

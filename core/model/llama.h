@@ -61,6 +61,11 @@ struct MicroBatchState {
   HeadActivations<T> head;
   Buffer<T> input_grad;  // after backward of a range that starts at a block: d(objective)/d(x at the range's start)
   LossSum loss;          // when the head is in the range
+  // Mixture of experts: the sum over the range's blocks of their load-balancing losses (coef
+  // included; 0 when not added to the objective), and [L, E] the tokens routed to each expert of
+  // each layer (layers outside the range: 0). Empty for a dense model.
+  double aux_loss = 0;
+  std::vector<int64_t> expert_counts;
   bool forward_done = false;
   // Between an input pass and its weight pass: what each unit's weight gradients are computed
   // from (see BlockWeightGradInputs, HeadWeightGradInputs), and the embedding's output gradient
@@ -175,6 +180,13 @@ class Llama {
   // The whole model through one internal state (one device, data parallelism).
   LossSum forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t seq, const int32_t* docs = nullptr);
   void backward(T loss_scale);
+  // Mixture of experts, of the last whole-model forward: the load-balancing losses summed over
+  // the layers (MicroBatchState::aux_loss) and the tokens routed to each expert [L, E]. The
+  // objective whose gradient backward(loss_scale) accumulates is
+  //   loss_scale · loss_sum  +  loss_scale · B·seq · aux_loss
+  // (the mean loss plus each micro-batch's aux weighted by its share of the tokens).
+  double aux_loss() const { return state_.aux_loss; }
+  const std::vector<int64_t>& expert_counts() const { return state_.expert_counts; }
   // logits[B, seq, V] of the last whole-model forward, until its backward.
   const T* logits() const { return state_.head.logits.data(); }
 
@@ -225,7 +237,8 @@ class Llama {
   // One unit of backward(st, ..., pass), pass full or input; dx [rows,C] the residual gradient.
   void backward_head(MicroBatchState<T>& st, T* dx, T loss_scale, BackwardPass pass);
   void backward_block(MicroBatchState<T>& st, int layer, T* dx, BlockScratch<T>& scratch, BackwardPass pass,
-                      UnitHooks& h);
+                      T loss_scale, UnitHooks& h);
+  void record_routing(MicroBatchState<T>& st, int layer, const MoeActivations<T>& a);  // into st's aux_loss, counts
   void backward_embedding(MicroBatchState<T>& st, const T* dx, BackwardPass pass);
   void embedding_weight_grads(MicroBatchState<T>& st, const T* dx);  // the scatter-add of dx [rows,C]
   void backward_weight(MicroBatchState<T>& st, UnitHooks& h);

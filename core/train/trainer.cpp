@@ -53,6 +53,15 @@ StepStats Trainer<T>::step() {
   // backward add each micro-batch into the running sum instead (its kernels accumulate with +=)
   // rounds differently: grad norm 2.0821649184 vs 2.0821649145 after one step (issue 14, item 15).
   LossSum loss;
+  StepStats st_moe;  // the mixture of experts' aux_loss and expert_tokens, over the micro-batches
+  const auto add_routing = [&](StepStats& into, double share) {
+    const int64_t L = model_.config().num_hidden_layers, E = model_.config().num_local_experts;
+    const std::vector<int64_t>& counts = model_.expert_counts();
+    into.aux_loss += share * model_.aux_loss();
+    if (into.expert_tokens.empty()) into.expert_tokens.assign(size_t(L), std::vector<int64_t>(size_t(E), 0));
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t e = 0; e < E; ++e) into.expert_tokens[size_t(l)][size_t(e)] += counts[size_t(l * E + e)];
+  };
   for (int64_t m = 0; m < micro_batches; ++m) {
     model_.zero_grad();
     Batch b = sample_rows(data_.train(), opt_.seq_len, opt_.seed, s, m * mb, (m + 1) * mb);
@@ -60,6 +69,7 @@ StepStats Trainer<T>::step() {
     const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.seq, b.documents());
     loss.loss_sum += part.loss_sum;  // in fp64, in micro-batch order: what all_reduce_loss adds
     loss.tokens += part.tokens;
+    if (model_.config().moe()) add_routing(st_moe, double(b.B * b.seq) * double(loss_scale));
     model_.backward(loss_scale);
     if (micro_batches == 1) continue;
     if (m == 0)
@@ -74,7 +84,7 @@ StepStats Trainer<T>::step() {
   if (opt_.grad_clip > 0) apply_grad_clip(model_.grads(), n, clip_coefficient(sum_sq, opt_.grad_clip));
 
   check_finite(s + 1, loss.mean(), sum_sq);
-  StepStats st;
+  StepStats st = std::move(st_moe);
   st.lr = lr_at_step(schedule_, s + 1);  // the schedule counts updates from 1
   adamw_.step(model_.params(), model_.grads(), st.lr);
   if (!ops::all_finite(model_.params(), n))

@@ -14,6 +14,7 @@
 // same property data parallelism relies on later.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/data/dataset.h"
 #include "core/model/llama.h"
@@ -32,6 +33,11 @@ struct StepStats {
   double grad_norm = 0;   // before clipping
   int64_t tokens = 0;
   double seconds = 0;     // wall time of the step
+  // Mixture of experts (empty / 0 for a dense model): the load-balancing losses of the step, each
+  // micro-batch's weighted by its share of the tokens as in the objective (Llama::aux_loss), and
+  // expert_tokens[l][e] the tokens layer l routed to expert e over the step's micro-batches.
+  double aux_loss = 0;
+  std::vector<std::vector<int64_t>> expert_tokens;
 };
 
 // Throws DivergenceError naming `step` if the loss or the squared gradient norm is not finite.

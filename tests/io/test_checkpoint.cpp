@@ -52,6 +52,47 @@ TEST(Checkpoint, RoundTripF32AndF64AreExact) {
   EXPECT_EQ(dir.list(), (std::vector<std::string>{"d_as_f", "f32", "f64"})) << "no staging directories left";
 }
 
+// A mixture-of-experts checkpoint is a Hugging Face Mixtral directory: config.json says
+// MixtralForCausalLM with the expert keys, and model.safetensors holds
+// model.layers.N.block_sparse_moe.gate.weight [E, C] and ...experts.e.w1/w3 [I, C], w2 [C, I]. Each
+// flat parameter holds its own index, so where a tensor's values came from in the flat buffer is
+// read off the file and compared with offsets worked out by hand for tiny-moe (V 264, C 64, 4 heads
+// of 16, 2 key/value heads, I 88, E 4): embedding 264·64 = 16'896; layer 0's norms and attention
+// 64 + 4'096 + 2·2'048 + 4'096 + 64 = 12'416, so its router starts at 29'312 and its experts at
+// 29'312 + 4·64 = 29'568, each 3·88·64 = 16'896 long (w1, then w2 at +5'632, w3 at +11'264).
+TEST(Checkpoint, MixtralCheckpointHasHuggingFaceNamesAndRoundTrips) {
+  ScratchDir dir;
+  const LlamaConfig cfg = LlamaConfig::preset("tiny-moe");
+  const std::vector<ParamSpec> specs = llama_param_specs(cfg);
+  std::vector<float> p(size_t(cfg.num_parameters()));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = float(i);  // exact: fewer than 2^24 parameters
+  ASSERT_LT(p.size(), size_t(1) << 24);
+  save_model(dir / "moe", cfg, specs, p.data(), DType::f32);
+
+  const json written = read_json_file(dir / "moe/config.json");
+  EXPECT_EQ(written["architectures"], json::array({"MixtralForCausalLM"}));
+  EXPECT_EQ(written["model_type"], "mixtral");
+  EXPECT_EQ(written["num_local_experts"], 4);
+  EXPECT_EQ(written["num_experts_per_tok"], 2);
+
+  const SafetensorsFile file(dir / "moe/model.safetensors");
+  std::vector<float> gate(4 * 64), w2(64 * 88), w3(88 * 64);
+  file.read("model.layers.0.block_sparse_moe.gate.weight", {4, 64}, gate.data());
+  file.read("model.layers.0.block_sparse_moe.experts.2.w2.weight", {64, 88}, w2.data());
+  file.read("model.layers.0.block_sparse_moe.experts.3.w3.weight", {88, 64}, w3.data());
+  for (size_t j = 0; j < gate.size(); ++j) ASSERT_EQ(gate[j], float(29'312 + j)) << j;
+  for (size_t j = 0; j < w2.size(); ++j) ASSERT_EQ(w2[j], float(29'568 + 2 * 16'896 + 5'632 + j)) << j;
+  for (size_t j = 0; j < w3.size(); ++j) ASSERT_EQ(w3[j], float(29'568 + 3 * 16'896 + 11'264 + j)) << j;
+  EXPECT_EQ(file.find("model.layers.0.mlp.gate_proj.weight"), nullptr);
+  EXPECT_NE(file.find("model.layers.1.block_sparse_moe.experts.0.w1.weight"), nullptr);
+
+  const LlamaConfig back_cfg = load_config(dir / "moe");
+  EXPECT_EQ(back_cfg.to_json(), cfg.to_json());
+  std::vector<float> back(p.size(), -1.0f);
+  load_model(dir / "moe", llama_param_specs(back_cfg), back.data());
+  EXPECT_EQ(back, p);
+}
+
 TEST(Checkpoint, RoundTripBf16RoundsEachValueToNearestEven) {
   ScratchDir dir;
   LlamaConfig cfg = LlamaConfig::preset("tiny");

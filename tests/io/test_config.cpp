@@ -48,9 +48,11 @@ const char* kHfLlama31_8B = R"({
 })";
 
 // Parameter count written out from the architecture, independently of num_parameters().
-int64_t count_by_hand(int64_t V, int64_t C, int64_t I, int64_t L, int64_t nh, int64_t nkv, int64_t hd, bool tied) {
+// E > 0: a mixture of experts, E routers' rows [E, C] and E SwiGLUs of width I per layer.
+int64_t count_by_hand(int64_t V, int64_t C, int64_t I, int64_t L, int64_t nh, int64_t nkv, int64_t hd, bool tied,
+                      int64_t E = 0) {
   int64_t attn = C * nh * hd + 2 * C * nkv * hd + nh * hd * C;
-  int64_t mlp = 3 * C * I;
+  int64_t mlp = E > 0 ? E * C + E * 3 * C * I : 3 * C * I;
   int64_t norms = 2 * C;
   return V * C + L * (attn + mlp + norms) + C + (tied ? 0 : V * C);
 }
@@ -152,7 +154,7 @@ TEST(Config, CountMatchesHandFormulaForEveryPresetAndTying) {
       c.tie_word_embeddings = tied;
       EXPECT_EQ(c.num_parameters(), count_by_hand(c.vocab_size, c.hidden_size, c.intermediate_size,
                                                   c.num_hidden_layers, c.num_attention_heads,
-                                                  c.num_key_value_heads, c.head_dim, tied))
+                                                  c.num_key_value_heads, c.head_dim, tied, c.num_local_experts))
           << name << " tied=" << tied;
     }
   }
@@ -321,8 +323,8 @@ TEST(Config, JsonRoundTripForEveryPreset) {
     a.tie_word_embeddings = (name == "tiny");
     json j = a.to_json();
     // What transformers' LlamaConfig needs to build the same model.
-    EXPECT_EQ(j["architectures"], json::array({"LlamaForCausalLM"}));
-    EXPECT_EQ(j["model_type"], "llama");
+    EXPECT_EQ(j["architectures"], json::array({a.moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"}));
+    EXPECT_EQ(j["model_type"], a.moe() ? "mixtral" : "llama");
     EXPECT_EQ(j["hidden_act"], "silu");
     EXPECT_EQ(j["attention_bias"], false);
     EXPECT_EQ(j["mlp_bias"], false);

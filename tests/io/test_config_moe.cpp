@@ -137,8 +137,21 @@ TEST(ConfigMoe, ParameterLayoutUsesMixtralNamesInOrder) {
   EXPECT_EQ(find_param(specs, "model.norm.weight").offset, at);
 }
 
-TEST(ConfigMoe, TheModelRefusesExpertLayersByName) {
-  expect_error<InputError>([] { Llama<float> m(tiny_mixtral()); }, {"Llama", "mixture-of-experts", "not supported"});
+TEST(ConfigMoe, PresetsAreMixtralShapes) {
+  // tiny-moe: tiny's attention, 4 experts of half tiny's SwiGLU width (176 / 2), 2 per token.
+  const LlamaConfig t = LlamaConfig::preset("tiny-moe");
+  EXPECT_EQ(t.num_local_experts, 4);
+  EXPECT_EQ(t.num_experts_per_tok, 2);
+  EXPECT_EQ(t.intermediate_size, 88);
+  EXPECT_EQ(t.hidden_size, 64);
+  EXPECT_TRUE(t.output_router_logits);
+  EXPECT_EQ(t.moe_aux_coef(), 0.02);
+  // Per layer by hand: norms 2·64, q, o 2·64·64, k, v 2·64·32, router 4·64, experts 4·3·64·88.
+  EXPECT_EQ(t.num_parameters_per_layer(), 128 + 8192 + 4096 + 256 + 67584);
+  const LlamaConfig s = LlamaConfig::preset("small-moe");
+  EXPECT_EQ(s.num_local_experts, 8);
+  EXPECT_EQ(s.num_experts_per_tok, 2);
+  EXPECT_EQ(s.intermediate_size, 384);
 }
 
 }  // namespace
