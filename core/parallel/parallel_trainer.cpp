@@ -161,7 +161,7 @@ StepStats ParallelTrainer<T>::step() {
       data_rank_micro_batches(data_.train(), opt_, steps_done_, dp_group_->rank(), dp_group_->size());
   for (Batch& b : mbs) b = local_tokens(b);
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
-  StepStats st = strategy_->step(mbs, lr_at_step(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
+  StepStats st = strategy_->step(mbs, opt_.lr_at(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
   // Loss and norm are global (all-reduced), so every rank stops at the same step.
   check_finite(steps_done_ + 1, st.loss, st.grad_norm * st.grad_norm);
   st.step = ++steps_done_;
