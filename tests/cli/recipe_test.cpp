@@ -203,4 +203,18 @@ TEST(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName) {
 }
 LLAMA4D_TIER(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName, quick);
 
+// The shipped recipe (data/recipes/laptop.json) is valid for its model, every stage (the whole
+// recipe is checked before the first step), and its corpus path resolves from any directory.
+TEST(RecipeRun, ShippedRecipeRunsFromAnyDirectory) {
+  const std::string out = tmp("recipe_shipped");
+  const Result r = run("train --recipe " LLAMA4D_SOURCE_DIR "/data/recipes/laptop.json --stop-at 1 --eval-every 0 --json --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("recipe").at("name"), "laptop");
+  EXPECT_EQ(j.at("recipe").at("total_steps"), 40 + 20 + 20 + 10 + 10);  // 20480 tokens / (8 x 128), / (8 x 256)
+  EXPECT_EQ(j.at("stages").at(0).at("name"), "batch-8");
+  EXPECT_EQ(j.at("options").at("loop").at("data").get<std::string>().find(LLAMA4D_SOURCE_DIR), 0u);
+}
+LLAMA4D_TIER(RecipeRun, ShippedRecipeRunsFromAnyDirectory, quick);
+
 }  // namespace
