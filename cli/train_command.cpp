@@ -15,6 +15,7 @@
 #include "cli/init_checkpoint.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
+#include "core/data/data_mix.h"
 #include "core/data/dataset.h"
 #include "core/data/tokenized_corpus.h"
 #include "core/data/entropy.h"
@@ -224,6 +225,13 @@ TextDataset load_run_data(Run& r, bool data_given) {
   loop["data_fingerprint"] = now;
   r.args.opt.loop = loop.dump();
   return data;
+}
+
+// One source of a recipe's data mix, in the run's tokens (split as the run's data is).
+TextDataset load_source(const Run& r, const std::string& path) {
+  return has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, path, r.args.opt.seq_len,
+                                                       ops::backend_threads(), tokenize_progress(r.args.launch, path))
+                              : load_dataset(path, r.args.opt.seq_len);
 }
 
 // metrics.jsonl is the history of the run in <out>: a new run starts it afresh; a resume keeps
@@ -682,8 +690,12 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
 // on the next stage's plan from that checkpoint.
 struct RecipeRun {
   Recipe recipe;
-  std::vector<ParallelPlan> plans;  // stage i's plan
-  size_t first_stage = 0;           // a resume's stage; stages.size(): the checkpoint had finished
+  std::vector<ParallelPlan> plans;               // stage i's plan
+  std::vector<std::vector<MixEntry>> sources;    // stage i's data, paths made absolute
+  std::string primary;                           // stage 1's first source: the run's --data
+  size_t first_stage = 0;  // a resume's stage; stages.size(): the checkpoint had finished
+  // Whether stage i draws its rows from a mix (several sources, or one that is not the primary).
+  bool mixes(size_t i) const { return sources[i].size() > 1 || sources[i][0].path != primary; }
 };
 
 // Flags whose values a recipe gives per stage, or that this build does not run with one.
@@ -705,28 +717,28 @@ std::string stage_label(const Recipe& recipe, size_t i) {
   return "recipe stage " + std::to_string(i + 1) + " (\"" + recipe.stages[i].name + "\")";
 }
 
-// The recipe checked against the model and the flags: one plan per stage, the one source the
-// stages train on (a data mix of several is refused, naming the stage), and where a resume starts.
+// The recipe checked against the model and the flags: one plan per stage, each stage's sources
+// (stage 1's first is the run's data: its held-out split is what every stage evaluates on; a
+// stage of other or several sources draws its rows from a DataMix of their train splits), and
+// where a resume starts.
 RecipeRun resolve_recipe(Run& r, const CLI::App& cmd) {
   TrainArgs& a = r.args;
-  RecipeRun rr{load_recipe(a.recipe, r.cfg.max_position_embeddings), {}, 0};
+  RecipeRun rr;
+  rr.recipe = load_recipe(a.recipe, r.cfg.max_position_embeddings);
   const Recipe& recipe = rr.recipe;
-  std::string source;
   int64_t longest = 0;
   for (size_t i = 0; i < recipe.stages.size(); ++i) {
     const RecipeStage& st = recipe.stages[i];
     const std::string where = a.recipe + ": " + stage_label(recipe, i);
-    if (st.data.size() != 1)
-      throw InputError(where + " key \"data\": a mix of " + std::to_string(st.data.size()) +
-                       " sources; train runs one source per recipe in this build");
     // A relative source is relative to the recipe file, so the recipe runs from any directory.
-    std::filesystem::path p(st.data[0].path);
-    if (p.is_relative()) p = std::filesystem::path(a.recipe).parent_path() / p;
-    const std::string path = absolute_path(p.lexically_normal().string());
-    if (i == 0) source = path;
-    if (path != source)
-      throw InputError(where + " key \"data\": " + st.data[0].path + " is another source than stage 1's; train runs one "
-                       "source per recipe in this build");
+    std::vector<MixEntry> sources;
+    for (const MixEntry& e : st.data) {
+      std::filesystem::path p(e.path);
+      if (p.is_relative()) p = std::filesystem::path(a.recipe).parent_path() / p;
+      sources.push_back({absolute_path(p.lexically_normal().string()), e.weight});
+    }
+    if (i == 0) rr.primary = sources[0].path;
+    rr.sources.push_back(std::move(sources));
     longest = std::max(longest, st.seq_len);
     const TrainOptions opt = recipe.stage_options(a.opt, i);
     try {
@@ -743,7 +755,7 @@ RecipeRun resolve_recipe(Run& r, const CLI::App& cmd) {
       throw InputError(where + " (mesh " + st.mesh() + "): " + e.what());
     }
   }
-  if (cmd.count("--data") == 0) a.data = source;
+  if (cmd.count("--data") == 0) a.data = rr.primary;
   a.opt.seq_len = longest;  // the data split must hold a window of the longest stage
   nlohmann::json loop = nlohmann::json::parse(a.opt.loop);
   loop["data"] = absolute_path(a.data);
@@ -765,8 +777,27 @@ RecipeRun resolve_recipe(Run& r, const CLI::App& cmd) {
   return rr;
 }
 
+// The rows each source of stage i's data gave to steps [from, to) (source_of is a pure function
+// of seed, step and row, so the lead rank counts every rank's rows) beside the weights' shares.
+nlohmann::json drawn_json(const RecipeRun& rr, size_t i, const DataMix* mix, int64_t from, int64_t to) {
+  const std::vector<MixEntry>& sources = rr.sources[i];
+  std::vector<int64_t> drawn(sources.size(), 0);
+  const int64_t rows = rr.recipe.stages[i].batch_size;
+  for (int64_t step = from; step < to; ++step)
+    for (int64_t row = 0; row < rows; ++row) ++drawn[size_t(mix ? mix->source_of(rr.recipe.seed, step, row) : 0)];
+  const std::vector<double> shares = drawn_shares(drawn);
+  double total = 0;
+  for (const MixEntry& e : sources) total += e.weight;
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t k = 0; k < sources.size(); ++k)
+    out.push_back({{"source", sources[k].path}, {"weight", sources[k].weight}, {"weight_share", sources[k].weight / total},
+                   {"rows", drawn[k]}, {"share", shares[k]}});
+  return out;
+}
+
 template <class T>
-nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& data) {
+nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& data,
+                          const std::map<std::string, TextDataset>& others) {
   const TrainArgs& a = r.args;
   const Recipe& recipe = rr.recipe;
   std::unique_ptr<InMemoryReshard<T>> carried;  // the state handed from one stage to the next
@@ -782,6 +813,18 @@ nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& 
     const bool stops_here = a.stop_at > 0 && a.stop_at <= opt.steps, final_stage = i + 1 == recipe.stages.size();
     const bool hand_on = !final_stage && !stops_here;
     std::unique_ptr<InMemoryReshard<T>> next = hand_on ? std::make_unique<InMemoryReshard<T>>() : nullptr;
+    std::optional<DataMix> mix;
+    if (rr.mixes(i)) {
+      std::vector<MixSource> sources;
+      for (const MixEntry& e : rr.sources[i])
+        sources.push_back({e.path, (e.path == rr.primary ? data : others.at(e.path)).train(), e.weight});
+      try {
+        mix.emplace(std::move(sources), st.seq_len);
+      } catch (const InputError& e) {
+        throw InputError(a.recipe + ": " + stage_label(recipe, i) + " key \"data\": " + e.what());
+      }
+    }
+    int64_t started_at = 0;
     RankLaunch launcher(a.launch);
     nlohmann::json j;
     StateMoves moved;
@@ -791,6 +834,7 @@ nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& 
     launcher.run(plan.world_size(), [&](ProcessGroup& world) {
       Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
       ParallelTrainer<T> trainer(world, model, data, opt, plan);
+      trainer.set_data_mix(mix ? &*mix : nullptr);
       const bool lead = world.rank() == 0;
       if (carried) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -804,6 +848,7 @@ nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& 
       } else if (!a.resume.empty()) {
         trainer.load_checkpoint(a.resume);
       }
+      if (lead) started_at = trainer.steps_done();
       if (lead)
         progress("train: %s %lld steps (%lld..%lld), global batch %lld x %lld tokens, mesh %s (%s), lr %s %.3g -> %.3g\n",
                  stage_label(recipe, i).c_str(), (long long)st.steps, (long long)opt.recipe.first_step + 1,
@@ -830,7 +875,8 @@ nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& 
                           {"lr", {{"shape", st.lr.shape_name}, {"from", st.lr.from}, {"to", st.lr.to}}},
                           {"steps", j.at("steps_this_run")}, {"tokens", j.at("tokens")},
                           {"final_loss", j.at("final_loss")}, {"val_loss", j.at("val_loss")},
-                          {"tokens_per_s", j.at("tokens_per_s")}};
+                          {"tokens_per_s", j.at("tokens_per_s")},
+                          {"data", drawn_json(rr, i, mix ? &*mix : nullptr, started_at, j.at("steps").get<int64_t>())}};
     if (carried) {
       // What the boundary into this stage moved: the bytes each rank of this stage's plan read
       // that the same rank of the previous stage had not written (what a cluster would send).
@@ -887,11 +933,28 @@ nlohmann::json train_recipe(const TrainArgs& asked, const CLI::App& cmd) {
   check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
                        "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
   const TextDataset data = load_run_data(r, false);
+  // The other sources of the stages' mixes, each checked on resume against the text the run
+  // started on, as the primary is.
+  std::map<std::string, TextDataset> others;
+  nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
+  for (const std::vector<MixEntry>& stage : rr.sources)
+    for (const MixEntry& e : stage) {
+      if (e.path == rr.primary || others.count(e.path)) continue;
+      TextDataset d = load_source(r, e.path);
+      const std::string now = data_fingerprint(d.tokens);
+      nlohmann::json& saved = loop["mix_fingerprints"][e.path];
+      if (!saved.is_null() && saved != now)
+        throw InputError("recipe source " + e.path + " (" + now + ") is not the text the checkpoint's run trained on (" +
+                         saved.dump() + "): " + kResumeKeepsTheMath);
+      saved = now;
+      others.emplace(e.path, std::move(d));
+    }
+  r.args.opt.loop = loop.dump();
   const OutputDir out(a.out);
   OutputLock lock(a.out, "train");
   check_directory_replaceable(a.out + "/checkpoint", kConfigFile);
   remove_stale_staging(a.out + "/checkpoint");
-  nlohmann::json result = f64 ? run_recipe<double>(r, rr, data) : run_recipe<float>(r, rr, data);
+  nlohmann::json result = f64 ? run_recipe<double>(r, rr, data, others) : run_recipe<float>(r, rr, data, others);
   result["device"] = ops::backend_name();
   result["kernels"] = ops::kernel_mode_name(ops::kernel_mode());
   return result;

@@ -182,8 +182,8 @@ TEST(RecipeRun, ResumeRefusesAnotherRecipe) {
 }
 LLAMA4D_TIER(RecipeRun, ResumeRefusesAnotherRecipe, quick);
 
-// What the recipe gives cannot also come from a flag; a mix of several sources and a stage
-// whose batch does not divide its mesh are refused naming the stage; other backends, naming --recipe.
+// What the recipe gives cannot also come from a flag; a stage whose batch does not divide its
+// mesh is refused naming the stage; other backends, naming --recipe.
 TEST(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName) {
   const std::string recipe = write_recipe("recipe_flags", batch_ramp()), out = " --out " + tmp("recipe_flags_out");
   for (const char* flag : {"--mesh dp=2", "--batch-size 8", "--seq-len 64", "--steps 9", "--lr 0.01", "--min-lr 0",
@@ -192,16 +192,45 @@ TEST(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName) {
     expect_bad_input(run("train --preset tiny --recipe " + recipe + " " + flag + out), name + " and --recipe");
   }
   expect_bad_input(run("train --preset tiny --recipe " + recipe + " --backend mpi" + out), "--recipe runs on virtual GPUs");
-  nlohmann::json mix = batch_ramp();
-  mix["stages"][1]["data"] = {{kCorpus, 3}, {std::string(LLAMA4D_SOURCE_DIR) + "/README.md", 1}};
-  expect_bad_input(run("train --preset tiny --recipe " + write_recipe("recipe_mix", mix) + out),
-                   "recipe stage 2 (\"B\") key \"data\": a mix of 2 sources");
   nlohmann::json odd = batch_ramp();
   odd["stages"][1]["batch_size"] = 6;
   expect_bad_input(run("train --preset tiny --recipe " + write_recipe("recipe_odd", odd) + out),
                    "recipe stage 2 (\"B\") key \"batch_size\"");
 }
 LLAMA4D_TIER(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName, quick);
+
+// A stage with a data mix (the corpus 3 : README.md 1, Llama 3's upsampling of a source in
+// miniature) draws its rows from both sources: the shares it reports lie within binomial error
+// of the weights (160 rows: sigma = sqrt(0.75 x 0.25 / 160) = 0.034, allowed 4 sigma), they count
+// every row (20 steps x 8), the mix changes the weights' bytes, and a run interrupted inside the
+// mixed stage resumes onto the uninterrupted run's bytes.
+TEST(RecipeRun, DataMixStageDrawsBothSourcesAndResumesExactly) {
+  nlohmann::json recipe = batch_ramp("mix"), plain = batch_ramp("mix");
+  const std::string readme = std::string(LLAMA4D_SOURCE_DIR) + "/README.md";
+  recipe["stages"][1]["steps"] = plain["stages"][1]["steps"] = 20;
+  recipe["stages"][1]["data"] = {{kCorpus, 3}, {readme, 1}};
+  const std::string mixed = write_recipe("recipe_mix", recipe), single = write_recipe("recipe_mix_plain", plain);
+  const std::string whole = tmp("recipe_mix_whole"), split = tmp("recipe_mix_split"), one = tmp("recipe_mix_one");
+  const nlohmann::json j = train_json("--recipe " + mixed + " --out " + whole);
+  ASSERT_FALSE(j.is_null());
+  const nlohmann::json& data = j.at("stages").at(1).at("data");
+  ASSERT_EQ(data.size(), 2u);
+  int64_t rows = 0;
+  for (const nlohmann::json& d : data) {
+    const double expected = d.at("source") == readme ? 0.25 : 0.75;
+    EXPECT_EQ(d.at("weight_share"), expected);
+    EXPECT_NEAR(d.at("share").get<double>(), expected, 4 * 0.034) << d.dump();
+    EXPECT_GT(d.at("rows").get<int64_t>(), 0);
+    rows += d.at("rows").get<int64_t>();
+  }
+  EXPECT_EQ(rows, 20 * 8);
+  ASSERT_FALSE(train_json("--recipe " + single + " --out " + one).is_null());
+  EXPECT_FALSE(read_file(whole + "/checkpoint/model.safetensors") == read_file(one + "/checkpoint/model.safetensors"));
+  ASSERT_FALSE(train_json("--recipe " + mixed + " --out " + split + " --stop-at 9").is_null());
+  ASSERT_FALSE(train_json("--recipe " + mixed + " --out " + split + " --resume " + split + "/checkpoint").is_null());
+  expect_same_checkpoint(whole + "/checkpoint", split + "/checkpoint");
+}
+LLAMA4D_TIER(RecipeRun, DataMixStageDrawsBothSourcesAndResumesExactly, quick);
 
 // The shipped recipe (data/recipes/laptop.json) is valid for its model, every stage (the whole
 // recipe is checked before the first step), and its corpus path resolves from any directory.

@@ -125,5 +125,38 @@ TEST(RecipeStages, ResumabilityFollowsTheRecipe) {
 }
 LLAMA4D_TIER(RecipeStages, ResumabilityFollowsTheRecipe, quick);
 
+// A data mix of one source, the train split itself, draws the windows the plain sampler draws
+// (DataMix and sample_rows share window_start): so a trainer reading its rows through the mix,
+// each data rank its own rows of the global batch, ends on the plain trainer's bytes.
+TEST(RecipeStages, MixOfTheTrainSplitAloneEqualsThePlainRows) {
+  const LlamaConfig cfg = LlamaConfig::preset("tiny");
+  const TrainOptions opt = test::options(2, 0);
+  const ParallelPlan dp2 = ParallelPlan::parse("dp=2");
+  const DataMix mix({{"train", test::corpus().train(), 1}}, opt.seq_len);
+  const std::string root = testing::TempDir() + "/llama4d_recipe_mix";
+  std::filesystem::remove_all(root);
+  for (const bool through_mix : {false, true}) {
+    test::virtual_launcher(2)([&](ProcessGroup& world) {
+      Llama<float> model = dp2.make_model<float>(cfg, world.memory(), world.rank());
+      ParallelTrainer<float> t(world, model, test::corpus(), opt, dp2);
+      if (through_mix) t.set_data_mix(&mix);
+      t.step();
+      t.step();
+      t.save_checkpoint(root + (through_mix ? "/mix" : "/plain"));
+    });
+  }
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(file_bytes(root + "/mix/" + f) == file_bytes(root + "/plain/" + f)) << f;
+  // A mix of rows of another length is refused by name.
+  const DataMix other({{"train", test::corpus().train(), 1}}, opt.seq_len / 2);
+  test::virtual_launcher(2)([&](ProcessGroup& world) {
+    Llama<float> model = dp2.make_model<float>(cfg, world.memory(), world.rank());
+    ParallelTrainer<float> t(world, model, test::corpus(), opt, dp2);
+    EXPECT_THROW(t.set_data_mix(&other), InputError);
+  });
+  std::filesystem::remove_all(root);
+}
+LLAMA4D_TIER(RecipeStages, MixOfTheTrainSplitAloneEqualsThePlainRows, quick);
+
 }  // namespace
 }  // namespace llama4d
