@@ -1,6 +1,7 @@
 // `llama4d train`: trains a Llama on a text file (the shipped corpus by default), on one rank or
 // on a data-parallel mesh of virtual GPUs / MPI ranks. Logs metrics to <out>/metrics.jsonl,
-// evaluates on the held-out split, saves a checkpoint that resumes bitwise on any mesh.
+// evaluates on the held-out split, saves a checkpoint that resumes bitwise on any mesh. With
+// --recipe, runs a training recipe's stages on virtual GPUs (run_recipe, below).
 #include <chrono>
 #include <cmath>
 #include <filesystem>
