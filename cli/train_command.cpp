@@ -878,6 +878,13 @@ nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& 
                           {"final_loss", j.at("final_loss")}, {"val_loss", j.at("val_loss")},
                           {"tokens_per_s", j.at("tokens_per_s")},
                           {"data", drawn_json(rr, i, mix ? &*mix : nullptr, started_at, j.at("steps").get<int64_t>())}};
+    // The attention cost on the modelled cluster (core/comm/cluster.h): the slowest rank's
+    // simulated time of the stage's launch (moving the state in and evaluation included) per step.
+    if (const int64_t n = j.at("steps_this_run").get<int64_t>(); n > 0) {
+      const double step_us = launcher.simulated_per_step(n).at("step_us").get<double>();
+      row["simulated"] = {{"step_us", step_us},
+                          {"tokens_per_s", step_us > 0 ? double(st.batch_size * st.seq_len) / (step_us * 1e-6) : 0.0}};
+    }
     if (carried) {
       // What the boundary into this stage moved: the bytes each rank of this stage's plan read
       // that the same rank of the previous stage had not written (what a cluster would send).

@@ -100,6 +100,7 @@ TEST(RecipeRun, RunEqualsStoppingAtTheBoundaryAndResumingOnTheNextMesh) {
     EXPECT_EQ(s[0].at("name"), c.recipe["stages"][0]["name"]);
     EXPECT_EQ(s[1].at("name"), c.recipe["stages"][1]["name"]);
     EXPECT_FALSE(s[0].contains("reshard"));
+    for (const nlohmann::json& stage : s) EXPECT_GT(stage.at("simulated").at("step_us").get<double>(), 0) << stage.dump();
     const nlohmann::json& moved = s[1].at("reshard");
     EXPECT_GE(moved.at("seconds").get<double>(), 0);
     EXPECT_EQ(j.at("recipe").at("position").at("finished"), true);
