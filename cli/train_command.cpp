@@ -1,6 +1,7 @@
 // `llama4d train`: trains a Llama on a text file (the shipped corpus by default), on one rank or
 // on a data-parallel mesh of virtual GPUs / MPI ranks. Logs metrics to <out>/metrics.jsonl,
-// evaluates on the held-out split, saves a checkpoint that resumes bitwise on any mesh.
+// evaluates on the held-out split, saves a checkpoint that resumes bitwise on any mesh. With
+// --recipe, runs a training recipe's stages on virtual GPUs (run_recipe, below).
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "cli/init_checkpoint.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
+#include "core/data/data_mix.h"
 #include "core/data/dataset.h"
 #include "core/data/tokenized_corpus.h"
 #include "core/data/entropy.h"
@@ -31,7 +33,9 @@
 #include "core/train/checkpoint_state.h"
 #include "core/parallel/memory_copies.h"
 #include "core/train/goodput.h"
+#include "core/train/recipe.h"
 #include "core/train/trainer.h"
+#include "core/parallel/reshard_in_memory.h"
 
 namespace llama4d::cli {
 
@@ -42,7 +46,7 @@ struct TrainArgs {
   ParallelChoice parallel;
   LaunchOptions launch;
   TrainOptions opt;
-  std::string data, out = "runs/train", resume, init, faults;
+  std::string data, out = "runs/train", resume, init, faults, recipe;
   int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0, max_restarts = 0;
   int64_t memory_copy_every = 0;  // 0: no in-memory copies
   bool check_replicas = false;
@@ -121,6 +125,10 @@ std::string absolute_path(const std::string& path) {
 // an error naming it. Nothing given is ignored, nothing saved is dropped.
 void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
   const TrainingCheckpointInfo saved = read_training_state(a.resume);
+  if (saved.options.recipe.active() && a.recipe.empty())
+    throw InputError("--resume " + a.resume + " was saved by recipe \"" + saved.options.recipe.recipe + "\" (stage " +
+                     std::to_string(saved.options.recipe.stage + 1) + ", \"" + saved.options.recipe.stage_name +
+                     "\"): resume it with --recipe FILE");
   const auto keeps = [](const std::string& what) { return what + ": " + kResumeKeepsTheMath; };
   r.cfg = load_config(a.resume);
   for (const auto& [flag, value] : {std::pair{"--preset", a.model.preset}, std::pair{"--config", a.model.config}})
@@ -220,6 +228,13 @@ TextDataset load_run_data(Run& r, bool data_given) {
   return data;
 }
 
+// One source of a recipe's data mix, in the run's tokens (split as the run's data is).
+TextDataset load_source(const Run& r, const std::string& path) {
+  return has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, path, r.args.opt.seq_len,
+                                                       ops::backend_threads(), tokenize_progress(r.args.launch, path))
+                              : load_dataset(path, r.args.opt.seq_len);
+}
+
 // metrics.jsonl is the history of the run in <out>: a new run starts it afresh; a resume keeps
 // the rows up to the checkpoint's step (the last of a repeated step: the one the run went on
 // from) and drops the later ones, which the resumed run computes again.
@@ -269,8 +284,11 @@ struct Supervision {
 
 // The run itself: steps, metrics, progress, evaluation, checkpoints. `lead` is the rank that
 // writes files and prints; every rank runs the loop (collectives inside the calls).
+// A recipe run calls it once per stage: `stage` names the stage in every metrics row, and a
+// stage that neither ends the recipe nor reaches --stop-at hands its state on in memory
+// (save_at_end false) instead of writing a checkpoint.
 nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const TrainerCalls& t, bool lead,
-                          Supervision* sup = nullptr) {
+                          Supervision* sup = nullptr, const std::string& stage = "", bool save_at_end = true) {
   const int64_t last = a.stop_at > 0 ? std::min(a.stop_at, opt.steps) : opt.steps;
   std::ofstream metrics;
   if (lead) {
@@ -308,6 +326,7 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
                             {"tokens_per_s", double(st.tokens) / st.seconds}};
       if (eval_now) row["val_loss"] = val_loss;
       if (!st.expert_tokens.empty()) row["aux_loss"] = st.aux_loss, row["expert_tokens"] = st.expert_tokens;
+      if (!stage.empty()) row["stage"] = stage;
       // A row lost to a full disk or an I/O error ends the run: the history is the run's record.
       if (!(metrics << row.dump() << "\n" << std::flush)) throw IoError("cannot write " + a.out + "/metrics.jsonl");
       if (st.step % a.log_every == 0 || st.step == last || eval_now)
@@ -320,6 +339,11 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
   }
   if (std::isnan(val_loss) && a.eval_every > 0) val_loss = t.validation_loss(a.eval_windows);
   const std::string ckpt = a.out + "/checkpoint";
+  auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  if (!save_at_end)
+    return {{"final_loss", num(last_loss)}, {"steps", t.steps_done()}, {"steps_this_run", steps_this_run},
+            {"tokens", total_tokens}, {"seconds", total_seconds},
+            {"tokens_per_s", total_seconds > 0 ? double(total_tokens) / total_seconds : 0.0}, {"val_loss", num(val_loss)}};
   save(ckpt);
   if (lead && steps_this_run == 0)  // a resumed run that had already finished: no loss to report
     progress("train: the checkpoint had finished all %lld steps, nothing to train (pass --steps with a larger total "
@@ -329,7 +353,6 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
   else if (lead)
     progress("train: saved %s; final loss %.4f%s\n", ckpt.c_str(), last_loss,
              a.eval_every > 0 ? (", val loss " + std::to_string(val_loss)).c_str() : " (no validation: --eval-every 0)");
-  auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
   nlohmann::json result = {{"final_loss", num(last_loss)},
           {"steps", t.steps_done()},
           {"steps_this_run", steps_this_run},
@@ -669,7 +692,294 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
   }
 }
 
+
+// --recipe FILE: the stages of a training recipe (core/train/recipe.h), one after another, on
+// virtual GPUs. Each stage runs on its own mesh with its global batch, sequence length and LR
+// segment (Recipe::stage_options); at a boundary the state moves onto the next stage's plan
+// through memory (InMemoryReshard: the checkpoint's code path without the files), so the run
+// equals, byte for byte, stopping at the boundary (--stop-at), saving, and resuming the recipe
+// on the next stage's plan from that checkpoint.
+struct RecipeRun {
+  Recipe recipe;
+  std::vector<ParallelPlan> plans;               // stage i's plan
+  std::vector<std::vector<MixEntry>> sources;    // stage i's data, paths made absolute
+  std::string primary;                           // stage 1's first source: the run's --data
+  size_t first_stage = 0;  // a resume's stage; stages.size(): the checkpoint had finished
+  // Whether stage i draws its rows from a mix (several sources, or one that is not the primary).
+  bool mixes(size_t i) const { return sources[i].size() > 1 || sources[i][0].path != primary; }
+};
+
+// Flags whose values a recipe gives per stage, or that this build does not run with one.
+void check_recipe_flags(const TrainArgs& a, const CLI::App& cmd) {
+  for (const char* flag : {"--mesh", "--batch-size", "--seq-len", "--steps", "--lr", "--min-lr", "--warmup-steps",
+                           "--seed", "--data"})
+    if (cmd.count(flag) > 0)
+      throw InputError(std::string(flag) + " and --recipe: the recipe gives each stage's mesh (dp, tp, cp, pp), "
+                       "batch_size, seq_len, length, LR segment and data, and its seed");
+  for (const char* flag : {"--init", "--faults", "--max-restarts", "--memory-copy-every", "--check-replicas"})
+    if (cmd.count(flag) > 0) throw InputError(std::string(flag) + " and --recipe: not supported together in this build");
+  if (a.launch.backend != "virtual")
+    throw InputError("--recipe runs on virtual GPUs (--backend virtual), not --backend " + a.launch.backend +
+                     ": a stage boundary moves the state between ranks in this process's memory");
+}
+
+// "recipe stage 2 (\"long\")": how errors name a stage.
+std::string stage_label(const Recipe& recipe, size_t i) {
+  return "recipe stage " + std::to_string(i + 1) + " (\"" + recipe.stages[i].name + "\")";
+}
+
+// The recipe checked against the model and the flags: one plan per stage, each stage's sources
+// (stage 1's first is the run's data: its held-out split is what every stage evaluates on; a
+// stage of other or several sources draws its rows from a DataMix of their train splits), and
+// where a resume starts.
+RecipeRun resolve_recipe(Run& r, const CLI::App& cmd) {
+  TrainArgs& a = r.args;
+  RecipeRun rr;
+  rr.recipe = load_recipe(a.recipe, r.cfg.max_position_embeddings);
+  const Recipe& recipe = rr.recipe;
+  int64_t longest = 0;
+  for (size_t i = 0; i < recipe.stages.size(); ++i) {
+    const RecipeStage& st = recipe.stages[i];
+    const std::string where = a.recipe + ": " + stage_label(recipe, i);
+    // A relative source is relative to the recipe file, so the recipe runs from any directory.
+    std::vector<MixEntry> sources;
+    for (const MixEntry& e : st.data) {
+      std::filesystem::path p(e.path);
+      if (p.is_relative()) p = std::filesystem::path(a.recipe).parent_path() / p;
+      sources.push_back({absolute_path(p.lexically_normal().string()), e.weight});
+    }
+    if (i == 0) rr.primary = sources[0].path;
+    rr.sources.push_back(std::move(sources));
+    longest = std::max(longest, st.seq_len);
+    const TrainOptions opt = recipe.stage_options(a.opt, i);
+    try {
+      opt.validate();
+      ParallelChoice choice = a.parallel;
+      choice.mesh = st.mesh();
+      rr.plans.push_back(choice.plan(r.cfg, a.launch.algo));
+      const ParallelPlan& plan = rr.plans.back();
+      plan.check_precision(opt.bf16_compute);
+      plan.check_model(r.cfg, int(rank_micro_batch_count(opt, plan.dp())));
+      plan.check_sequence(opt.seq_len);
+      check_step_fits_in_memory(r.cfg, opt, plan, a.launch.backend, a.model.fp64() ? 8 : 4, a.force);
+    } catch (const InputError& e) {
+      throw InputError(where + " (mesh " + st.mesh() + "): " + e.what());
+    }
+  }
+  if (cmd.count("--data") == 0) a.data = rr.primary;
+  a.opt.seq_len = longest;  // the data split must hold a window of the longest stage
+  nlohmann::json loop = nlohmann::json::parse(a.opt.loop);
+  loop["data"] = absolute_path(a.data);
+  loop["recipe"] = absolute_path(a.recipe);
+  a.opt.loop = loop.dump();
+  if (!a.resume.empty()) {
+    const TrainingCheckpointInfo saved = read_training_state(a.resume);
+    const int64_t total = recipe.total_steps();
+    if (saved.steps_done > total)
+      throw InputError("--resume " + a.resume + " has done " + std::to_string(saved.steps_done) + " steps, more than recipe \"" +
+                       recipe.name + "\"'s " + std::to_string(total));
+    rr.first_stage = saved.steps_done == total ? recipe.stages.size() : recipe.locate(saved.steps_done).first;
+    // The checkpoint must be this recipe's (by name and fingerprint), whatever stage it is in.
+    const size_t check = std::min(rr.first_stage, recipe.stages.size() - 1);
+    TrainOptions next = recipe.stage_options(a.opt, check);
+    next.steps = std::max(next.steps, saved.steps_done);
+    check_resumable(saved.options, saved.steps_done, next);
+  }
+  return rr;
+}
+
+// The rows each source of stage i's data gave to steps [from, to) (source_of is a pure function
+// of seed, step and row, so the lead rank counts every rank's rows) beside the weights' shares.
+nlohmann::json drawn_json(const RecipeRun& rr, size_t i, const DataMix* mix, int64_t from, int64_t to) {
+  const std::vector<MixEntry>& sources = rr.sources[i];
+  std::vector<int64_t> drawn(sources.size(), 0);
+  const int64_t rows = rr.recipe.stages[i].batch_size;
+  for (int64_t step = from; step < to; ++step)
+    for (int64_t row = 0; row < rows; ++row) ++drawn[size_t(mix ? mix->source_of(rr.recipe.seed, step, row) : 0)];
+  const std::vector<double> shares = drawn_shares(drawn);
+  double total = 0;
+  for (const MixEntry& e : sources) total += e.weight;
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t k = 0; k < sources.size(); ++k)
+    out.push_back({{"source", sources[k].path}, {"weight", sources[k].weight}, {"weight_share", sources[k].weight / total},
+                   {"rows", drawn[k]}, {"share", shares[k]}});
+  return out;
+}
+
+template <class T>
+nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& data,
+                          const std::map<std::string, TextDataset>& others) {
+  const TrainArgs& a = r.args;
+  const Recipe& recipe = rr.recipe;
+  std::unique_ptr<InMemoryReshard<T>> carried;  // the state handed from one stage to the next
+  nlohmann::json stages = nlohmann::json::array(), last;
+  double capture_seconds = 0;
+  if (rr.first_stage == recipe.stages.size())
+    progress("train: the checkpoint had finished all %lld steps of recipe \"%s\"\n", (long long)recipe.total_steps(),
+             recipe.name.c_str());
+  for (size_t i = rr.first_stage; i < recipe.stages.size(); ++i) {
+    const RecipeStage& st = recipe.stages[i];
+    const ParallelPlan& plan = rr.plans[i];
+    const TrainOptions opt = recipe.stage_options(a.opt, i);
+    const bool stops_here = a.stop_at > 0 && a.stop_at <= opt.steps, final_stage = i + 1 == recipe.stages.size();
+    const bool hand_on = !final_stage && !stops_here;
+    std::unique_ptr<InMemoryReshard<T>> next = hand_on ? std::make_unique<InMemoryReshard<T>>() : nullptr;
+    std::optional<DataMix> mix;
+    if (rr.mixes(i)) {
+      std::vector<MixSource> sources;
+      for (const MixEntry& e : rr.sources[i])
+        sources.push_back({e.path, (e.path == rr.primary ? data : others.at(e.path)).train(), e.weight});
+      try {
+        mix.emplace(std::move(sources), st.seq_len);
+      } catch (const InputError& e) {
+        throw InputError(a.recipe + ": " + stage_label(recipe, i) + " key \"data\": " + e.what());
+      }
+    }
+    int64_t started_at = 0;
+    RankLaunch launcher(a.launch);
+    nlohmann::json j;
+    StateMoves moved;
+    double restore_seconds = 0, handoff_seconds = 0;
+    std::string strategy;
+    std::mutex mu;
+    launcher.run(plan.world_size(), [&](ProcessGroup& world) {
+      Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
+      ParallelTrainer<T> trainer(world, model, data, opt, plan);
+      trainer.set_data_mix(mix ? &*mix : nullptr);
+      const bool lead = world.rank() == 0;
+      if (carried) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const StateMoves m = carried->restore(trainer);  // collective: every rank has read its share
+        if (lead) {
+          moved = m, restore_seconds = seconds_since(t0);
+          progress("train: into %s: moved %lld of %lld bytes of state in memory from mesh %s to %s in %.3f s\n",
+                   stage_label(recipe, i).c_str(), (long long)moved.total_moved(), (long long)moved.total_read(),
+                   recipe.stages[i - 1].mesh().c_str(), st.mesh().c_str(), capture_seconds + restore_seconds);
+        }
+      } else if (!a.resume.empty()) {
+        trainer.load_checkpoint(a.resume);
+      }
+      if (lead) started_at = trainer.steps_done();
+      if (lead)
+        progress("train: %s %lld steps (%lld..%lld), global batch %lld x %lld tokens, mesh %s (%s), lr %s %.3g -> %.3g\n",
+                 stage_label(recipe, i).c_str(), (long long)st.steps, (long long)opt.recipe.first_step + 1,
+                 (long long)opt.steps, (long long)st.batch_size, (long long)st.seq_len, st.mesh().c_str(),
+                 trainer.describe().c_str(), st.lr.shape_name.c_str(), st.lr.from, st.lr.to);
+      const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
+                               [&](int64_t w) { return trainer.validation_loss(w).mean(); },
+                               [&](const std::string& dir) {
+                                 trainer.save_checkpoint(dir);
+                                 if (world.rank() == 0) write_tokenizer_files(r, dir);
+                               },
+                               {}, {}};
+      nlohmann::json res = train_loop(a, opt, calls, lead, nullptr, st.name, !hand_on);
+      if (next) {
+        const auto t0 = std::chrono::steady_clock::now();
+        next->capture(trainer);  // collective over this stage's ranks
+        if (lead) handoff_seconds = seconds_since(t0);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (lead) j = std::move(res), strategy = trainer.describe();
+    });
+    nlohmann::json row = {{"name", st.name}, {"stage", i + 1}, {"mesh", st.mesh()}, {"strategy", strategy},
+                          {"batch_size", st.batch_size}, {"seq_len", st.seq_len},
+                          {"lr", {{"shape", st.lr.shape_name}, {"from", st.lr.from}, {"to", st.lr.to}}},
+                          {"steps", j.at("steps_this_run")}, {"tokens", j.at("tokens")},
+                          {"final_loss", j.at("final_loss")}, {"val_loss", j.at("val_loss")},
+                          {"tokens_per_s", j.at("tokens_per_s")},
+                          {"data", drawn_json(rr, i, mix ? &*mix : nullptr, started_at, j.at("steps").get<int64_t>())}};
+    // The attention cost on the modelled cluster (core/comm/cluster.h): the slowest rank's
+    // simulated time of the stage's launch (moving the state in and evaluation included) per step.
+    if (const int64_t n = j.at("steps_this_run").get<int64_t>(); n > 0) {
+      const double step_us = launcher.simulated_per_step(n).at("step_us").get<double>();
+      row["simulated"] = {{"step_us", step_us},
+                          {"tokens_per_s", step_us > 0 ? double(st.batch_size * st.seq_len) / (step_us * 1e-6) : 0.0}};
+    }
+    if (carried) {
+      // What the boundary into this stage moved: the bytes each rank of this stage's plan read
+      // that the same rank of the previous stage had not written (what a cluster would send).
+      const double seconds = capture_seconds + restore_seconds;
+      row["reshard"] = {{"from_mesh", recipe.stages[i - 1].mesh()}, {"to_mesh", st.mesh()},
+                        {"moved", "weights, AdamW moments (exp_avg, exp_avg_sq), step count"},
+                        {"bytes_moved", moved.total_moved()}, {"bytes_read", moved.total_read()},
+                        {"bytes_moved_per_rank", moved.bytes_moved}, {"seconds", seconds}};
+    }
+    progress("train: %s done: %lld steps, %lld tokens, loss %.4f, %.0f tok/s\n", stage_label(recipe, i).c_str(),
+             (long long)j.at("steps_this_run").get<int64_t>(), (long long)j.at("tokens").get<int64_t>(),
+             j.at("final_loss").is_number() ? j.at("final_loss").get<double>() : NAN, j.at("tokens_per_s").get<double>());
+    stages.push_back(row);
+    last = j;
+    carried = std::move(next);
+    capture_seconds = handoff_seconds;
+    if (stops_here) break;
+  }
+  nlohmann::json result = last.is_null() ? nlohmann::json::object() : last;
+  if (last.is_null()) {
+    // A resume of a finished recipe: nothing trained, the checkpoint stays as it was.
+    const int64_t done = recipe.total_steps();
+    result = {{"final_loss", nullptr}, {"steps", done}, {"steps_this_run", 0}, {"tokens", 0}, {"val_loss", nullptr},
+              {"checkpoint", a.resume}, {"metrics", a.out + "/metrics.jsonl"}};
+  }
+  const int64_t done = result.at("steps").get<int64_t>();
+  nlohmann::json position = {{"step", done}};
+  if (done < recipe.total_steps()) {
+    const auto [stage, k] = recipe.locate(done);
+    position["stage"] = stage + 1, position["stage_name"] = recipe.stages[stage].name, position["step_in_stage"] = k;
+  } else {
+    position["stage"] = recipe.stages.size(), position["stage_name"] = recipe.stages.back().name,
+    position["step_in_stage"] = recipe.stages.back().steps, position["finished"] = true;
+  }
+  result.erase("steps_this_run");
+  result["recipe"] = {{"name", recipe.name}, {"file", a.recipe}, {"fingerprint", recipe.fingerprint()},
+                      {"total_steps", recipe.total_steps()}, {"position", position}};
+  result["stages"] = stages;
+  result["model"] = model_name(a);
+  result["parameters"] = r.cfg.num_parameters();
+  result["dtype"] = a.model.dtype;
+  result["backend"] = a.launch.backend;
+  return result;
+}
+
+nlohmann::json train_recipe(const TrainArgs& asked, const CLI::App& cmd) {
+  use_compute(asked.compute);
+  check_recipe_flags(asked, cmd);
+  Run r = resolve_run(asked, cmd);
+  RecipeRun rr = resolve_recipe(r, cmd);
+  const TrainArgs& a = r.args;
+  a.launch.validate(true);
+  const bool f64 = a.model.fp64();
+  check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
+                       "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
+  const TextDataset data = load_run_data(r, false);
+  // The other sources of the stages' mixes, each checked on resume against the text the run
+  // started on, as the primary is.
+  std::map<std::string, TextDataset> others;
+  nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
+  for (const std::vector<MixEntry>& stage : rr.sources)
+    for (const MixEntry& e : stage) {
+      if (e.path == rr.primary || others.count(e.path)) continue;
+      TextDataset d = load_source(r, e.path);
+      const std::string now = data_fingerprint(d.tokens);
+      nlohmann::json& saved = loop["mix_fingerprints"][e.path];
+      if (!saved.is_null() && saved != now)
+        throw InputError("recipe source " + e.path + " (" + now + ") is not the text the checkpoint's run trained on (" +
+                         saved.dump() + "): " + kResumeKeepsTheMath);
+      saved = now;
+      others.emplace(e.path, std::move(d));
+    }
+  r.args.opt.loop = loop.dump();
+  const OutputDir out(a.out);
+  OutputLock lock(a.out, "train");
+  check_directory_replaceable(a.out + "/checkpoint", kConfigFile);
+  remove_stale_staging(a.out + "/checkpoint");
+  nlohmann::json result = f64 ? run_recipe<double>(r, rr, data, others) : run_recipe<float>(r, rr, data, others);
+  result["device"] = ops::backend_name();
+  result["kernels"] = ops::kernel_mode_name(ops::kernel_mode());
+  return result;
+}
+
 nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
+  if (!asked.recipe.empty()) return train_recipe(asked, cmd);
   use_compute(asked.compute);
   Run r = resolve_run(asked, cmd);
   const TrainArgs& a = r.args;
@@ -724,6 +1034,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", a->resume,
                   "checkpoint directory to continue from: its model, options and loop settings; --steps, "
                   "--micro-batch-size, --eval-*, --save-every, --log-every and the mesh may change");
+  cmd->add_option("--recipe", a->recipe,
+                  "run a training recipe (JSON, core/train/recipe.h): stages with their own batch, seq_len, mesh "
+                  "and LR segment; the state moves between stages' meshes in memory (virtual GPUs)");
   add_number(*cmd, "--steps", a->opt.steps, "optimizer steps in the run")->capture_default_str();
   add_number(*cmd, "--stop-at", a->stop_at, "stop (and checkpoint) after this step, as if interrupted");
   add_number(*cmd, "--batch-size", a->opt.batch_size, "sequences per optimizer step (the global batch)")->capture_default_str();

@@ -49,4 +49,9 @@ double lr_at_step(const LrSchedule& sch, int64_t step) {
          (sch.max_lr - sch.min_lr) * 0.5 * (1.0 - std::cos(std::numbers::pi * progress));
 }
 
+double LrSegment::at(int64_t k, int64_t n) const {
+  const double f = shape == Shape::linear ? double(k) / double(n) : (1 - std::cos(std::numbers::pi * double(k) / double(n))) / 2;
+  return from + (to - from) * f;
+}
+
 }  // namespace llama4d

@@ -14,6 +14,7 @@
 // steps, peak 8e-5, cosine decay to 8e-7 over 1.2M steps (The Llama 3 Herd of Models, 2024,
 // Sec. 3.4.1); Llama 2 decayed to 10% of the peak (Touvron et al. 2023, Sec. 2.2).
 #include <cstdint>
+#include <string>
 
 namespace llama4d {
 
@@ -27,6 +28,18 @@ struct LrSchedule {
   // Throws InputError naming the first bad value (negative or non-finite lr, min_lr > max_lr,
   // negative steps, total_steps < warmup_steps, f0 outside [0, 1]).
   void validate() const;
+};
+
+// One stage's learning-rate segment of a training recipe (core/train/recipe.h): warm-up,
+// a straight line, or half a cosine.
+struct LrSegment {
+  enum class Shape { linear, cosine };
+  Shape shape = Shape::linear;  // "warmup" is a linear segment, named for what it is for
+  std::string shape_name = "linear";
+  double from = 0, to = 0;
+  // The LR at step k of a stage of n steps: from + (to - from) * f, f = k / n (linear) or
+  // (1 - cos(pi k / n)) / 2 (cosine), so step 0 has `from` and the stage ends just short of `to`.
+  double at(int64_t k, int64_t n) const;
 };
 
 // The learning rate for step `step` (see the formula above). Pure function. Throws InputError

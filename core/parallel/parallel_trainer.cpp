@@ -40,6 +40,28 @@ std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& 
   return out;
 }
 
+std::vector<Batch> data_rank_micro_batches(const DataMix& mix, const TrainOptions& opt, int64_t step, int data_rank,
+                                           int dp) {
+  if (mix.seq_len() != opt.seq_len)
+    throw InputError("the data mix draws rows of " + std::to_string(mix.seq_len()) + " tokens, and --seq-len is " +
+                     std::to_string(opt.seq_len));
+  const int64_t mb = rank_micro_batch_rows(opt, dp), rows = opt.batch_size / dp, first = data_rank * rows;
+  std::vector<Batch> out;
+  for (int64_t r = first; r < first + rows; r += mb) {
+    out.push_back(mix.sample_rows(opt.seed, step, r, r + mb));
+    if (opt.doc_mask) mark_documents(out.back(), opt.doc_separator);
+  }
+  return out;
+}
+
+template <class T>
+void ParallelTrainer<T>::set_data_mix(const DataMix* mix) {
+  if (mix && mix->seq_len() != opt_.seq_len)
+    throw InputError("the data mix draws rows of " + std::to_string(mix->seq_len()) + " tokens, and --seq-len is " +
+                     std::to_string(opt_.seq_len));
+  mix_ = mix;
+}
+
 template <class T>
 ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const TextDataset& data,
                                     const TrainOptions& options, const ParallelPlan& plan)
@@ -158,10 +180,11 @@ StepStats ParallelTrainer<T>::step() {
   const auto t0 = std::chrono::steady_clock::now();
   // Ranks of one tensor-parallel group share a data rank: they run the same rows.
   std::vector<Batch> mbs =
-      data_rank_micro_batches(data_.train(), opt_, steps_done_, dp_group_->rank(), dp_group_->size());
+      mix_ ? data_rank_micro_batches(*mix_, opt_, steps_done_, dp_group_->rank(), dp_group_->size())
+           : data_rank_micro_batches(data_.train(), opt_, steps_done_, dp_group_->rank(), dp_group_->size());
   for (Batch& b : mbs) b = local_tokens(b);
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
-  StepStats st = strategy_->step(mbs, lr_at_step(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
+  StepStats st = strategy_->step(mbs, opt_.lr_at(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
   // Loss and norm are global (all-reduced), so every rank stops at the same step.
   check_finite(steps_done_ + 1, st.loss, st.grad_norm * st.grad_norm);
   st.step = ++steps_done_;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/data/data_mix.h"
 #include "core/data/dataset.h"
 #include "core/comm/device_mesh.h"
 #include "core/parallel/context_parallel.h"
@@ -25,6 +26,9 @@ namespace llama4d {
 
 // Micro-batches of data rank d for optimizer step `step` (pure function of its arguments).
 std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& opt, int64_t step, int data_rank,
+                                           int dp);
+// The same rows drawn from a data mix (DataMix::sample_rows) instead of one split.
+std::vector<Batch> data_rank_micro_batches(const DataMix& mix, const TrainOptions& opt, int64_t step, int data_rank,
                                            int dp);
 // Rows per micro-batch on a data rank: micro_batch_size, or all of the rank's rows when 0.
 int64_t rank_micro_batch_rows(const TrainOptions& opt, int dp);
@@ -42,6 +46,10 @@ class ParallelTrainer {
                   const ParallelPlan& plan);
 
   StepStats step();
+  // Training rows from `mix` (not owned; its seq_len must be the options') instead of the data's
+  // train split, from the next step on; validation stays on the data's held-out split. A recipe
+  // stage's data mix (core/train/recipe.h). Null: the train split again.
+  void set_data_mix(const DataMix* mix);
   int64_t steps_done() const { return steps_done_; }
   int data_rank() const { return dp_group_->rank(); }
   const ParallelPlan& plan() const { return plan_; }
@@ -79,6 +87,7 @@ class ParallelTrainer {
   ProcessGroup& world_;
   Llama<T>& model_;
   const TextDataset& data_;
+  const DataMix* mix_ = nullptr;
   TrainOptions opt_;
   ParallelPlan plan_;
   LrSchedule schedule_;

@@ -1,8 +1,11 @@
 #include "core/train/recipe.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numbers>
+#include <filesystem>
 #include <set>
 
 #include "core/error.h"
@@ -121,11 +124,6 @@ RecipeStage parse_stage(const json& j, size_t index, int64_t max_positions) {
 
 }  // namespace
 
-double LrSegment::at(int64_t k, int64_t n) const {
-  const double f = shape == Shape::linear ? double(k) / double(n) : (1 - std::cos(std::numbers::pi * double(k) / double(n))) / 2;
-  return from + (to - from) * f;
-}
-
 json RecipeStage::to_json() const {
   json mix = json::object();
   for (const MixEntry& e : data) mix[e.path] = e.weight;
@@ -158,13 +156,55 @@ double Recipe::lr_at(int64_t step) const {
 json Recipe::to_json() const {
   json st = json::array();
   for (const RecipeStage& s : stages) st.push_back(s.to_json());
-  return {{"seed", seed}, {"total_steps", total_steps()}, {"stages", st}};
+  return {{"name", name}, {"seed", seed}, {"total_steps", total_steps()}, {"stages", st}};
+}
+
+std::string RecipeStage::mesh() const {
+  std::string m;
+  for (auto [key, size] : {std::pair{"tp", tp}, {"cp", cp}, {"pp", pp}, {"dp", dp}})
+    if (size > 1) m += (m.empty() ? "" : ",") + std::string(key) + "=" + std::to_string(size);
+  return m.empty() ? "dp=1" : m;
+}
+
+int64_t Recipe::first_step(size_t i) const {
+  int64_t n = 0;
+  for (size_t k = 0; k < i && k < stages.size(); ++k) n += stages[k].steps;
+  return n;
+}
+
+std::string Recipe::fingerprint() const {
+  json j = to_json();
+  j.erase("name");
+  uint64_t h = 14695981039346656037ull;  // FNV-1a's offset basis and prime (Fowler, Noll, Vo)
+  for (const unsigned char c : j.dump()) h = (h ^ c) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return std::string("fnv1a64:") + hex;
+}
+
+TrainOptions Recipe::stage_options(const TrainOptions& base, size_t i) const {
+  const RecipeStage& s = stages.at(i);
+  TrainOptions o = base;
+  o.batch_size = s.batch_size;
+  o.seq_len = s.seq_len;
+  o.seed = seed;
+  o.recipe = RecipePosition{name, fingerprint(), int64_t(i), s.name, first_step(i), s.steps, s.lr};
+  o.steps = o.recipe.first_step + s.steps;
+  // Unused by the trainers while the stage's segment rules; kept consistent for validate().
+  o.lr = std::max(s.lr.from, s.lr.to) > 0 ? std::max(s.lr.from, s.lr.to) : base.lr;
+  o.min_lr = std::min({s.lr.from, s.lr.to, o.lr});
+  o.warmup_steps = 0;
+  return o;
 }
 
 Recipe parse_recipe(const json& j, int64_t max_positions) {
   const Where w{"recipe"};
-  check_keys(j, {"seed", "stages"}, w);
+  check_keys(j, {"name", "seed", "stages"}, w);
   Recipe r;
+  if (j.contains("name")) {
+    if (!j["name"].is_string() || j["name"].get<std::string>().empty()) w.fail("name", "must be a non-empty string");
+    r.name = j["name"].get<std::string>();
+  }
   if (j.contains("seed")) {
     if (!j["seed"].is_number_unsigned()) w.fail("seed", "must be a whole number >= 0, got " + j["seed"].dump());
     r.seed = j["seed"].get<uint64_t>();
@@ -179,7 +219,9 @@ Recipe parse_recipe(const json& j, int64_t max_positions) {
 Recipe load_recipe(const std::string& path, int64_t max_positions) {
   const json j = read_json_file(path);
   try {
-    return parse_recipe(j, max_positions);
+    Recipe r = parse_recipe(j, max_positions);
+    if (r.name.empty()) r.name = std::filesystem::path(path).stem().string();
+    return r;
   } catch (const InputError& e) {
     throw InputError(path + ": " + e.what());
   }

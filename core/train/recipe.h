@@ -5,7 +5,7 @@
 // zero: "The Llama 3 Herd of Models", 2024, sections 3.4.1-3.4.3).
 //
 // The file is one JSON object:
-//   {"seed": 1337, "stages": [
+//   {"name": "laptop", "seed": 1337, "stages": [
 //      {"name": "ramp", "steps": 20, "batch_size": 8, "seq_len": 64, "dp": 2, "cp": 1,
 //       "data": {"data/corpus": 1},
 //       "lr": {"shape": "warmup", "from": 0, "to": 3e-3}},
@@ -14,7 +14,8 @@
 //       "lr": {"shape": "linear", "from": 3e-4, "to": 0}}]}
 // A stage's length is "steps" or "tokens" (exactly one; tokens must be a whole number of
 // steps of batch_size x seq_len). The mesh keys are dp, tp, cp, pp (default 1). An LR segment's
-// shape is "warmup" or "linear" (a straight line from `from` to `to` over the stage) or
+// "name" (default: the file's name without its extension) is what a resumed run is checked
+// against. `train --recipe` reads a relative data path as relative to the recipe file. An LR segment's shape is "warmup" or "linear" (a straight line from `from` to `to` over the stage) or
 // "cosine" (half a cosine from `from` down to `to`).
 #include <cstdint>
 #include <string>
@@ -23,18 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/data/data_mix.h"
+#include "core/optim/lr_schedule.h"
+#include "core/train/train_options.h"
 
 namespace llama4d {
-
-struct LrSegment {
-  enum class Shape { linear, cosine };
-  Shape shape = Shape::linear;  // "warmup" is a linear segment, named for what it is for
-  std::string shape_name = "linear";
-  double from = 0, to = 0;
-  // The LR at step k of a stage of n steps: from + (to - from) * f, f = k / n (linear) or
-  // (1 - cos(pi k / n)) / 2 (cosine), so step 0 has `from` and the stage ends just short of `to`.
-  double at(int64_t k, int64_t n) const;
-};
 
 struct RecipeStage {
   std::string name;
@@ -44,16 +37,27 @@ struct RecipeStage {
   std::vector<MixEntry> data;  // source path -> weight, in the file's order
   LrSegment lr;
   int64_t tokens() const { return steps * batch_size * seq_len; }
+  // "tp=2,cp=2,dp=2": the dimensions above 1, innermost first (Llama 3's order); "dp=1" for one rank.
+  std::string mesh() const;
   nlohmann::json to_json() const;
 };
 
 struct Recipe {
+  std::string name;
   uint64_t seed = 1337;
   std::vector<RecipeStage> stages;
   int64_t total_steps() const;
   // The stage holding global step `step` (0-based) and the step within it: {stage, k}.
   std::pair<size_t, int64_t> locate(int64_t step) const;
   double lr_at(int64_t step) const;
+  // Global steps done before stage i.
+  int64_t first_step(size_t i) const;
+  // A hash of the seed and the stages as parsed (FNV-1a, 64 bits, of to_json() without the
+  // name), "fnv1a64:0123abcd...": a resumed run must follow the recipe it started.
+  std::string fingerprint() const;
+  // `base` with what stage i defines: batch_size, seq_len, seed, steps (the stage's end as a
+  // global step) and the recipe position with the stage's LR segment.
+  TrainOptions stage_options(const TrainOptions& base, size_t i) const;
   nlohmann::json to_json() const;
 };
 

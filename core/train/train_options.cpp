@@ -9,6 +9,49 @@
 
 namespace llama4d {
 
+double RecipePosition::lr_at(int64_t update) const {
+  const int64_t k = update - 1 - first_step;
+  if (k < 0 || k >= steps)
+    throw Error("update " + std::to_string(update) + " lies outside recipe stage " + std::to_string(stage + 1) + " (\"" +
+                stage_name + "\", steps " + std::to_string(first_step + 1) + ".." + std::to_string(first_step + steps) + ")");
+  return lr.at(k, steps);
+}
+
+double TrainOptions::lr_at(const LrSchedule& schedule, int64_t update) const {
+  return recipe.active() ? recipe.lr_at(update) : lr_at_step(schedule, update);
+}
+
+namespace {
+
+nlohmann::json recipe_json(const RecipePosition& p) {
+  return {{"name", p.recipe},      {"fingerprint", p.fingerprint}, {"stage", p.stage},
+          {"stage_name", p.stage_name}, {"first_step", p.first_step}, {"steps", p.steps},
+          {"lr", {{"shape", p.lr.shape_name}, {"from", p.lr.from}, {"to", p.lr.to}}}};
+}
+
+RecipePosition recipe_from_json(const nlohmann::json& j) {
+  RecipePosition p;
+  p.recipe = j.at("name").get<std::string>();
+  p.fingerprint = j.at("fingerprint").get<std::string>();
+  p.stage = whole_number(j, "stage");
+  p.stage_name = j.at("stage_name").get<std::string>();
+  p.first_step = whole_number(j, "first_step");
+  p.steps = whole_number(j, "steps");
+  const nlohmann::json& lr = j.at("lr");
+  p.lr.shape_name = lr.at("shape").get<std::string>();
+  if (p.lr.shape_name == "warmup" || p.lr.shape_name == "linear")
+    p.lr.shape = LrSegment::Shape::linear;
+  else if (p.lr.shape_name == "cosine")
+    p.lr.shape = LrSegment::Shape::cosine;
+  else
+    throw InputError("trainer state: recipe.lr.shape \"" + p.lr.shape_name + "\" is not warmup, linear or cosine");
+  p.lr.from = lr.at("from").get<double>();
+  p.lr.to = lr.at("to").get<double>();
+  return p;
+}
+
+}  // namespace
+
 void TrainOptions::validate() const {
   auto fail = [](const std::string& msg) { throw InputError(msg); };
   if (steps < 1) fail("--steps must be >= 1, got " + std::to_string(steps));
@@ -23,11 +66,19 @@ void TrainOptions::validate() const {
   if (warmup_steps < 0) fail("--warmup-steps must be >= 0");
   if (!(grad_clip >= 0) || !std::isfinite(grad_clip)) fail("--grad-clip must be a finite number >= 0 (0: off)");
   if (!nlohmann::json::parse(loop, nullptr, false).is_object()) fail("trainer state: \"loop\" must be an object");
+  if (recipe.active()) {
+    if (recipe.steps < 1 || recipe.first_step < 0 || steps != recipe.first_step + recipe.steps)
+      fail("trainer state: recipe stage " + std::to_string(recipe.stage + 1) + " covers steps " +
+           std::to_string(recipe.first_step + 1) + ".." + std::to_string(recipe.first_step + recipe.steps) +
+           ", and --steps is " + std::to_string(steps));
+    if (!(recipe.lr.from >= 0 && recipe.lr.to >= 0 && std::isfinite(recipe.lr.from) && std::isfinite(recipe.lr.to)))
+      fail("trainer state: recipe stage " + std::to_string(recipe.stage + 1) + " lr must be finite and >= 0");
+  }
   adamw.validate();
 }
 
 nlohmann::json TrainOptions::to_json() const {
-  return {{"steps", steps},         {"batch_size", batch_size},
+  nlohmann::json j = {{"steps", steps},         {"batch_size", batch_size},
           {"micro_batch_size", micro_batch_size}, {"seq_len", seq_len},
           {"lr", lr},               {"min_lr", min_lr},
           {"warmup_steps", warmup_steps}, {"grad_clip", grad_clip},
@@ -36,6 +87,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"adamw", {{"beta1", adamw.beta1}, {"beta2", adamw.beta2}, {"eps", adamw.eps},
                      {"weight_decay", adamw.weight_decay}}},
           {"loop", nlohmann::json::parse(loop)}};
+  if (recipe.active()) j["recipe"] = recipe_json(recipe);
+  return j;
 }
 
 int64_t whole_number(const nlohmann::json& object, const char* key) {
@@ -79,6 +132,7 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
     o.adamw.eps = a.at("eps").get<double>();
     o.adamw.weight_decay = a.at("weight_decay").get<double>();
     if (j.contains("loop")) o.loop = j.at("loop").dump();
+    if (j.contains("recipe")) o.recipe = recipe_from_json(j.at("recipe"));  // absent: a run of one shape
     o.validate();
     return o;
   } catch (const nlohmann::json::exception& e) {
@@ -111,10 +165,26 @@ void check_resumable(const TrainOptions& saved, int64_t steps_done, const TrainO
   if (requested.steps < steps_done)
     throw InputError("--steps " + std::to_string(requested.steps) + " is below the " + std::to_string(steps_done) +
                      " steps the checkpoint has already done");
+  const RecipePosition &from = saved.recipe, &to = requested.recipe;
+  if (to.active() && !from.active())
+    throw InputError("recipe \"" + to.recipe + "\": the checkpoint was saved by a run of one shape, not by a recipe: " +
+                     kResumeKeepsTheMath);
+  if (!to.active() && from.active())
+    throw InputError("the checkpoint was saved by recipe \"" + from.recipe + "\" (stage " + std::to_string(from.stage + 1) +
+                     ", \"" + from.stage_name + "\"): resume it with --recipe");
+  if (to.active() && from.recipe != to.recipe)
+    throw InputError("recipe \"" + to.recipe + "\" is not the checkpoint's recipe \"" + from.recipe + "\": " +
+                     kResumeKeepsTheMath);
+  if (to.active() && from.fingerprint != to.fingerprint)
+    throw InputError("recipe \"" + to.recipe + "\" (" + to.fingerprint + ") has changed since the checkpoint was saved (" +
+                     from.fingerprint + "): " + kResumeKeepsTheMath);
   const nlohmann::json was = saved.to_json(), now = requested.to_json();
   for (const TrainOptionField& f : train_option_fields()) {
     const nlohmann::json::json_pointer at(f.pointer);
-    if (f.may_change_on_resume || was.at(at) == now.at(at)) continue;
+    const std::string key = f.pointer;
+    const bool stage_defined = to.active() && (key == "/batch_size" || key == "/seq_len" || key == "/lr" ||
+                                               key == "/min_lr" || key == "/warmup_steps");
+    if (f.may_change_on_resume || stage_defined || was.at(at) == now.at(at)) continue;
     throw InputError(std::string(f.flag) + " " + now.at(at).dump() + " differs from the checkpoint's " +
                      was.at(at).dump() + ": " + kResumeKeepsTheMath);
   }

@@ -9,8 +9,25 @@
 
 #include "core/data/tokenizer.h"
 #include "core/optim/adamw.h"
+#include "core/optim/lr_schedule.h"
 
 namespace llama4d {
+
+// Where a run following a training recipe (core/train/recipe.h) is: the stage a trainer runs.
+// Its LR segment replaces the warm-up + cosine schedule of lr / min_lr / warmup_steps for the
+// run's global steps [first_step, first_step + steps); batch_size and seq_len are the stage's.
+struct RecipePosition {
+  std::string recipe;       // the recipe's name: a resume refuses another recipe by it
+  std::string fingerprint;  // of the recipe's seed and stages: a resume refuses a changed recipe
+  int64_t stage = -1;       // 0-based; < 0: not a recipe run
+  std::string stage_name;
+  int64_t first_step = 0;   // global steps done before the stage
+  int64_t steps = 0;        // the stage's length
+  LrSegment lr;
+  bool active() const { return stage >= 0; }
+  // The LR of update `update` (1-based, global), which must lie in the stage: Error otherwise.
+  double lr_at(int64_t update) const;
+};
 
 struct TrainOptions {
   int64_t steps = 300;             // optimizer steps in the whole run (the LR schedule's length)
@@ -43,11 +60,16 @@ struct TrainOptions {
   // resume continues the same way. A JSON object, kept as its text so that this header (included
   // by every trainer) does not need the whole JSON library.
   std::string loop = "{}";
+  // A recipe run's stage (RecipePosition); inactive for a run of one shape.
+  RecipePosition recipe;
 
   int64_t micro_batches() const { return batch_size / micro(); }
   int64_t micro() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
   // Global batch tokens: the denominator of the mean loss whatever the micro-batching or mesh.
   int64_t tokens_per_step() const { return batch_size * seq_len; }
+
+  // The LR of update `update` (1-based): the recipe stage's segment, else `schedule`.
+  double lr_at(const LrSchedule& schedule, int64_t update) const;
 
   // Throws InputError naming the first bad value.
   void validate() const;
@@ -73,7 +95,10 @@ inline constexpr const char* kResumeKeepsTheMath =
 
 // Whether a run saved with `saved` after `steps_done` steps can continue with `requested`:
 // InputError naming the first option that would change the math of the run (with both
-// values), or a --steps below the steps already done.
+// values), or a --steps below the steps already done. Between stages of one recipe (both
+// positions active, same name and fingerprint) what the recipe defines per stage (batch_size,
+// seq_len, lr, min_lr, warmup_steps) changes by design; a recipe run resumes only a checkpoint
+// of the same recipe, and a run of one shape none of a recipe's.
 void check_resumable(const TrainOptions& saved, int64_t steps_done, const TrainOptions& requested);
 
 // object[key] as an int64, only if it is stored as a whole number in range (1.5 or 1e300 are an

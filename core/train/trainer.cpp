@@ -85,7 +85,7 @@ StepStats Trainer<T>::step() {
 
   check_finite(s + 1, loss.mean(), sum_sq);
   StepStats st = std::move(st_moe);
-  st.lr = lr_at_step(schedule_, s + 1);  // the schedule counts updates from 1
+  st.lr = opt_.lr_at(schedule_, s + 1);  // the schedule counts updates from 1
   adamw_.step(model_.params(), model_.grads(), st.lr);
   if (!ops::all_finite(model_.params(), n))
     throw DivergenceError("step " + std::to_string(s + 1) + ": the update made some weights non-finite "

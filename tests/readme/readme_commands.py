@@ -102,7 +102,9 @@ def shorten(argv, comment, env):
     sub = inner[1:3]
     if prog == "llama4d" and sub[:1] == ["train"] and "tiny" not in inner:
         # stop-at < steps keeps the "stops, then resumes" pair meaningful.
-        if "--stop-at" in inner:
+        if "--recipe" in inner:
+            set_flag(inner, "--stop-at", "2")  # a recipe gives its stages' steps: stop early in the first
+        elif "--stop-at" in inner:
             set_flag(inner, "--steps", "4")
             set_flag(inner, "--stop-at", "2")
         elif "--resume" not in inner:

@@ -1,0 +1,162 @@
+// A training recipe's stage boundary through the trainers (core/train/recipe.h,
+// core/parallel/reshard_in_memory.h): the batch doubled from dp=2 to dp=4, the state moved in
+// memory, against one device running the same stages.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
+#include "core/parallel/reshard_in_memory.h"
+#include "core/train/recipe.h"
+#include "core/train/trainer.h"
+#include "parallel_test_util.h"
+#include "tests/common/tier.h"
+
+namespace llama4d {
+namespace {
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Stage 1: 3 steps of 4 rows on dp=2, LR warm-up. Stage 2: 8 rows on dp=4, LR linear to zero.
+Recipe ramp(int64_t max_positions) {
+  return parse_recipe(nlohmann::json::parse(R"({"name": "ramp", "seed": 5, "stages": [
+    {"name": "small", "steps": 3, "batch_size": 4, "seq_len": 16, "dp": 2,
+     "data": {"corpus": 1}, "lr": {"shape": "warmup", "from": 0.002, "to": 0.01}},
+    {"name": "big", "steps": 3, "batch_size": 8, "seq_len": 16, "dp": 4,
+     "data": {"corpus": 1}, "lr": {"shape": "linear", "from": 0.01, "to": 0}}]})"),
+                      max_positions);
+}
+
+// The reference is one device (Trainer) running each stage with gradient accumulation over
+// micro-batches of the rows one data rank holds (2 in both stages), with a checkpoint between
+// the stages. Ordered all-reduces add the ranks' gradients in rank order, which the one device's
+// micro-batch sum replays, and the loss is scaled by the global token count in both: the weights
+// and AdamW moments after the recipe must be the same bytes.
+TEST(RecipeStages, BatchRampMovedInMemoryEqualsOneDeviceAcrossACheckpoint) {
+  const LlamaConfig cfg = LlamaConfig::preset("tiny");
+  const Recipe recipe = ramp(cfg.max_position_embeddings);
+  const TrainOptions base = test::options(1, 0);
+  const TrainOptions first = recipe.stage_options(base, 0), second = recipe.stage_options(base, 1);
+  ASSERT_EQ(second.recipe.first_step, 3);
+  ASSERT_EQ(second.steps, 6);
+  const std::string root = testing::TempDir() + "/llama4d_recipe_stages";
+  std::filesystem::remove_all(root);
+  const std::string parallel = root + "/parallel", mid = root + "/one_device_mid", one = root + "/one_device";
+
+  InMemoryReshard<float> move;
+  const ParallelPlan dp2 = ParallelPlan::parse("dp=2"), dp4 = ParallelPlan::parse("dp=4");
+  test::virtual_launcher(2)([&](ProcessGroup& world) {
+    Llama<float> model = dp2.make_model<float>(cfg, world.memory(), world.rank());
+    ParallelTrainer<float> a(world, model, test::corpus(), first, dp2);
+    for (int i = 0; i < 3; ++i) a.step();
+    move.capture(a);
+  });
+  std::vector<double> lr_parallel;
+  test::virtual_launcher(4)([&](ProcessGroup& world) {
+    Llama<float> model = dp4.make_model<float>(cfg, world.memory(), world.rank());
+    ParallelTrainer<float> b(world, model, test::corpus(), second, dp4);
+    move.restore(b);
+    for (int i = 0; i < 3; ++i) {
+      const double lr = b.step().lr;
+      if (world.rank() == 0) lr_parallel.push_back(lr);
+    }
+    b.save_checkpoint(parallel);
+  });
+
+  TrainOptions one_first = first, one_second = second;
+  one_first.micro_batch_size = one_second.micro_batch_size = 2;
+  {
+    Llama<float> model(cfg);
+    model.init_weights(one_first.seed);
+    Trainer<float> t(model, test::corpus(), one_first);
+    for (int i = 0; i < 3; ++i) t.step();
+    t.save_checkpoint(mid);
+  }
+  {
+    Llama<float> model(cfg);
+    Trainer<float> t(model, test::corpus(), one_second);
+    t.load_checkpoint(mid);
+    for (int i = 0; i < 3; ++i) t.step();
+    t.save_checkpoint(one);
+  }
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(file_bytes(parallel + "/" + f) == file_bytes(one + "/" + f)) << f;
+  // Linear 0.01 -> 0 over 3 steps, by hand.
+  ASSERT_EQ(lr_parallel.size(), 3u);
+  EXPECT_DOUBLE_EQ(lr_parallel[0], 0.01);
+  EXPECT_DOUBLE_EQ(lr_parallel[1], 0.01 * 2 / 3);
+  EXPECT_DOUBLE_EQ(lr_parallel[2], 0.01 / 3);
+  std::filesystem::remove_all(root);
+}
+LLAMA4D_TIER(RecipeStages, BatchRampMovedInMemoryEqualsOneDeviceAcrossACheckpoint, quick);
+
+// The recipe position decides what a resume accepts: the next stage of the same recipe may
+// change batch, seq_len and LR; another recipe, a changed one, or a plain run may not.
+TEST(RecipeStages, ResumabilityFollowsTheRecipe) {
+  const Recipe recipe = ramp(128);
+  const TrainOptions base = test::options(1, 0);
+  const TrainOptions first = recipe.stage_options(base, 0), second = recipe.stage_options(base, 1);
+  EXPECT_NO_THROW(check_resumable(first, 3, second));
+  Recipe other = recipe;
+  other.name = "other";
+  EXPECT_THROW(check_resumable(first, 3, other.stage_options(base, 1)), InputError);
+  Recipe changed = recipe;
+  changed.stages[1].steps = 4;
+  EXPECT_THROW(check_resumable(first, 3, changed.stage_options(base, 1)), InputError);
+  TrainOptions plain = base;
+  plain.steps = 6;
+  EXPECT_THROW(check_resumable(first, 3, plain), InputError);
+  EXPECT_THROW(check_resumable(plain, 3, second), InputError);
+  // What the recipe does not give still must match.
+  TrainOptions clipped = second;
+  clipped.grad_clip = 0.5;
+  EXPECT_THROW(check_resumable(first, 3, clipped), InputError);
+  // The options round-trip through trainer_state.json with the position.
+  const TrainOptions back = TrainOptions::from_json(second.to_json());
+  EXPECT_EQ(back.to_json(), second.to_json());
+  EXPECT_EQ(back.recipe.stage_name, "big");
+}
+LLAMA4D_TIER(RecipeStages, ResumabilityFollowsTheRecipe, quick);
+
+// A data mix of one source, the train split itself, draws the windows the plain sampler draws
+// (DataMix and sample_rows share window_start): so a trainer reading its rows through the mix,
+// each data rank its own rows of the global batch, ends on the plain trainer's bytes.
+TEST(RecipeStages, MixOfTheTrainSplitAloneEqualsThePlainRows) {
+  const LlamaConfig cfg = LlamaConfig::preset("tiny");
+  const TrainOptions opt = test::options(2, 0);
+  const ParallelPlan dp2 = ParallelPlan::parse("dp=2");
+  const DataMix mix({{"train", test::corpus().train(), 1}}, opt.seq_len);
+  const std::string root = testing::TempDir() + "/llama4d_recipe_mix";
+  std::filesystem::remove_all(root);
+  for (const bool through_mix : {false, true}) {
+    test::virtual_launcher(2)([&](ProcessGroup& world) {
+      Llama<float> model = dp2.make_model<float>(cfg, world.memory(), world.rank());
+      ParallelTrainer<float> t(world, model, test::corpus(), opt, dp2);
+      if (through_mix) t.set_data_mix(&mix);
+      t.step();
+      t.step();
+      t.save_checkpoint(root + (through_mix ? "/mix" : "/plain"));
+    });
+  }
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(file_bytes(root + "/mix/" + f) == file_bytes(root + "/plain/" + f)) << f;
+  // A mix of rows of another length is refused by name.
+  const DataMix other({{"train", test::corpus().train(), 1}}, opt.seq_len / 2);
+  test::virtual_launcher(2)([&](ProcessGroup& world) {
+    Llama<float> model = dp2.make_model<float>(cfg, world.memory(), world.rank());
+    ParallelTrainer<float> t(world, model, test::corpus(), opt, dp2);
+    EXPECT_THROW(t.set_data_mix(&other), InputError);
+  });
+  std::filesystem::remove_all(root);
+}
+LLAMA4D_TIER(RecipeStages, MixOfTheTrainSplitAloneEqualsThePlainRows, quick);
+
+}  // namespace
+}  // namespace llama4d
