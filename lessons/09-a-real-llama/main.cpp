@@ -11,7 +11,6 @@
 //   5. the saved directory loaded back: `eval` before and after, `generate --chat` from it.
 // The exercises hold each command's numbers to what the files and the template say.
 //   lesson09_a_real_llama [--model DIR] [--data FILE_OR_DIR] [--mesh tp=2,cp=2,pp=2,dp=2] [--steps 4] [--step] [--json]
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -27,6 +26,7 @@
 #include "core/io/checkpoint.h"
 #include "core/model/llama.h"
 #include "core/train/model_directory.h"
+#include "lessons/common/cli_runner.h"
 #include "lessons/common/lesson.h"
 #include "lessons/common/number_format.h"
 
@@ -59,57 +59,6 @@ const char* kOwnConfig = R"({"vocab_size": 4096, "hidden_size": 64, "intermediat
   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
   "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": true,
   "bos_token_id": 3840, "eos_token_id": [3841, 3849]})";
-
-std::string shell_word(const std::string& s) {  // one shell word
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// A flag's value as the shortest text that reads back as the same double ("0.003", "1e-05").
-std::string number_text(double v) {
-  char buf[32];
-  for (int digits = 1; digits <= 17; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  return buf;
-}
-
-// Runs `llama4d ARGS --json`, the CLI beside this program, and returns its one JSON object. Its
-// stderr goes to `log` (shown when it fails).
-class Cli {
- public:
-  Cli(Narrator& say, std::string log) : say_(say), log_(std::move(log)) {
-    bin_ = (fs::canonical("/proc/self/exe").parent_path() / "llama4d").string();
-    if (!fs::exists(bin_)) throw Error("no llama4d beside this program: " + bin_ + " (build the llama4d_cli target)");
-  }
-  nlohmann::json run(const std::string& args, const std::string& stdin_text = "") {
-    say_.say("$ llama4d " + args + "\n");
-    std::string cmd = shell_word(bin_) + " " + args + " --json 2>>" + shell_word(log_);
-    cmd += stdin_text.empty() ? " < /dev/null" : " <<'LLAMA4D_EOF'\n" + stdin_text + "\nLLAMA4D_EOF\n";
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) throw Error("could not start " + bin_);
-    std::string out;
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-    const int status = pclose(p);
-    if (status != 0) {
-      std::ifstream in(log_);
-      const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-      const std::string what = "llama4d " + args + " failed (exit " + std::to_string(code) + "):\n" +
-                               err.substr(err.size() > 3000 ? err.size() - 3000 : 0);
-      if (code == 2) throw InputError(what);
-      throw Error(what);
-    }
-    return nlohmann::json::parse(out);
-  }
-
- private:
-  Narrator& say_;
-  std::string log_, bin_;
-};
 
 // ---- Phase 1: the directory ------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ script answers every prompt: a scripted number, a non-number, or Enter. It check
   predict_test.py --source DIR lesson05 BIN
   predict_test.py --source DIR lesson06 BIN
   predict_test.py --source DIR lesson08 BIN
+  predict_test.py --source DIR lesson10 BIN
 """
 import argparse
 import os
@@ -94,6 +95,21 @@ CASES = {
             "B2": "you predicted 108 us; the answer (every rank) is 108 us: exact",
             "M2": "you predicted 4 micro-batches; the answer (rank 0) is 4 micro-batches: exact",
             "T1": "you predicted 262,144 bytes; the answer (rank 1) is 262,144 bytes: exact",
+        },
+    },
+    # The failure model's numbers asked before the commands that print them; the restart steps
+    # before the runs; each scored in its own unit against "the job" or "the run".
+    "lesson10": {
+        "flags": ["--step"],
+        "answers": {"E1": ["8"], "E2": ["lots", "0.409"], "L1": ["3"], "Y1": ["817"]},
+        "asked": ["E1", "E2", "K1", "L1", "L2", "Y1", "G1", "B1"],
+        "revealed_by": {"E1": "interruptions a day", "K1": "-- crash:", "L1": "restarts after step", "Y1": "Young: ",
+                        "B1": "bytes differ"},
+        "verdicts": {
+            "E1": "you predicted 8 interruptions; the answer (the job) is 7.76 interruptions: 3.1% high",
+            "E2": "you predicted 0.409 interruptions; the answer (the run) is 0.409 interruptions: exact",
+            "L1": "you predicted 3 steps; the answer (the run) is 3 steps: exact",
+            "Y1": "you predicted 817 seconds; the answer (the job) is 817.38 seconds: exact",
         },
     },
 }

@@ -31,6 +31,7 @@ FLAGS = {
     "lesson07": ["--steps", "1"],
     "lesson08": ["--steps", "1", "--gpu", "off"],
     "lesson09": ["--steps", "1"],
+    "lesson10": [],
 }
 
 # A unit the question names, and the same number in a unit a learner might confuse it with.

@@ -34,7 +34,8 @@ import time
 READMES = ["README.md", "lessons/README.md", "lessons/01-data-parallelism/README.md",
            "lessons/02-zero-fsdp-hsdp/README.md", "lessons/03-activation-checkpointing/README.md",
            "lessons/04-tensor-parallelism/README.md", "lessons/05-pipeline-parallelism/README.md",
-           "lessons/08-graduating-to-gpus/README.md", "lessons/09-a-real-llama/README.md"]
+           "lessons/08-graduating-to-gpus/README.md", "lessons/09-a-real-llama/README.md",
+           "lessons/10-fault-tolerance/README.md"]
 MINUTE = 60.0
 
 
