@@ -24,8 +24,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string join(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
-
 // Shard names must stay inside the checkpoint directory: no separators, no "..".
 bool is_plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
@@ -75,15 +73,16 @@ void write_tensor_files(const std::string& dir, const std::string& base,
 
 bool TensorStore::exists(const std::string& dir, const std::string& base) {
   std::error_code ec;
-  return fs::is_regular_file(join(dir, single_tensor_file_name(base)), ec) ||
-         fs::is_regular_file(join(dir, tensor_index_file_name(base)), ec);
+  return fs::is_regular_file(path_join(dir, single_tensor_file_name(base)), ec) ||
+         fs::is_regular_file(path_join(dir, tensor_index_file_name(base)), ec);
 }
 
 TensorStore TensorStore::open(const std::string& dir, const std::string& base) {
   TensorStore store;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError("checkpoint directory '" + dir + "' does not exist");
-  const std::string single = join(dir, single_tensor_file_name(base)), index = join(dir, tensor_index_file_name(base));
+  const std::string single = path_join(dir, single_tensor_file_name(base));
+  const std::string index = path_join(dir, tensor_index_file_name(base));
 
   // An entry of that name, whatever it is: a FIFO, a device or a symlink loop is then refused by
   // name when opened, not taken for "no such file".
@@ -111,7 +110,7 @@ TensorStore TensorStore::open(const std::string& dir, const std::string& base) {
     auto it = file_slot.find(name);
     if (it == file_slot.end()) {
       try {
-        store.files_.push_back(std::make_unique<SafetensorsFile>(join(dir, name)));
+        store.files_.push_back(std::make_unique<SafetensorsFile>(path_join(dir, name)));
       } catch (const InputError& e) {
         throw InputError("sharded index '" + index + "': shard '" + name + "' (holding '" + tensor +
                          "') is unusable: " + e.what());
@@ -267,7 +266,7 @@ std::string torch_dtype_name(DType t) {
 void write_config_file(const std::string& dir, const LlamaConfig& cfg, DType storage) {
   json j = cfg.to_json();
   j["torch_dtype"] = torch_dtype_name(storage);
-  write_json_file(join(dir, kConfigFile), j);
+  write_json_file(path_join(dir, kConfigFile), j);
 }
 
 template <class T>
@@ -289,7 +288,7 @@ LlamaConfig load_config(const std::string& dir) {
   recover_interrupted_replace(dir);  // a save killed between its two renames (no atomic exchange)
   std::error_code ec;
   if (fs::is_regular_file(dir, ec)) return LlamaConfig::from_file(dir);
-  return LlamaConfig::from_file(join(dir, kConfigFile));
+  return LlamaConfig::from_file(path_join(dir, kConfigFile));
 }
 
 template <class T>

@@ -17,11 +17,11 @@
 
 namespace llama4d {
 
-namespace {
-
-std::string join(const std::string& dir, const std::string& file) {
+std::string path_join(const std::string& dir, const std::string& file) {
   return (std::filesystem::path(dir) / file).string();
 }
+
+namespace {
 
 std::string shard_name(const std::string& base, size_t i, size_t k) {
   char buf[64];
@@ -79,7 +79,7 @@ TensorFilesLayout tensor_files_layout(const std::string& base, const std::vector
 
 void create_tensor_files(const std::string& dir, const TensorFilesLayout& layout) {
   for (const TensorFilesLayout::File& f : layout.files) {
-    const std::string path = join(dir, f.name);
+    const std::string path = path_join(dir, f.name);
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) throw IoError("cannot create '" + path + "': " + std::strerror(errno));
     try {
@@ -94,7 +94,7 @@ void create_tensor_files(const std::string& dir, const TensorFilesLayout& layout
     }
     if (::close(fd) != 0) throw IoError("cannot write '" + path + "': " + std::strerror(errno));
   }
-  if (!layout.index.is_null()) write_text_file_atomically(join(dir, layout.index_name), layout.index.dump(2) + "\n");
+  if (!layout.index.is_null()) write_text_file_atomically(path_join(dir, layout.index_name), layout.index.dump(2) + "\n");
 }
 
 TensorFilesWriter::TensorFilesWriter(std::string dir, const TensorFilesLayout& layout)
@@ -111,7 +111,7 @@ TensorFilesWriter::~TensorFilesWriter() {
 
 int TensorFilesWriter::descriptor(size_t file) {
   if (fds_[file] < 0) {
-    const std::string path = join(dir_, layout_.files[file].name);
+    const std::string path = path_join(dir_, layout_.files[file].name);
     fds_[file] = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);  // never creates: create_tensor_files did
     if (fds_[file] < 0) throw IoError("cannot open '" + path + "' for writing: " + std::strerror(errno));
   }
@@ -133,7 +133,7 @@ void TensorFilesWriter::write(const std::string& name, int64_t elem_begin, int64
   const size_t n = size_t(elem_end - elem_begin);
   if (n == 0) return;
   if (data == nullptr) throw InputError("cannot write tensor '" + name + "': no data");
-  const std::string path = join(dir_, layout_.files[file].name);
+  const std::string path = path_join(dir_, layout_.files[file].name);
   const int fd = descriptor(file);
   const size_t out_size = dtype_size(t.dtype);
   const uint64_t at = layout_.files[file].layout.prefix.size() + t.begin + uint64_t(elem_begin) * out_size;
@@ -145,7 +145,7 @@ void TensorFilesWriter::write(const std::string& name, int64_t elem_begin, int64
 void TensorFilesWriter::finish() {
   for (size_t f = 0; f < fds_.size(); ++f) {
     if (fds_[f] < 0) continue;
-    const std::string path = join(dir_, layout_.files[f].name);
+    const std::string path = path_join(dir_, layout_.files[f].name);
     const int fd = fds_[f];
     fds_[f] = -1;
     const bool synced = ::fsync(fd) == 0;

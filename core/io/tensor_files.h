@@ -20,6 +20,9 @@
 
 namespace llama4d {
 
+// dir/file as a path string.
+std::string path_join(const std::string& dir, const std::string& file);
+
 // "<base>.safetensors" and "<base>.safetensors.index.json".
 std::string single_tensor_file_name(const std::string& base);
 std::string tensor_index_file_name(const std::string& base);

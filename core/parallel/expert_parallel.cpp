@@ -45,6 +45,7 @@
 #include "core/comm/traffic_labels.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/tensor/dtype.h"
 
 namespace llama4d {
 
@@ -65,11 +66,6 @@ void ExpertParallelActivations<T>::reset() {
 }
 
 namespace {
-
-template <class T>
-constexpr DType dtype_of() {
-  return sizeof(T) == 8 ? DType::f64 : DType::f32;
-}
 
 std::vector<int64_t> times(const std::vector<int64_t>& rows, int64_t C) {
   std::vector<int64_t> v(rows);

@@ -5,18 +5,9 @@
 #include <thread>
 #include <utility>
 
+#include "core/data/batch_sampler.h"  // splitmix64
+
 namespace llama4d {
-
-namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 BitFlip sdc_target(const Fault& f, uint64_t seed, size_t index, int64_t count, int bits) {
   const uint64_t draw = splitmix64(seed ^ splitmix64(uint64_t(index) + 1));
