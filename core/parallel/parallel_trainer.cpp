@@ -162,11 +162,34 @@ StepStats ParallelTrainer<T>::step() {
   for (Batch& b : mbs) b = local_tokens(b);
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
   StepStats st = strategy_->step(mbs, lr_at_step(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
+  if (model_.config().moe()) sum_routing(st, strategy_->passes().routing, strategy_->passes().aux_terms);
   // Loss and norm are global (all-reduced), so every rank stops at the same step.
   check_finite(steps_done_ + 1, st.loss, st.grad_norm * st.grad_norm);
   st.step = ++steps_done_;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
+}
+
+template <class T>
+void ParallelTrainer<T>::sum_routing(StepStats& into, const StepStats& local, const std::vector<double>& terms) {
+  // The aux loss: every rank gathers every data rank's (share, aux) per micro-batch (each has as
+  // many micro-batches) and folds them in global micro-batch order (rank 0's first), as one
+  // device adds its micro-batches: the same bits on every rank and plan. The [L, E] counts are
+  // integers, summed over the data ranks.
+  const int64_t L = model_.config().num_hidden_layers, E = model_.config().num_local_experts;
+  const int dp = dp_cp_group_->size();
+  std::vector<double> all(terms.size() * size_t(dp));
+  dp_cp_group_->all_gather(all.data(), terms.data(), int64_t(terms.size()), DType::f64, {.label = "aux loss"})->wait();
+  double aux = 0;
+  for (size_t i = 0; i + 1 < all.size(); i += 2) aux = add_weighted_aux(aux, all[i], all[i + 1]);
+  std::vector<int64_t> counts(size_t(L * E), 0);
+  for (int64_t l = 0; l < L && !local.expert_tokens.empty(); ++l)
+    for (int64_t e = 0; e < E; ++e) counts[size_t(l * E + e)] = local.expert_tokens[size_t(l)][size_t(e)];
+  dp_cp_group_->all_reduce(counts.data(), L * E, DType::i64, ReduceOp::sum, {.label = "expert token counts"})->wait();
+  into.aux_loss = aux;
+  into.expert_tokens.assign(size_t(L), std::vector<int64_t>(size_t(E), 0));
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t e = 0; e < E; ++e) into.expert_tokens[size_t(l)][size_t(e)] = counts[size_t(l * E + e)];
 }
 
 template <class T>
