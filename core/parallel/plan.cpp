@@ -45,7 +45,8 @@ int ParallelPlan::size(std::string_view dim) const {
 void ParallelPlan::validate() const {
   if (size("ep") > 1)
     throw InputError("--mesh " + describe_mesh() + ": expert parallelism (ep=" + std::to_string(size("ep")) +
-                     ") has nothing to split: Llama 3 is dense, there are no experts");
+                     ") is not in the trainer yet: MoE models run under data parallelism only so far (dp, "
+                     "dp_shard, dp_replicate), and a dense model has no experts to split");
   if (size("cp") == 1 && cp_algo != ContextAlgo::allgather)
     throw InputError("--cp-algo needs context parallelism (cp > 1 in --mesh)");
   if (size("tp") == 1 && !sequence_parallel)

@@ -2,7 +2,7 @@
 // device, its loss falls, its routing is reported (aux_loss and per-expert token counts in every
 // metrics row, final_aux_loss in --json), its checkpoint (Hugging Face Mixtral names) loads in
 // eval; the trivial mesh and dp=2 (with the same micro-batches) give its bytes; and the tp, cp and
-// pp dims and the bf16 path it does not run under yet exit 2 naming them.
+// pp dims, ep, and the bf16 path it does not run under yet exit 2 naming them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -113,7 +113,7 @@ TEST(CliMoe, DataParallelEqualsOneDeviceByteForByte) {
 
 TEST(CliMoe, MeshesAndBf16AreRefusedByName) {
   const std::string common = "train --preset tiny-moe --seq-len 32 --batch-size 4 --steps 1 --out " + tmp("moe_refused");
-  for (const char* dim : {"tp=2", "pp=2", "cp=2"}) {
+  for (const char* dim : {"tp=2", "pp=2", "cp=2", "ep=2"}) {
     const Result r = run(common + " --mesh " + dim);
     expect_bad_input(r, "MoE models run under data parallelism only so far");
     EXPECT_NE(r.err.find(dim), std::string::npos) << r.err;

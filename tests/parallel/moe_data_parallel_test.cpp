@@ -95,7 +95,7 @@ TEST(MoeDataParallelMetrics, AuxLossAndExpertTokensAreSummedOverTheDataRanks) {
   }
 }
 
-// Tensor, context and pipeline parallelism do not split an MoE layer yet: refused by name.
+// Tensor, context, pipeline and expert parallelism do not split an MoE layer yet: refused by name.
 TEST(MoeDataParallelRefusals, TpCpPpAreRefusedNamingTheDim) {
   for (const char* mesh : {"tp=2", "cp=2", "pp=2", "dp=2,tp=2"}) {
     const ParallelPlan plan = ParallelPlan::parse(mesh);
@@ -107,6 +107,14 @@ TEST(MoeDataParallelRefusals, TpCpPpAreRefusedNamingTheDim) {
       EXPECT_NE(what.find("MoE models run under data parallelism only so far"), std::string::npos) << what;
       EXPECT_NE(what.find(std::string(mesh).substr(std::string(mesh).rfind(',') + 1)), std::string::npos) << what;
     }
+  }
+  // Expert parallelism is not in the trainer yet (core/parallel/expert_parallel.h is the layer alone).
+  try {
+    ParallelPlan::parse("dp=2,ep=2").validate();
+    ADD_FAILURE() << "ep=2 was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("expert parallelism (ep=2) is not in the trainer yet"), std::string::npos)
+        << e.what();
   }
   EXPECT_NO_THROW(ParallelPlan::parse("dp=4").check_model(tiny_moe(), 1));
   EXPECT_NO_THROW(ParallelPlan::parse("dp_shard=2,dp_replicate=2").check_model(tiny_moe(), 1));
