@@ -45,6 +45,18 @@ const MoeCase kMoeCases[] = {
 LLAMA4D_INSTANTIATE(Moe, MoeDataParallel, kMoeCases, full,
                     {{"ZeRO1_dp2", test::Tier::quick}, {"ZeRO3_dp4", test::Tier::quick}});
 
+// HSDP (ZeRO-3 inside pairs, replicated across them) in fp64: the experts shard like any weight.
+TEST(MoeDataParallelHsdp, Fp64EqualsOneDevice) {
+  EquivalenceOptions o;
+  o.model = tiny_moe();
+  o.train = test::options(3, 3);
+  o.plan = test::dp_plan(2, 2, ZeroStage::zero3);
+  const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(4));
+  EXPECT_TRUE(r.bitwise) << r.table();
+  test::expect_fp64_within_one_in_a_trillion(r, 4);
+}
+LLAMA4D_TIER(MoeDataParallelHsdp, Fp64EqualsOneDevice, full);  // ZeRO-3's and DP's cases run its code
+
 // fp32 and ZeRO-3 on 4 ranks, two micro-batches each: bitwise against the replay.
 TEST(MoeDataParallelFp32, Zero3Dp4BitwiseToTheReplay) {
   EquivalenceOptions o;
