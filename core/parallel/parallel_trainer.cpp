@@ -29,15 +29,28 @@ int64_t rank_micro_batch_count(const TrainOptions& opt, int dp) {
   return opt.batch_size / dp / rank_micro_batch_rows(opt, dp);
 }
 
-std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& opt, int64_t step, int data_rank,
-                                           int dp) {
+namespace {
+
+// A data rank's share of the step's global batch, rows [data_rank·rows, (data_rank+1)·rows) with
+// rows = batch/dp, as micro-batches of mb rows; sample(lo, hi) draws global rows [lo, hi).
+template <class Sample>
+std::vector<Batch> rank_rows_as_micro_batches(const TrainOptions& opt, int data_rank, int dp, Sample sample) {
   const int64_t mb = rank_micro_batch_rows(opt, dp), rows = opt.batch_size / dp, first = data_rank * rows;
   std::vector<Batch> out;
   for (int64_t r = first; r < first + rows; r += mb) {
-    out.push_back(sample_rows(train, opt.seq_len, opt.seed, step, r, r + mb));
+    out.push_back(sample(r, r + mb));
     if (opt.doc_mask) mark_documents(out.back(), opt.doc_separator);
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& opt, int64_t step, int data_rank,
+                                           int dp) {
+  return rank_rows_as_micro_batches(opt, data_rank, dp, [&](int64_t lo, int64_t hi) {
+    return sample_rows(train, opt.seq_len, opt.seed, step, lo, hi);
+  });
 }
 
 std::vector<Batch> data_rank_micro_batches(const DataMix& mix, const TrainOptions& opt, int64_t step, int data_rank,
@@ -45,13 +58,8 @@ std::vector<Batch> data_rank_micro_batches(const DataMix& mix, const TrainOption
   if (mix.seq_len() != opt.seq_len)
     throw InputError("the data mix draws rows of " + std::to_string(mix.seq_len()) + " tokens, and --seq-len is " +
                      std::to_string(opt.seq_len));
-  const int64_t mb = rank_micro_batch_rows(opt, dp), rows = opt.batch_size / dp, first = data_rank * rows;
-  std::vector<Batch> out;
-  for (int64_t r = first; r < first + rows; r += mb) {
-    out.push_back(mix.sample_rows(opt.seed, step, r, r + mb));
-    if (opt.doc_mask) mark_documents(out.back(), opt.doc_separator);
-  }
-  return out;
+  return rank_rows_as_micro_batches(opt, data_rank, dp,
+                                    [&](int64_t lo, int64_t hi) { return mix.sample_rows(opt.seed, step, lo, hi); });
 }
 
 template <class T>
@@ -185,11 +193,34 @@ StepStats ParallelTrainer<T>::step() {
   for (Batch& b : mbs) b = local_tokens(b);
   const T loss_scale = T(1.0 / double(opt_.tokens_per_step()));
   StepStats st = strategy_->step(mbs, opt_.lr_at(schedule_, steps_done_ + 1), loss_scale, opt_.grad_clip);
+  if (model_.config().moe()) sum_routing(st, strategy_->passes().routing, strategy_->passes().aux_terms);
   // Loss and norm are global (all-reduced), so every rank stops at the same step.
   check_finite(steps_done_ + 1, st.loss, st.grad_norm * st.grad_norm);
   st.step = ++steps_done_;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
+}
+
+template <class T>
+void ParallelTrainer<T>::sum_routing(StepStats& into, const StepStats& local, const std::vector<double>& terms) {
+  // The aux loss: every rank gathers every data rank's (share, aux) per micro-batch (each has as
+  // many micro-batches) and folds them in global micro-batch order (rank 0's first), as one
+  // device adds its micro-batches: the same bits on every rank and plan. The [L, E] counts are
+  // integers, summed over the data ranks.
+  const int64_t L = model_.config().num_hidden_layers, E = model_.config().num_local_experts;
+  const int dp = dp_cp_group_->size();
+  std::vector<double> all(terms.size() * size_t(dp));
+  dp_cp_group_->all_gather(all.data(), terms.data(), int64_t(terms.size()), DType::f64, {.label = "aux loss"})->wait();
+  double aux = 0;
+  for (size_t i = 0; i + 1 < all.size(); i += 2) aux = add_weighted_aux(aux, all[i], all[i + 1]);
+  std::vector<int64_t> counts(size_t(L * E), 0);
+  for (int64_t l = 0; l < L && !local.expert_tokens.empty(); ++l)
+    for (int64_t e = 0; e < E; ++e) counts[size_t(l * E + e)] = local.expert_tokens[size_t(l)][size_t(e)];
+  dp_cp_group_->all_reduce(counts.data(), L * E, DType::i64, ReduceOp::sum, {.label = "expert token counts"})->wait();
+  into.aux_loss = aux;
+  into.expert_tokens.assign(size_t(L), std::vector<int64_t>(size_t(E), 0));
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t e = 0; e < E; ++e) into.expert_tokens[size_t(l)][size_t(e)] = counts[size_t(l * E + e)];
 }
 
 template <class T>

@@ -80,6 +80,10 @@ class ParallelTrainer {
  private:
   // This rank's tokens of a batch of its rows: all of them, or its chunks under context parallelism.
   Batch local_tokens(const Batch& b) const;
+  // Mixture of experts: the step's aux loss and expert token counts over every data rank into
+  // `into`, from this rank's `local` counts and `terms` ((share, aux) per micro-batch, in order).
+  // Collective over the dp_cp group.
+  void sum_routing(StepStats& into, const StepStats& local, const std::vector<double>& terms);
   // The one path of saving and loading, to files or an image: this rank's share.
   void write_share(TrainingCheckpointWriter<T>& writer);
   void read_share(const TrainingCheckpointReader<T>& ckpt);

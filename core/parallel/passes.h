@@ -12,6 +12,7 @@
 
 #include "core/data/batch_sampler.h"
 #include "core/model/llama.h"
+#include "core/train/trainer.h"
 
 namespace llama4d {
 
@@ -35,6 +36,11 @@ class Passes {
   virtual LossSum train(Llama<T>& model, const std::vector<Batch>& micro_batches, T loss_scale, PassEvents& events) = 0;
   // Forward only, no state kept: the loss sum of `batch` where this rank computes it.
   virtual LossSum evaluate(Llama<T>& model, const Batch& batch) = 0;
+  // Mixture of experts: the aux_loss and expert_tokens of the last train() over this rank's
+  // micro-batches (add_routing, core/train/trainer.h); the parallel trainer sums them over the
+  // data ranks. Empty for a dense model (and under a pipeline, which runs no MoE model).
+  StepStats routing;
+  std::vector<double> aux_terms;  // (share, aux) of each of those micro-batches, in order
 };
 
 template <class T>
@@ -42,12 +48,19 @@ class SequentialPasses final : public Passes<T> {
  public:
   LossSum train(Llama<T>& model, const std::vector<Batch>& micro_batches, T loss_scale, PassEvents& events) override {
     LossSum total;
+    this->routing = {};
+    this->aux_terms.clear();
     const int count = int(micro_batches.size());
     for (int m = 0; m < count; ++m) {
       const Batch& b = micro_batches[size_t(m)];
       const LossSum part = model.forward(b.tokens.data(), b.targets.data(), b.B, b.seq, b.documents());
       total.loss_sum += part.loss_sum;
       total.tokens += part.tokens;
+      if (model.config().moe()) {
+        const double share = double(b.B * b.seq) * double(loss_scale);
+        add_routing(this->routing, model, share);
+        this->aux_terms.insert(this->aux_terms.end(), {share, model.aux_loss()});
+      }
       events.begin_backward_pass(m, count);
       model.backward(loss_scale);
       events.end_backward_pass(m, count);

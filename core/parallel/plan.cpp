@@ -45,7 +45,8 @@ int ParallelPlan::size(std::string_view dim) const {
 void ParallelPlan::validate() const {
   if (size("ep") > 1)
     throw InputError("--mesh " + describe_mesh() + ": expert parallelism (ep=" + std::to_string(size("ep")) +
-                     ") has nothing to split: Llama 3 is dense, there are no experts");
+                     ") is not in the trainer yet: MoE models run under data parallelism only so far (dp, "
+                     "dp_shard, dp_replicate), and a dense model has no experts to split");
   if (size("cp") == 1 && cp_algo != ContextAlgo::allgather)
     throw InputError("--cp-algo needs context parallelism (cp > 1 in --mesh)");
   if (size("tp") == 1 && !sequence_parallel)
@@ -109,15 +110,16 @@ TpLayout ParallelPlan::tp_layout(const LlamaConfig& cfg, int world_rank) const {
 }
 
 void ParallelPlan::check_model(const LlamaConfig& cfg, int micro_batches) const {
-  // A mixture-of-experts model's layers run on one device only so far: no strategy shards or
-  // replicates them yet (expert parallelism, and MoE under the other dims, are issue 54's), so any
-  // dim of size > 1 is refused rather than run with math nobody has checked.
+  // A mixture-of-experts model's expert weights are ordinary parameters to the data-parallel
+  // strategies (replicated, or sharded by ZeRO like any other), so the data dims run it; no
+  // tensor, context or pipeline strategy splits its layers yet, so those are refused rather than
+  // run with math nobody has checked.
   if (cfg.moe())
     for (const MeshDim& d : mesh)
-      if (d.size > 1)
-        throw InputError("MoE models run on one device only so far; --mesh " + describe_mesh() + " has " + d.name +
-                         "=" + std::to_string(d.size) + " (num_local_experts = " +
-                         std::to_string(cfg.num_local_experts) + ")");
+      if (d.size > 1 && d.name != "dp" && d.name != "dp_shard" && d.name != "dp_replicate")
+        throw InputError("MoE models run under data parallelism only so far (dp, dp_shard, dp_replicate); --mesh " +
+                         describe_mesh() + " has " + d.name + "=" + std::to_string(d.size) +
+                         " (num_local_experts = " + std::to_string(cfg.num_local_experts) + ")");
   for (int r = 0; r < size("tp"); ++r) llama4d::tp_layout(cfg, size("tp"), r);
   const int pp = size("pp");
   if (pp == 1) return;

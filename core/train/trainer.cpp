@@ -21,6 +21,20 @@ void check_finite(int64_t step, double loss, double grad_sum_squares) {
                         " (training diverged; is --lr too large?); nothing from this step is saved");
 }
 
+[[gnu::noinline]] double add_weighted_aux(double acc, double share, double aux) { return acc + share * aux; }
+
+template <class T>
+void add_routing(StepStats& into, const Llama<T>& model, double share) {
+  const int64_t L = model.config().num_hidden_layers, E = model.config().num_local_experts;
+  const std::vector<int64_t>& counts = model.expert_counts();
+  into.aux_loss = add_weighted_aux(into.aux_loss, share, model.aux_loss());
+  if (into.expert_tokens.empty()) into.expert_tokens.assign(size_t(L), std::vector<int64_t>(size_t(E), 0));
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t e = 0; e < E; ++e) into.expert_tokens[size_t(l)][size_t(e)] += counts[size_t(l * E + e)];
+}
+template void add_routing<float>(StepStats&, const Llama<float>&, double);
+template void add_routing<double>(StepStats&, const Llama<double>&, double);
+
 template <class T>
 Trainer<T>::Trainer(Llama<T>& model, const TextDataset& data, const TrainOptions& options)
     : model_(model), data_(data), opt_(options), adamw_(options.adamw, model.param_specs(), &model.memory()),
@@ -54,14 +68,6 @@ StepStats Trainer<T>::step() {
   // rounds differently: grad norm 2.0821649184 vs 2.0821649145 after one step (issue 14, item 15).
   LossSum loss;
   StepStats st_moe;  // the mixture of experts' aux_loss and expert_tokens, over the micro-batches
-  const auto add_routing = [&](StepStats& into, double share) {
-    const int64_t L = model_.config().num_hidden_layers, E = model_.config().num_local_experts;
-    const std::vector<int64_t>& counts = model_.expert_counts();
-    into.aux_loss += share * model_.aux_loss();
-    if (into.expert_tokens.empty()) into.expert_tokens.assign(size_t(L), std::vector<int64_t>(size_t(E), 0));
-    for (int64_t l = 0; l < L; ++l)
-      for (int64_t e = 0; e < E; ++e) into.expert_tokens[size_t(l)][size_t(e)] += counts[size_t(l * E + e)];
-  };
   for (int64_t m = 0; m < micro_batches; ++m) {
     model_.zero_grad();
     Batch b = sample_rows(data_.train(), opt_.seq_len, opt_.seed, s, m * mb, (m + 1) * mb);
@@ -69,7 +75,7 @@ StepStats Trainer<T>::step() {
     const LossSum part = model_.forward(b.tokens.data(), b.targets.data(), b.B, b.seq, b.documents());
     loss.loss_sum += part.loss_sum;  // in fp64, in micro-batch order: what all_reduce_loss adds
     loss.tokens += part.tokens;
-    if (model_.config().moe()) add_routing(st_moe, double(b.B * b.seq) * double(loss_scale));
+    if (model_.config().moe()) add_routing(st_moe, model_, double(b.B * b.seq) * double(loss_scale));
     model_.backward(loss_scale);
     if (micro_batches == 1) continue;
     if (m == 0)

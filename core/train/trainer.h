@@ -40,6 +40,16 @@ struct StepStats {
   std::vector<std::vector<int64_t>> expert_tokens;
 };
 
+// Mixture of experts: adds the routing of `model`'s last whole-model forward (one micro-batch)
+// into `into`: its aux loss weighted by `share` (the micro-batch's tokens x the loss scale, as in
+// the objective) and its [L, E] token counts. Every trainer adds its micro-batches with it.
+template <class T>
+void add_routing(StepStats& into, const Llama<T>& model, double share);
+// acc + share * aux, the one place a weighted aux loss is added: never inlined, so every trainer
+// (one device adding its micro-batches, a data-parallel rank folding the gathered ones) rounds
+// alike whether or not the compiler fuses the multiply-add.
+double add_weighted_aux(double acc, double share, double aux);
+
 // Throws DivergenceError naming `step` if the loss or the squared gradient norm is not finite.
 void check_finite(int64_t step, double loss, double grad_sum_squares);
 

@@ -1,7 +1,8 @@
 // A mixture-of-experts Llama through the real binary: `train --preset tiny-moe` runs on one
 // device, its loss falls, its routing is reported (aux_loss and per-expert token counts in every
 // metrics row, final_aux_loss in --json), its checkpoint (Hugging Face Mixtral names) loads in
-// eval; the trivial mesh gives its bytes; and every mesh dim and the bf16 path it does not run under yet exit 2 naming them.
+// eval; the trivial mesh and dp=2 (with the same micro-batches) give its bytes; and the tp, cp and
+// pp dims, ep, and the bf16 path it does not run under yet exit 2 naming them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,8 +60,7 @@ TEST(CliMoe, TinyMoeTrainsOnOneDeviceAndReportsItsRouting) {
   fs::remove_all(out);
 }
 
-// The trivial mesh (one rank through the parallel trainer) is the one mesh a MoE model runs on: it
-// gives the plain trainer's weights and AdamW moments byte for byte.
+// The trivial mesh (one rank through the parallel trainer) gives the plain trainer's weights and AdamW moments byte for byte.
 TEST(CliMoe, TrivialMeshEqualsOneDeviceByteForByte) {
   const std::string common = "train --preset tiny-moe --seq-len 32 --batch-size 4 --steps 3 --eval-every 0 --out ";
   const std::string one = tmp("moe_one"), mesh = tmp("moe_dp1");
@@ -76,11 +76,46 @@ TEST(CliMoe, TrivialMeshEqualsOneDeviceByteForByte) {
   fs::remove_all(mesh);
 }
 
+// Data parallelism: `--mesh dp=2` (plain and ZeRO-3) gives the bytes of one device that cuts the
+// global batch into the same micro-batches (2 rows: each rank's), since each micro-batch's
+// load-balancing loss is over its own tokens; and every metrics row carries the routing of the
+// whole global batch (4 x 32 tokens reaching 2 experts each, per layer).
+TEST(CliMoe, DataParallelEqualsOneDeviceByteForByte) {
+  const std::string common =
+      "train --preset tiny-moe --seq-len 32 --batch-size 4 --micro-batch-size 2 --steps 3 --eval-every 0 --out ";
+  const std::string one = tmp("moe_mb2");
+  ASSERT_EQ(run(common + one).code, 0);
+  for (const char* flags : {" --mesh dp=2", " --mesh dp=2 --zero 3"}) {
+    const std::string mesh = tmp("moe_dp2");
+    const Result r = run(common + mesh + flags);
+    ASSERT_EQ(r.code, 0) << flags << ": " << r.err;
+    for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+      const std::string a = read_file(one + "/checkpoint/" + f);
+      ASSERT_FALSE(a.empty()) << f;
+      EXPECT_TRUE(a == read_file(mesh + "/checkpoint/" + f)) << flags << ": " << f << " differs from one device's";
+    }
+    std::ifstream metrics(mesh + "/metrics.jsonl");
+    int rows = 0;
+    for (std::string line; std::getline(metrics, line); ++rows) {
+      const nlohmann::json row = nlohmann::json::parse(line);
+      ASSERT_TRUE(row.contains("aux_loss") && row.contains("expert_tokens")) << flags << ": " << row.dump();
+      for (const auto& layer : row.at("expert_tokens").get<std::vector<std::vector<int64_t>>>()) {
+        int64_t sum = 0;
+        for (int64_t c : layer) sum += c;
+        EXPECT_EQ(sum, 4 * 32 * 2) << flags << ": " << row.dump();
+      }
+    }
+    EXPECT_EQ(rows, 3) << flags;
+    fs::remove_all(mesh);
+  }
+  fs::remove_all(one);
+}
+
 TEST(CliMoe, MeshesAndBf16AreRefusedByName) {
   const std::string common = "train --preset tiny-moe --seq-len 32 --batch-size 4 --steps 1 --out " + tmp("moe_refused");
-  for (const char* dim : {"tp=2", "dp=2", "pp=2", "cp=2"}) {
+  for (const char* dim : {"tp=2", "pp=2", "cp=2", "ep=2"}) {
     const Result r = run(common + " --mesh " + dim);
-    expect_bad_input(r, "MoE models run on one device only so far");
+    expect_bad_input(r, "MoE models run under data parallelism only so far");
     EXPECT_NE(r.err.find(dim), std::string::npos) << r.err;
   }
   expect_bad_input(run(common + " --dtype bf16"), "bf16 mixed precision of mixture-of-experts");
