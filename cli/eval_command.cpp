@@ -38,7 +38,8 @@ nlohmann::json run_eval(const EvalArgs& a) {
   check_batch_fits_in_memory(cfg, a.batch_size, a.seq_len, sizeof(T), 1.0, a.force,
                              "--batch-size " + std::to_string(a.batch_size) + " x --seq-len " + std::to_string(a.seq_len));
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
-  const std::vector<int32_t> tokens = tokenize_corpus(*md.tokenizer, path, ops::backend_threads(), progress_printer(stderr, path));
+  const std::vector<int32_t> tokens = tokenize_corpus(*md.tokenizer, path, ops::backend_threads(), progress_printer(stderr, path),
+                                                      md.data_chat_format());
   if (int64_t(tokens.size()) < 2) throw InputError(path + " has fewer than 2 tokens: nothing to predict");
 
   Llama<T> model(cfg);
@@ -81,7 +82,7 @@ void add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "mean next-token cross-entropy over a text file");
   a->model.add_options(*cmd, "small", true);
-  cmd->add_option("--data", a->data, "UTF-8 text file, directory of .txt documents, or .jsonl with a \"text\" field (default: shipped corpus)");
+  cmd->add_option("--data", a->data, "UTF-8 text file, directory of .txt documents, or .jsonl whose lines have a \"text\" string or a \"messages\" chat (default: shipped corpus)");
   add_number(*cmd, "--seq-len", a->seq_len, "window length (at most the model's max_position_embeddings unless given)")->capture_default_str();
   add_number(*cmd, "--batch-size", a->batch_size, "windows per forward pass")->capture_default_str();
   cmd->add_flag("--doc-mask", a->doc_mask, "mask attention between the documents in a window (as the model was trained)");

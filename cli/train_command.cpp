@@ -215,8 +215,9 @@ std::string model_name(const TrainArgs& a) {
 TextDataset load_run_data(Run& r, bool data_given) {
   TextDataset data = has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, r.args.data,
                                                                     r.args.opt.seq_len, ops::backend_threads(),
-                                                                    tokenize_progress(r.args.launch, r.args.data))
-                                         : load_dataset(r.args.data, r.args.opt.seq_len);
+                                                                    tokenize_progress(r.args.launch, r.args.data), 0.1,
+                                                                    r.model_dir->data_chat_format())
+                                         : make_dataset(load_text_documents(r.args.data), r.args.opt.seq_len, 0.1, r.args.data);
   nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
   const std::string now = data_fingerprint(data.tokens);
   if (loop.contains("data_fingerprint") && loop.at("data_fingerprint") != now)
@@ -231,8 +232,9 @@ TextDataset load_run_data(Run& r, bool data_given) {
 // One source of a recipe's data mix, in the run's tokens (split as the run's data is).
 TextDataset load_source(const Run& r, const std::string& path) {
   return has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, path, r.args.opt.seq_len,
-                                                       ops::backend_threads(), tokenize_progress(r.args.launch, path))
-                              : load_dataset(path, r.args.opt.seq_len);
+                                                       ops::backend_threads(), tokenize_progress(r.args.launch, path), 0.1,
+                                                       r.model_dir->data_chat_format())
+                              : make_dataset(load_text_documents(path), r.args.opt.seq_len, 0.1, path);
 }
 
 // metrics.jsonl is the history of the run in <out>: a new run starts it afresh; a resume keeps
@@ -1026,7 +1028,7 @@ void add_train_command(CLI::App& app) {
   a->parallel.add_options(*cmd, "", true);
   a->launch.add_options(*cmd);
   cmd->add_option("--data", a->data,
-                  "UTF-8 text file, directory of .txt files, or .jsonl with a \"text\" field (default: shipped corpus)");
+                  "UTF-8 text file, directory of .txt files, or .jsonl whose lines have a \"text\" string or a \"messages\" chat (default: shipped corpus)");
   cmd->add_option("--init", a->init,
                   "start from a model directory (config.json, weights, tokenizer): the data is encoded by its "
                   "tokenizer, and the tokenizer files are saved beside the checkpoint");

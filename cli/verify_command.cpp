@@ -77,8 +77,8 @@ Verified run_verify(const VerifyArgs& a, RankLaunch& launcher) {
   check_step_fits_in_memory(o.model, o.train, o.plan, a.launch.backend, 2.0 * sizeof(T), false);
   const std::string path = a.data.empty() ? default_corpus_path() : a.data;
   const TextDataset data = bpe ? load_tokenized_dataset(*md->tokenizer, path, o.train.seq_len, ops::backend_threads(),
-                                                     tokenize_progress(a.launch, path))
-                               : load_dataset(path, o.train.seq_len);
+                                                     tokenize_progress(a.launch, path), 0.1, md->data_chat_format())
+                               : make_dataset(load_text_documents(path), o.train.seq_len, 0.1, path);
   // The weights staged as a step-0 checkpoint in this process's own temporary directory.
   const std::filesystem::path staged =
       std::filesystem::temp_directory_path() / ("llama4d-verify-init-" + std::to_string(getpid()));

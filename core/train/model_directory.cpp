@@ -124,4 +124,13 @@ ChatFormat ModelDirectory::chat_format(const std::string& name) const {
   return recognise_chat_template(*chat_template, chat_template_source);
 }
 
+std::optional<ChatFormat> ModelDirectory::data_chat_format() const {
+  if (!chat_template) return std::nullopt;
+  try {
+    return recognise_chat_template(*chat_template, chat_template_source);
+  } catch (const InputError&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace llama4d

@@ -37,6 +37,10 @@ struct ModelDirectory {
   // The chat format: `name` when given (chat_format_by_name), else the recognised
   // chat_template (recognise_chat_template), else InputError saying the directory has none.
   ChatFormat chat_format(const std::string& name = "") const;
+  // The format a .jsonl corpus's "messages" lines are rendered in (tokenized_corpus.h): the
+  // recognised chat_template; none when there is no template or it is not recognised, so a
+  // corpus of "text" lines still trains and a "messages" line is refused naming its line.
+  std::optional<ChatFormat> data_chat_format() const;
 };
 
 // Reads and checks everything above except the weights. InputError (exit 2) naming the file

@@ -2,6 +2,9 @@
 // it (data/tokenizer), used by generate (plain and --chat), eval and train --init, whose
 // checkpoint carries the tokenizer on; and the refusals, each exit 2 naming the problem. The ids
 // themselves are held against transformers in tests/transformers; here, what the commands do.
+#include <cmath>
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/cli_test_util.h"
@@ -110,6 +113,44 @@ TEST(CliModelDirectory, TrainInitTokenizesWithTheModelsTokenizerAndSavesItBeside
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(nlohmann::json::parse(r.out)["final_loss"].get<double>(), causal_train);
   expect_bad_input(run("train --init " + ckpt + " --preset tiny --out " + tmp("bpe_init_preset")), "--preset and --init");
+}
+
+// .jsonl chats: "messages" lines rendered in the directory's chat format train as documents; a
+// bad line exits 2 naming file:line, and a byte model refuses a chat (it has no special tokens).
+TEST(CliModelDirectory, TrainInitOnJsonlChatsAndBadLinesExitTwoNamingTheLine) {
+  const std::string ckpt = bpe_model_dir("bpe_chat");
+  const std::string data = tmp("bpe_chat_data") + ".jsonl";
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 20; ++i)
+      f << R"({"messages": [{"role": "user", "content": "What is rank )" << i
+        << R"(?"}, {"role": "assistant", "content": "A device."}]})" << "\n";
+    f << R"({"text": "A plain document between the chats."})" << "\n";
+  }
+  Result r = run("train --init " + ckpt + " --data " + data + " --seq-len 16 --batch-size 2 --steps 2 --eval-every 0 --doc-mask --out " +
+                 tmp("bpe_chat_out") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(std::isfinite(nlohmann::json::parse(r.out)["final_loss"].get<double>()));
+  r = run("eval --checkpoint " + ckpt + " --data " + data + " --seq-len 16 --max-windows 2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const std::string bad = tmp("bpe_chat_bad") + ".jsonl";
+  const std::string good = R"({"text": "fine"})" "\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"{not json", "invalid JSON"},
+      {R"({"messages": [{"role": "robot", "content": "x"}]})", "unknown role \"robot\""},
+      {R"({"messages": []})", "empty list"},
+      {R"({"text": ["a"]})", "\"text\" is not a string"},
+  };
+  for (const auto& [line, what] : cases) {
+    std::ofstream(bad, std::ios::trunc) << good << line << "\n";
+    r = run("train --init " + ckpt + " --data " + bad + " --seq-len 16 --steps 2 --out " + tmp("bpe_chat_bad_out"));
+    expect_bad_input(r, bad + ":2");
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+  }
+  // The byte tokenizer (no --init) cannot render a chat.
+  expect_bad_input(run("train --preset tiny --data " + data + " --seq-len 16 --steps 2 --out " + tmp("bpe_chat_bytes")),
+                   data + ":1");
 }
 
 // verify --init: the plan checked on the directory's weights and its tokenizer's data. Its one-device
