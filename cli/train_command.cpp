@@ -30,6 +30,7 @@
 #include "core/parallel/dp_common.h"
 #include "core/parallel/fault_injector.h"
 #include "core/parallel/replica_checksum.h"
+#include "core/parallel/straggler_detector.h"
 #include "core/train/checkpoint_state.h"
 #include "core/parallel/memory_copies.h"
 #include "core/train/goodput.h"
@@ -50,6 +51,7 @@ struct TrainArgs {
   int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0, max_restarts = 0;
   int64_t memory_copy_every = 0;  // 0: no in-memory copies
   bool check_replicas = false;
+  StragglerOptions stragglers;
   ComputeChoice compute;
   bool json = false, force = false;
 };
@@ -419,6 +421,7 @@ std::vector<RankSetting> rank_settings(const Run& r, const ParallelPlan& plan) {
     s.push_back({flag, value});
   s.push_back({"--stop-at", std::to_string(a.stop_at)});
   s.push_back({"--check-replicas", a.check_replicas ? "given" : "not given"});  // a collective every step
+  s.push_back({"--straggler-factor", a.stragglers.factor == 0 ? "0" : "on"});    // a collective every step
   return s;
 }
 
@@ -469,6 +472,8 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   std::vector<RankMemory> memory(static_cast<size_t>(ranks));
   std::mutex mu;
   std::string strategy;
+  StragglerDetector stragglers(a.stragglers);  // rank 0's
+  const bool detect = a.stragglers.factor > 0;
   try {
     launcher.run(ranks, [&](ProcessGroup& world) {
       std::optional<OutputLock> out_lock;
@@ -501,10 +506,27 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
                            if (world.rank() == 0) write_tokenizer_files(r, dir);
                          },
                          {}, {}};
-      if (at.faults) calls.before_step = [&](int64_t next) { at.faults->before_step(world.rank(), next); };
-      if (at.faults || a.check_replicas || at.copies)
+      // The rank's compute time from the start of a step to the end of its after-step work (not
+      // evaluation or saving, which rank 0 does more of); see core/parallel/straggler_detector.h.
+      StepComputeClock compute;
+      if (at.faults || detect)
+        calls.before_step = [&](int64_t next) {
+          if (at.faults) at.faults->before_step(world.rank(), next);
+          compute.restart();
+        };
+      if (at.faults || a.check_replicas || at.copies || detect)
         calls.after_step = [&](const StepStats& st) {
           if (at.faults) at.faults->after_step(world.rank(), st.step, st.seconds, weights(), int(sizeof(T)));
+          if (detect) {
+            const std::vector<double> times = share_step_times(world, compute.seconds());
+            if (world.rank() == 0)
+              for (const StragglerFlag& f : stragglers.observe(st.step, times))
+                if (lead)
+                  progress("train: straggler: rank %d took %.3f s of compute at step %lld, %.1fx the median %.3f s "
+                           "(--straggler-factor %g); the run goes on\n",
+                           f.rank, f.seconds, (long long)f.step, f.median > 0 ? f.seconds / f.median : INFINITY,
+                           f.median, a.stragglers.factor);
+          }
           if (a.check_replicas) check_replicas_agree(trainer.replica_group(), weights(), st.step);
           // After the replica check: a copy of corrupted weights is never taken.
           if (at.copies && at.copies->due(st.step)) {
@@ -545,16 +567,18 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   result["backend"] = a.launch.backend;
   result["peak_memory_per_rank"] = mem;
   result["traffic"] = launcher.traffic_totals();
+  if (detect) result["stragglers"] = stragglers.to_json();
   if (r.model_dir) result["tokenizer"] = r.model_dir->tokenizer->describe();
   return result;
 }
 
 // Checks the fault-tolerance flags against the run before anything is computed.
 FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan) {
+  check_straggler_options(a.stragglers);
   if (a.max_restarts < 0)
     throw InputError("--max-restarts must be >= 0 (0: a failure ends the run), got " + std::to_string(a.max_restarts));
   const bool parallel = a.parallel.parallel();
-  for (const char* flag : {"--faults", "--max-restarts", "--check-replicas"})
+  for (const char* flag : {"--faults", "--max-restarts", "--check-replicas", "--straggler-factor", "--straggler-margin"})
     if (cmd.count(flag) > 0 && !parallel)
       throw InputError(std::string(flag) + " applies to the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=2)");
   if (a.check_replicas && std::string_view(ops::backend_name()) != "cpu")
@@ -1069,6 +1093,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--check-replicas", a->check_replicas,
                 "after every step, compare checksums of the weights data-parallel replicas hold, naming a rank whose "
                 "bits differ (silent data corruption); costs one read of the weights per step");
+  add_number(*cmd, "--straggler-factor", a->stragglers.factor,
+             "after every step the ranks share their compute times (one double each) and a rank slower than F x the "
+             "median is reported as a straggler; the run goes on (0: no detection)")
+      ->capture_default_str();
+  add_number(*cmd, "--straggler-margin", a->stragglers.margin_s,
+             "seconds a straggler's time must also exceed the median by, so noise on fast steps flags nobody")
+      ->capture_default_str();
   cmd->add_flag("--force", a->force, "train even if the model looks too large for this machine");
   cmd->add_flag("--json", a->json, "print one JSON object with the results on stdout");
   cmd->callback([a, cmd] {

@@ -1,5 +1,8 @@
 #include "core/comm/comm_stream.h"
 
+#include <chrono>
+
+#include "core/comm/blocked_time.h"
 #include "core/error.h"
 
 namespace llama4d {
@@ -30,7 +33,11 @@ std::shared_ptr<Work> CommStream::submit(std::string description, std::function<
     if (caller_waits && allow_inline_ && queue_.empty() && !busy_) {
       busy_ = true;  // the worker stays idle until we are done: order is kept
       lock.unlock();
+      // A blocking call run here, on the caller's thread: its whole time (peers included) is
+      // the caller's time in communication.
+      const auto t0 = std::chrono::steady_clock::now();
       run_task(task, *work);
+      add_blocked_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       task = nullptr;
       lock.lock();
       busy_ = false;

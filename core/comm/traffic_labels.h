@@ -84,4 +84,7 @@ inline constexpr std::string_view kRankAgreement = "rank agreement";
 inline constexpr std::string_view kInMemoryCopy = "in-memory copy";  // a rank's shard sent to its partner
 inline constexpr std::string_view kInMemoryCopyTaken = "in-memory copy taken";  // every rank has its copy
 
+// ---- Straggler detection (core/parallel/straggler_detector.cpp) ----------------------------------
+inline constexpr std::string_view kStepComputeTimes = "straggler check: step compute times";  // one double per rank
+
 }  // namespace llama4d::label

@@ -1,5 +1,8 @@
 #include "core/comm/work.h"
 
+#include <chrono>
+
+#include "core/comm/blocked_time.h"
 #include "core/error.h"
 
 namespace llama4d {
@@ -26,13 +29,22 @@ namespace {
   }
 }
 
+thread_local double t_blocked_seconds = 0;
+
 }  // namespace
+
+double blocked_seconds_on_this_thread() { return t_blocked_seconds; }
+void add_blocked_seconds(double s) { t_blocked_seconds += s; }
 
 void Work::wait() {
   std::function<void()> hook;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    if (!done_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cv_.wait(lock, [&] { return done_; });
+      t_blocked_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     if (error_) rethrow_copy(error_);
     hook = std::move(on_wait_);
     on_wait_ = nullptr;

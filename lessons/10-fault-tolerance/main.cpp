@@ -174,6 +174,13 @@ nlohmann::json each_kind(Narrator& say, ExerciseSheet& sheet, Runs& runs, Cli& c
     say.say(cause.empty() ? "no failure: the run finished without a restart\n" : "failed: " + cause + "\n");
     if (!diagnosis.empty()) say.say("flight recorder, first line: " + diagnosis.substr(0, diagnosis.find('\n')) + "\n");
     if (!restart_line.empty()) say.say(restart_line.substr(7) + "\n");
+    // The straggler check (core/parallel/straggler_detector.h) reports a slow rank and stops nothing.
+    if (k.kind == "slow" && j.contains("stragglers"))
+      for (const nlohmann::json& st : j.at("stragglers"))
+        say.say("straggler: rank " + std::to_string(st.at("rank").get<int>()) + ", steps " +
+                std::to_string(st.at("first_step").get<int64_t>()) + "-" + std::to_string(st.at("last_step").get<int64_t>()) +
+                ", worst " + (st.at("worst_ratio").is_null() ? std::string("inf") : std::to_string(st.at("worst_ratio").get<double>())) +
+                "x the median\n");
     // What named it: the failure's cause; for a hang, the flight recorder, which looks at every
     // rank's last calls (the timeout names whichever peer a waiting rank waited on).
     const bool named = k.named.empty() ? restarts == 0
@@ -189,8 +196,8 @@ nlohmann::json each_kind(Narrator& say, ExerciseSheet& sheet, Runs& runs, Cli& c
   Exercise k1;
   k1.id = "K1";
   k1.question = "How many of the five kinds stop the run (a restart)?";
-  k1.formula = "4: crash, hang, collective and sdc (found by --check-replicas); a straggler only costs time, and "
-               "nothing here looks at per-rank step times yet";
+  k1.formula = "4: crash, hang, collective and sdc (found by --check-replicas); a straggler only costs time: the "
+               "straggler check names it (--straggler-factor) and the run goes on";
   k1.value = stopped;
   k1.pass = stopped == 4 && all_named;
   k1.note = "and each stopping one was named: the rank and what it did (the hang by the flight recorder)";

@@ -134,6 +134,53 @@ TEST(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt) {
 }
 LLAMA4D_TIER(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt, full);
 
+// Straggler detection: a slow fault (factor 4 on rank 2 of dp=4 for steps 2-3) is flagged naming
+// rank 2 and exactly those steps, and the run goes on to the bytes of the run without it (a slow
+// rank changes timing only). Steps of ~25 ms; the detection factor is 2, well under the fault's 4
+// (its rank sleeps 3x its step after working it), and over the noise of four ranks sharing this
+// machine's cores; the 30 ms margin keeps a rank descheduled for a moment from flagging. Without the
+// fault nobody is flagged. Bad values exit 2 naming the flag.
+TEST(FaultCli, SlowRankIsFlaggedAsStragglerAndTheRunEndsOnTheSameBytes) {
+  const std::string detect = " --preset tiny --seq-len 128 --batch-size 16 --eval-every 0 --steps 4 --mesh dp=4 "
+                             "--straggler-factor 2 --straggler-margin 0.03 --json";
+  const std::string straight = tmp("faults_straggler_straight"), slow = tmp("faults_straggler_slow");
+  const Result s = run("train" + detect + " --out " + straight);
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(nlohmann::json::parse(s.out).at("stragglers"), nlohmann::json::array()) << s.err;
+  EXPECT_EQ(s.err.find("straggler:"), std::string::npos) << s.err;
+  const Result f = run("train" + detect + " --out " + slow + " --faults " +
+                       schedule("faults_straggler", R"({"kind": "slow", "rank": 2, "step": 2, "factor": 4, "steps": 2})"));
+  ASSERT_EQ(f.code, 0) << f.err;
+  const nlohmann::json st = nlohmann::json::parse(f.out).at("stragglers");
+  // Flagged from the fault's first step, and never outside its steps 2-3. (Its second step is
+  // flagged in most runs but not all on this loaded machine: see the report of issue 53.)
+  ASSERT_EQ(st.size(), 1u) << st.dump() << f.err;
+  EXPECT_EQ(st[0].at("rank"), 2);
+  EXPECT_EQ(st[0].at("first_step"), 2);
+  EXPECT_GE(st[0].at("last_step").get<int>(), 2);
+  EXPECT_LE(st[0].at("last_step").get<int>(), 3);
+  EXPECT_GT(st[0].at("worst_ratio").get<double>(), 2.0);
+  EXPECT_NE(f.err.find("train: straggler: rank 2 took"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("at step 2,"), std::string::npos) << f.err;
+  for (const char* other : {"at step 1,", "at step 4,", "straggler: rank 0", "straggler: rank 1", "straggler: rank 3"})
+    EXPECT_EQ(f.err.find(other), std::string::npos) << other << f.err;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(straight + "/checkpoint/" + file) == read_file(slow + "/checkpoint/" + file)) << file;
+  for (const char* bad : {" --straggler-factor 1", " --straggler-factor -2", " --straggler-factor 0.5"}) {
+    const Result b = run("train" + kFaultRun + " --mesh dp=2 --out " + slow + bad);
+    EXPECT_EQ(b.code, 2) << bad << b.err;
+    EXPECT_NE(b.err.find("--straggler-factor"), std::string::npos) << b.err;
+  }
+  const Result m = run("train" + kFaultRun + " --mesh dp=2 --out " + slow + " --straggler-margin -1");
+  EXPECT_EQ(m.code, 2) << m.err;
+  EXPECT_NE(m.err.find("--straggler-margin"), std::string::npos) << m.err;
+  const Result one = run("train --preset tiny --steps 4 --out " + slow + " --straggler-factor 2");
+  EXPECT_EQ(one.code, 2) << one.err;
+  EXPECT_NE(one.err.find("--straggler-factor applies to the ranks of a parallel --mesh"), std::string::npos) << one.err;
+  fs::remove_all(straight);
+  fs::remove_all(slow);
+}
+
 // A small chaos test: seeded random schedules (one to three faults of the kinds that do not wait
 // for a timeout: crash, collective, sdc, slow) on a 4D plan; each run recovers to the bytes of the
 // run without failures, restarting at most once per fault that stops it, and leaves no staging
