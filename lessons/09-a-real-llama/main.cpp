@@ -11,7 +11,6 @@
 //   5. the saved directory loaded back: `eval` before and after, `generate --chat` from it.
 // The exercises hold each command's numbers to what the files and the template say.
 //   lesson09_a_real_llama [--model DIR] [--data FILE_OR_DIR] [--mesh tp=2,cp=2,pp=2,dp=2] [--steps 4] [--step] [--json]
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -230,17 +229,8 @@ nlohmann::json evaluate(Cli& cli, const RealArgs& a, const std::string& dir, con
 int run(const LessonOptions& o, const RealArgs& a) {
   Narrator say(o);
   ExerciseSheet sheet;
-  const bool own_work = a.work.empty();
-  const fs::path work =
-      own_work ? fs::temp_directory_path() / ("llama4d-lesson09-" + std::to_string(getpid())) : fs::path(a.work);
-  fs::create_directories(work);
-  struct RemoveOnExit {  // the temporary work directory goes, however the lesson ends
-    fs::path path;
-    ~RemoveOnExit() {
-      std::error_code ec;
-      if (!path.empty()) fs::remove_all(path, ec);
-    }
-  } remove_work{own_work ? work : fs::path()};
+  const WorkDirectory work_directory(a.work, "lesson09");
+  const fs::path& work = work_directory.path();
   const std::string dir = a.model.empty() ? (work / "llama").string() : a.model;
   if (a.model.empty()) write_own_directory(dir);
   // The text to fine-tune on, copied into the work directory (its token cache is written beside it).

@@ -10,7 +10,6 @@
 //      Daly's refinement, the U-shaped curve;
 //   5. the bitwise check: every recovered run's final checkpoint against an uninterrupted run's.
 //   lesson10_fault_tolerance [--mesh tp=2,cp=2,pp=2,dp=2] [--rank 5] [--step] [--json]
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -360,17 +359,8 @@ nlohmann::json bitwise(Narrator& say, ExerciseSheet& sheet, Runs& runs, const st
 int run(const LessonOptions& o, const FaultArgs& a) {
   Narrator say(o);
   ExerciseSheet sheet;
-  const bool own_work = a.work.empty();
-  const fs::path work =
-      own_work ? fs::temp_directory_path() / ("llama4d-lesson10-" + std::to_string(getpid())) : fs::path(a.work);
-  fs::create_directories(work);
-  struct RemoveOnExit {  // the temporary work directory goes, however the lesson ends
-    fs::path path;
-    ~RemoveOnExit() {
-      std::error_code ec;
-      if (!path.empty()) fs::remove_all(path, ec);
-    }
-  } remove_work{own_work ? work : fs::path()};
+  const WorkDirectory work_directory(a.work, "lesson10");
+  const fs::path& work = work_directory.path();
   Cli cli(say, (work / "llama4d.log").string());
   Runs runs(cli, a, work);
   const int ranks = cli.run("plan --preset tiny --mesh " + a.mesh + " --zero " + std::to_string(a.zero))

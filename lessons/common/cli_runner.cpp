@@ -1,6 +1,7 @@
 #include "lessons/common/cli_runner.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -59,6 +60,19 @@ nlohmann::json Cli::run(const std::string& args, const std::string& stdin_text) 
     throw Error(what);
   }
   return nlohmann::json::parse(out);
+}
+
+WorkDirectory::WorkDirectory(const std::string& given, const std::string& lesson)
+    : path_(given.empty() ? std::filesystem::temp_directory_path() /
+                                ("llama4d-" + lesson + "-" + std::to_string(getpid()))
+                          : std::filesystem::path(given)),
+      own_(given.empty()) {
+  std::filesystem::create_directories(path_);
+}
+
+WorkDirectory::~WorkDirectory() {
+  std::error_code ec;
+  if (own_) std::filesystem::remove_all(path_, ec);
 }
 
 }  // namespace llama4d::lesson

@@ -1,6 +1,7 @@
 #pragma once
 // The `llama4d` CLI beside a lesson program, run as a learner types it: lessons 09 and 10 run
 // their phases as commands, print each one, and read its --json.
+#include <filesystem>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +28,21 @@ class Cli {
  private:
   Narrator& say_;
   std::string log_, bin_, last_stderr_;
+};
+
+// Where a lesson writes: the --work directory given (kept), or, when `given` is empty, a fresh
+// temporary one named after the lesson, removed however the lesson ends.
+class WorkDirectory {
+ public:
+  WorkDirectory(const std::string& given, const std::string& lesson);
+  ~WorkDirectory();
+  WorkDirectory(const WorkDirectory&) = delete;
+  WorkDirectory& operator=(const WorkDirectory&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  bool own_ = false;
 };
 
 }  // namespace llama4d::lesson
