@@ -81,7 +81,16 @@ void apply_micro_batches(int micro_batches, TrainOptions& opt, const ParallelPla
                        ", not divisible into that many micro-batches");
     opt.micro_batch_size = rows / micro_batches;
   }
+  check_moe_micro_batches(model, opt, plan);
   if (!plan.single_device()) plan.check_model(model, int(rank_micro_batch_count(opt, plan.dp())));
+}
+
+void check_moe_micro_batches(const LlamaConfig& model, const TrainOptions& opt, const ParallelPlan& plan) {
+  if (model.moe() && !plan.single_device() && plan.dp() > 1 && opt.micro_batch_size == 0)
+    throw InputError("--micro-batch-size: an MoE model's load-balancing loss is computed per micro-batch, and --mesh " +
+                     plan.describe_mesh() + " would make a micro-batch of each rank's " +
+                     std::to_string(opt.batch_size / plan.dp()) +
+                     " rows; give --micro-batch-size N (one device with the same N computes the same loss)");
 }
 
 void check_step_fits_in_memory(const LlamaConfig& model, const TrainOptions& opt, const ParallelPlan& plan,

@@ -42,6 +42,10 @@ struct ParallelChoice {
 // schedule runs that many; InputError naming the problem.
 void add_micro_batches_option(CLI::App& cmd, int& micro_batches);
 void apply_micro_batches(int micro_batches, TrainOptions& opt, const ParallelPlan& plan, const LlamaConfig& model);
+// An MoE model's load-balancing loss is computed per micro-batch, over its own rows
+// (core/model/moe.h). By default a micro-batch is all of a rank's rows, which follow the mesh,
+// and so would the math: a data-parallel run of one must give --micro-batch-size (InputError).
+void check_moe_micro_batches(const LlamaConfig& model, const TrainOptions& opt, const ParallelPlan& plan);
 
 // check_batch_fits_in_memory for a training step of `opt` under `plan` (its rows per forward on a
 // data rank; on the virtual backend every rank is in this process). bytes: of one value.

@@ -150,6 +150,12 @@ void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
     }
   r.args.opt = TrainOptions::from_json(options);
   check_resumable(saved.options, saved.steps_done, r.args.opt);
+  // An MoE model's load-balancing loss is computed per micro-batch (core/model/moe.h): their
+  // rows are part of its math, as they are not for a dense model's accumulated gradients.
+  if (r.cfg.moe() && r.args.opt.micro_batch_size != saved.options.micro_batch_size)
+    throw InputError(keeps("--micro-batch-size " + std::to_string(r.args.opt.micro_batch_size) +
+                           " differs from the checkpoint's " + std::to_string(saved.options.micro_batch_size) +
+                           " (an MoE model's load-balancing loss is computed per micro-batch)"));
 
   const nlohmann::json loop = nlohmann::json::parse(saved.options.loop);
   try {
@@ -279,9 +285,11 @@ double seconds_since(std::chrono::steady_clock::time_point origin) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin).count();
 }
 
-// What a supervised run shares with the lead rank's loop: the ledger and its clock.
+// What a supervised run shares with the lead rank's loop: the ledger and its clock, and the
+// stragglers found over every attempt (a replayed step is observed again).
 struct Supervision {
   GoodputLedger ledger;
+  std::optional<StragglerDetector> stragglers;
   std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
   double now() const { return seconds_since(origin); }
 };
@@ -472,7 +480,10 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   std::vector<RankMemory> memory(static_cast<size_t>(ranks));
   std::mutex mu;
   std::string strategy;
-  StragglerDetector stragglers(a.stragglers);  // rank 0's
+  // Rank 0's; a supervised run's detector outlives its attempts.
+  std::optional<StragglerDetector> own_stragglers;
+  StragglerDetector& stragglers =
+      at.sup && at.sup->stragglers ? *at.sup->stragglers : own_stragglers.emplace(a.stragglers);
   const bool detect = a.stragglers.factor > 0;
   try {
     launcher.run(ranks, [&](ProcessGroup& world) {
@@ -630,6 +641,7 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
   // A hung rank sleeps past its peers' timeout (they name it), then stops.
   FaultInjector injector(faults, std::chrono::milliseconds(int64_t(a.launch.timeout_s) * 1000 + 500));
   Supervision sup;
+  sup.stragglers.emplace(a.stragglers);
   const std::string ckpt = a.out + "/checkpoint";
   // --memory-copy-every: the copies outlive the attempts, as another host's memory outlives a GPU.
   std::optional<MemoryCopies<T>> copies;
@@ -742,7 +754,9 @@ void check_recipe_flags(const TrainArgs& a, const CLI::App& cmd) {
     if (cmd.count(flag) > 0)
       throw InputError(std::string(flag) + " and --recipe: the recipe gives each stage's mesh (dp, tp, cp, pp), "
                        "batch_size, seq_len, length, LR segment and data, and its seed");
-  for (const char* flag : {"--init", "--faults", "--max-restarts", "--memory-copy-every", "--check-replicas"})
+  // --trace: each stage is its own launch, which would write the file over the last stage's.
+  for (const char* flag : {"--init", "--faults", "--max-restarts", "--memory-copy-every", "--check-replicas",
+                           "--straggler-factor", "--straggler-margin", "--trace"})
     if (cmd.count(flag) > 0) throw InputError(std::string(flag) + " and --recipe: not supported together in this build");
   if (a.launch.backend != "virtual")
     throw InputError("--recipe runs on virtual GPUs (--backend virtual), not --backend " + a.launch.backend +
@@ -785,6 +799,7 @@ RecipeRun resolve_recipe(Run& r, const CLI::App& cmd) {
       rr.plans.push_back(choice.plan(r.cfg, a.launch.algo));
       const ParallelPlan& plan = rr.plans.back();
       plan.check_precision(opt.bf16_compute);
+      check_moe_micro_batches(r.cfg, opt, plan);
       plan.check_model(r.cfg, int(rank_micro_batch_count(opt, plan.dp())));
       plan.check_sequence(opt.seq_len);
       check_step_fits_in_memory(r.cfg, opt, plan, a.launch.backend, a.model.fp64() ? 8 : 4, a.force);
@@ -1017,6 +1032,7 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
                        "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
   a.opt.validate();
+  check_moe_micro_batches(r.cfg, a.opt, plan);
   check_step_fits_in_memory(r.cfg, a.opt, plan, a.launch.backend, f64 ? 8 : 4, a.force);
   const TextDataset data = load_run_data(r, cmd.count("--data") > 0);
 

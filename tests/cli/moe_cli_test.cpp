@@ -122,4 +122,18 @@ TEST(CliMoe, MeshesAndBf16AreRefusedByName) {
   expect_bad_input(run("plan --preset tiny-moe"), "mixture-of-experts");
 }
 
+// The load-balancing loss is computed per micro-batch, so the micro-batch rows are part of the
+// math: a data-parallel run must name them, and a resume must keep them.
+TEST(CliMoe, MicroBatchRowsAreNamedAndKept) {
+  const std::string out = tmp("moe_micro_batches");
+  const std::string common = "train --preset tiny-moe --seq-len 32 --batch-size 4 --eval-every 0 --out " + out;
+  expect_bad_input(run(common + " --steps 1 --mesh dp=2"), "--micro-batch-size: an MoE model's load-balancing loss");
+  ASSERT_EQ(run(common + " --steps 1 --micro-batch-size 2").code, 0);
+  const std::string resume = " --steps 2 --resume " + out + "/checkpoint";
+  expect_bad_input(run(common + resume + " --micro-batch-size 1"),
+                   "--micro-batch-size 1 differs from the checkpoint's 2");
+  EXPECT_EQ(run(common + resume + " --micro-batch-size 2 --mesh dp=2").code, 0);
+  fs::remove_all(out);
+}
+
 }  // namespace
