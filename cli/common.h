@@ -23,8 +23,9 @@ struct ModelChoice {
 
   void add_options(CLI::App& cmd, const std::string& default_preset, bool with_checkpoint);
   // The chosen config, validated. InputError for unknown presets or bad files.
-  // Mixture-of-experts configs run on one device; a --mesh with any dim > 1 refuses them
-  // (ParallelPlan::check_model), and `plan` refuses them (refuse_moe).
+  // Mixture-of-experts configs run on one device and under data parallelism (dp, dp_shard,
+  // dp_replicate); a --mesh with tp, cp, pp or ep > 1 refuses them (ParallelPlan::check_model),
+  // and `plan` refuses them (refuse_moe).
   LlamaConfig resolve() const;
   // Which model this is, for the progress line and the JSON: "preset tiny", "config PATH",
   // "checkpoint DIR".

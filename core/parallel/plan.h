@@ -49,7 +49,7 @@ struct ParallelPlan {
   // Gradients reduced in bf16 with f32 accumulation (DataParallelConfig::bf16_grad_reduce).
   bool bf16_grad_reduce = false;
 
-  // The dims a mesh may name. ep is reserved (Llama 3 is dense).
+  // The dims a mesh may name. ep is reserved: expert parallelism is not in the trainer yet.
   static const std::vector<std::string>& known_dims();
   // "dp=4", "dp_shard=2,dp_replicate=2", "tp=1,cp=1,pp=1,dp=4" (innermost first). Empty: one
   // device. InputError on malformed text, unknown or repeated dims, or sizes < 1.

@@ -187,9 +187,12 @@ LLAMA4D_TIER(RecipeRun, ResumeRefusesAnotherRecipe, quick);
 // mesh is refused naming the stage; other backends, naming --recipe.
 TEST(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName) {
   const std::string recipe = write_recipe("recipe_flags", batch_ramp()), out = " --out " + tmp("recipe_flags_out");
-  for (const char* flag : {"--mesh dp=2", "--batch-size 8", "--seq-len 64", "--steps 9", "--lr 0.01", "--min-lr 0",
-                           "--warmup-steps 2", "--seed 3", "--data " LLAMA4D_SOURCE_DIR "/data/corpus"}) {
-    const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+  const std::vector<std::string> flags = {"--mesh dp=2", "--batch-size 8", "--seq-len 64", "--steps 9",
+                                          "--lr 0.01", "--min-lr 0", "--warmup-steps 2", "--seed 3",
+                                          "--data " LLAMA4D_SOURCE_DIR "/data/corpus", "--straggler-factor 2",
+                                          "--straggler-margin 0.1", "--trace " + tmp("recipe_trace.json")};
+  for (const std::string& flag : flags) {
+    const std::string name = flag.substr(0, flag.find(' '));
     expect_bad_input(run("train --preset tiny --recipe " + recipe + " " + flag + out), name + " and --recipe");
   }
   expect_bad_input(run("train --preset tiny --recipe " + recipe + " --backend mpi" + out), "--recipe runs on virtual GPUs");

@@ -97,6 +97,16 @@ TEST(RecipeStages, BatchRampMovedInMemoryEqualsOneDeviceAcrossACheckpoint) {
 }
 LLAMA4D_TIER(RecipeStages, BatchRampMovedInMemoryEqualsOneDeviceAcrossACheckpoint, quick);
 
+// check_resumable(saved, 3, requested) refuses with an InputError whose message holds `text`.
+void expect_refused(const TrainOptions& saved, const TrainOptions& requested, const std::string& text) {
+  try {
+    check_resumable(saved, 3, requested);
+    ADD_FAILURE() << "accepted; expected a refusal saying: " << text;
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
 // The recipe position decides what a resume accepts: the next stage of the same recipe may
 // change batch, seq_len and LR; another recipe, a changed one, or a plain run may not.
 TEST(RecipeStages, ResumabilityFollowsTheRecipe) {
@@ -106,18 +116,18 @@ TEST(RecipeStages, ResumabilityFollowsTheRecipe) {
   EXPECT_NO_THROW(check_resumable(first, 3, second));
   Recipe other = recipe;
   other.name = "other";
-  EXPECT_THROW(check_resumable(first, 3, other.stage_options(base, 1)), InputError);
+  expect_refused(first, other.stage_options(base, 1), "recipe \"other\" is not the checkpoint's recipe");
   Recipe changed = recipe;
   changed.stages[1].steps = 4;
-  EXPECT_THROW(check_resumable(first, 3, changed.stage_options(base, 1)), InputError);
+  expect_refused(first, changed.stage_options(base, 1), "has changed since the checkpoint was saved");
   TrainOptions plain = base;
   plain.steps = 6;
-  EXPECT_THROW(check_resumable(first, 3, plain), InputError);
-  EXPECT_THROW(check_resumable(plain, 3, second), InputError);
+  expect_refused(first, plain, "resume it with --recipe");
+  expect_refused(plain, second, "the checkpoint was saved by a run of one shape, not by a recipe");
   // What the recipe does not give still must match.
   TrainOptions clipped = second;
   clipped.grad_clip = 0.5;
-  EXPECT_THROW(check_resumable(first, 3, clipped), InputError);
+  expect_refused(first, clipped, "--grad-clip 0.5 differs from the checkpoint's");
   // The options round-trip through trainer_state.json with the position.
   const TrainOptions back = TrainOptions::from_json(second.to_json());
   EXPECT_EQ(back.to_json(), second.to_json());
