@@ -218,14 +218,19 @@ std::string model_name(const TrainArgs& a) {
   return a.resume.empty() ? a.model.describe() : "checkpoint " + a.resume;
 }
 
+// Text at `path` in the run's tokens, split into train and held-out rows as every corpus is:
+// the run's --data, or one source of a recipe's data mix.
+TextDataset load_source(const Run& r, const std::string& path) {
+  return has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, path, r.args.opt.seq_len,
+                                                       ops::backend_threads(), tokenize_progress(r.args.launch, path), 0.1,
+                                                       r.model_dir->data_chat_format())
+                              : make_dataset(load_text_documents(path), r.args.opt.seq_len, 0.1, path);
+}
+
 // The corpus the batches come from. On resume it must be the text the run started on (the
 // file may have moved: --data names the new place), else every batch would differ.
 TextDataset load_run_data(Run& r, bool data_given) {
-  TextDataset data = has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, r.args.data,
-                                                                    r.args.opt.seq_len, ops::backend_threads(),
-                                                                    tokenize_progress(r.args.launch, r.args.data), 0.1,
-                                                                    r.model_dir->data_chat_format())
-                                         : make_dataset(load_text_documents(r.args.data), r.args.opt.seq_len, 0.1, r.args.data);
+  TextDataset data = load_source(r, r.args.data);
   nlohmann::json loop = nlohmann::json::parse(r.args.opt.loop);
   const std::string now = data_fingerprint(data.tokens);
   if (loop.contains("data_fingerprint") && loop.at("data_fingerprint") != now)
@@ -235,14 +240,6 @@ TextDataset load_run_data(Run& r, bool data_given) {
   loop["data_fingerprint"] = now;
   r.args.opt.loop = loop.dump();
   return data;
-}
-
-// One source of a recipe's data mix, in the run's tokens (split as the run's data is).
-TextDataset load_source(const Run& r, const std::string& path) {
-  return has_bpe_tokenizer(r) ? load_tokenized_dataset(*r.model_dir->tokenizer, path, r.args.opt.seq_len,
-                                                       ops::backend_threads(), tokenize_progress(r.args.launch, path), 0.1,
-                                                       r.model_dir->data_chat_format())
-                              : make_dataset(load_text_documents(path), r.args.opt.seq_len, 0.1, path);
 }
 
 // metrics.jsonl is the history of the run in <out>: a new run starts it afresh; a resume keeps

@@ -53,20 +53,27 @@ std::vector<Batch> data_rank_micro_batches(TokenSpan train, const TrainOptions& 
   });
 }
 
+namespace {
+
+void check_mix_rows(const DataMix& mix, int64_t seq_len) {
+  if (mix.seq_len() != seq_len)
+    throw InputError("the data mix draws rows of " + std::to_string(mix.seq_len()) +
+                     " tokens, and the run's sequence length (--seq-len, or its recipe stage's seq_len) is " +
+                     std::to_string(seq_len));
+}
+
+}  // namespace
+
 std::vector<Batch> data_rank_micro_batches(const DataMix& mix, const TrainOptions& opt, int64_t step, int data_rank,
                                            int dp) {
-  if (mix.seq_len() != opt.seq_len)
-    throw InputError("the data mix draws rows of " + std::to_string(mix.seq_len()) + " tokens, and --seq-len is " +
-                     std::to_string(opt.seq_len));
+  check_mix_rows(mix, opt.seq_len);
   return rank_rows_as_micro_batches(opt, data_rank, dp,
                                     [&](int64_t lo, int64_t hi) { return mix.sample_rows(opt.seed, step, lo, hi); });
 }
 
 template <class T>
 void ParallelTrainer<T>::set_data_mix(const DataMix* mix) {
-  if (mix && mix->seq_len() != opt_.seq_len)
-    throw InputError("the data mix draws rows of " + std::to_string(mix->seq_len()) + " tokens, and --seq-len is " +
-                     std::to_string(opt_.seq_len));
+  if (mix) check_mix_rows(*mix, opt_.seq_len);
   mix_ = mix;
 }
 
