@@ -16,6 +16,7 @@
 #include "cli/init_checkpoint.h"
 #include "cli/launch.h"
 #include "cli/parallel_options.h"
+#include "core/comm/rank_failure.h"
 #include "core/data/data_mix.h"
 #include "core/data/dataset.h"
 #include "core/data/tokenized_corpus.h"
@@ -195,9 +196,6 @@ Run resolve_run(const TrainArgs& a, const CLI::App& cmd) {
   }
   // The document mask cuts rows after the <|end_of_text|> the corpus is packed with: the model's own.
   if (has_bpe_tokenizer(r)) r.args.opt.doc_separator = end_of_text_id(*r.model_dir->tokenizer);
-  if (!a.init.empty() && a.parallel.parallel() && a.launch.backend != "virtual")
-    throw InputError("--init on a mesh runs on virtual GPUs (--backend virtual): it stages the directory's weights "
-                     "as a checkpoint in one process that every rank then reads its part of");
   TrainArgs& x = r.args;
   if (x.log_every < 1) throw InputError("--log-every must be >= 1");
   if (x.eval_windows < 1) throw InputError("--eval-windows must be >= 1");
@@ -461,13 +459,20 @@ void write_flight_records(const std::string& out, const std::vector<std::vector<
 template <class T>
 nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDataset& data, const Attempt<T>& at = {}) {
   const TrainArgs& a = r.args;
-  // --init: the directory's weights staged in <out>/init-checkpoint, removed after the run.
+  // --init: the directory's weights staged as a step-0 checkpoint in <out>/init-checkpoint,
+  // which every rank reads its part of, removed after the run. Virtual GPUs: this process stages
+  // it before they start. MPI or NCCL: world rank 0 stages it once the job is up, the others
+  // waiting (--timeout bounds the wait), and a failure there stops every rank.
   const bool staged = !at.image && at.restart_from.empty() && a.resume.empty() && !a.init.empty();
+  const bool stage_in_job = staged && a.launch.backend != "virtual";
+  const std::string staged_dir = a.out + "/init-checkpoint";
+  const auto stage = [&] { return stage_init_checkpoint<T>(r.cfg, a.init, data, a.opt, staged_dir); };
   const std::string start = at.image                 ? ""
                             : !at.restart_from.empty() ? at.restart_from
                             : !a.resume.empty()      ? a.resume
-                            : staged ? stage_init_checkpoint<T>(r.cfg, a.init, data, a.opt, a.out + "/init-checkpoint")
-                                     : "";
+                            : stage_in_job           ? staged_dir
+                            : staged                 ? stage()
+                                                     : "";
   const int ranks = plan.world_size();
   const double unigram = unigram_nats(r, data);
   RankLaunch launcher(a.launch);
@@ -486,6 +491,14 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     launcher.run(ranks, [&](ProcessGroup& world) {
       std::optional<OutputLock> out_lock;
       if (world.backend() != "virtual" && world.rank() == 0) out_lock.emplace(a.out, "train");
+      if (stage_in_job) {
+        std::exception_ptr error;
+        const int32_t failed = world.rank() == 0 ? capture_failure(error, stage) : 0;
+        if (first_failed_rank(world, failed, "--init staged") >= 0) {
+          if (error) std::rethrow_exception(error);
+          throw Error("train: rank 0 could not stage --init " + a.init + " in " + staged_dir + " (its error ends the job)");
+        }
+      }
       Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
       ParallelTrainer<T> trainer(world, model, data, a.opt, plan);
       if (at.image)
@@ -560,7 +573,7 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
     }
     throw;
   }
-  if (staged) std::filesystem::remove_all(start);
+  if (staged && launcher.reporting()) std::filesystem::remove_all(start);
   if (!launcher.reporting()) return {};
   const nlohmann::json mem = memory_json(memory);
   if (!a.json) std::fputs(launcher.summary().c_str(), stderr);

@@ -5,15 +5,15 @@
 
 #include <type_traits>
 
-#include "backends/cuda/shared_library.h"
+#include "backends/nvidia/shared_library.h"
 #include "core/error.h"
 
 namespace llama4d::cuda {
 
 void check_cublaslt_version(size_t version, const std::string& path) {
   if (version < kMinCublasLtVersion)
-    throw InputError("--kernels fast needs cuBLASLt " + nvidia_version_text(kMinCublasLtVersion) +
-                     " or newer; " + path + " is cuBLASLt " + nvidia_version_text(version) +
+    throw InputError("--kernels fast needs cuBLASLt " + nvidia::version_text(kMinCublasLtVersion) +
+                     " or newer; " + path + " is cuBLASLt " + nvidia::version_text(version) +
                      " (install a newer CUDA toolkit's libcublasLt, or use --kernels exact)");
 }
 
@@ -43,7 +43,7 @@ CublasLtLibrary open_cublaslt(const std::vector<std::string>& candidates) {
     resolve(lt.matmul, "cublasLtMatmul");
     return missing;
   };
-  lt.path = open_first_library(candidates, missing_symbols, "cuBLASLt",
+  lt.path = nvidia::open_first_library(candidates, missing_symbols, "cuBLASLt",
                                "install the CUDA toolkit's libcublasLt or add its directory to LD_LIBRARY_PATH, or "
                                "use --kernels exact")
                 .path;

@@ -3,15 +3,15 @@
 
 #include <dlfcn.h>
 
-#include "backends/cuda/shared_library.h"
+#include "backends/nvidia/shared_library.h"
 #include "core/error.h"
 
 namespace llama4d::cuda {
 
 void check_cudnn_version(size_t version, const std::string& path) {
   if (version < kMinCudnnVersion)
-    throw InputError("--kernels fast needs cuDNN " + nvidia_version_text(kMinCudnnVersion) + " or newer; " + path +
-                     " is cuDNN " + nvidia_version_text(version) + " (install a newer cuDNN 9, or use --kernels exact)");
+    throw InputError("--kernels fast needs cuDNN " + nvidia::version_text(kMinCudnnVersion) + " or newer; " + path +
+                     " is cuDNN " + nvidia::version_text(version) + " (install a newer cuDNN 9, or use --kernels exact)");
 }
 
 CudnnLibrary open_cudnn(const std::vector<std::string>& candidates) {
@@ -21,7 +21,7 @@ CudnnLibrary open_cudnn(const std::vector<std::string>& candidates) {
       if (dlsym(library, symbol) == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(symbol);
     return missing;
   };
-  const OpenedLibrary opened = open_first_library(
+  const nvidia::OpenedLibrary opened = nvidia::open_first_library(
       candidates, missing_symbols, "cuDNN",
       "install cuDNN 9 or add its directory to LD_LIBRARY_PATH, or use --kernels exact");
   CudnnLibrary dnn;

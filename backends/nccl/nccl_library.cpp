@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "backends/nvidia/shared_library.h"
 #include "core/error.h"
 
 namespace llama4d::nccl_detail {
@@ -14,45 +15,53 @@ namespace {
 // bounded wait of this backend rests (NCCL release notes).
 constexpr int kMinVersion = 21900;
 
+// Every entry point the table holds (nccl_library.h), so that a library lacking one is passed
+// over for the next candidate.
+constexpr const char* kSymbols[] = {
+    "ncclGetVersion",   "ncclGetUniqueId",     "ncclCommInitRankConfig", "ncclCommFinalize", "ncclCommDestroy",
+    "ncclCommAbort",    "ncclCommGetAsyncError", "ncclGetErrorString",   "ncclGetLastError", "ncclSend",
+    "ncclRecv",         "ncclGroupStart",      "ncclGroupEnd"};
+
+std::string missing_symbols(void* handle) {
+  std::string missing;
+  for (const char* name : kSymbols)
+    if (dlsym(handle, name) == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  return missing;
+}
+
 template <class F>
-void bind(void* handle, F& fn, const char* name, const std::string& path) {
-  fn = reinterpret_cast<F>(dlsym(handle, name));
-  if (!fn) throw CommError("nccl: " + path + " has no " + name + " (too old an NCCL?)");
+void bind(void* handle, F& fn, const char* name) {
+  fn = reinterpret_cast<F>(dlsym(handle, name));  // present: missing_symbols checked every name
 }
 
 NcclLibrary load() {
+  // libnccl.so.2 from the loader's search path (LD_LIBRARY_PATH, the system), else the file this
+  // build was configured with.
+  const nvidia::OpenedLibrary opened =
+      nvidia::try_open_first_library({"libnccl.so.2", LLAMA4D_NCCL_LIBRARY}, missing_symbols);
+  if (opened.handle == nullptr)
+    throw CommError("nccl: cannot load libnccl.so.2 (" + opened.failures.substr(opened.failures.empty() ? 0 : 2) +
+                    "); install NCCL 2.19 or newer, or put its lib directory on LD_LIBRARY_PATH");
   NcclLibrary lib;
-  std::string tried;
-  void* handle = nullptr;
-  for (const std::string& candidate : {std::string("libnccl.so.2"), std::string(LLAMA4D_NCCL_LIBRARY)}) {
-    if (candidate.empty()) continue;
-    handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle) {
-      lib.path = candidate;
-      break;
-    }
-    tried += (tried.empty() ? "" : "; ") + std::string(dlerror());
-  }
-  if (!handle)
-    throw CommError("nccl: cannot load libnccl.so.2 (" + tried +
-                    "); install NCCL or put its lib directory on LD_LIBRARY_PATH");
-  bind(handle, lib.GetVersion, "ncclGetVersion", lib.path);
-  bind(handle, lib.GetUniqueId, "ncclGetUniqueId", lib.path);
-  bind(handle, lib.CommInitRankConfig, "ncclCommInitRankConfig", lib.path);
-  bind(handle, lib.CommFinalize, "ncclCommFinalize", lib.path);
-  bind(handle, lib.CommDestroy, "ncclCommDestroy", lib.path);
-  bind(handle, lib.CommAbort, "ncclCommAbort", lib.path);
-  bind(handle, lib.CommGetAsyncError, "ncclCommGetAsyncError", lib.path);
-  bind(handle, lib.GetErrorString, "ncclGetErrorString", lib.path);
-  bind(handle, lib.GetLastError, "ncclGetLastError", lib.path);
-  bind(handle, lib.Send, "ncclSend", lib.path);
-  bind(handle, lib.Recv, "ncclRecv", lib.path);
-  bind(handle, lib.GroupStart, "ncclGroupStart", lib.path);
-  bind(handle, lib.GroupEnd, "ncclGroupEnd", lib.path);
+  lib.path = opened.path;
+  void* handle = opened.handle;
+  bind(handle, lib.GetVersion, "ncclGetVersion");
+  bind(handle, lib.GetUniqueId, "ncclGetUniqueId");
+  bind(handle, lib.CommInitRankConfig, "ncclCommInitRankConfig");
+  bind(handle, lib.CommFinalize, "ncclCommFinalize");
+  bind(handle, lib.CommDestroy, "ncclCommDestroy");
+  bind(handle, lib.CommAbort, "ncclCommAbort");
+  bind(handle, lib.CommGetAsyncError, "ncclCommGetAsyncError");
+  bind(handle, lib.GetErrorString, "ncclGetErrorString");
+  bind(handle, lib.GetLastError, "ncclGetLastError");
+  bind(handle, lib.Send, "ncclSend");
+  bind(handle, lib.Recv, "ncclRecv");
+  bind(handle, lib.GroupStart, "ncclGroupStart");
+  bind(handle, lib.GroupEnd, "ncclGroupEnd");
   if (lib.GetVersion(&lib.version) != ncclSuccess) throw CommError("nccl: ncclGetVersion failed in " + lib.path);
   if (lib.version < kMinVersion)
     throw CommError("nccl: " + lib.path + " is NCCL " + std::to_string(lib.version) + "; the backend needs 2.19 or newer");
-  return lib;  // the handle stays open for the life of the process
+  return lib;  // the library stays open for the life of the process
 }
 
 }  // namespace

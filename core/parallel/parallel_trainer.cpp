@@ -5,6 +5,7 @@
 #include <exception>
 #include <memory>
 
+#include "core/comm/rank_failure.h"
 #include "core/error.h"
 #include "core/io/atomic_dir.h"
 #include "core/ops.h"
@@ -257,27 +258,6 @@ LossSum ParallelTrainer<T>::validation_loss(int64_t max_windows) {
 
 namespace {
 
-// Runs `fn` and reports whether it threw; the exception is kept to rethrow once every rank knows.
-template <class Fn>
-int32_t attempt(std::exception_ptr& error, Fn&& fn) {
-  try {
-    fn();
-    return 0;
-  } catch (...) {
-    error = std::current_exception();
-    return 1;
-  }
-}
-
-// Collective: the lowest world rank whose `failed` is set, or -1. Every rank learns it, so a
-// failure on one rank makes all of them stop instead of waiting for it.
-int first_failed_rank(ProcessGroup& world, int32_t failed, const std::string& label) {
-  int32_t first = failed ? world.rank() : world.size();
-  AllReduceOptions o{.label = label};
-  world.all_reduce(&first, 1, DType::i32, ReduceOp::min, o)->wait();
-  return first < world.size() ? first : -1;
-}
-
 // Throws this rank's own error if it failed, else one naming the rank that did.
 [[noreturn]] void throw_checkpoint_failure(const std::exception_ptr& own, int failed_rank, const std::string& dir) {
   if (own) std::rethrow_exception(own);
@@ -302,13 +282,13 @@ void ParallelTrainer<T>::save_state(TrainingStateImage<T>& image) {
   std::exception_ptr error;
   int32_t failed = 0;
   if (world_.rank() == 0)
-    failed = attempt(error, [&] {
+    failed = capture_failure(error, [&] {
       TrainingCheckpointWriter<T>(image, 0, model_.config(), model_.param_specs())
           .create(strategy_->optimizer_steps(), steps_done_, opt_);
     });
   int bad = first_failed_rank(world_, failed, "state image laid out");
   if (bad >= 0) throw_checkpoint_failure(error, bad, "<in-memory image>");
-  failed = attempt(error, [&] {
+  failed = capture_failure(error, [&] {
     TrainingCheckpointWriter<T> writer(image, world_.rank(), model_.config(), model_.param_specs());
     write_share(writer);
   });
@@ -329,7 +309,7 @@ void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
   std::exception_ptr error;
   int32_t failed = 0;
   if (world_.rank() == 0)
-    failed = attempt(error, [&] {
+    failed = capture_failure(error, [&] {
       staged = std::make_unique<StagedDirectory>(dir, kConfigFile);  // replaces only a checkpoint
       TrainingCheckpointWriter<T>(staged->staging(), model_.config(), model_.param_specs())
           .create(strategy_->optimizer_steps(), steps_done_, opt_);
@@ -343,14 +323,14 @@ void ParallelTrainer<T>::save_checkpoint(const std::string& dir) {
   staging.resize(size_t(length));
   world_.broadcast(staging.data(), length, DType::u8, b)->wait();
 
-  failed = attempt(error, [&] {
+  failed = capture_failure(error, [&] {
     TrainingCheckpointWriter<T> writer(staging, model_.config(), model_.param_specs());
     write_share(writer);
   });
   int bad = first_failed_rank(world_, failed, "checkpoint written");
   if (bad >= 0) throw_checkpoint_failure(error, bad, dir);  // rank 0's `staged` removes the files
 
-  if (world_.rank() == 0) failed = attempt(error, [&] { staged->commit(); });
+  if (world_.rank() == 0) failed = capture_failure(error, [&] { staged->commit(); });
   bad = first_failed_rank(world_, failed, "checkpoint committed");
   if (bad >= 0) throw_checkpoint_failure(error, bad, dir);
 }
@@ -365,7 +345,7 @@ void ParallelTrainer<T>::load_state(const TrainingStateImage<T>& image) {
   // Closed by a collective, so that image.moves() is complete on return and a rank that cannot
   // load (another model shape, options that cannot resume) stops every rank, not just itself.
   std::exception_ptr error;
-  const int32_t failed = attempt(error, [&] {
+  const int32_t failed = capture_failure(error, [&] {
     read_share(TrainingCheckpointReader<T>(image, world_.rank(), model_.config(), model_.param_specs()));
   });
   const int bad = first_failed_rank(world_, failed, "state image loaded");

@@ -16,7 +16,7 @@
 #include "backends/cuda/cublaslt_library.h"
 #include "backends/cuda/cudnn_library.h"
 #include "backends/cuda/lt_gemm.cuh"
-#include "backends/cuda/shared_library.h"
+#include "backends/nvidia/shared_library.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "cuda_test_util.h"
@@ -61,7 +61,7 @@ TEST(CublasLtLibrary, AnOlderVersionIsRefusedNamingBoth) {
         << why;
   }
   EXPECT_NO_THROW(cuda::check_cublaslt_version(cuda::kMinCublasLtVersion, "x"));
-  EXPECT_EQ(cuda::nvidia_version_text(130100), "13.1.0");
+  EXPECT_EQ(nvidia::version_text(130100), "13.1.0");
 }
 
 // Where the toolkit's cuBLASLt is on the loader's path (the CUDA images this project builds in),
@@ -111,7 +111,7 @@ TEST(CudnnLibrary, AnOlderVersionIsRefusedNamingBoth) {
         << why;
   }
   EXPECT_NO_THROW(cuda::check_cudnn_version(cuda::kMinCudnnVersion, "x"));
-  EXPECT_EQ(cuda::nvidia_version_text(91900), "9.19.0");
+  EXPECT_EQ(nvidia::version_text(91900), "9.19.0");
 }
 
 // Where cuDNN 9 is on the loader's path (the CUDA images this project builds in), it opens
