@@ -21,6 +21,7 @@
 
 #include "core/data/dataset.h"
 #include "core/error.h"
+#include "core/io/atomic_file.h"
 #include "core/model/flops.h"
 #include "core/train/recipe.h"
 #include "lessons/common/cli_runner.h"
@@ -56,15 +57,15 @@ std::string lesson_recipe(const std::string& corpus, const std::string& subset) 
  "name": "lesson11",
  "seed": 1337,
  "stages": [
-  {"name": "batch-4", "steps": 6, "batch_size": 4, "seq_len": 32, "dp": 2,
+  {"name": "batch-4", "steps": 20, "batch_size": 4, "seq_len": 32, "dp": 2,
    "data": {)" + c + R"(: 1}, "lr": {"shape": "warmup", "from": 0, "to": 0.004}},
-  {"name": "batch-8", "steps": 6, "batch_size": 8, "seq_len": 32, "dp": 4,
+  {"name": "batch-8", "steps": 15, "batch_size": 8, "seq_len": 32, "dp": 4,
    "data": {)" + c + R"(: 1}, "lr": {"shape": "cosine", "from": 0.004, "to": 0.003}},
-  {"name": "seq-64", "tokens": 1536, "batch_size": 4, "seq_len": 64, "dp": 2, "cp": 2,
+  {"name": "seq-64", "tokens": 3840, "batch_size": 4, "seq_len": 64, "dp": 2, "cp": 2,
    "data": {)" + c + R"(: 1}, "lr": {"shape": "cosine", "from": 0.003, "to": 0.002}},
-  {"name": "seq-128", "tokens": 1536, "batch_size": 2, "seq_len": 128, "dp": 2, "cp": 4,
+  {"name": "seq-128", "tokens": 3840, "batch_size": 2, "seq_len": 128, "dp": 2, "cp": 4,
    "data": {)" + c + R"(: 1}, "lr": {"shape": "cosine", "from": 0.002, "to": 0.001}},
-  {"name": "anneal", "tokens": 1536, "batch_size": 2, "seq_len": 128, "dp": 2, "cp": 4,
+  {"name": "anneal", "tokens": 2560, "batch_size": 2, "seq_len": 128, "dp": 2, "cp": 4,
    "data": {)" + c + R"(: 3, )" + s + R"(: 1}, "lr": {"shape": "linear", "from": 0.001, "to": 0}}
  ]
 }
@@ -223,12 +224,12 @@ nlohmann::json boundaries(Narrator& say, ExerciseSheet& sheet, const Recipe& rec
   const auto id_of = [](size_t i) { return "R" + std::to_string(i); };
   if (first_asked > 0)
     say.ask(id_of(size_t(first_asked)),
-            "Bytes moved at the boundary into stage " + std::to_string(first_asked + 1) + " (mesh " +
+            "How many bytes move at the boundary into stage " + std::to_string(first_asked + 1) + " (mesh " +
                 recipe.stages[size_t(first_asked) - 1].mesh() + " -> " + recipe.stages[size_t(first_asked)].mesh() +
                 "), summed over the ranks?");
   if (in_place_asked > 0)
     say.ask(id_of(size_t(in_place_asked)),
-            "Bytes moved at the boundary into stage " + std::to_string(in_place_asked + 1) + ", on the same mesh " +
+            "How many bytes move at the boundary into stage " + std::to_string(in_place_asked + 1) + ", on the same mesh " +
                 recipe.stages[size_t(in_place_asked)].mesh() + " as the stage before, summed over the ranks?");
   const nlohmann::json& stages = run.at("stages");
   nlohmann::json out = nlohmann::json::array();
@@ -418,7 +419,7 @@ int run(const LessonOptions& o, const RecipeArgs& a) {
   if (file.empty()) {
     const fs::path corpus = default_corpus_path();
     file = (work / "recipe.json").string();
-    std::ofstream(file, std::ios::trunc) << lesson_recipe(corpus.string(), (corpus / "part-09-02.txt").string());
+    write_text_file_atomically(file, lesson_recipe(corpus.string(), (corpus / "part-02-01.txt").string()));
   }
   const Recipe recipe = load_recipe(file, cfg.max_position_embeddings);
   for (size_t i = 0; i < recipe.stages.size(); ++i)
