@@ -731,10 +731,12 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
 
 // --recipe FILE: the stages of a training recipe (core/train/recipe.h), one after another, on
 // virtual GPUs. Each stage runs on its own mesh with its global batch, sequence length and LR
-// segment (Recipe::stage_options); at a boundary the state moves onto the next stage's plan
-// through memory (InMemoryReshard: the checkpoint's code path without the files), so the run
-// equals, byte for byte, stopping at the boundary (--stop-at), saving, and resuming the recipe
-// on the next stage's plan from that checkpoint.
+// segment (Recipe::stage_options); at a boundary where the mesh changes the state moves onto the
+// next stage's plan through memory (InMemoryReshard: the checkpoint's code path without the
+// files), and where it does not the next stage goes on in the same launch with the state in place
+// (ParallelTrainer::continue_with). Either way the run equals, byte for byte, stopping at the
+// boundary (--stop-at), saving, and resuming the recipe on the next stage's plan from that
+// checkpoint.
 struct RecipeRun {
   Recipe recipe;
   std::vector<ParallelPlan> plans;               // stage i's plan
