@@ -2,6 +2,7 @@
 // on a data-parallel mesh of virtual GPUs / MPI ranks. Logs metrics to <out>/metrics.jsonl,
 // evaluates on the held-out split, saves a checkpoint that resumes bitwise on any mesh. With
 // --recipe, runs a training recipe's stages on virtual GPUs (run_recipe, below).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -743,10 +744,12 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
 
 // --recipe FILE: the stages of a training recipe (core/train/recipe.h), one after another, on
 // virtual GPUs. Each stage runs on its own mesh with its global batch, sequence length and LR
-// segment (Recipe::stage_options); at a boundary the state moves onto the next stage's plan
-// through memory (InMemoryReshard: the checkpoint's code path without the files), so the run
-// equals, byte for byte, stopping at the boundary (--stop-at), saving, and resuming the recipe
-// on the next stage's plan from that checkpoint.
+// segment (Recipe::stage_options); at a boundary where the mesh changes the state moves onto the
+// next stage's plan through memory (InMemoryReshard: the checkpoint's code path without the
+// files), and where it does not the next stage goes on in the same launch with the state in place
+// (ParallelTrainer::continue_with). Either way the run equals, byte for byte, stopping at the
+// boundary (--stop-at), saving, and resuming the recipe on the next stage's plan from that
+// checkpoint.
 struct RecipeRun {
   Recipe recipe;
   std::vector<ParallelPlan> plans;               // stage i's plan
@@ -857,112 +860,168 @@ nlohmann::json drawn_json(const RecipeRun& rr, size_t i, const DataMix* mix, int
   return out;
 }
 
+// Whether the boundary after stage i keeps the state in place: the next stage runs on the same
+// mesh and plan (only its batch rows, sequence length, length, data or LR change), so every rank
+// already holds exactly what it will keep, and the stage continues on the same ranks
+// (ParallelTrainer::continue_with) instead of moving anything.
+bool same_plan(const RecipeRun& rr, size_t i) {
+  return i + 1 < rr.plans.size() && rr.plans[i].to_json() == rr.plans[i + 1].to_json();
+}
+
+// Stage i's data mix (none: it trains on the run's own train split).
+std::optional<DataMix> stage_mix(const TrainArgs& a, const RecipeRun& rr, size_t i, const TextDataset& data,
+                                 const std::map<std::string, TextDataset>& others) {
+  if (!rr.mixes(i)) return std::nullopt;
+  std::vector<MixSource> sources;
+  for (const MixEntry& e : rr.sources[i])
+    sources.push_back({e.path, (e.path == rr.primary ? data : others.at(e.path)).train(), e.weight});
+  try {
+    return DataMix(std::move(sources), rr.recipe.stages[i].seq_len);
+  } catch (const InputError& e) {
+    throw InputError(a.recipe + ": " + stage_label(rr.recipe, i) + " key \"data\": " + e.what());
+  }
+}
+
+// What the lead rank learns about one stage inside a launch.
+struct StageResult {
+  nlohmann::json loop;       // train_loop's result
+  int64_t started_at = 0;    // global steps done when the stage began
+  std::string strategy;
+  StateMoves moved;          // the boundary into the stage, when it came through memory
+  double restore_seconds = 0, handoff_seconds = 0;
+};
+
 template <class T>
 nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& data,
                           const std::map<std::string, TextDataset>& others) {
   const TrainArgs& a = r.args;
   const Recipe& recipe = rr.recipe;
-  std::unique_ptr<InMemoryReshard<T>> carried;  // the state handed from one stage to the next
+  std::unique_ptr<InMemoryReshard<T>> carried;  // the state handed from one launch to the next
   nlohmann::json stages = nlohmann::json::array(), last;
   double capture_seconds = 0;
   if (rr.first_stage == recipe.stages.size())
     progress("train: the checkpoint had finished all %lld steps of recipe \"%s\"\n", (long long)recipe.total_steps(),
              recipe.name.c_str());
-  for (size_t i = rr.first_stage; i < recipe.stages.size(); ++i) {
-    const RecipeStage& st = recipe.stages[i];
-    const ParallelPlan& plan = rr.plans[i];
-    const TrainOptions opt = recipe.stage_options(a.opt, i);
-    const bool stops_here = a.stop_at > 0 && a.stop_at <= opt.steps, final_stage = i + 1 == recipe.stages.size();
-    const bool hand_on = !final_stage && !stops_here;
+  const auto stops_at = [&](size_t i) { return a.stop_at > 0 && a.stop_at <= recipe.stage_options(a.opt, i).steps; };
+  bool stopped = false;
+  for (size_t first = rr.first_stage; first < recipe.stages.size() && !stopped;) {
+    // One launch runs stages [first, end): those on the same plan, up to a stop.
+    size_t end = first + 1;
+    while (end < recipe.stages.size() && same_plan(rr, end - 1) && !stops_at(end - 1)) ++end;
+    const ParallelPlan& plan = rr.plans[first];
+    const size_t last_stage = end - 1;
+    stopped = stops_at(last_stage);
+    const bool hand_on = end < recipe.stages.size() && !stopped;
     std::unique_ptr<InMemoryReshard<T>> next = hand_on ? std::make_unique<InMemoryReshard<T>>() : nullptr;
-    std::optional<DataMix> mix;
-    if (rr.mixes(i)) {
-      std::vector<MixSource> sources;
-      for (const MixEntry& e : rr.sources[i])
-        sources.push_back({e.path, (e.path == rr.primary ? data : others.at(e.path)).train(), e.weight});
-      try {
-        mix.emplace(std::move(sources), st.seq_len);
-      } catch (const InputError& e) {
-        throw InputError(a.recipe + ": " + stage_label(recipe, i) + " key \"data\": " + e.what());
-      }
-    }
-    int64_t started_at = 0;
+    std::vector<std::optional<DataMix>> mixes;
+    for (size_t i = first; i < end; ++i) mixes.push_back(stage_mix(a, rr, i, data, others));
+    std::vector<StageResult> results(end - first);
+    // sim_us[k][rank]: the simulated clock each rank spent in stage first + k (core/comm/trace.h):
+    // the first stage from the launch's start (moving the state in included), each later one from
+    // the end of the one before.
+    std::vector<std::vector<double>> sim_us(end - first, std::vector<double>(size_t(plan.world_size()), 0.0));
     RankLaunch launcher(a.launch);
-    nlohmann::json j;
-    StateMoves moved;
-    double restore_seconds = 0, handoff_seconds = 0;
-    std::string strategy;
     std::mutex mu;
     launcher.run(plan.world_size(), [&](ProcessGroup& world) {
       Llama<T> model = plan.make_model<T>(r.cfg, world.memory(), world.rank());
-      ParallelTrainer<T> trainer(world, model, data, opt, plan);
-      trainer.set_data_mix(mix ? &*mix : nullptr);
+      ParallelTrainer<T> trainer(world, model, data, recipe.stage_options(a.opt, first), plan);
       const bool lead = world.rank() == 0;
       if (carried) {
         const auto t0 = std::chrono::steady_clock::now();
         const StateMoves m = carried->restore(trainer);  // collective: every rank has read its share
         if (lead) {
-          moved = m, restore_seconds = seconds_since(t0);
+          results[0].moved = m, results[0].restore_seconds = seconds_since(t0);
           progress("train: into %s: moved %lld of %lld bytes of state in memory from mesh %s to %s in %.3f s\n",
-                   stage_label(recipe, i).c_str(), (long long)moved.total_moved(), (long long)moved.total_read(),
-                   recipe.stages[i - 1].mesh().c_str(), st.mesh().c_str(), capture_seconds + restore_seconds);
+                   stage_label(recipe, first).c_str(), (long long)m.total_moved(), (long long)m.total_read(),
+                   recipe.stages[first - 1].mesh().c_str(), recipe.stages[first].mesh().c_str(),
+                   capture_seconds + results[0].restore_seconds);
         }
       } else if (!a.resume.empty()) {
         trainer.load_checkpoint(a.resume);
       }
-      if (lead) started_at = trainer.steps_done();
-      if (lead)
-        progress("train: %s %lld steps (%lld..%lld), global batch %lld x %lld tokens, mesh %s (%s), lr %s %.3g -> %.3g\n",
-                 stage_label(recipe, i).c_str(), (long long)st.steps, (long long)opt.recipe.first_step + 1,
-                 (long long)opt.steps, (long long)st.batch_size, (long long)st.seq_len, st.mesh().c_str(),
-                 trainer.describe().c_str(), st.lr.shape_name.c_str(), st.lr.from, st.lr.to);
-      const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
-                               [&](int64_t w) { return trainer.validation_loss(w).mean(); },
-                               [&](const std::string& dir) {
-                                 trainer.save_checkpoint(dir);
-                                 if (world.rank() == 0) write_tokenizer_files(r, dir);
-                               },
-                               {}, {}};
-      nlohmann::json res = train_loop(a, opt, calls, lead, nullptr, st.name, !hand_on);
-      if (next) {
-        const auto t0 = std::chrono::steady_clock::now();
-        next->capture(trainer);  // collective over this stage's ranks
-        if (lead) handoff_seconds = seconds_since(t0);
+      double clock = 0;
+      for (size_t i = first; i < end; ++i) {
+        const size_t k = i - first;
+        const RecipeStage& st = recipe.stages[i];
+        const TrainOptions opt = recipe.stage_options(a.opt, i);
+        if (i > first) {
+          trainer.continue_with(opt);  // the same plan: the state stays on every rank
+          if (lead)
+            progress("train: into %s: the same mesh %s and plan as %s: every rank keeps its state, 0 bytes moved\n",
+                     stage_label(recipe, i).c_str(), st.mesh().c_str(), stage_label(recipe, i - 1).c_str());
+        }
+        trainer.set_data_mix(mixes[k] ? &*mixes[k] : nullptr);
+        if (lead) results[k].started_at = trainer.steps_done();
+        if (lead)
+          progress("train: %s %lld steps (%lld..%lld), global batch %lld x %lld tokens, mesh %s (%s), lr %s %.3g -> %.3g\n",
+                   stage_label(recipe, i).c_str(), (long long)st.steps, (long long)opt.recipe.first_step + 1,
+                   (long long)opt.steps, (long long)st.batch_size, (long long)st.seq_len, st.mesh().c_str(),
+                   trainer.describe().c_str(), st.lr.shape_name.c_str(), st.lr.from, st.lr.to);
+        const TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
+                                 [&](int64_t w) { return trainer.validation_loss(w).mean(); },
+                                 [&](const std::string& dir) {
+                                   trainer.save_checkpoint(dir);
+                                   if (world.rank() == 0) write_tokenizer_files(r, dir);
+                                 },
+                                 {}, {}};
+        // A stage hands on (no checkpoint) unless it is the last of the recipe or of --stop-at.
+        const bool saves = i == last_stage && !hand_on;
+        nlohmann::json res = train_loop(a, opt, calls, lead, nullptr, st.name, saves);
+        if (i == last_stage && next) {
+          const auto t0 = std::chrono::steady_clock::now();
+          next->capture(trainer);  // collective over this launch's ranks
+          if (lead) results[k].handoff_seconds = seconds_since(t0);
+        }
+        const double now = world.trace().sim_now_us();
+        std::lock_guard<std::mutex> lock(mu);
+        sim_us[k][size_t(world.rank())] = now - clock;
+        if (lead) results[k].loop = std::move(res), results[k].strategy = trainer.describe();
+        clock = now;
       }
-      std::lock_guard<std::mutex> lock(mu);
-      if (lead) j = std::move(res), strategy = trainer.describe();
     });
-    nlohmann::json row = {{"name", st.name}, {"stage", i + 1}, {"mesh", st.mesh()}, {"strategy", strategy},
-                          {"batch_size", st.batch_size}, {"seq_len", st.seq_len},
-                          {"lr", {{"shape", st.lr.shape_name}, {"from", st.lr.from}, {"to", st.lr.to}}},
-                          {"steps", j.at("steps_this_run")}, {"tokens", j.at("tokens")},
-                          {"final_loss", j.at("final_loss")}, {"val_loss", j.at("val_loss")},
-                          {"tokens_per_s", j.at("tokens_per_s")},
-                          {"data", drawn_json(rr, i, mix ? &*mix : nullptr, started_at, j.at("steps").get<int64_t>())}};
-    // The attention cost on the modelled cluster (core/comm/cluster.h): the slowest rank's
-    // simulated time of the stage's launch (moving the state in and evaluation included) per step.
-    if (const int64_t n = j.at("steps_this_run").get<int64_t>(); n > 0) {
-      const double step_us = launcher.simulated_per_step(n).at("step_us").get<double>();
-      row["simulated"] = {{"step_us", step_us},
-                          {"tokens_per_s", step_us > 0 ? double(st.batch_size * st.seq_len) / (step_us * 1e-6) : 0.0}};
+    for (size_t i = first; i < end; ++i) {
+      const size_t k = i - first;
+      const RecipeStage& st = recipe.stages[i];
+      const StageResult& s = results[k];
+      const nlohmann::json& j = s.loop;
+      nlohmann::json row = {{"name", st.name}, {"stage", i + 1}, {"mesh", st.mesh()}, {"strategy", s.strategy},
+                            {"batch_size", st.batch_size}, {"seq_len", st.seq_len},
+                            {"lr", {{"shape", st.lr.shape_name}, {"from", st.lr.from}, {"to", st.lr.to}}},
+                            {"steps", j.at("steps_this_run")}, {"tokens", j.at("tokens")},
+                            {"final_loss", j.at("final_loss")}, {"val_loss", j.at("val_loss")},
+                            {"tokens_per_s", j.at("tokens_per_s")},
+                            {"data", drawn_json(rr, i, mixes[k] ? &*mixes[k] : nullptr, s.started_at,
+                                                j.at("steps").get<int64_t>())}};
+      // The attention cost on the modelled cluster (core/comm/cluster.h): the slowest rank's
+      // simulated time in the stage (moving the state in and evaluation included) per step.
+      if (const int64_t n = j.at("steps_this_run").get<int64_t>(); n > 0) {
+        const double step_us = *std::max_element(sim_us[k].begin(), sim_us[k].end()) / double(n);
+        row["simulated"] = {{"step_us", step_us},
+                            {"tokens_per_s", step_us > 0 ? double(st.batch_size * st.seq_len) / (step_us * 1e-6) : 0.0}};
+      }
+      if (i > first) {
+        // Kept in place: this stage's ranks are the last one's, holding what they will keep.
+        row["reshard"] = {{"from_mesh", recipe.stages[i - 1].mesh()}, {"to_mesh", st.mesh()}, {"in_place", true},
+                          {"moved", "nothing: the same mesh and plan, every rank keeps its state"},
+                          {"bytes_moved", 0}, {"bytes_read", 0},
+                          {"bytes_moved_per_rank", std::vector<int64_t>(size_t(plan.world_size()), 0)}, {"seconds", 0.0}};
+      } else if (carried) {
+        // What the boundary into this stage moved: the bytes each rank of this stage's plan read
+        // that the same rank of the previous stage had not written (what a cluster would send).
+        row["reshard"] = {{"from_mesh", recipe.stages[i - 1].mesh()}, {"to_mesh", st.mesh()}, {"in_place", false},
+                          {"moved", "weights, AdamW moments (exp_avg, exp_avg_sq), step count"},
+                          {"bytes_moved", s.moved.total_moved()}, {"bytes_read", s.moved.total_read()},
+                          {"bytes_moved_per_rank", s.moved.bytes_moved}, {"seconds", capture_seconds + s.restore_seconds}};
+      }
+      progress("train: %s done: %lld steps, %lld tokens, loss %.4f, %.0f tok/s\n", stage_label(recipe, i).c_str(),
+               (long long)j.at("steps_this_run").get<int64_t>(), (long long)j.at("tokens").get<int64_t>(),
+               j.at("final_loss").is_number() ? j.at("final_loss").get<double>() : NAN, j.at("tokens_per_s").get<double>());
+      stages.push_back(row);
+      last = j;
     }
-    if (carried) {
-      // What the boundary into this stage moved: the bytes each rank of this stage's plan read
-      // that the same rank of the previous stage had not written (what a cluster would send).
-      const double seconds = capture_seconds + restore_seconds;
-      row["reshard"] = {{"from_mesh", recipe.stages[i - 1].mesh()}, {"to_mesh", st.mesh()},
-                        {"moved", "weights, AdamW moments (exp_avg, exp_avg_sq), step count"},
-                        {"bytes_moved", moved.total_moved()}, {"bytes_read", moved.total_read()},
-                        {"bytes_moved_per_rank", moved.bytes_moved}, {"seconds", seconds}};
-    }
-    progress("train: %s done: %lld steps, %lld tokens, loss %.4f, %.0f tok/s\n", stage_label(recipe, i).c_str(),
-             (long long)j.at("steps_this_run").get<int64_t>(), (long long)j.at("tokens").get<int64_t>(),
-             j.at("final_loss").is_number() ? j.at("final_loss").get<double>() : NAN, j.at("tokens_per_s").get<double>());
-    stages.push_back(row);
-    last = j;
     carried = std::move(next);
-    capture_seconds = handoff_seconds;
-    if (stops_here) break;
+    capture_seconds = results.back().handoff_seconds;
+    first = end;
   }
   nlohmann::json result = last.is_null() ? nlohmann::json::object() : last;
   if (last.is_null()) {

@@ -79,6 +79,23 @@ void ParallelTrainer<T>::set_data_mix(const DataMix* mix) {
 }
 
 template <class T>
+void ParallelTrainer<T>::continue_with(const TrainOptions& next) {
+  // The checks of the constructor and of read_share, for the options a resume would bring. The
+  // strategy, groups, model slices and pipeline layout depend on the plan alone, and the AdamW
+  // hyperparameters and precision are among what check_resumable holds equal.
+  next.validate();
+  check_resumable(opt_, steps_done_, next);
+  plan_.check_model(model_.config(), int(rank_micro_batch_count(next, plan_.dp())));
+  plan_.check_sequence(next.seq_len);
+  LrSchedule schedule{.max_lr = next.lr, .min_lr = next.min_lr,
+                      .warmup_steps = std::min(next.warmup_steps, next.steps), .total_steps = next.steps};
+  schedule.validate();
+  opt_ = next;
+  schedule_ = schedule;
+  mix_ = nullptr;
+}
+
+template <class T>
 ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const TextDataset& data,
                                     const TrainOptions& options, const ParallelPlan& plan)
     : world_(world), model_(model), data_(data), opt_(options), plan_(plan) {

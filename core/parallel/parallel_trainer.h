@@ -50,6 +50,14 @@ class ParallelTrainer {
   // train split, from the next step on; validation stays on the data's held-out split. A recipe
   // stage's data mix (core/train/recipe.h). Null: the train split again.
   void set_data_mix(const DataMix* mix);
+  // The next stage of a training recipe on this same plan (core/train/recipe.h): from the next
+  // step on, `next`'s global batch, sequence length, length and LR segment, with the state every
+  // rank holds kept where it is: nothing moves between ranks, and the result is, byte for byte,
+  // saving here and resuming on this plan with `next` (load_checkpoint reads back exactly what
+  // each rank keeps). Not collective. InputError, naming the option, when `next` cannot resume
+  // this run (check_resumable), or when the plan cannot split its batch or sequence; the data mix
+  // is reset to the train split (set it again for the new stage).
+  void continue_with(const TrainOptions& next);
   int64_t steps_done() const { return steps_done_; }
   int data_rank() const { return dp_group_->rank(); }
   const ParallelPlan& plan() const { return plan_; }

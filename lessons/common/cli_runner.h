@@ -1,5 +1,5 @@
 #pragma once
-// The `llama4d` CLI beside a lesson program, run as a learner types it: lessons 09 and 10 run
+// The `llama4d` CLI beside a lesson program, run as a learner types it: lessons 09, 10 and 11 run
 // their phases as commands, print each one, and read its --json.
 #include <filesystem>
 #include <string>

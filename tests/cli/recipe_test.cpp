@@ -126,6 +126,46 @@ TEST(RecipeRun, RunEqualsStoppingAtTheBoundaryAndResumingOnTheNextMesh) {
 }
 LLAMA4D_TIER(RecipeRun, RunEqualsStoppingAtTheBoundaryAndResumingOnTheNextMesh, quick);
 
+// Three stages: the sequence doubled on cp=2 x dp=2, then annealed on that same mesh (only the
+// rows, the sequence and the LR change). The boundary into the annealing keeps the state in
+// place: 0 bytes moved or read, every rank of it counted; and the run still ends on the bytes of
+// stopping there, saving and resuming from disk on that plan.
+TEST(RecipeRun, SameMeshBoundaryMovesNothingAndEqualsSaveAndResume) {
+  nlohmann::json recipe = seq_ramp();
+  recipe["name"] = "same-mesh";
+  recipe["stages"].push_back({{"name", "anneal"}, {"steps", 2}, {"batch_size", 2}, {"seq_len", 128}, {"dp", 2},
+                              {"cp", 2}, {"data", {{kCorpus, 1}}}, {"lr", {{"shape", "linear"}, {"from", 3e-4}, {"to", 0}}}});
+  const std::string file = write_recipe("recipe_same_mesh", recipe);
+  const std::string whole = tmp("recipe_same_mesh_whole"), split = tmp("recipe_same_mesh_split");
+  const nlohmann::json j = train_json("--recipe " + file + " --out " + whole);
+  ASSERT_FALSE(j.is_null());
+  const nlohmann::json& s = j.at("stages");
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[1].at("reshard").at("in_place"), false);
+  const nlohmann::json& kept = s[2].at("reshard");
+  EXPECT_EQ(kept.at("in_place"), true);
+  EXPECT_EQ(kept.at("from_mesh"), "cp=2,dp=2");
+  EXPECT_EQ(kept.at("to_mesh"), "cp=2,dp=2");
+  EXPECT_EQ(kept.at("bytes_moved"), 0);
+  EXPECT_EQ(kept.at("bytes_read"), 0);
+  EXPECT_EQ(kept.at("bytes_moved_per_rank"), nlohmann::json::array({0, 0, 0, 0}));
+  EXPECT_EQ(s[2].at("steps"), 2);
+  EXPECT_EQ(s[2].at("tokens"), 2 * 2 * 128);
+  EXPECT_GT(s[2].at("simulated").at("step_us").get<double>(), 0);
+  // The rows of the stage after the kept boundary are its own: 2 rows of 128 tokens, LR 3e-4 then 1.5e-4.
+  const std::vector<nlohmann::json> rows = metrics_rows(whole);
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[4].at("stage"), "anneal");
+  EXPECT_NEAR(rows[4].at("lr").get<double>(), 3e-4, 1e-15);
+  EXPECT_NEAR(rows[5].at("lr").get<double>(), 1.5e-4, 1e-15);
+  ASSERT_FALSE(train_json("--recipe " + file + " --out " + split + " --stop-at 4").is_null());
+  const nlohmann::json second = train_json("--recipe " + file + " --out " + split + " --resume " + split + "/checkpoint");
+  ASSERT_FALSE(second.is_null());
+  expect_same_checkpoint(whole + "/checkpoint", split + "/checkpoint");
+  EXPECT_EQ(j.at("final_loss"), second.at("final_loss"));
+}
+LLAMA4D_TIER(RecipeRun, SameMeshBoundaryMovesNothingAndEqualsSaveAndResume, quick);
+
 // Every metrics row names its stage, and the LR of each step is the stage's segment, by hand:
 // warm-up 1e-3 -> 3e-3 over 3 steps is 1e-3 + 2e-3 k / 3 at k = 0, 1, 2; linear 3e-3 -> 0 over
 // 3 steps is 3e-3, 2e-3, 1e-3.

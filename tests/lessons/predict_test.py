@@ -16,6 +16,7 @@ script answers every prompt: a scripted number, a non-number, or Enter. It check
   predict_test.py --source DIR lesson06 BIN
   predict_test.py --source DIR lesson08 BIN
   predict_test.py --source DIR lesson10 BIN
+  predict_test.py --source DIR lesson11 BIN
 """
 import argparse
 import os
@@ -111,6 +112,19 @@ CASES = {
             "L1": "you predicted 3 steps; the answer (the run) is 3 steps: exact",
             "Y1": "you predicted 817 seconds; the answer (the job) is 817.38 seconds: exact",
         },
+    },
+    "lesson11": {
+        "flags": ["--step"],
+        "answers": {"P1": ["1024"], "P2": ["lots", "3"], "R1": ["4545792"]},
+        "asked": ["P1", "P2", "T1", "R1", "R4", "F1", "D1", "B1"],
+        "revealed_by": {"P1": "sequences a step", "R1": "bytes moved   by hand", "F1": "FLOPs/token",
+                        "B1": "bytes differ"},
+        "verdicts": {
+            "P1": "you predicted 1,024 sequences; the answer (the batch) is 1,024 sequences: exact",
+            "P2": "you predicted 3 steps; the answer (the annealing) is 2.50 steps: 20.0% high",
+            "R1": "you predicted 4,545,792",
+        },
+        "verdict_ends": {"P2": "high", "R1": "exact"},
     },
 }
 

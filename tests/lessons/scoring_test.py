@@ -32,6 +32,7 @@ FLAGS = {
     "lesson08": ["--steps", "1", "--gpu", "off"],
     "lesson09": ["--steps", "1"],
     "lesson10": [],
+    "lesson11": [],
 }
 
 # A unit the question names, and the same number in a unit a learner might confuse it with.

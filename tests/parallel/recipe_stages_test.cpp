@@ -1,6 +1,7 @@
 // A training recipe's stage boundary through the trainers (core/train/recipe.h,
 // core/parallel/reshard_in_memory.h): the batch doubled from dp=2 to dp=4, the state moved in
-// memory, against one device running the same stages.
+// memory, against one device running the same stages; a boundary on the same plan kept in place,
+// against saving and resuming.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -167,6 +168,69 @@ TEST(RecipeStages, MixOfTheTrainSplitAloneEqualsThePlainRows) {
   std::filesystem::remove_all(root);
 }
 LLAMA4D_TIER(RecipeStages, MixOfTheTrainSplitAloneEqualsThePlainRows, quick);
+
+// Two stages on the same plan (only the rows, the sequence length and the LR change): the
+// trainer goes on in place (continue_with), and must end on the bytes of saving after stage 1
+// and resuming stage 2 on a fresh trainer of that plan from the checkpoint, for a replicated
+// state with context parallelism (cp=2, dp=2) and for a sharded one (ZeRO-3 over dp=2).
+TEST(RecipeStages, SamePlanBoundaryKeptInPlaceEqualsSaveAndResume) {
+  const LlamaConfig cfg = LlamaConfig::preset("tiny");
+  const Recipe recipe = parse_recipe(nlohmann::json::parse(R"({"name": "long", "seed": 7, "stages": [
+    {"name": "seq-16", "steps": 3, "batch_size": 8, "seq_len": 16, "dp": 2, "cp": 2,
+     "data": {"corpus": 1}, "lr": {"shape": "cosine", "from": 0.01, "to": 0.005}},
+    {"name": "seq-32", "steps": 2, "batch_size": 4, "seq_len": 32, "dp": 2, "cp": 2,
+     "data": {"corpus": 1}, "lr": {"shape": "linear", "from": 0.005, "to": 0}}]})"),
+                                     cfg.max_position_embeddings);
+  const TrainOptions base = test::options(1, 0);
+  const TrainOptions first = recipe.stage_options(base, 0), second = recipe.stage_options(base, 1);
+  const std::string root = testing::TempDir() + "/llama4d_recipe_same_plan";
+  for (const char* mesh : {"cp=2,dp=2", "dp=2/zero3"}) {
+    std::filesystem::remove_all(root);
+    const std::string m = mesh;
+    ParallelPlan plan = ParallelPlan::parse(m.substr(0, m.find('/')));
+    if (m.find("zero3") != std::string::npos) plan.zero = ZeroStage::zero3;
+    const int ranks = plan.world_size();
+    test::virtual_launcher(ranks)([&](ProcessGroup& world) {
+      Llama<float> model = plan.make_model<float>(cfg, world.memory(), world.rank());
+      ParallelTrainer<float> t(world, model, test::corpus(), first, plan);
+      for (int i = 0; i < 3; ++i) t.step();
+      t.continue_with(second);
+      for (int i = 0; i < 2; ++i) t.step();
+      t.save_checkpoint(root + "/in_place");
+    });
+    test::virtual_launcher(ranks)([&](ProcessGroup& world) {
+      Llama<float> model = plan.make_model<float>(cfg, world.memory(), world.rank());
+      ParallelTrainer<float> t(world, model, test::corpus(), first, plan);
+      for (int i = 0; i < 3; ++i) t.step();
+      t.save_checkpoint(root + "/mid");
+    });
+    test::virtual_launcher(ranks)([&](ProcessGroup& world) {
+      Llama<float> model = plan.make_model<float>(cfg, world.memory(), world.rank());
+      ParallelTrainer<float> t(world, model, test::corpus(), second, plan);
+      t.load_checkpoint(root + "/mid");
+      for (int i = 0; i < 2; ++i) t.step();
+      t.save_checkpoint(root + "/resumed");
+    });
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+      EXPECT_TRUE(file_bytes(root + "/in_place/" + f) == file_bytes(root + "/resumed/" + f)) << mesh << " " << f;
+  }
+  // What a resume would refuse, continue_with refuses by name: another seed.
+  const ParallelPlan dp2 = ParallelPlan::parse("dp=2");
+  TrainOptions reseeded = recipe.stage_options(base, 1);
+  reseeded.seed = 8;
+  test::virtual_launcher(2)([&](ProcessGroup& world) {
+    Llama<float> model = dp2.make_model<float>(cfg, world.memory(), world.rank());
+    ParallelTrainer<float> t(world, model, test::corpus(), recipe.stage_options(base, 0), dp2);
+    try {
+      t.continue_with(reseeded);
+      ADD_FAILURE() << "accepted another seed";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--seed 8 differs"), std::string::npos) << e.what();
+    }
+  });
+  std::filesystem::remove_all(root);
+}
+LLAMA4D_TIER(RecipeStages, SamePlanBoundaryKeptInPlaceEqualsSaveAndResume, quick);
 
 }  // namespace
 }  // namespace llama4d

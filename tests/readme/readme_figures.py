@@ -36,7 +36,7 @@ import sys
 READMES = ["README.md", "lessons/README.md"] + [f"lessons/{d}/README.md" for d in (
     "01-data-parallelism", "02-zero-fsdp-hsdp", "03-activation-checkpointing", "04-tensor-parallelism",
     "05-pipeline-parallelism", "06-context-parallelism", "07-llama3-4d", "08-graduating-to-gpus", "09-a-real-llama",
-    "10-fault-tolerance")]
+    "10-fault-tolerance", "11-training-recipe")]
 
 RUN = re.compile(r"<!--\s*run\s+(\w+):\s*(.*?)\s*-->")
 FIG = re.compile(r"<!--fig\s+(\w+)\s+(.*?)-->(.*?)<!--/fig-->", re.S)
