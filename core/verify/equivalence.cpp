@@ -421,8 +421,12 @@ void judge(EquivalenceReport& rep, const EquivalenceOptions& o, DType compute) {
   const bool complete = int(rep.per_rank.size()) == rep.ranks;
   // Context parallelism splits the sums inside attention: not bitwise. Tensor parallelism's
   // split sums are replayed in rank order (tensor_parallel_replay.h), so without cp it is.
-  const bool sliced = o.plan.size("tp") > 1 || o.plan.size("cp") > 1;
-  if (o.plan.algo == ReduceAlgo::ordered && o.plan.size("cp") == 1) {
+  // Expert parallelism sums each expert's weight gradient over the rows every ep rank sent it in
+  // one product per micro-batch, where the replay adds per data rank: not bitwise either (the
+  // dense weights, the loss and the routing are; see expert_parallel.cpp).
+  const bool ep = o.plan.size("ep") > 1;
+  const bool sliced = o.plan.size("tp") > 1 || o.plan.size("cp") > 1 || ep;
+  if (o.plan.algo == ReduceAlgo::ordered && o.plan.size("cp") == 1 && !ep) {
     rep.ok = complete && rep.bitwise && rep.plain_ok;
   } else {
     rep.ok = complete && tokens_equal && rep.plain_ok;
@@ -482,7 +486,7 @@ EquivalenceReport verify_plan(const EquivalenceOptions& o, const TextDataset& da
     for (const ParamSpec& h : held) whole_index.push_back(size_t(&find_param(specs, h.name) - specs.data()));
     std::vector<T> slice_buffers[4];
     auto held_part = [&](const std::vector<T>& whole, int k) -> const std::vector<T>& {
-      if (!sliced && model.holds_all_units()) return whole;
+      if (!sliced && model.holds_all_units() && model.expert_shard().all()) return whole;
       return slice_buffers[k] = slice_of_whole(held, specs, whole);
     };
     RankComparison mine;
