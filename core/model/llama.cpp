@@ -68,7 +68,7 @@ Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& l
                      std::to_string(experts.first + experts.count) + ") are not a shard of the model's " +
                      std::to_string(cfg_.num_local_experts) + " experts");
   if (cfg_.moe() && layout.sliced())
-    throw InputError("tensor parallelism of mixture-of-experts layers is not supported: MoE models run under data parallelism only so far");
+    throw InputError("tensor parallelism of mixture-of-experts layers is not supported: MoE models run under data and expert parallelism only so far");
   const int L = num_layers();
   held_.assign(size_t(num_units()), held.empty() ? 1 : 0);
   for (const UnitRange& r : held) {
@@ -301,7 +301,7 @@ void Llama<T>::set_context_split(int cp, int rank) {
     throw Error("Llama::set_context_split: rank " + std::to_string(rank) + " of " + std::to_string(cp));
   // The load-balancing loss is over all of a micro-batch's tokens, which no rank holds alone.
   if (cp > 1 && cfg_.moe())
-    throw InputError("context parallelism of mixture-of-experts models is not supported: they run under data parallelism only so far");
+    throw InputError("context parallelism of mixture-of-experts models is not supported: they run under data and expert parallelism only so far");
   cp_ = cp, cp_rank_ = rank;
 }
 
@@ -547,7 +547,7 @@ void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch
   BlockDims d = block_dims(st);
   if (d.moe() && pass != BackwardPass::full)
     throw InputError("a split (input/weight) backward of mixture-of-experts layers is not supported: "
-                     "MoE models run under data parallelism only so far");
+                     "MoE models run under data and expert parallelism only so far");
   // Each micro-batch's load-balancing loss enters the objective weighted by its share of the
   // step's tokens (loss_scale = 1 / tokens per step): the mean over equal micro-batches.
   d.aux_scale = double(loss_scale) * double(d.BT());

@@ -13,6 +13,11 @@
 // (2N instead of 4N with --grad-reduce-in-bf16: each bucket is rounded into a bf16 copy, which is
 // what moves and is summed, and the sum is widened back into the f32 gradients).
 //
+// Expert parallelism (ep in the mesh, expert_parallel.cpp): each rank holds only its experts, so
+// an MoE block's bucket is two all-reduces, the attention and router over every data rank
+// (dp_cp) and the experts over the data ranks holding the same ones (DataParallelGroups::experts);
+// the gradient norm counts the dense part once and sums the experts' over the ep group.
+//
 // Two things make it fast on real hardware, and both are here:
 //   - gradient accumulation without communication ("no_sync"): micro-batches before the last
 //     only accumulate locally; only the last micro-batch's backward communicates;

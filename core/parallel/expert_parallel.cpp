@@ -37,6 +37,24 @@
 //   forward:  sum over q != r of send_rows[q]·C·sizeof(T) for the tokens (kEpDispatch), and
 //             sum over s != r of recv_rows[s]·C·sizeof(T) for their outputs back (kEpCombine)
 //   backward: the same two again (kEpDispatchGrad as kEpDispatch, kEpCombineGrad as kEpCombine).
+// With uniform routing (each of a rank's n = BT·k rows equally likely to reach any expert) a
+// rank sends (P-1)/P of its rows away: per MoE layer and micro-batch, forward plus backward,
+//   all-to-all bytes ≈ 4 · (P-1)/P · BT·k·C·sizeof(T)      (dispatch, combine, and their gradients)
+// against a dense layer's none; the routing decides the exact figure, which the trainer's test
+// (tests/parallel/moe_expert_parallel_test.cpp) derives by hand from one device's counts.
+//
+// In the trainer (ParallelTrainer, --mesh ep=P[,dp=D]): the ep ranks are data ranks too, D·P of
+// them each running its own rows of the global batch. Rank (e, d) holds the whole attention and
+// router and experts [e·E/P, (e+1)·E/P) of every MoE layer (ParallelPlan::make_model, the
+// model's ExpertShard), and its MoE layers run the two functions below through
+// ExpertParallelComm, the model's BlockComm::moe point. Per rank, with N one device's
+// parameters, L MoE layers:
+//   parameters    N - L·(E - E/P)·3·I·C     (and as many gradients, and twice as many AdamW moments)
+//   gradients     DDP (data_parallel.cpp) all-reduces each MoE block's attention and router part
+//                 over all D·P data ranks and its experts' part, L·(E/P)·3·I·C elements in all,
+//                 over the D ranks holding the same experts: ring bytes 2(DP-1)/(DP)·(N - L·E·3·I·C)
+//                 and 2(D-1)/D·L·(E/P)·3·I·C, times sizeof(T).
+// ZeRO with ep, and ep with tp, cp or pp, are refused by name (ParallelPlan) until written.
 #include "core/parallel/expert_parallel.h"
 
 #include <string>
