@@ -178,6 +178,17 @@ TEST(CliMoe, ExpertParallelEqualsOneDeviceInFp64) {
     }
   fs::remove_all(one);
   fs::remove_all(mesh);
+  // verify runs the same plan against its one-device references: not bitwise (the experts'
+  // gradients add in another order), the plain trainer within 1e-12 element by element.
+  const Result v = run("verify --preset tiny-moe --mesh ep=2,dp=2 --dtype f64 --steps 3 --seq-len 32 --batch-size 4 "
+                       "--micro-batch-size 1 --json");
+  ASSERT_EQ(v.code, 0) << v.err;
+  const nlohmann::json j = nlohmann::json::parse(v.out);
+  EXPECT_TRUE(j.at("ok").get<bool>()) << v.out;
+  EXPECT_FALSE(j.at("bitwise").get<bool>());
+  EXPECT_EQ(j.at("ranks"), 4);
+  EXPECT_LE(j.at("plain_trainer").at("max_rel_err").get<double>(), 1e-12);
+  EXPECT_EQ(j.at("plain_trainer").at("measure"), "element");
 }
 
 TEST(CliMoe, MeshesAndBf16AreRefusedByName) {
