@@ -202,16 +202,17 @@ void attend(BlockActivations<T>& a, const BlockDims& d, int64_t pos_start, Block
 }
 
 // The mixture of experts' half: out[BT,C] = h + moe(n2) (out null, a recompute: the layer's
-// activations only, its output into a temporary). One device: no sequence or tensor parallelism,
-// no bf16 rounding (refused by the model before it gets here).
+// activations only, its output into a temporary), the layer through comm's moe point. No
+// sequence or tensor parallelism, no bf16 rounding (refused by the model before it gets here).
 template <class T>
-void moe_block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, const BlockDims& d) {
+void moe_block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, const BlockDims& d,
+                       BlockComm<T>& comm) {
   if (d.sp > 1 || d.bf16)
     throw Error("block: a mixture-of-experts layer runs without sequence parallelism and bf16 so far");
   const MoeDims md = d.moe_dims();
   MemoryTracker* memory = a.h.memory();
   Buffer<T> y(memory, MemoryCategory::scratch, md.BT * md.C, "MoE layer output");
-  moe_forward(y.data(), a.moe, moe_weights(w.moe, md), a.n2.data(), md, memory);
+  comm.moe(y.data(), a.moe, moe_weights(w.moe, md), a.n2.data(), md, memory);
   if (out) ops::add_forward(out, y.data(), a.h.data(), md.BT * md.C);
 }
 
@@ -288,7 +289,7 @@ void block_forward(T* out, BlockActivations<T>& a, const BlockWeights<T>& w, con
   ops::rmsnorm_forward(a.n2.data() + mine, a.rstd2.data(), a.h.data(), w.ln2, rows, C, T(d.eps));
   round_if_bf16(a.n2.data() + mine, rows * C, d.bf16);
   if (d.moe()) {
-    moe_block_forward(out, a, w, d);
+    moe_block_forward(out, a, w, d, comm);
     return;
   }
   comm.mlp_input(a.n2.data(), d);
@@ -396,8 +397,8 @@ void block_backward_into(T* dx, const BlockWeights<T>& g, const BlockGradBuffers
     if (!g.ln1 && !g.wq) throw Error("block: a mixture-of-experts layer has no split (input/weight) backward yet");
     const MoeDims md = d.moe_dims();
     Buffer<T> dn2(s.memory, MemoryCategory::scratch, BT * C, "backward MoE input gradient");
-    moe_backward(dn2.data(), moe_weights(g.moe, md), dout, a.moe, moe_weights(w.moe, md), a.n2.data(), md,
-                 d.aux_scale, s.memory);
+    comm.moe_backward(dn2.data(), moe_weights(g.moe, md), dout, a.moe, moe_weights(w.moe, md), a.n2.data(), md,
+                      d.aux_scale, s.memory);
     norm_backward(dh, g.ln2, dn2.data(), a.h.data(), w.ln2, a.rstd2.data(), d, s, comm);
   } else {
     ops::copy(b.ddown + mine, dout, rows * C);  // d(mlp output): the down_proj output's gradient

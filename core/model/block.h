@@ -5,7 +5,8 @@
 // Shapes: x, h, out [B, T, C]; q [B, T, nh, hd]; k, v [B, T, nkv, hd]; gate, up [B, T, I].
 // A mixture-of-experts block (BlockDims::E > 0, Mixtral's) replaces the SwiGLU by
 //   out = h + moe(n2)                                                 (core/model/moe.h)
-// with E experts of width I, k per token; one device only (no communication point around it).
+// with E experts of width I, k per token, through the BlockComm's moe point (one device's layer
+// by default, expert parallelism's over an ep group).
 #include <array>
 #include <cstdint>
 #include <string>
@@ -235,6 +236,20 @@ class BlockComm {
   // gradients accumulated from earlier micro-batches are never summed twice.
   virtual bool sums_key_value_weight_grads() const { return false; }
   virtual void key_value_weight_grads(T* gk, T* gv, const BlockDims& d) {}
+  // Mixture of experts: the MoE layer itself, out[BT,C] = moe(x[BT,C]) and its backward
+  // (core/model/moe.h's contracts), on one device by default. Expert parallelism
+  // (core/parallel/expert_parallel.h) runs it over an ep group with this rank's experts only,
+  // and says so (shards_experts), which a model holding a shard of the experts requires.
+  virtual void moe(T* out, MoeActivations<T>& a, const MoeWeights<T>& w, const T* x, const MoeDims& d,
+                   MemoryTracker* memory) {
+    moe_forward(out, a, w, x, d, memory);
+  }
+  virtual void moe_backward(T* dx, const MoeWeights<T>& g, const T* dout, const MoeActivations<T>& a,
+                            const MoeWeights<T>& w, const T* x, const MoeDims& d, double aux_scale,
+                            MemoryTracker* memory) {
+    llama4d::moe_backward(dx, g, dout, a, w, x, d, aux_scale, memory);
+  }
+  virtual bool shards_experts() const { return false; }
 };
 
 // Where attention reads keys/values from when decoding with a cache: the block appends this

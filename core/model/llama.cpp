@@ -58,11 +58,17 @@ int unit_of_spec(const ParamSpec& p, int num_layers) {
 }  // namespace
 
 template <class T>
-Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& layout, const std::vector<UnitRange>& held)
-    : cfg_(cfg), tp_(layout), memory_(memory) {
+Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& layout, const std::vector<UnitRange>& held,
+                const ExpertShard& experts)
+    : cfg_(cfg), tp_(layout), experts_(experts), memory_(memory) {
   cfg_.validate();
+  if (!experts.all() && (!cfg_.moe() || experts.first < 0 || experts.count < 1 ||
+                         experts.first + experts.count > cfg_.num_local_experts))
+    throw InputError("Llama: experts [" + std::to_string(experts.first) + ", " +
+                     std::to_string(experts.first + experts.count) + ") are not a shard of the model's " +
+                     std::to_string(cfg_.num_local_experts) + " experts");
   if (cfg_.moe() && layout.sliced())
-    throw InputError("tensor parallelism of mixture-of-experts layers is not supported: MoE models run under data parallelism only so far");
+    throw InputError("tensor parallelism of mixture-of-experts layers is not supported: MoE models run under data and expert parallelism only so far");
   const int L = num_layers();
   held_.assign(size_t(num_units()), held.empty() ? 1 : 0);
   for (const UnitRange& r : held) {
@@ -81,6 +87,7 @@ Llama<T>::Llama(const LlamaConfig& cfg, MemoryTracker* memory, const TpLayout& l
   std::vector<int64_t> begin(size_t(num_units()), -1), end(size_t(num_units()), 0);
   segment_numel_.assign(size_t(num_units()), 0);
   for (ParamSpec p : llama_param_specs(cfg_, tp_)) {
+    if (p.expert >= 0 && !experts_.holds(p.expert)) continue;  // another expert-parallel rank's
     const int u = unit_of_spec(p, L);
     segment_numel_[size_t(u)] += p.numel;
     if (!held_[size_t(u)]) continue;
@@ -294,7 +301,7 @@ void Llama<T>::set_context_split(int cp, int rank) {
     throw Error("Llama::set_context_split: rank " + std::to_string(rank) + " of " + std::to_string(cp));
   // The load-balancing loss is over all of a micro-batch's tokens, which no rank holds alone.
   if (cp > 1 && cfg_.moe())
-    throw InputError("context parallelism of mixture-of-experts models is not supported: they run under data parallelism only so far");
+    throw InputError("context parallelism of mixture-of-experts models is not supported: they run under data and expert parallelism only so far");
   cp_ = cp, cp_rank_ = rank;
 }
 
@@ -417,6 +424,8 @@ LossSum Llama<T>::forward(MicroBatchState<T>& st, UnitRange r, const int32_t* to
   const int64_t BT = B * seq, C = cfg_.hidden_size, V = vocab_rows();
   Vocabulary<T>& vocab = vocabulary();
   if (tp_.sliced() && !comm_) throw Error("Llama: a tensor-parallel slice runs only with a BlockComm");
+  if (!experts_.all() && (!comm_ || !comm_->shards_experts()))
+    throw Error("Llama: a shard of the experts runs only with an expert-parallel BlockComm");
   if (docs) {
     st.docs = Buffer<int32_t>(memory_, MemoryCategory::activations, B * seq * cp_, "document ids");
     ops::device_memcpy(st.docs.data(), docs, B * seq * cp_ * int64_t(sizeof(int32_t)));
@@ -538,7 +547,7 @@ void Llama<T>::backward_block(MicroBatchState<T>& st, int l, T* dx, BlockScratch
   BlockDims d = block_dims(st);
   if (d.moe() && pass != BackwardPass::full)
     throw InputError("a split (input/weight) backward of mixture-of-experts layers is not supported: "
-                     "MoE models run under data parallelism only so far");
+                     "MoE models run under data and expert parallelism only so far");
   // Each micro-batch's load-balancing loss enters the objective weighted by its share of the
   // step's tokens (loss_scale = 1 / tokens per step): the mean over equal micro-batches.
   d.aux_scale = double(loss_scale) * double(d.BT());

@@ -89,15 +89,18 @@ class Llama {
   // the whole model); a sliced model needs set_block_comm and set_vocabulary before it runs.
   // held: the units this rank holds (a pipeline rank's stages); empty: all of them. The others
   // have no parameters here: their segments are empty, at the place they would be.
-  // Allocates nothing yet.
+  // experts: the experts of every MoE layer this rank holds (expert parallelism; default: all of
+  // them); the others have no parameters here, and the MoE layers need a BlockComm that
+  // shards_experts. Allocates nothing yet.
   explicit Llama(const LlamaConfig& cfg, MemoryTracker* memory = nullptr, const TpLayout& layout = {},
-                 const std::vector<UnitRange>& held = {});
+                 const std::vector<UnitRange>& held = {}, const ExpertShard& experts = {});
   ~Llama();
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
 
   const LlamaConfig& config() const { return cfg_; }
   const TpLayout& tp_layout() const { return tp_; }
+  const ExpertShard& expert_shard() const { return experts_; }
   // This rank's tensors (slices of the whole ones under tensor parallelism), in flat order.
   const std::vector<ParamSpec>& param_specs() const { return specs_; }
   int64_t num_params() const { return total_; }
@@ -257,6 +260,7 @@ class Llama {
 
   LlamaConfig cfg_;
   TpLayout tp_;
+  ExpertShard experts_;
   std::vector<ParamSpec> specs_;
   std::vector<ParamRange> unit_ranges_;
   std::vector<uint8_t> held_;  // [unit]

@@ -25,6 +25,20 @@ void MoeDims::validate() const {
   if (!(aux_coef >= 0.0)) throw InputError("mixture of experts: router_aux_loss_coef must be >= 0");
 }
 
+ExpertShard ExpertShard::of(const MoeDims& d, int ep_size, int ep_rank) {
+  if (ep_size < 1 || d.E % ep_size != 0)
+    throw InputError("expert parallelism: ep=" + std::to_string(ep_size) + " does not divide num_local_experts=" +
+                     std::to_string(d.E));
+  const int64_t count = d.E / ep_size;
+  return {.first = count * ep_rank, .count = count};
+}
+
+void ExpertExchange::reset() {
+  held = {};
+  from_received.reset(), to_received.reset();
+  send_rows.clear(), recv_rows.clear(), global_counts.clear();
+}
+
 template <class T>
 MoeWeights<T> moe_weights(T* segment, const MoeDims& d) {
   return {.gate = segment, .experts = segment + d.E * d.C, .C = d.C, .I = d.I};
@@ -68,6 +82,7 @@ void MoeActivations<T>::reset() {
   for (Buffer<int32_t>* b : {&experts, &token, &row}) b->reset();
   expert.reset();
   dispatch = {};
+  exchange.reset();
   aux_loss = 0.0;
 }
 

@@ -99,6 +99,28 @@ template <class T>
 void experts_backward(T* dxs, const MoeWeights<T>& g, const T* dys, const ExpertActivations<T>& a,
                       const MoeWeights<T>& w, const ExpertRows& rows, const MoeDims& d, MemoryTracker* memory);
 
+// The experts a rank holds. Under expert parallelism rank r of an ep group of size P holds
+// [r·E/P, (r+1)·E/P) (ExpertShard::of: InputError naming both unless P divides E); count 0 means
+// every expert (one device, data parallelism).
+struct ExpertShard {
+  int64_t first = 0, count = 0;
+  static ExpertShard of(const MoeDims& d, int ep_size, int ep_rank);
+  bool all() const { return count == 0; }
+  bool holds(int64_t e) const { return all() || (e >= first && e < first + count); }
+};
+
+// Expert parallelism (core/parallel/expert_parallel.h): what the forward's exchange of rows
+// with the other ranks of the ep group keeps for the backward. Empty on one device.
+struct ExpertExchange {
+  ExpertRows held;                     // the rows this rank's experts computed, in local-expert order
+  Buffer<int32_t> from_received;       // [held rows] the received row each local-expert-order row is
+  Buffer<int32_t> to_received;         // [held rows] the local-expert-order row of each received row
+  std::vector<int64_t> send_rows;      // [P] rows this rank sends to each rank (and gets back)
+  std::vector<int64_t> recv_rows;      // [P] rows this rank receives from each rank (and returns)
+  std::vector<int64_t> global_counts;  // [E] rows routed to each expert over the whole ep group
+  void reset();
+};
+
 // What the forward keeps for the backward, charged to the rank's tracker as activations.
 template <class T>
 struct MoeActivations {
@@ -107,6 +129,7 @@ struct MoeActivations {
   Buffer<T> ys;                         // [BT*k,C] the experts' outputs, in this rank's expert order
   ExpertActivations<T> expert;          // one device: the experts' side, in the same order
   MoeDispatch dispatch;
+  ExpertExchange exchange;              // expert parallelism only
   double aux_loss = 0.0;                // this call's load-balancing loss, coef included
   void reset();
 };

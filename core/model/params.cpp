@@ -78,8 +78,11 @@ std::vector<ParamSpec> llama_param_specs(const LlamaConfig& cfg, const TpLayout&
       for (int64_t e = 0; e < E; ++e) {
         const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
         add(x + "w1.weight", {I, C}, {I, C}, 0, 0, l, true);
+        specs.back().expert = e;
         add(x + "w2.weight", {C, I}, {C, I}, 0, 0, l, true);
+        specs.back().expert = e;
         add(x + "w3.weight", {I, C}, {I, C}, 0, 0, l, true);
+        specs.back().expert = e;
       }
       continue;
     }

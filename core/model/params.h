@@ -33,6 +33,9 @@ struct ParamSpec {
   int64_t numel = 0;
   int layer = -1;               // transformer layer index, -1 for embedding / final norm / head
   bool weight_decay = true;     // false for RMSNorm weights (AdamW skips them)
+  // Mixture of experts: the expert whose w1/w2/w3 this is (block_sparse_moe.experts.N), -1 for
+  // every other tensor. Under expert parallelism a rank holds only its shard's experts.
+  int64_t expert = -1;
   // Tensor parallelism (core/model/tp_layout.h): this rank holds the block of rows
   // [row_begin, row_begin + shape[0]) and columns [col_begin, col_begin + shape[1]) of the whole
   // tensor, whose shape is whole_shape. Without slicing whole_shape == shape.

@@ -13,6 +13,11 @@
 // (2N instead of 4N with --grad-reduce-in-bf16: each bucket is rounded into a bf16 copy, which is
 // what moves and is summed, and the sum is widened back into the f32 gradients).
 //
+// Expert parallelism (ep in the mesh, expert_parallel.cpp): each rank holds only its experts, so
+// an MoE block's bucket is two all-reduces, the attention and router over every data rank
+// (dp_cp) and the experts over the data ranks holding the same ones (DataParallelGroups::experts);
+// the gradient norm counts the dense part once and sums the experts' over the ep group.
+//
 // Two things make it fast on real hardware, and both are here:
 //   - gradient accumulation without communication ("no_sync"): micro-batches before the last
 //     only accumulate locally; only the last micro-batch's backward communicates;
@@ -42,7 +47,12 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
         groups_(groups),
         segments_(held_segments(model)),
         adamw_(adamw, model.param_specs(), 0, model.num_params(), &model.memory()),
-        tracer_(dp_cp_.trace(), model.num_layers()) {}
+        tracer_(dp_cp_.trace(), model.num_layers()) {
+    // Expert parallelism: each unit's held experts (the end of an MoE block's segment).
+    for (const Segment& sg : segments_) experts_.push_back(held_experts_range(model, sg.unit));
+    if (groups.experts && cfg.bf16_grad_reduce)
+      throw InputError("--grad-reduce-in-bf16 with expert parallelism is not supported");
+  }
 
   void init_weights(uint64_t seed) override {
     model_.init_weights(seed);
@@ -69,12 +79,20 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     const LossSum global = global_loss(groups_, local);
 
     // 3. Clip and step, identically on every rank (same gradients, same order of operations).
+    //    Under expert parallelism the dense weights' partials (every ep rank's same values) and
+    //    this rank's experts' (summed over the ep group) are taken apart.
     T* g = model_.grads();
-    std::vector<double> partials;
-    for (const Segment& s : segments_)
-      if (counts_segment(model_, s.unit)) append_chunk_partials(partials, g + s.begin, s.numel());
-    const double sum_sq = global_grad_sum_squares(
-        groups_, model_, partials, [&] { return replica_sum_squares(model_.param_specs(), 0, model_.num_params(), g); });
+    std::vector<double> partials, expert_partials;
+    for (const Segment& s : segments_) {
+      if (!counts_segment(model_, s.unit)) continue;
+      const ParamRange e = experts_[size_t(s.unit)];
+      append_chunk_partials(partials, g + s.begin, e.begin - s.begin);
+      append_chunk_partials(expert_partials, g + e.begin, e.end - e.begin);
+    }
+    const double sum_sq =
+        global_grad_sum_squares(groups_, model_, partials,
+                                [&] { return replica_sum_squares(model_.param_specs(), 0, model_.num_params(), g); }) +
+        expert_parallel_sum_squares(groups_.expert_parallel, expert_partials);
     if (grad_clip > 0) apply_grad_clip(g, model_.num_params(), clip_coefficient(sum_sq, grad_clip));
     adamw_.step(model_.params(), g, lr);
     return step_stats(global, lr, sum_sq);
@@ -103,6 +121,16 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     for (int u : model_.segments_final_after(unit)) {
       const Segment& s = segments_[size_t(u)];
       AllReduceOptions o{.async_op = true, .label = label::grad_bucket(unit_name(u, model_.num_layers()))};
+      const ParamRange e = experts_[size_t(u)];
+      if (groups_.experts && e.begin < e.end) {
+        // Expert parallelism: the router and attention over every data rank, this rank's experts
+        // over the data ranks holding the same experts.
+        T* g = model_.grads();
+        pending_.push_back(dp_cp_.all_reduce(g + s.begin, e.begin - s.begin, dtype_of<T>(), ReduceOp::sum, o));
+        AllReduceOptions x{.async_op = true, .label = label::grad_bucket(unit_name(u, model_.num_layers()) + " experts")};
+        pending_.push_back(groups_.experts->all_reduce(g + e.begin, e.end - e.begin, dtype_of<T>(), ReduceOp::sum, x));
+        continue;
+      }
       if (!cfg_.bf16_grad_reduce) {
         pending_.push_back(dp_cp_.all_reduce(model_.grads() + s.begin, s.numel(), dtype_of<T>(), ReduceOp::sum, o));
         continue;
@@ -125,6 +153,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
     // Every replica holds everything: replica d writes elements [n*d/dp, n*(d+1)/dp), so the
     // ranks share the writing.
     // The tied head's copy of the embedding is the first stage's to write.
+    if (groups_.experts) return save_expert_parallel_state(ckpt);
     const int64_t n = model_.num_params(), dp = dp_cp_.size(), d = dp_cp_.rank();
     const int64_t copy_end = counts_segment(model_, embedding_unit()) ? 0 : segments_[0].end;  // the copy leads the buffer
     const int64_t b = std::max(copy_end, n * d / dp), e = std::max(b, n * (d + 1) / dp);
@@ -143,6 +172,20 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   }
 
   RankMemory peak_memory() const override { return memory_peaks(model_.memory()); }
+
+  // Expert parallelism: each dense tensor shared out over every data rank, each expert's over
+  // the data ranks holding it (the others hold other experts), so every element is written once.
+  void save_expert_parallel_state(TrainingCheckpointWriter<T>& ckpt) {
+    for (const ParamSpec& p : model_.param_specs()) {
+      ProcessGroup& share = p.expert >= 0 ? *groups_.experts : dp_cp_;
+      const int64_t n = share.size(), r = share.rank();
+      const int64_t b = p.offset + p.numel * r / n, e = p.offset + p.numel * (r + 1) / n;
+      if (b == e) continue;
+      ckpt.params(b, e, model_.params() + b);
+      ckpt.exp_avg(b, e, adamw_.exp_avg().data() + b);
+      ckpt.exp_avg_sq(b, e, adamw_.exp_avg_sq().data() + b);
+    }
+  }
   std::string describe() const override {
     return "DP over " + std::to_string(dp_cp_.size()) + " ranks" + cfg_.reduce_note();
   }
@@ -153,6 +196,7 @@ class DistributedDataParallel final : public DataParallelStrategy<T> {
   ProcessGroup& dp_cp_;
   DataParallelGroups groups_;
   std::vector<Segment> segments_;
+  std::vector<ParamRange> experts_;  // [unit] this rank's experts in the segment (empty without ep)
   AdamW<T> adamw_;
   UnitTracer tracer_;
   bool sync_ = false;

@@ -82,6 +82,12 @@ struct DataParallelGroups {
   // reduction each sums its part of the embedding's gradient with the other's (first + last),
   // so both copies take the same optimizer step. nullptr otherwise.
   ProcessGroup* tied = nullptr;
+  // Expert parallelism (core/parallel/expert_parallel.h): the ranks holding the other experts of
+  // this rank's MoE layers (ep), and the data ranks holding the same experts (dp without ep),
+  // over which the experts' gradients are summed while the dense weights' are summed over dp_cp.
+  // nullptr without ep.
+  ProcessGroup* expert_parallel = nullptr;
+  ProcessGroup* experts = nullptr;
 };
 
 template <class T>

@@ -56,6 +56,14 @@ double pipeline_sum_squares(ProcessGroup* pipeline, const std::vector<int64_t>& 
   return combine_chunk_sums(all.data(), total);
 }
 
+double expert_parallel_sum_squares(ProcessGroup* ep, const std::vector<double>& expert_partials) {
+  if (!ep) return 0.0;
+  double v = combine_chunk_sums(expert_partials.data(), int64_t(expert_partials.size()));
+  AllReduceOptions o{.label = "grad-norm experts (expert-parallel ranks)"};
+  ep->all_reduce(&v, 1, DType::f64, ReduceOp::sum, o)->wait();
+  return v;
+}
+
 double pipeline_sum(ProcessGroup* pipeline, double v, const char* label) {
   if (!pipeline || pipeline->size() == 1) return v;
   AllReduceOptions o{.label = label};
@@ -81,6 +89,8 @@ std::string DataParallelConfig::describe() const {
 template <class T>
 std::unique_ptr<DataParallelStrategy<T>> make_data_parallel(Llama<T>& model, const DataParallelGroups& groups,
                                                              const DataParallelConfig& config, const AdamWConfig& adamw) {
+  if (groups.experts && config.stage != ZeroStage::none)
+    throw InputError("expert parallelism runs with plain data parallelism only so far (--zero 0)");
   if (config.stage == ZeroStage::none) {
     if (groups.replicate && groups.replicate->size() > 1)
       throw InputError("HSDP (dp_shard x dp_replicate) shards the model: use --zero 2 or 3");

@@ -7,6 +7,7 @@
 //     global_grad_sum_squares    the gradient norm over the pipeline stages and tensor slices
 //     step_stats                 what the step reports
 // and the helpers under them, and the units' spans on the trace.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -54,6 +55,25 @@ std::vector<Segment> held_segments(const Llama<T>& model) {
   for (int u = 0; u < model.num_units(); ++u) out.push_back({model.unit_range(u).begin, model.unit_range(u).end, u});
   return out;
 }
+
+// Expert parallelism: the flat range of unit u's segment that holds this rank's experts (an MoE
+// block's segment ends with them: core/model/params.h), empty (at the segment's end) for other
+// units and when the rank holds every expert.
+template <class T>
+ParamRange held_experts_range(const Llama<T>& model, int u) {
+  const ParamRange unit = model.unit_range(u);
+  ParamRange r{unit.end, unit.end};
+  if (model.expert_shard().all()) return r;
+  for (const ParamSpec& p : model.param_specs())
+    if (p.expert >= 0 && p.offset >= unit.begin && p.offset < unit.end) r.begin = std::min(r.begin, p.offset);
+  return r;
+}
+
+// Expert parallelism: the squared norm of this rank's experts' gradients (g[r.begin, r.end) for
+// each range, each range's chunk partials combined in order), summed over the ep group, whose
+// ranks hold the other experts. The dense weights are counted apart, once (every ep rank holds
+// the same ones). 0 without the group.
+double expert_parallel_sum_squares(ProcessGroup* ep, const std::vector<double>& expert_partials);
 
 // The sum of squares of the gradient of every unit of the model's slice, in the single-device
 // order (core/optim/segmented_norm.h), from `partials`: this rank's chunk partials of the

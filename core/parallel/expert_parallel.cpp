@@ -37,6 +37,24 @@
 //   forward:  sum over q != r of send_rows[q]·C·sizeof(T) for the tokens (kEpDispatch), and
 //             sum over s != r of recv_rows[s]·C·sizeof(T) for their outputs back (kEpCombine)
 //   backward: the same two again (kEpDispatchGrad as kEpDispatch, kEpCombineGrad as kEpCombine).
+// With uniform routing (each of a rank's n = BT·k rows equally likely to reach any expert) a
+// rank sends (P-1)/P of its rows away: per MoE layer and micro-batch, forward plus backward,
+//   all-to-all bytes ≈ 4 · (P-1)/P · BT·k·C·sizeof(T)      (dispatch, combine, and their gradients)
+// against a dense layer's none; the routing decides the exact figure, which the trainer's test
+// (tests/parallel/moe_expert_parallel_test.cpp) derives by hand from one device's counts.
+//
+// In the trainer (ParallelTrainer, --mesh ep=P[,dp=D]): the ep ranks are data ranks too, D·P of
+// them each running its own rows of the global batch. Rank (e, d) holds the whole attention and
+// router and experts [e·E/P, (e+1)·E/P) of every MoE layer (ParallelPlan::make_model, the
+// model's ExpertShard), and its MoE layers run the two functions below through
+// ExpertParallelComm, the model's BlockComm::moe point. Per rank, with N one device's
+// parameters, L MoE layers:
+//   parameters    N - L·(E - E/P)·3·I·C     (and as many gradients, and twice as many AdamW moments)
+//   gradients     DDP (data_parallel.cpp) all-reduces each MoE block's attention and router part
+//                 over all D·P data ranks and its experts' part, L·(E/P)·3·I·C elements in all,
+//                 over the D ranks holding the same experts: ring bytes 2(DP-1)/(DP)·(N - L·E·3·I·C)
+//                 and 2(D-1)/D·L·(E/P)·3·I·C, times sizeof(T).
+// ZeRO with ep, and ep with tp, cp or pp, are refused by name (ParallelPlan) until written.
 #include "core/parallel/expert_parallel.h"
 
 #include <string>
@@ -48,22 +66,6 @@
 #include "core/tensor/dtype.h"
 
 namespace llama4d {
-
-ExpertShard ExpertShard::of(const MoeDims& d, int ep_size, int ep_rank) {
-  if (ep_size < 1 || d.E % ep_size != 0)
-    throw InputError("expert parallelism: ep=" + std::to_string(ep_size) + " does not divide num_local_experts=" +
-                     std::to_string(d.E));
-  const int64_t count = d.E / ep_size;
-  return {.first = count * ep_rank, .count = count};
-}
-
-template <class T>
-void ExpertParallelActivations<T>::reset() {
-  moe.reset();
-  held = {};
-  from_received.reset(), to_received.reset();
-  send_rows.clear(), recv_rows.clear(), global_counts.clear();
-}
 
 namespace {
 
@@ -84,41 +86,41 @@ void exchange_rows(T* out, const std::vector<int64_t>& out_rows, const T* in, co
 }  // namespace
 
 template <class T>
-void moe_forward_expert_parallel(T* out, ExpertParallelActivations<T>& a, const MoeWeights<T>& w, const T* x,
+void moe_forward_expert_parallel(T* out, MoeActivations<T>& a, const MoeWeights<T>& w, const T* x,
                                  const MoeDims& d, ProcessGroup& ep, MemoryTracker* memory) {
   const int P = ep.size();
   const ExpertShard shard = ExpertShard::of(d, P, ep.rank());
   const int64_t C = d.C, El = shard.count, n = d.rows();
-  a.reset();
   // 1. Route this rank's tokens; the rows for rank q are its experts' run of the expert order.
-  moe_route(a.moe, w, x, d, memory);
-  const MoeDispatch& p = a.moe.dispatch;
-  a.send_rows.assign(size_t(P), 0);
+  moe_route(a, w, x, d, memory);
+  const MoeDispatch& p = a.dispatch;
+  ExpertExchange& xc = a.exchange;
+  xc.send_rows.assign(size_t(P), 0);
   for (int q = 0; q < P; ++q)
-    a.send_rows[size_t(q)] = p.begin[size_t((q + 1) * El)] - p.begin[size_t(q * El)];
+    xc.send_rows[size_t(q)] = p.begin[size_t((q + 1) * El)] - p.begin[size_t(q * El)];
   // 2. Counts: from each source s, counts[s·El + e] rows for local expert e.
   std::vector<int64_t> counts(size_t(P * El));
   ep.all_to_all(counts.data(), p.counts.data(), El, DType::i64, {.label = std::string(label::kEpCounts)})->wait();
-  a.global_counts = p.counts;
-  ep.all_reduce(a.global_counts.data(), d.E, DType::i64, ReduceOp::sum, {.label = std::string(label::kEpCounts)})->wait();
-  a.recv_rows.assign(size_t(P), 0);
+  xc.global_counts = p.counts;
+  ep.all_reduce(xc.global_counts.data(), d.E, DType::i64, ReduceOp::sum, {.label = std::string(label::kEpCounts)})->wait();
+  xc.recv_rows.assign(size_t(P), 0);
   for (int s = 0; s < P; ++s)
-    for (int64_t e = 0; e < El; ++e) a.recv_rows[size_t(s)] += counts[size_t(s * El + e)];
+    for (int64_t e = 0; e < El; ++e) xc.recv_rows[size_t(s)] += counts[size_t(s * El + e)];
   // 3. Tokens out.
   Buffer<T> send(memory, MemoryCategory::scratch, n * C, "expert parallelism: rows to send");
-  ops::gather_rows(send.data(), x, a.moe.token.data(), n, C);
-  a.held = {.first = shard.first, .begin = std::vector<int64_t>(size_t(El), 0),
+  ops::gather_rows(send.data(), x, a.token.data(), n, C);
+  xc.held = {.first = shard.first, .begin = std::vector<int64_t>(size_t(El), 0),
             .counts = std::vector<int64_t>(size_t(El), 0)};
   for (int s = 0; s < P; ++s)
-    for (int64_t e = 0; e < El; ++e) a.held.counts[size_t(e)] += counts[size_t(s * El + e)];
-  for (int64_t e = 1; e < El; ++e) a.held.begin[size_t(e)] = a.held.begin[size_t(e - 1)] + a.held.counts[size_t(e - 1)];
-  const int64_t m = a.held.total();
+    for (int64_t e = 0; e < El; ++e) xc.held.counts[size_t(e)] += counts[size_t(s * El + e)];
+  for (int64_t e = 1; e < El; ++e) xc.held.begin[size_t(e)] = xc.held.begin[size_t(e - 1)] + xc.held.counts[size_t(e - 1)];
+  const int64_t m = xc.held.total();
   Buffer<T> received(memory, MemoryCategory::scratch, m * C, "expert parallelism: received rows");
-  exchange_rows(received.data(), a.recv_rows, send.data(), a.send_rows, C, ep, label::kEpDispatch);
+  exchange_rows(received.data(), xc.recv_rows, send.data(), xc.send_rows, C, ep, label::kEpDispatch);
   send.reset();
   // 4. The permutation from source-then-expert to expert-then-source order, and its inverse.
   std::vector<int32_t> from(static_cast<size_t>(m)), to(static_cast<size_t>(m));
-  std::vector<int64_t> next(a.held.begin);
+  std::vector<int64_t> next(xc.held.begin);
   for (int s = 0, at = 0; s < P; ++s)
     for (int64_t e = 0; e < El; ++e)
       for (int64_t i = 0; i < counts[size_t(s * El + e)]; ++i, ++at) {
@@ -126,50 +128,50 @@ void moe_forward_expert_parallel(T* out, ExpertParallelActivations<T>& a, const 
         from[size_t(local)] = at;
         to[size_t(at)] = int32_t(local);
       }
-  a.from_received = Buffer<int32_t>(memory, MemoryCategory::activations, m, "expert parallelism: permutation");
-  a.to_received = Buffer<int32_t>(memory, MemoryCategory::activations, m, "expert parallelism: inverse permutation");
-  ops::device_memcpy(a.from_received.data(), from.data(), m * int64_t(sizeof(int32_t)));
-  ops::device_memcpy(a.to_received.data(), to.data(), m * int64_t(sizeof(int32_t)));
-  a.moe.expert.xs = Buffer<T>(memory, MemoryCategory::activations, m * C, "expert inputs (received)");
-  ops::gather_rows(a.moe.expert.xs.data(), received.data(), a.from_received.data(), m, C);
+  xc.from_received = Buffer<int32_t>(memory, MemoryCategory::activations, m, "expert parallelism: permutation");
+  xc.to_received = Buffer<int32_t>(memory, MemoryCategory::activations, m, "expert parallelism: inverse permutation");
+  ops::device_memcpy(xc.from_received.data(), from.data(), m * int64_t(sizeof(int32_t)));
+  ops::device_memcpy(xc.to_received.data(), to.data(), m * int64_t(sizeof(int32_t)));
+  a.expert.xs = Buffer<T>(memory, MemoryCategory::activations, m * C, "expert inputs (received)");
+  ops::gather_rows(a.expert.xs.data(), received.data(), xc.from_received.data(), m, C);
   // 5. This rank's experts.
   Buffer<T> ys(memory, MemoryCategory::scratch, m * C, "expert parallelism: outputs to return");
-  experts_forward(ys.data(), a.moe.expert, w, a.held, d, memory);
+  experts_forward(ys.data(), a.expert, w, xc.held, d, memory);
   // 6. Back to the tokens' ranks, then the combine.
-  ops::gather_rows(received.data(), ys.data(), a.to_received.data(), m, C);
-  exchange_rows(a.moe.ys.data(), a.send_rows, received.data(), a.recv_rows, C, ep, label::kEpCombine);
-  ops::combine_rows(out, a.moe.ys.data(), a.moe.row.data(), a.moe.weights.data(), d.BT, d.k, C);
+  ops::gather_rows(received.data(), ys.data(), xc.to_received.data(), m, C);
+  exchange_rows(a.ys.data(), xc.send_rows, received.data(), xc.recv_rows, C, ep, label::kEpCombine);
+  ops::combine_rows(out, a.ys.data(), a.row.data(), a.weights.data(), d.BT, d.k, C);
 }
 
 template <class T>
-void moe_backward_expert_parallel(T* dx, const MoeWeights<T>& g, const T* dout, const ExpertParallelActivations<T>& a,
+void moe_backward_expert_parallel(T* dx, const MoeWeights<T>& g, const T* dout, const MoeActivations<T>& a,
                                   const MoeWeights<T>& w, const T* x, const MoeDims& d, double aux_scale,
                                   ProcessGroup& ep, MemoryTracker* memory) {
-  const int64_t C = d.C, n = d.rows(), m = a.held.total();
+  const ExpertExchange& xc = a.exchange;
+  const int64_t C = d.C, n = d.rows(), m = xc.held.total();
   const auto s = MemoryCategory::scratch;
   // The combine's backward on the token side.
   Buffer<T> dys(memory, s, n * C, "backward expert outputs"), dweights(memory, s, n, "backward router weights");
-  ops::combine_rows_backward(dys.data(), dweights.data(), dout, a.moe.ys.data(), a.moe.row.data(),
-                             a.moe.weights.data(), d.BT, d.k, C);
+  ops::combine_rows_backward(dys.data(), dweights.data(), dout, a.ys.data(), a.row.data(),
+                             a.weights.data(), d.BT, d.k, C);
   // The output gradients to the experts' ranks, into local-expert order.
   Buffer<T> received(memory, s, m * C, "backward expert parallelism: received rows");
-  exchange_rows(received.data(), a.recv_rows, dys.data(), a.send_rows, C, ep, label::kEpDispatchGrad);
+  exchange_rows(received.data(), xc.recv_rows, dys.data(), xc.send_rows, C, ep, label::kEpDispatchGrad);
   Buffer<T> dys_held(memory, s, m * C, "backward expert outputs (held)");
-  ops::gather_rows(dys_held.data(), received.data(), a.from_received.data(), m, C);
+  ops::gather_rows(dys_held.data(), received.data(), xc.from_received.data(), m, C);
   Buffer<T> dxs_held(memory, s, m * C, "backward expert inputs (held)");
-  experts_backward(dxs_held.data(), g, dys_held.data(), a.moe.expert, w, a.held, d, memory);
+  experts_backward(dxs_held.data(), g, dys_held.data(), a.expert, w, xc.held, d, memory);
   // The input gradients back to the tokens' ranks, then the dispatch's and router's backward.
-  ops::gather_rows(received.data(), dxs_held.data(), a.to_received.data(), m, C);
-  exchange_rows(dys.data(), a.send_rows, received.data(), a.recv_rows, C, ep, label::kEpCombineGrad);
-  moe_route_backward(dx, g, dweights.data(), dys.data(), a.moe, w, x, d, aux_scale, memory);
+  ops::gather_rows(received.data(), dxs_held.data(), xc.to_received.data(), m, C);
+  exchange_rows(dys.data(), xc.send_rows, received.data(), xc.recv_rows, C, ep, label::kEpCombineGrad);
+  moe_route_backward(dx, g, dweights.data(), dys.data(), a, w, x, d, aux_scale, memory);
 }
 
 #define LLAMA4D_EXPERT_PARALLEL(T)                                                                                  \
-  template struct ExpertParallelActivations<T>;                                                                     \
-  template void moe_forward_expert_parallel<T>(T*, ExpertParallelActivations<T>&, const MoeWeights<T>&, const T*,   \
+  template void moe_forward_expert_parallel<T>(T*, MoeActivations<T>&, const MoeWeights<T>&, const T*,   \
                                                const MoeDims&, ProcessGroup&, MemoryTracker*);                      \
   template void moe_backward_expert_parallel<T>(T*, const MoeWeights<T>&, const T*,                                 \
-                                                const ExpertParallelActivations<T>&, const MoeWeights<T>&, const T*, \
+                                                const MoeActivations<T>&, const MoeWeights<T>&, const T*, \
                                                 const MoeDims&, double, ProcessGroup&, MemoryTracker*);
 LLAMA4D_EXPERT_PARALLEL(float)
 LLAMA4D_EXPERT_PARALLEL(double)

@@ -114,9 +114,15 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   // A mesh without a data-parallel dim (tp only) gets dp=1, so the data group always exists.
   std::vector<MeshDim> dims = plan_.mesh;
   std::vector<std::string> data_dims = plan_.data_dims();
-  if (data_dims.empty()) {
+  const bool ep = plan_.size("ep") > 1;
+  // Expert parallelism: the data ranks holding the same experts are the data dims without ep.
+  std::vector<std::string> expert_data_dims;
+  for (const std::string& d : data_dims)
+    if (d != "ep") expert_data_dims.push_back(d);
+  if (expert_data_dims.empty()) {
     dims.push_back({"dp", 1});
-    data_dims = {"dp"};
+    data_dims.push_back("dp");
+    expert_data_dims = {"dp"};
   }
   mesh_ = std::make_unique<DeviceMesh>(world, dims);
   model.set_checkpointing(plan_.ac);
@@ -140,6 +146,22 @@ ParallelTrainer<T>::ParallelTrainer(ProcessGroup& world, Llama<T>& model, const 
   groups.dp_cp = cp > 1 ? (plan_.dp() * cp == world.size() ? &world : &mesh_->group(data_dims)) : dp_group_;
   groups.shard = plan_.hsdp() ? (cp > 1 ? &mesh_->group({"cp", "dp_shard"}) : &mesh_->group("dp_shard")) : groups.dp_cp;
   groups.replicate = plan_.hsdp() ? &mesh_->group("dp_replicate") : nullptr;
+  // Expert parallelism: this rank's model holds its ep coordinate's experts, and its MoE layers
+  // exchange rows over the ep group. The dense weights are summed over every data rank (dp_cp),
+  // the experts' over the data ranks holding the same ones.
+  const ExpertShard experts = plan_.expert_shard(model.config(), world.rank());
+  if (model.expert_shard().first != experts.first || model.expert_shard().count != experts.count)
+    throw Error("ParallelTrainer: the model holds experts [" + std::to_string(model.expert_shard().first) + ", +" +
+                std::to_string(model.expert_shard().count) + "), the plan gives this rank [" +
+                std::to_string(experts.first) + ", +" + std::to_string(experts.count) + ") (+0: all)");
+  replica_group_ = groups.dp_cp;
+  if (ep) {
+    groups.expert_parallel = &mesh_->group("ep");
+    groups.experts = &mesh_->group(expert_data_dims);
+    replica_group_ = groups.experts;  // who holds every weight of this rank
+    expert_comm_ = std::make_unique<ExpertParallelComm<T>>(*groups.expert_parallel);
+    model.set_block_comm(expert_comm_.get());
+  }
   if (expected.sliced()) {
     groups.tensor = &mesh_->group("tp");
     tensor_comm_ = std::make_unique<TensorParallelComm<T>>(*groups.tensor, model.config(), expected);

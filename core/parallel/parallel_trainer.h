@@ -15,6 +15,7 @@
 #include "core/comm/device_mesh.h"
 #include "core/parallel/context_parallel.h"
 #include "core/parallel/data_parallel.h"
+#include "core/parallel/expert_parallel.h"
 #include "core/parallel/pipeline_parallel.h"
 #include "core/parallel/plan.h"
 #include "core/parallel/tensor_context_comm.h"
@@ -67,8 +68,9 @@ class ParallelTrainer {
   const DeviceMesh& mesh() const { return *mesh_; }
   // Pipeline parallelism: this rank's runner (null without pp).
   PipelineRunner<T>* pipeline() { return pipeline_.get(); }
-  // The ranks that hold this rank's weights bit for bit after every step (the dp_cp group).
-  ProcessGroup& replica_group() { return *dp_cp_group_; }
+  // The ranks that hold this rank's weights bit for bit after every step (the dp_cp group; under
+  // expert parallelism the data ranks holding the same experts).
+  ProcessGroup& replica_group() { return *replica_group_; }
 
   // Collective. Validation windows are split across ranks and their losses summed.
   LossSum validation_loss(int64_t max_windows);
@@ -106,6 +108,8 @@ class ParallelTrainer {
   std::unique_ptr<DeviceMesh> mesh_;
   ProcessGroup* dp_group_ = nullptr;     // the data-parallel ranks: who runs which rows
   ProcessGroup* dp_cp_group_ = nullptr;  // who sums gradients: those and the context-parallel ranks
+  ProcessGroup* replica_group_ = nullptr;  // replica_group()
+  std::unique_ptr<ExpertParallelComm<T>> expert_comm_;  // expert parallelism only
   std::unique_ptr<TensorParallelComm<T>> tensor_comm_;  // tensor parallelism only
   std::unique_ptr<ContextParallelComm<T>> context_comm_;  // context parallelism only
   std::unique_ptr<TensorContextComm<T>> tensor_context_comm_;  // both: the model's block points

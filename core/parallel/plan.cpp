@@ -43,10 +43,10 @@ int ParallelPlan::size(std::string_view dim) const {
 }
 
 void ParallelPlan::validate() const {
-  if (size("ep") > 1)
-    throw InputError("--mesh " + describe_mesh() + ": expert parallelism (ep=" + std::to_string(size("ep")) +
-                     ") is not in the trainer yet: MoE models run under data parallelism only so far (dp, "
-                     "dp_shard, dp_replicate), and a dense model has no experts to split");
+  if (size("ep") > 1 && zero != ZeroStage::none)
+    throw InputError("--mesh " + describe_mesh() + " with --zero " + std::to_string(int(zero)) +
+                     ": expert parallelism (ep=" + std::to_string(size("ep")) +
+                     ") runs with plain data parallelism only so far (--zero 0)");
   if (size("cp") == 1 && cp_algo != ContextAlgo::allgather)
     throw InputError("--cp-algo needs context parallelism (cp > 1 in --mesh)");
   if (size("tp") == 1 && !sequence_parallel)
@@ -109,16 +109,30 @@ TpLayout ParallelPlan::tp_layout(const LlamaConfig& cfg, int world_rank) const {
   return tp > 1 ? llama4d::tp_layout(cfg, tp, coordinate("tp", world_rank), sequence_parallel) : TpLayout{};
 }
 
+ExpertShard ParallelPlan::expert_shard(const LlamaConfig& cfg, int world_rank) const {
+  const int ep = size("ep");
+  if (ep == 1 || !cfg.moe()) return {};
+  return ExpertShard::of({.E = cfg.num_local_experts}, ep, coordinate("ep", world_rank));
+}
+
 void ParallelPlan::check_model(const LlamaConfig& cfg, int micro_batches) const {
   // A mixture-of-experts model's expert weights are ordinary parameters to the data-parallel
-  // strategies (replicated, or sharded by ZeRO like any other), so the data dims run it; no
-  // tensor, context or pipeline strategy splits its layers yet, so those are refused rather than
-  // run with math nobody has checked.
+  // strategies (replicated, or sharded by ZeRO like any other), so the data dims run it, and ep
+  // shards its experts (core/parallel/expert_parallel.h); no tensor, context or pipeline
+  // strategy splits its layers yet, so those are refused rather than run with math nobody has
+  // checked.
+  const int ep = size("ep");
+  if (ep > 1 && !cfg.moe())
+    throw InputError("--mesh " + describe_mesh() + ": expert parallelism (ep=" + std::to_string(ep) +
+                     ") needs a mixture-of-experts model (num_local_experts > 0): a dense model has no experts to split");
+  if (ep > 1 && cfg.num_local_experts % ep != 0)
+    throw InputError("--mesh " + describe_mesh() + ": ep=" + std::to_string(ep) + " does not divide num_local_experts=" +
+                     std::to_string(cfg.num_local_experts) + " (each expert-parallel rank holds E/ep experts)");
   if (cfg.moe())
     for (const MeshDim& d : mesh)
-      if (d.size > 1 && d.name != "dp" && d.name != "dp_shard" && d.name != "dp_replicate")
-        throw InputError("MoE models run under data parallelism only so far (dp, dp_shard, dp_replicate); --mesh " +
-                         describe_mesh() + " has " + d.name + "=" + std::to_string(d.size) +
+      if (d.size > 1 && d.name != "dp" && d.name != "dp_shard" && d.name != "dp_replicate" && d.name != "ep")
+        throw InputError("MoE models run under data and expert parallelism only so far (dp, dp_shard, dp_replicate, "
+                         "ep); --mesh " + describe_mesh() + " has " + d.name + "=" + std::to_string(d.size) +
                          " (num_local_experts = " + std::to_string(cfg.num_local_experts) + ")");
   for (int r = 0; r < size("tp"); ++r) llama4d::tp_layout(cfg, size("tp"), r);
   const int pp = size("pp");
@@ -136,7 +150,7 @@ void ParallelPlan::check_model(const LlamaConfig& cfg, int micro_batches) const 
 std::vector<std::string> ParallelPlan::data_dims() const {
   std::vector<std::string> dims;
   for (const MeshDim& d : mesh)
-    if (d.name == "dp" || d.name == "dp_shard" || d.name == "dp_replicate") dims.push_back(d.name);
+    if (d.name == "dp" || d.name == "dp_shard" || d.name == "dp_replicate" || d.name == "ep") dims.push_back(d.name);
   return dims;
 }
 

@@ -49,7 +49,8 @@ struct ParallelPlan {
   // Gradients reduced in bf16 with f32 accumulation (DataParallelConfig::bf16_grad_reduce).
   bool bf16_grad_reduce = false;
 
-  // The dims a mesh may name. ep is reserved: expert parallelism is not in the trainer yet.
+  // The dims a mesh may name. ep: expert parallelism of a mixture-of-experts model
+  // (core/parallel/expert_parallel.h), inside the data-parallel ranks.
   static const std::vector<std::string>& known_dims();
   // "dp=4", "dp_shard=2,dp_replicate=2", "tp=1,cp=1,pp=1,dp=4" (innermost first). Empty: one
   // device. InputError on malformed text, unknown or repeated dims, or sizes < 1.
@@ -58,10 +59,17 @@ struct ParallelPlan {
   bool single_device() const { return mesh.empty(); }
   int world_size() const;
   int size(std::string_view dim) const;  // 1 when the mesh does not name it
-  // The data-parallel ranks: dp, or dp_shard x dp_replicate (HSDP).
-  int dp_shard() const { return size("dp") * size("dp_shard"); }
+  // The data-parallel ranks: dp, or dp_shard x dp_replicate (HSDP). Expert-parallel ranks are data
+  // ranks too (each routes its own rows, as Megatron-LM and torchtitan place ep inside the data
+  // ranks), so ep multiplies them: dp=2,ep=2 has 4 data ranks, the dense weights replicated over
+  // all 4 and each expert over the 2 with the same ep coordinate (expert_data()).
+  int dp_shard() const { return size("dp") * size("dp_shard") * size("ep"); }
   int dp_replicate() const { return size("dp_replicate"); }
   int dp() const { return dp_shard() * dp_replicate(); }
+  // The data ranks holding the same experts: dp without ep.
+  int expert_data() const { return dp() / size("ep"); }
+  // This rank's experts of a mixture-of-experts model (all of them without ep).
+  ExpertShard expert_shard(const LlamaConfig& cfg, int world_rank) const;
   bool hsdp() const { return dp_replicate() > 1; }
 
   // InputError naming the first problem: a dim of size > 1 that this build does not implement
@@ -83,13 +91,14 @@ struct ParallelPlan {
   // storage charged to `memory` (the rank's). Allocates nothing yet.
   template <class T>
   Llama<T> make_model(const LlamaConfig& cfg, MemoryTracker& memory, int world_rank) const {
-    return Llama<T>(cfg, &memory, tp_layout(cfg, world_rank), held_units(cfg, world_rank));
+    return Llama<T>(cfg, &memory, tp_layout(cfg, world_rank), held_units(cfg, world_rank), expert_shard(cfg, world_rank));
   }
   // InputError naming the constraint when some rank's slice or stage of `cfg` cannot be cut,
   // or the schedule cannot run `micro_batches` per step (0: not checked), before any rank starts.
   void check_model(const LlamaConfig& cfg, int micro_batches = 0) const;
-  // The data-parallel dims the mesh names ({"dp"} or {"dp_shard", "dp_replicate"}); empty when
-  // it names none (a pure tensor-parallel mesh has one data-parallel rank).
+  // The data-parallel dims the mesh names ({"dp"} or {"dp_shard", "dp_replicate"}), and ep when
+  // it names it (expert-parallel ranks run their own rows); empty when it names none (a pure
+  // tensor-parallel mesh has one data-parallel rank).
   std::vector<std::string> data_dims() const;
   // InputError when sequences of seq_len tokens cannot be cut into 2·cp chunks.
   void check_sequence(int64_t seq_len) const;

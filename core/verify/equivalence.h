@@ -36,6 +36,9 @@
 // With `ordered` reductions TP is then bitwise too; in fp64 the plain trainer's tensors are held
 // to 1e-12 in ||a - b|| / ||a||. Context parallelism (cp > 1) merges attention's partial results
 // in an order no replay here follows: it is held to measured bounds (tensor_parallel_tolerance).
+// So is expert parallelism (ep > 1): its ranks are data ranks here (ParallelPlan::dp), and each
+// expert's gradient is one product per micro-batch over every ep rank's rows for it, where the
+// replay adds data rank after data rank; in fp64 the plain trainer is held element by element.
 //
 // bf16 mixed precision (train.bf16_compute) runs the replay with the same roundings to bf16
 // (Llama::set_bf16_compute; the TP replay rounds at the same points), so with `ordered`

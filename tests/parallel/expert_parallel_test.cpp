@@ -105,14 +105,14 @@ void expect_one_device_bits(int P) {
     Buffer<T> xb = on_backend(m, x[size_t(r)]), db = on_backend(m, dout[size_t(r)]), pb = on_backend(m, mine);
     Buffer<T> gb = on_backend(m, std::vector<T>(mine.size(), T(0)));
     Buffer<T> out(m, MemoryCategory::other, d.BT * C), dx(m, MemoryCategory::other, d.BT * C);
-    ExpertParallelActivations<T> a;
+    MoeActivations<T> a;
     moe_forward_expert_parallel(out.data(), a, moe_weights(pb.data(), d), xb.data(), d, ep, m);
     activation_bytes[size_t(r)] = m->live(MemoryCategory::activations);
     scratch_bytes[size_t(r)] = m->live(MemoryCategory::scratch);
     moe_backward_expert_parallel(dx.data(), moe_weights(gb.data(), d), db.data(), a, moe_weights(pb.data(), d),
                                  xb.data(), d, 1.0, ep, m);
-    ranks[size_t(r)] = {on_host(out), on_host(dx), on_host(gb), a.moe.dispatch.counts, a.moe.aux_loss};
-    global_counts[size_t(r)] = a.global_counts;
+    ranks[size_t(r)] = {on_host(out), on_host(dx), on_host(gb), a.dispatch.counts, a.aux_loss};
+    global_counts[size_t(r)] = a.exchange.global_counts;
   });
 
   for (int r = 0; r < P; ++r) {
