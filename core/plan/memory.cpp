@@ -12,6 +12,8 @@
 //   ZeRO-1      p N_r               g N_r                              o sh_r     0
 //   ZeRO-2      p N_r               g sh_r + 1..3 units' full grads    o sh_r     g sh_r
 //   ZeRO-3      p sh_r + gathered   g sh_r + 1..3 units' full grads    o sh_r     g sh_r
+//               (tied embeddings: + the embedding's full gradient, alive through the backward:
+//               the head's backward writes it first, the embedding's completes it last)
 //   --reduce-once (ZeRO-2/3)        g sh_r + full grads accumulating to the last micro-batch:
 //                                   g N_r without pp (M > 1); under pp the chunks' overlap
 //                                   along the schedule (accumulated_grads)
@@ -284,9 +286,17 @@ std::vector<MemoryPrediction> predict_memory(const StepShape& s) {
       // interleaved rank at once), else from a micro-batch's forward to its backward.
       gathered = plan.reshard_after_forward ? std::max(gathered, pair) : gathered + all;
     }
+    // A tied embedding's full gradient is written first (by the head's backward, which reads the
+    // embedding's rows) and final last (after the embedding's own backward): under ZeRO-2/3 it is
+    // alive beside whichever other units' full gradients are, so it is counted on top of them.
+    int64_t whole_throughout = 0;
+    if (cfg.tie_word_embeddings && embedding > 0) {
+      whole_throughout = embedding;
+      held.erase(std::find(held.begin(), held.end(), embedding));
+    }
     std::sort(held.rbegin(), held.rend());
-    const int64_t largest = held.empty() ? 0 : held[0];
-    int64_t three = 0;
+    const int64_t largest = whole_throughout + (held.empty() ? 0 : held[0]);
+    int64_t three = whole_throughout;
     for (size_t i = 0; i < held.size() && i < 3; ++i) three += held[i];
 
     m.params = pr.param * (stage == 3 ? sh + embedding + gathered : N);

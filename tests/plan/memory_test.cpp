@@ -25,6 +25,7 @@ struct MemoryCase {
   bool doc_mask = false;
   const char* preset = "tiny";
   bool reduce_once = false;
+  bool tied = false;  // the LM head reads the embedding (tie_word_embeddings)
 };
 
 
@@ -37,6 +38,7 @@ TEST_P(PlannerMemory, EqualsTheAllocatorOnEveryRank) {
   StepShape s;
   s.model = LlamaConfig::preset(c.preset);
   s.model.num_hidden_layers = c.layers;
+  s.model.tie_word_embeddings = c.tied;
   s.plan = ParallelPlan::parse(c.mesh);
   s.plan.zero = c.zero;
   s.plan.reshard_after_forward = !c.keep_params;
@@ -134,11 +136,16 @@ const MemoryCase kMemoryCases[] = {
      false, "tiny", true},
     {"pp2_inter_dp2_zero3_keep_reduce_once", "pp=2,dp=2", ZeroStage::zero3, "none", true, 4, true, "interleaved", 6, 2,
      "allgather", false, "tiny", true},
+    // Tied embeddings: the head's unit is the final norm alone (C elements), the LM head reading
+    // the embedding's rows; one unit fewer to shard, gather and hold gradients for.
+    {.name = "tied_dp2_zero3", .mesh = "dp=2", .zero = ZeroStage::zero3, .tied = true},
+    {.name = "tied_tp2_dp2_zero1", .mesh = "tp=2,dp=2", .zero = ZeroStage::zero1, .tied = true},
 };
 // Tiers: the sanitizer presets keep a case per strategy and composition; the release preset runs
 // every case.
 LLAMA4D_INSTANTIATE(Plans, PlannerMemory, kMemoryCases, full,
                     {{"cp2_pp2_ring", test::Tier::quick},
+                     {"tied_dp2_zero3", test::Tier::quick},
                      {"cp4_ring_dp2_zero2", test::Tier::quick},
                      {"doc_tp2_cp2_pp2_zb", test::Tier::quick},
                      {"dp2_selective", test::Tier::quick},
