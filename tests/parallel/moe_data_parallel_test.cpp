@@ -13,8 +13,6 @@
 namespace llama4d {
 namespace {
 
-LlamaConfig tiny_moe() { return LlamaConfig::preset("tiny-moe"); }
-
 struct MoeCase {
   const char* name;
   ZeroStage stage;
@@ -29,7 +27,7 @@ class MoeDataParallel : public testing::TestWithParam<MoeCase> {};
 TEST_P(MoeDataParallel, Fp64EqualsOneDevice) {
   const MoeCase& c = GetParam();
   EquivalenceOptions o;
-  o.model = tiny_moe();
+  o.model = test::tiny_moe();
   o.train = test::options(3, c.micro_batch_size);
   o.plan = test::dp_plan(c.dp, 1, c.stage);
   const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(c.dp));
@@ -48,7 +46,7 @@ LLAMA4D_INSTANTIATE(Moe, MoeDataParallel, kMoeCases, full,
 // HSDP (ZeRO-3 inside pairs, replicated across them) in fp64: the experts shard like any weight.
 TEST(MoeDataParallelHsdp, Fp64EqualsOneDevice) {
   EquivalenceOptions o;
-  o.model = tiny_moe();
+  o.model = test::tiny_moe();
   o.train = test::options(3, 3);
   o.plan = test::dp_plan(2, 2, ZeroStage::zero3);
   const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(4));
@@ -60,7 +58,7 @@ LLAMA4D_TIER(MoeDataParallelHsdp, Fp64EqualsOneDevice, full);  // ZeRO-3's and D
 // fp32 and ZeRO-3 on 4 ranks, two micro-batches each: bitwise against the replay.
 TEST(MoeDataParallelFp32, Zero3Dp4BitwiseToTheReplay) {
   EquivalenceOptions o;
-  o.model = tiny_moe();
+  o.model = test::tiny_moe();
   o.train = test::options(3, 3);
   o.plan = test::dp_plan(4, 1, ZeroStage::zero3);
   const EquivalenceReport r = verify_plan<float>(o, test::corpus(), test::virtual_launcher(4));
@@ -79,7 +77,7 @@ TEST(MoeDataParallelMetrics, AuxLossAndExpertTokensAreSummedOverTheDataRanks) {
     const TrainOptions opt = test::options(2, 6);  // dp=4: one micro-batch of 6 rows a rank
     std::vector<StepStats> one;
     {
-      Llama<float> model(tiny_moe());
+      Llama<float> model(test::tiny_moe());
       model.init_weights(opt.seed);
       Trainer<float> trainer(model, test::corpus(), opt);
       for (int s = 0; s < 2; ++s) one.push_back(trainer.step());
@@ -87,7 +85,7 @@ TEST(MoeDataParallelMetrics, AuxLossAndExpertTokensAreSummedOverTheDataRanks) {
     const ParallelPlan plan = test::dp_plan(4, 1, stage);
     std::vector<std::vector<StepStats>> ranks(4);
     test::virtual_launcher(4)([&](ProcessGroup& world) {
-      Llama<float> model = plan.make_model<float>(tiny_moe(), world.memory(), world.rank());
+      Llama<float> model = plan.make_model<float>(test::tiny_moe(), world.memory(), world.rank());
       ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
       for (int s = 0; s < 2; ++s) ranks[size_t(world.rank())].push_back(trainer.step());
     });
@@ -113,7 +111,7 @@ TEST(MoeDataParallelRefusals, TpCpPpAreRefusedNamingTheDim) {
   for (const char* mesh : {"tp=2", "cp=2", "pp=2", "dp=2,tp=2"}) {
     const ParallelPlan plan = ParallelPlan::parse(mesh);
     try {
-      plan.check_model(tiny_moe(), 1);
+      plan.check_model(test::tiny_moe(), 1);
       ADD_FAILURE() << mesh << " was accepted";
     } catch (const InputError& e) {
       const std::string what = e.what();
@@ -121,8 +119,8 @@ TEST(MoeDataParallelRefusals, TpCpPpAreRefusedNamingTheDim) {
       EXPECT_NE(what.find(std::string(mesh).substr(std::string(mesh).rfind(',') + 1)), std::string::npos) << what;
     }
   }
-  EXPECT_NO_THROW(ParallelPlan::parse("dp=4").check_model(tiny_moe(), 1));
-  EXPECT_NO_THROW(ParallelPlan::parse("dp_shard=2,dp_replicate=2").check_model(tiny_moe(), 1));
+  EXPECT_NO_THROW(ParallelPlan::parse("dp=4").check_model(test::tiny_moe(), 1));
+  EXPECT_NO_THROW(ParallelPlan::parse("dp_shard=2,dp_replicate=2").check_model(test::tiny_moe(), 1));
 }
 
 }  // namespace

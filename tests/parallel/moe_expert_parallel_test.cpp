@@ -18,8 +18,6 @@
 namespace llama4d {
 namespace {
 
-LlamaConfig tiny_moe() { return LlamaConfig::preset("tiny-moe"); }
-
 ParallelPlan plan_of(const char* mesh) { return ParallelPlan::parse(mesh); }
 
 struct EpCase {
@@ -35,7 +33,7 @@ class MoeExpertParallel : public testing::TestWithParam<EpCase> {};
 TEST_P(MoeExpertParallel, Fp64WithinOneInATrillionOfOneDevice) {
   const EpCase& c = GetParam();
   EquivalenceOptions o;
-  o.model = tiny_moe();
+  o.model = test::tiny_moe();
   o.train = test::options(3, c.micro_batch_size);
   o.plan = plan_of(c.mesh);
   const EquivalenceReport r = verify_plan<double>(o, test::corpus(), test::virtual_launcher(c.world));
@@ -67,7 +65,7 @@ TEST(MoeExpertParallelMetrics, AuxLossAndExpertTokensEqualOneDevice) {
   const TrainOptions opt = test::options(2, 6);  // 4 data ranks: one micro-batch of 6 rows a rank
   std::vector<StepStats> one;
   {
-    Llama<float> model(tiny_moe());
+    Llama<float> model(test::tiny_moe());
     model.init_weights(opt.seed);
     Trainer<float> trainer(model, test::corpus(), opt);
     for (int s = 0; s < 2; ++s) one.push_back(trainer.step());
@@ -75,7 +73,7 @@ TEST(MoeExpertParallelMetrics, AuxLossAndExpertTokensEqualOneDevice) {
   const ParallelPlan plan = plan_of("ep=2,dp=2");
   std::vector<std::vector<StepStats>> ranks(4);
   test::virtual_launcher(4)([&](ProcessGroup& world) {
-    Llama<float> model = plan.make_model<float>(tiny_moe(), world.memory(), world.rank());
+    Llama<float> model = plan.make_model<float>(test::tiny_moe(), world.memory(), world.rank());
     ParallelTrainer<float> trainer(world, model, test::corpus(), opt, plan);
     for (int s = 0; s < 2; ++s) ranks[size_t(world.rank())].push_back(trainer.step());
   });
@@ -106,7 +104,7 @@ TEST(MoeExpertParallelMetrics, AuxLossAndExpertTokensEqualOneDevice) {
 //     bytes, combine = sum over s != r of rows(s -> r)·C·4, and the same two again in the backward,
 //   rows(r -> q) = the tokens of r's micro-batch routed to q's experts (k choices each).
 TEST(MoeExpertParallelAccounting, ExpertParametersAndAllToAllBytesEqualTheFormulas) {
-  const LlamaConfig cfg = tiny_moe();
+  const LlamaConfig cfg = test::tiny_moe();
   const TrainOptions opt = test::options(1, 6);
   const ParallelPlan plan = plan_of("ep=2,dp=2");
   const int P = 2, W = 4;
@@ -179,17 +177,17 @@ TEST(MoeExpertParallelRefusals, BadMeshesAreRefusedNamingTheDimension) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   };
-  refused(plan_of("ep=3"), tiny_moe(), "ep=3 does not divide num_local_experts=4");
+  refused(plan_of("ep=3"), test::tiny_moe(), "ep=3 does not divide num_local_experts=4");
   refused(plan_of("ep=2"), LlamaConfig::preset("tiny"), "a dense model has no experts to split");
   for (const char* mesh : {"tp=2,ep=2", "cp=2,ep=2", "pp=2,ep=2"}) {
-    refused(plan_of(mesh), tiny_moe(), "MoE models run under data and expert parallelism only so far");
-    refused(plan_of(mesh), tiny_moe(), std::string(mesh).substr(0, 4));
+    refused(plan_of(mesh), test::tiny_moe(), "MoE models run under data and expert parallelism only so far");
+    refused(plan_of(mesh), test::tiny_moe(), std::string(mesh).substr(0, 4));
   }
   ParallelPlan zero = plan_of("ep=2,dp=2");
   zero.zero = ZeroStage::zero1;
-  refused(zero, tiny_moe(), "expert parallelism (ep=2) runs with plain data parallelism only so far");
-  EXPECT_NO_THROW(plan_of("ep=4").check_model(tiny_moe(), 1));
-  EXPECT_NO_THROW(plan_of("ep=2,dp=2").check_model(tiny_moe(), 1));
+  refused(zero, test::tiny_moe(), "expert parallelism (ep=2) runs with plain data parallelism only so far");
+  EXPECT_NO_THROW(plan_of("ep=4").check_model(test::tiny_moe(), 1));
+  EXPECT_NO_THROW(plan_of("ep=2,dp=2").check_model(test::tiny_moe(), 1));
 }
 
 }  // namespace

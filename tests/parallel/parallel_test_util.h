@@ -14,6 +14,9 @@
 
 namespace llama4d::test {
 
+// The mixture-of-experts preset the MoE tests train (4 experts, top-2).
+inline LlamaConfig tiny_moe() { return LlamaConfig::preset("tiny-moe"); }
+
 inline const TextDataset& corpus() {
   static const TextDataset data = [] {
     std::string text;
