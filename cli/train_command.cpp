@@ -289,17 +289,17 @@ struct TrainerCalls {
   std::function<AsyncCheckpointStats()> wait_saved;
 };
 
-// The TrainerCalls of an asynchronous checkpoint through `writer`, shared by the ranks of this
-// process: `snapshot_into(image)` is the trainer's save_state (collective); the lead rank starts
-// the write with the tokenizer files beside it.
+// The TrainerCalls of an asynchronous checkpoint through `writer`, shared by the `ranks` ranks of
+// this process: `snapshot_into(image, written)` is the trainer's save_state (collective), calling
+// `written` once the rank's share is in; the last rank in starts the write, with the tokenizer
+// files beside it.
 template <class T>
-void use_async_checkpoint(TrainerCalls& calls, AsyncCheckpointer<T>& writer, bool starts_writes,
-                          std::function<void(TrainingStateImage<T>&)> snapshot_into,
+void use_async_checkpoint(TrainerCalls& calls, AsyncCheckpointer<T>& writer, int ranks,
+                          std::function<void(TrainingStateImage<T>&, const std::function<void()>&)> snapshot_into,
                           std::function<void(const std::string&)> more_files) {
-  calls.snapshot = [&writer, starts_writes, snapshot_into = std::move(snapshot_into),
+  calls.snapshot = [&writer, ranks, snapshot_into = std::move(snapshot_into),
                     more_files = std::move(more_files)](const std::string& dir) {
-    snapshot_into(writer.image());
-    if (starts_writes) writer.start(dir, more_files);
+    snapshot_into(writer.image(), [&] { writer.share_written(ranks, dir, more_files); });
   };
   calls.wait_saved = [&writer] {
     writer.wait();
@@ -496,7 +496,11 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
                      {}, {}, {}, {}};
   AsyncCheckpointer<T> async;  // declared after the trainer: a write in flight ends before it goes
   if (a.async_checkpoint)
-    use_async_checkpoint<T>(calls, async, true, [&](TrainingStateImage<T>& image) { trainer.save_state(image); },
+    use_async_checkpoint<T>(calls, async, 1,
+                            [&](TrainingStateImage<T>& image, const std::function<void()>& written) {
+                              trainer.save_state(image);
+                              written();
+                            },
                             [&](const std::string& staging) { write_tokenizer_files(r, staging); });
   nlohmann::json j = train_loop(a, a.opt, calls, true);
   j["unigram_entropy_nats"] = std::isnan(unigram) ? nlohmann::json(nullptr) : nlohmann::json(unigram);
@@ -622,8 +626,10 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
                          },
                          {}, {}, {}, {}};
       if (a.async_checkpoint)
-        use_async_checkpoint<T>(calls, async, world.rank() == 0,
-                                [&](TrainingStateImage<T>& image) { trainer.save_state(image); },
+        use_async_checkpoint<T>(calls, async, world.size(),
+                                [&](TrainingStateImage<T>& image, const std::function<void()>& written) {
+                                  trainer.save_state(image, written);
+                                },
                                 [&](const std::string& staging) { write_tokenizer_files(r, staging); });
       // The rank's compute time from the start of a step to the end of its after-step work (not
       // evaluation or saving, which rank 0 does more of); see core/parallel/straggler_detector.h.

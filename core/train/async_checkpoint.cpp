@@ -56,14 +56,28 @@ void AsyncCheckpointer<T>::join() {
 
 template <class T>
 void AsyncCheckpointer<T>::start(const std::string& dir, std::function<void(const std::string& staging)> more_files) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (in_flight_) throw Error("AsyncCheckpointer::start: a write is already in flight (wait() first)");
-    in_flight_ = true;
-    error_.clear();
-    ++stats_.checkpoints;
-  }
-  join();  // the previous writer, finished: it cleared in_flight_ as its last act
+  std::lock_guard<std::mutex> lock(mu_);
+  start_locked(dir, std::move(more_files));
+}
+
+template <class T>
+void AsyncCheckpointer<T>::share_written(int ranks, const std::string& dir,
+                                         std::function<void(const std::string& staging)> more_files) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (++shares_ < ranks) return;
+  shares_ = 0;
+  start_locked(dir, std::move(more_files));
+}
+
+template <class T>
+void AsyncCheckpointer<T>::start_locked(const std::string& dir, std::function<void(const std::string&)> more_files) {
+  if (in_flight_) throw Error("AsyncCheckpointer::start: a write is already in flight (wait() first)");
+  in_flight_ = true;
+  error_.clear();
+  ++stats_.checkpoints;
+  // The previous writer has finished: clearing in_flight_ under the lock was its last act, so
+  // joining it here, with the lock held, cannot wait on the lock.
+  join();
   writer_ = std::thread([this, dir, more = std::move(more_files)]() mutable { write(dir, std::move(more)); });
 }
 

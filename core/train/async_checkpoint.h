@@ -9,7 +9,10 @@
 // torch.distributed.checkpoint's async_save is the same idea (stage to CPU memory, then write).
 //
 //   snapshot   every rank: wait() for the previous write, then ParallelTrainer::save_state into
-//              image() (collective), then the lead rank calls start(dir);
+//              image() (collective), calling share_written() once its share is in: the last
+//              rank to finish starts the write. (Not the lead rank after the closing collective:
+//              a rank that fails right after its share is in aborts the peers still waiting in
+//              that collective, and the complete snapshot would not be written);
 //   write      the background thread: write_state_image(dir, image) — the bytes the synchronous
 //              save writes, file for file;
 //   wait()     the next checkpoint, and the end of the run, block until the write in flight has
@@ -67,6 +70,9 @@ class AsyncCheckpointer {
   // Starts the background write of image() to `dir`. The caller has waited, and every rank has
   // finished writing its share (save_state returned on the lead rank after its last collective).
   void start(const std::string& dir, std::function<void(const std::string& staging)> more_files = {});
+  // Each of `ranks` ranks calls it once its share of a snapshot is in image(); the last call
+  // start()s the write (the image is then whole: every share was written before its call).
+  void share_written(int ranks, const std::string& dir, std::function<void(const std::string& staging)> more_files = {});
   // Waits, and returns the failed write's message instead of throwing ("": none failed): for a
   // run that is already failing for another reason.
   std::string finish_quietly();
@@ -76,11 +82,13 @@ class AsyncCheckpointer {
  private:
   void write(std::string dir, std::function<void(const std::string&)> more_files);
   void join();  // the writer thread, once its write has ended
+  void start_locked(const std::string& dir, std::function<void(const std::string&)> more_files);
 
   TrainingStateImage<T> image_;
   mutable std::mutex mu_;
   std::condition_variable done_;
   bool in_flight_ = false;
+  int shares_ = 0;  // ranks whose share of the snapshot being taken is in
   std::string error_;  // the latest write's failure, "" if it committed
   AsyncCheckpointStats stats_;
   std::thread writer_;

@@ -57,6 +57,9 @@ struct Recovery {
   std::string faults;  // schedule entries
   std::string named;   // what the failure's cause must say
   std::string flight;  // how the flight recorder's diagnosis must begin ("": not checked)
+  // The steps every rank had finished past the step-2 checkpoint when the fault stopped them: a
+  // fault before step k leaves k - 1 finished, an sdc found after step k leaves k (goodput.h).
+  int lost_steps;
 };
 
 void PrintTo(const Recovery& c, std::ostream* os) { *os << c.name; }
@@ -75,6 +78,7 @@ TEST_P(RecoveryCli, RecoveredRunIsByteIdenticalToAnUninterruptedOne) {
   ASSERT_EQ(f.code, 0) << f.err;
   const nlohmann::json g = nlohmann::json::parse(f.out).at("goodput");
   EXPECT_EQ(g.at("restarts").get<int>(), 1) << g.dump();
+  EXPECT_EQ(g.at("lost_steps").get<int>(), c.lost_steps) << g.dump();
   ASSERT_EQ(g.at("failures").size(), 1u) << g.dump();
   EXPECT_NE(g.at("failures")[0].get<std::string>().find(c.named), std::string::npos) << g.dump();
   EXPECT_NE(f.err.find("restarting (1 of 2) from " + faulted + "/checkpoint (step 2)"), std::string::npos) << f.err;
@@ -97,16 +101,16 @@ TEST_P(RecoveryCli, RecoveredRunIsByteIdenticalToAnUninterruptedOne) {
 }
 
 const Recovery kRecoveries[] = {
-    {"dp_crash", " --mesh dp=2", R"({"kind": "crash", "rank": 1, "step": 3})", "injected crash on rank 1 at step 3", ""},
+    {"dp_crash", " --mesh dp=2", R"({"kind": "crash", "rank": 1, "step": 3})", "injected crash on rank 1 at step 3", "", 0},
     {"zero3_link", " --mesh dp=2 --zero 3", R"({"kind": "collective", "rank": 0, "step": 3})",
-     "injected collective failure on rank 0 at step 3", ""},
+     "injected collective failure on rank 0 at step 3", "", 0},
     {"tp_hang", " --mesh tp=2", R"({"kind": "hang", "rank": 1, "step": 3})", "timeout after 1000 ms: rank 1 of 'tp' (world rank 1) never called",
-     "rank 1 did not enter reduce_scatter(count=8192 per rank, F32, sum) #58 on group 'tp' (its last: #57, completed)"},
+     "rank 1 did not enter reduce_scatter(count=8192 per rank, F32, sum) #58 on group 'tp' (its last: #57, completed)", 0},
     {"pp_sdc", " --mesh pp=2,dp=3 --batch-size 6 --check-replicas", R"({"kind": "sdc", "rank": 1, "step": 3})",
-     "silent data corruption after step 3: the weights of world rank 1 differ from the other replicas' in dp", ""},
+     "silent data corruption after step 3: the weights of world rank 1 differ from the other replicas' in dp", "", 1},
     {"4d_slow_then_crash", " --mesh tp=2,pp=2,dp=2 --micro-batch-size 2",
      R"({"kind": "slow", "rank": 6, "step": 1, "factor": 2, "steps": 2}, {"kind": "crash", "rank": 5, "step": 4})",
-     "injected crash on rank 5 at step 4", ""},
+     "injected crash on rank 5 at step 4", "", 1},
 };
 
 // Tiers: the sanitizer presets run the crash on DP (the supervisor's loop); the release preset
