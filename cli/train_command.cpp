@@ -31,8 +31,10 @@
 #include "core/parallel/parallel_trainer.h"
 #include "core/parallel/dp_common.h"
 #include "core/parallel/fault_injector.h"
+#include "core/parallel/fault_rate.h"
 #include "core/parallel/replica_checksum.h"
 #include "core/parallel/straggler_detector.h"
+#include "core/train/async_checkpoint.h"
 #include "core/train/checkpoint_state.h"
 #include "core/parallel/memory_copies.h"
 #include "core/train/goodput.h"
@@ -53,6 +55,9 @@ struct TrainArgs {
   int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0, max_restarts = 0;
   int64_t memory_copy_every = 0;  // 0: no in-memory copies
   bool check_replicas = false;
+  bool async_checkpoint = false;
+  double fault_rate = 0;  // --fault-rate: failures per rank per step (0: none drawn)
+  int64_t fault_seed = 0;  // --async-checkpoint: snapshot to host memory, write in the background
   StragglerOptions stragglers;
   ComputeChoice compute;
   bool json = false, force = false;
@@ -274,7 +279,31 @@ struct TrainerCalls {
   // after it with its stats.
   std::function<void(int64_t next)> before_step;
   std::function<void(const StepStats&)> after_step;
+  // --async-checkpoint (empty: save() writes before it returns). snapshot(dir): the state copied
+  // to host memory and its write to dir started in the background; wait_saved(): blocks until
+  // the write in flight has committed, throwing its failure, and returns the writes' figures.
+  // Every rank calls both, at the same points of the loop.
+  std::function<void(const std::string& dir)> snapshot;
+  std::function<AsyncCheckpointStats()> wait_saved;
 };
+
+// The TrainerCalls of an asynchronous checkpoint through `writer`, shared by the `ranks` ranks of
+// this process: `snapshot_into(image, written)` is the trainer's save_state (collective), calling
+// `written` once the rank's share is in; the last rank in starts the write, with the tokenizer
+// files beside it.
+template <class T>
+void use_async_checkpoint(TrainerCalls& calls, AsyncCheckpointer<T>& writer, int ranks,
+                          std::function<void(TrainingStateImage<T>&, const std::function<void()>&)> snapshot_into,
+                          std::function<void(const std::string&)> more_files) {
+  calls.snapshot = [&writer, ranks, snapshot_into = std::move(snapshot_into),
+                    more_files = std::move(more_files)](const std::string& dir) {
+    snapshot_into(writer.image(), [&] { writer.share_written(ranks, dir, more_files); });
+  };
+  calls.wait_saved = [&writer] {
+    writer.wait();
+    return writer.stats();
+  };
+}
 
 // Seconds since `origin`: the clock a supervised run's ledger keeps.
 double seconds_since(std::chrono::steady_clock::time_point origin) {
@@ -288,6 +317,25 @@ struct Supervision {
   std::optional<StragglerDetector> stragglers;
   std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
   double now() const { return seconds_since(origin); }
+
+  // The last step each rank of the attempt finished (its step() returned): the least of them
+  // is where the failure stopped the job, the same however far the lead rank got.
+  void attempt_starts(int ranks, int64_t steps_done) {
+    std::lock_guard<std::mutex> lock(mu);
+    reached.assign(size_t(ranks), steps_done);
+  }
+  void finished(int rank, int64_t step) {
+    std::lock_guard<std::mutex> lock(mu);
+    reached.at(size_t(rank)) = step;
+  }
+  int64_t every_rank_reached() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return reached.empty() ? -1 : *std::min_element(reached.begin(), reached.end());
+  }
+
+ private:
+  mutable std::mutex mu;
+  std::vector<int64_t> reached;
 };
 
 // The run itself: steps, metrics, progress, evaluation, checkpoints. `lead` is the rank that
@@ -309,10 +357,53 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
   int64_t total_tokens = 0, steps_this_run = 0;
   GoodputLedger* ledger = lead && sup ? &sup->ledger : nullptr;
   if (ledger) ledger->loop_started(sup->now());
-  const auto save = [&](const std::string& dir) {
+  // What each checkpoint of this attempt stalled the run for (and, asynchronous, what its write
+  // took beside training): rows of the JSON result's "checkpoints".
+  nlohmann::json checkpoints = nlohmann::json::array();
+  int64_t writing = -1;  // the step whose asynchronous write may be in flight (-1: none)
+  // Waits for the asynchronous write in flight; returns the seconds waited.
+  const auto wait_for_write = [&] {
     const auto t0 = std::chrono::steady_clock::now();
-    t.save(dir);
-    if (ledger) ledger->saved(t.steps_done(), seconds_since(t0), sup->now());
+    const AsyncCheckpointStats st = t.wait_saved();
+    const double waited = seconds_since(t0);
+    if (writing >= 0 && st.last_committed_step == writing) {
+      if (ledger) ledger->write_committed(writing, st.last_write_s);
+      for (nlohmann::json& row : checkpoints)
+        if (row.at("step") == writing) row["write_s"] = st.last_write_s;
+      if (lead)
+        progress("train: checkpoint of step %lld written in the background in %.3f s\n", (long long)writing,
+                 st.last_write_s);
+    }
+    writing = -1;
+    return waited;
+  };
+  const auto save = [&](const std::string& dir, bool last) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!t.snapshot) {
+      t.save(dir);
+      const double seconds = seconds_since(t0);
+      if (ledger) ledger->saved(t.steps_done(), seconds, sup->now());
+      checkpoints.push_back({{"step", t.steps_done()}, {"async", false}, {"stall_s", seconds}});
+      return;
+    }
+    double waited = wait_for_write();  // the previous write: its failure ends the run here
+    const auto t1 = std::chrono::steady_clock::now();
+    t.snapshot(dir);
+    const double snapshot = seconds_since(t1);
+    writing = t.steps_done();
+    checkpoints.push_back({{"step", writing}, {"async", true}, {"stall_s", waited + snapshot}, {"wait_s", waited},
+                           {"snapshot_s", snapshot}, {"write_s", nullptr}});
+    const int64_t step = writing;
+    if (last) {
+      // The run ends once its last checkpoint is on disk.
+      const double end_wait = wait_for_write();
+      waited += end_wait;
+      checkpoints.back()["wait_s"] = waited, checkpoints.back()["stall_s"] = waited + snapshot;
+    }
+    if (ledger) {
+      ledger->snapshot_taken(step, waited, snapshot, sup->now());
+      if (last) ledger->write_committed(step, checkpoints.back().at("write_s").get<double>());
+    }
   };
   while (t.steps_done() < last) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -343,16 +434,18 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
                  st.expert_tokens.empty() ? "" : ("  aux_loss " + std::to_string(st.aux_loss)).c_str(),
                  eval_now ? ("  val_loss " + std::to_string(val_loss)).c_str() : "");
     }
-    if (a.save_every > 0 && st.step % a.save_every == 0 && st.step != last) save(a.out + "/checkpoint");
+    if (a.save_every > 0 && st.step % a.save_every == 0 && st.step != last) save(a.out + "/checkpoint", false);
   }
   if (std::isnan(val_loss) && a.eval_every > 0) val_loss = t.validation_loss(a.eval_windows);
   const std::string ckpt = a.out + "/checkpoint";
   auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
-  if (!save_at_end)
+  if (!save_at_end) {
+    if (t.wait_saved) wait_for_write();
     return {{"final_loss", num(last_loss)}, {"steps", t.steps_done()}, {"steps_this_run", steps_this_run},
             {"tokens", total_tokens}, {"seconds", total_seconds},
             {"tokens_per_s", total_seconds > 0 ? double(total_tokens) / total_seconds : 0.0}, {"val_loss", num(val_loss)}};
-  save(ckpt);
+  }
+  save(ckpt, true);
   if (lead && steps_this_run == 0)  // a resumed run that had already finished: no loss to report
     progress("train: the checkpoint had finished all %lld steps, nothing to train (pass --steps with a larger total "
              "to go on); saved %s%s\n",
@@ -369,7 +462,8 @@ nlohmann::json train_loop(const TrainArgs& a, const TrainOptions& opt, const Tra
           {"val_loss", num(val_loss)},
           {"checkpoint", ckpt},
           {"metrics", a.out + "/metrics.jsonl"},
-          {"options", opt.to_json()}};
+          {"options", opt.to_json()},
+          {"checkpoints", checkpoints}};
   if (last_aux) result["final_aux_loss"] = *last_aux;  // final_loss is the cross-entropy alone
   return result;
 }
@@ -391,13 +485,21 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
            (long long)a.opt.batch_size, (long long)a.opt.seq_len, (long long)a.opt.micro(), unigram);
   // One rank: the step's ops may queue on a GPU's stream. A parallel run's steps share buffers
   // with collectives and other ranks, so there every op waits.
-  const TrainerCalls calls{[&] { return trainer.step_queued(); }, [&] { return trainer.steps_done(); },
-                           [&](int64_t w) { return trainer.validation_loss(w).mean(); },
-                           [&](const std::string& dir) {
-                             trainer.save_checkpoint(dir);
-                             write_tokenizer_files(r, dir);
-                           },
-                           {}, {}};
+  TrainerCalls calls{[&] { return trainer.step_queued(); }, [&] { return trainer.steps_done(); },
+                     [&](int64_t w) { return trainer.validation_loss(w).mean(); },
+                     [&](const std::string& dir) {
+                       trainer.save_checkpoint(dir);
+                       write_tokenizer_files(r, dir);
+                     },
+                     {}, {}, {}, {}};
+  AsyncCheckpointer<T> async;  // declared after the trainer: a write in flight ends before it goes
+  if (a.async_checkpoint)
+    use_async_checkpoint<T>(calls, async, 1,
+                            [&](TrainingStateImage<T>& image, const std::function<void()>& written) {
+                              trainer.save_state(image);
+                              written();
+                            },
+                            [&](const std::string& staging) { write_tokenizer_files(r, staging); });
   nlohmann::json j = train_loop(a, a.opt, calls, true);
   j["unigram_entropy_nats"] = std::isnan(unigram) ? nlohmann::json(nullptr) : nlohmann::json(unigram);
   j["model"] = model_name(a);
@@ -488,6 +590,9 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   StragglerDetector& stragglers =
       at.sup && at.sup->stragglers ? *at.sup->stragglers : own_stragglers.emplace(a.stragglers);
   const bool detect = a.stragglers.factor > 0;
+  // --async-checkpoint: one writer for the ranks of this process; a write in flight when the
+  // job fails finishes (or fails) before the supervisor looks at the disk.
+  AsyncCheckpointer<T> async;
   try {
     launcher.run(ranks, [&](ProcessGroup& world) {
       std::optional<OutputLock> out_lock;
@@ -521,13 +626,24 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
                    ? std::span<std::byte>(reinterpret_cast<std::byte*>(model.params()), size_t(model.num_params()) * sizeof(T))
                    : std::span<std::byte>();
       };
-      TrainerCalls calls{[&] { return trainer.step(); }, [&] { return trainer.steps_done(); },
+      TrainerCalls calls{[&] {
+                           const StepStats st = trainer.step();
+                           if (at.sup) at.sup->finished(world.rank(), st.step);
+                           return st;
+                         },
+                         [&] { return trainer.steps_done(); },
                          [&](int64_t w) { return trainer.validation_loss(w).mean(); },
                          [&](const std::string& dir) {
                            trainer.save_checkpoint(dir);
                            if (world.rank() == 0) write_tokenizer_files(r, dir);
                          },
-                         {}, {}};
+                         {}, {}, {}, {}};
+      if (a.async_checkpoint)
+        use_async_checkpoint<T>(calls, async, world.size(),
+                                [&](TrainingStateImage<T>& image, const std::function<void()>& written) {
+                                  trainer.save_state(image, written);
+                                },
+                                [&](const std::string& staging) { write_tokenizer_files(r, staging); });
       // The rank's compute time from the start of a step to the end of its after-step work (not
       // evaluation or saving, which rank 0 does more of); see core/parallel/straggler_detector.h.
       StepComputeClock compute;
@@ -563,6 +679,8 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
       if (world.rank() == 0) result = j, strategy = trainer.describe();
     });
   } catch (const Error& e) {
+    if (const std::string lost = async.finish_quietly(); !lost.empty() && lost != e.what())
+      progress("train: %s\n", lost.c_str());
     // Virtual GPUs only: there this process holds every rank's recorder (MPI processes would
     // each write their own rank's over the others'). A failure to write it hides nothing.
     if (dynamic_cast<const InputError*>(&e) == nullptr && a.launch.backend == "virtual") {
@@ -594,13 +712,47 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
   return result;
 }
 
+int64_t last_step(const TrainArgs& a) { return a.stop_at > 0 ? std::min(a.stop_at, a.opt.steps) : a.opt.steps; }
+
+// Where --fault-rate's schedule is written, to replay with --faults.
+std::string drawn_faults_path(const TrainArgs& a) { return a.out + "/faults_drawn.json"; }
+
+nlohmann::json drawn_faults_json(const TrainArgs& a, const DrawnSchedule& d) {
+  nlohmann::json causes = nlohmann::json::array();
+  for (const DrawnFault& f : d.drawn) causes.push_back({{"fault", f.fault.describe()}, {"cause", f.cause->cause}});
+  return {{"per_rank_step", a.fault_rate}, {"seed", a.fault_seed}, {"schedule", d.schedule.to_json()},
+          {"causes", causes}, {"dropped_sdc", d.dropped_sdc}, {"file", drawn_faults_path(a)}};
+}
+
+// Prints the schedule --fault-rate drew, each fault with its cause in Llama 3's Table 5, and writes
+// it as a --faults file, so the same failures can be injected again.
+void report_drawn_faults(const TrainArgs& a, const DrawnSchedule& d) {
+  const std::string path = drawn_faults_path(a);
+  write_text_file_atomically(path, d.schedule.to_json().dump(1) + "\n");
+  progress("train: --fault-rate %g per rank-step, --fault-seed %lld: drew %zu fault%s over %lld steps (Llama 3's "
+           "Table 5 mix); replay with --faults %s\n",
+           a.fault_rate, (long long)a.fault_seed, d.drawn.size(), d.drawn.size() == 1 ? "" : "s",
+           (long long)last_step(a), path.c_str());
+  bool sdc = false;
+  for (const DrawnFault& f : d.drawn) {
+    progress("  %s (%s)\n", f.fault.describe().c_str(), f.cause->cause);
+    sdc = sdc || f.fault.kind == FaultKind::sdc;
+  }
+  if (d.dropped_sdc > 0)
+    progress("  and %d silent data corruption%s not injected: ZeRO-3 (--zero 3) holds no whole weights to flip a bit of\n",
+             d.dropped_sdc, d.dropped_sdc == 1 ? "" : "s");
+  if (sdc && !a.check_replicas)
+    progress("  (without --check-replicas nothing will notice the silent corruption: it stays in the weights)\n");
+}
+
 // Checks the fault-tolerance flags against the run before anything is computed.
 FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan) {
   check_straggler_options(a.stragglers);
   if (a.max_restarts < 0)
     throw InputError("--max-restarts must be >= 0 (0: a failure ends the run), got " + std::to_string(a.max_restarts));
   const bool parallel = a.parallel.parallel();
-  for (const char* flag : {"--faults", "--max-restarts", "--check-replicas", "--straggler-factor", "--straggler-margin"})
+  for (const char* flag : {"--faults", "--fault-rate", "--fault-seed", "--max-restarts", "--check-replicas",
+                           "--straggler-factor", "--straggler-margin"})
     if (cmd.count(flag) > 0 && !parallel)
       throw InputError(std::string(flag) + " applies to the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=2)");
   if (a.check_replicas && std::string_view(ops::backend_name()) != "cpu")
@@ -625,11 +777,24 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
       throw InputError("--memory-copy-every keeps copies to restart from, and --max-restarts is 0 (a failure ends the "
                        "run): give --max-restarts N as well");
   }
+  if (a.async_checkpoint && parallel && a.launch.backend != "virtual")
+    throw InputError("--async-checkpoint snapshots every rank's share into this process's memory: it runs on one rank "
+                     "or on virtual GPUs (--backend virtual), not --backend " + a.launch.backend);
+  if (cmd.count("--fault-seed") > 0 && cmd.count("--fault-rate") == 0)
+    throw InputError("--fault-seed seeds the faults --fault-rate draws, and --fault-rate was not given");
+  if (cmd.count("--fault-rate") > 0) {
+    if (!a.faults.empty()) throw InputError("--fault-rate and --faults: give a schedule or a rate to draw one, not both");
+    if (a.launch.backend != "virtual")
+      throw InputError("--fault-rate injects into virtual GPUs only (--backend virtual), not --backend " + a.launch.backend);
+    if (a.fault_seed < 0) throw InputError("--fault-seed must be >= 0, got " + std::to_string(a.fault_seed));
+    draw_fault_schedule(a.fault_rate, 0, 1, 0);  // InputError naming --fault-rate for a rate outside (0, 1]
+    return {};
+  }
   if (a.faults.empty()) return {};
   if (a.launch.backend != "virtual")
     throw InputError("--faults injects into virtual GPUs only (--backend virtual), not --backend " + a.launch.backend);
   FaultSchedule s = FaultSchedule::read(a.faults);
-  s.check_fits(plan.world_size(), a.stop_at > 0 ? std::min(a.stop_at, a.opt.steps) : a.opt.steps);
+  s.check_fits(plan.world_size(), last_step(a));
   const int weight_bits = a.model.fp64() ? 64 : 32;  // bf16 runs keep fp32 master weights
   for (const Fault& f : s.faults) {
     if (f.bit >= weight_bits)
@@ -681,6 +846,7 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
   size_t fired_at_start = 0;
   for (int64_t attempt = 0;; ++attempt) {
     sup.ledger.attempt_started(sup.now(), from_step);
+    sup.attempt_starts(plan.world_size(), from_step);
     try {
       fired_at_start = injector.fired().size();
       nlohmann::json j = run_parallel<T>(r, plan, data,
@@ -724,7 +890,7 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
         }
       }
       const int64_t kept = image ? image->steps_done() : from.empty() ? 0 : from_step;
-      sup.ledger.attempt_ended(sup.now(), e.what(), kept);
+      sup.ledger.attempt_ended(sup.now(), e.what(), kept, sup.every_rank_reached());
       sup.ledger.recovered(image.has_value());
       if (image) from_step = image->steps_done();
       if (copies && !why_disk.empty())
@@ -768,7 +934,8 @@ void check_recipe_flags(const TrainArgs& a, const CLI::App& cmd) {
       throw InputError(std::string(flag) + " and --recipe: the recipe gives each stage's mesh (dp, tp, cp, pp), "
                        "batch_size, seq_len, length, LR segment and data, and its seed");
   // --trace: each stage is its own launch, which would write the file over the last stage's.
-  for (const char* flag : {"--init", "--faults", "--max-restarts", "--memory-copy-every", "--check-replicas",
+  for (const char* flag : {"--init", "--faults", "--fault-rate", "--fault-seed", "--max-restarts", "--memory-copy-every",
+                           "--check-replicas", "--async-checkpoint",
                            "--straggler-factor", "--straggler-margin", "--trace"})
     if (cmd.count(flag) > 0) throw InputError(std::string(flag) + " and --recipe: not supported together in this build");
   if (a.launch.backend != "virtual")
@@ -963,7 +1130,7 @@ nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& 
                                    trainer.save_checkpoint(dir);
                                    if (world.rank() == 0) write_tokenizer_files(r, dir);
                                  },
-                                 {}, {}};
+                                 {}, {}, {}, {}};
         // A stage hands on (no checkpoint) unless it is the last of the recipe or of --stop-at.
         const bool saves = i == last_stage && !hand_on;
         nlohmann::json res = train_loop(a, opt, calls, lead, nullptr, st.name, saves);
@@ -1096,7 +1263,13 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   const ParallelPlan plan = a.parallel.plan(r.cfg, a.launch.algo);
   plan.check_precision(a.opt.bf16_compute);
   a.launch.validate(a.parallel.parallel());
-  const FaultSchedule faults = check_fault_flags(a, cmd, plan);
+  FaultSchedule faults = check_fault_flags(a, cmd, plan);
+  std::optional<DrawnSchedule> drawn;
+  if (cmd.count("--fault-rate") > 0) {
+    drawn = draw_fault_schedule(a.fault_rate, uint64_t(a.fault_seed), plan.world_size(), last_step(a),
+                                plan.zero != ZeroStage::zero3);
+    faults = drawn->schedule;
+  }
   const bool f64 = a.model.fp64();
   check_fits_in_memory(r.cfg, 4.0 * (f64 ? 8 : 4), a.force,
                        "training a " + std::to_string(r.cfg.num_parameters()) + "-parameter model");
@@ -1117,6 +1290,7 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   if (const int stale = remove_stale_staging(a.out + "/checkpoint"))
     std::fprintf(stderr, "removed %d staging director%s left by a killed save in %s\n", stale, stale == 1 ? "y" : "ies",
                  a.out.c_str());
+  if (drawn) report_drawn_faults(a, *drawn);
   // Every parallel run goes through the supervisor (with no restarts unless asked): it reports goodput.
   nlohmann::json result = a.parallel.parallel()
                               ? (f64 ? supervise<double>(r, plan, data, faults) : supervise<float>(r, plan, data, faults))
@@ -1124,6 +1298,7 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   if (!result.is_null()) {  // null: an MPI rank that does not report
     result["device"] = ops::backend_name();
     result["kernels"] = ops::kernel_mode_name(ops::kernel_mode());
+    if (drawn) result["fault_rate"] = drawn_faults_json(a, *drawn);
   }
   return result;
 }
@@ -1169,12 +1344,21 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--faults", a->faults,
                   "inject failures from this JSON schedule (kinds crash, hang, slow, collective, sdc; see "
                   "core/parallel/fault_schedule.h) into the virtual GPUs of the run");
+  add_number(*cmd, "--fault-rate", a->fault_rate,
+             "draw failures instead: each rank fails at each step with probability P, its cause drawn from Llama 3's "
+             "Table 5 mix (core/parallel/fault_rate.h); the schedule drawn is printed and written to "
+             "<out>/faults_drawn.json for --faults");
+  add_number(*cmd, "--fault-seed", a->fault_seed, "seed of the schedule --fault-rate draws")->capture_default_str();
   add_number(*cmd, "--max-restarts", a->max_restarts,
              "restart a failed run up to N times from its latest checkpoint (--save-every), without a person")
       ->capture_default_str();
   add_number(*cmd, "--memory-copy-every", a->memory_copy_every,
              "every K steps each rank keeps its shard of the state and a copy of a partner's on the next node "
              "(--gpus-per-node), so --max-restarts recovers a lost node without the disk (Gemini, SOSP 2023)");
+  cmd->add_flag("--async-checkpoint", a->async_checkpoint,
+                "at a checkpoint, copy the state to host memory (the step stalls only for that) and write the "
+                "checkpoint directory in a background thread, atomically as always; the next checkpoint and the end "
+                "of the run wait for it, and a failed write ends the run naming it");
   cmd->add_flag("--check-replicas", a->check_replicas,
                 "after every step, compare checksums of the weights data-parallel replicas hold, naming a rank whose "
                 "bits differ (silent data corruption); costs one read of the weights per step");

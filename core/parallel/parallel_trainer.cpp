@@ -315,7 +315,7 @@ void ParallelTrainer<T>::write_share(TrainingCheckpointWriter<T>& writer) {
 }
 
 template <class T>
-void ParallelTrainer<T>::save_state(TrainingStateImage<T>& image) {
+void ParallelTrainer<T>::save_state(TrainingStateImage<T>& image, const std::function<void()>& written) {
   // The phases of save_checkpoint without the files: rank 0 lays the image out, then every rank
   // writes its share through the same strategy code, each phase closed by a collective.
   std::exception_ptr error;
@@ -330,6 +330,7 @@ void ParallelTrainer<T>::save_state(TrainingStateImage<T>& image) {
   failed = capture_failure(error, [&] {
     TrainingCheckpointWriter<T> writer(image, world_.rank(), model_.config(), model_.param_specs());
     write_share(writer);
+    if (written) written();
   });
   bad = first_failed_rank(world_, failed, "state image written");
   if (bad >= 0) throw_checkpoint_failure(error, bad, "<in-memory image>");

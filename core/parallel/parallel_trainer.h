@@ -5,6 +5,7 @@
 // tensor-parallel group share a data rank and run the same rows on their slices of the model;
 // the ranks of a context-parallel group share it too and run their chunks of those rows.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -84,7 +85,9 @@ class ParallelTrainer {
   // `image` (shared by the ranks of this process) or reads what it keeps from it, by the strategy
   // code that writes and reads files. An image saved on one plan loads on any other plan of the
   // same model, like a checkpoint; see reshard_in_memory.h.
-  void save_state(TrainingStateImage<T>& image);
+  // `written`, if given, runs on each rank once its share is in the image, before the closing
+  // collective (an asynchronous checkpoint's writer starts when the last share is in).
+  void save_state(TrainingStateImage<T>& image, const std::function<void()>& written = {});
   void load_state(const TrainingStateImage<T>& image);
 
  private:

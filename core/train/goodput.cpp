@@ -17,9 +17,7 @@ void GoodputLedger::step_done(int64_t step, double seconds, double t) {
   attempts_.back().last_progress = t;
 }
 
-void GoodputLedger::saved(int64_t step, double seconds, double t) {
-  checkpoint_ += seconds;
-  if (!attempts_.empty()) attempts_.back().last_progress = t;
+void GoodputLedger::keep_through(int64_t step) {
   for (auto it = unsaved_.begin(); it != unsaved_.end() && it->first <= step;) {
     productive_ += it->second;
     it = unsaved_.erase(it);
@@ -27,15 +25,41 @@ void GoodputLedger::saved(int64_t step, double seconds, double t) {
   last_saved_ = std::max(last_saved_, step);
 }
 
-void GoodputLedger::attempt_ended(double t, const std::string& cause, int64_t saved_through) {
+void GoodputLedger::saved(int64_t step, double seconds, double t) {
+  checkpoint_ += seconds;
+  checkpoints_.push_back({step, false, seconds, 0, 0, -1});
+  if (!attempts_.empty()) attempts_.back().last_progress = t;
+  keep_through(step);
+}
+
+void GoodputLedger::snapshot_taken(int64_t step, double wait_seconds, double snapshot_seconds, double t) {
+  checkpoint_ += wait_seconds + snapshot_seconds;
+  checkpoints_.push_back({step, true, wait_seconds + snapshot_seconds, wait_seconds, snapshot_seconds, -1});
+  if (!attempts_.empty()) attempts_.back().last_progress = t;
+}
+
+void GoodputLedger::write_committed(int64_t step, double write_seconds) {
+  for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it)
+    if (it->async && it->step == step && it->write < 0) {
+      it->write = write_seconds;
+      break;
+    }
+  keep_through(step);
+}
+
+void GoodputLedger::attempt_ended(double t, const std::string& cause, int64_t saved_through,
+                                  int64_t every_rank_reached) {
   Attempt& a = attempts_.back();
   a.end = t;
   a.cause = cause;
   for (const auto& [step, seconds] : unsaved_) {
     const bool kept = cause.empty() || step <= saved_through;
     (kept ? productive_ : lost_) += seconds;
-    lost_steps_ += kept ? 0 : 1;
+    lost_steps_ += kept || every_rank_reached >= 0 ? 0 : 1;
   }
+  // Counted from the restored step: the steps every rank had finished that the next attempt
+  // trains again, whatever the lead rank had seen when the failure reached it.
+  if (!cause.empty() && every_rank_reached >= 0) lost_steps_ += std::max<int64_t>(0, every_rank_reached - saved_through);
   last_saved_ = std::max(last_saved_, saved_through);
   unsaved_.clear();
 }
@@ -46,6 +70,20 @@ void GoodputLedger::memory_copied(double seconds, double t) {
 }
 
 void GoodputLedger::recovered(bool from_memory) { ++(from_memory ? from_memory_ : from_disk_); }
+
+namespace {
+nlohmann::json seconds_or_null(double s) { return s < 0 ? nlohmann::json(nullptr) : nlohmann::json(s); }
+}  // namespace
+
+nlohmann::json GoodputLedger::checkpoint_rows() const {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Checkpoint& c : checkpoints_) {
+    nlohmann::json row = {{"step", c.step}, {"async", c.async}, {"stall_s", c.stall}};
+    if (c.async) row["wait_s"] = c.wait, row["snapshot_s"] = c.snapshot, row["write_s"] = seconds_or_null(c.write);
+    rows.push_back(row);
+  }
+  return rows;
+}
 
 nlohmann::json GoodputLedger::report() const {
   double wall = 0, startup = 0, restart = 0, detection = 0;
@@ -77,7 +115,8 @@ nlohmann::json GoodputLedger::report() const {
           {"other_s", other > 0 ? other : 0.0},
           {"restarts", attempts_.empty() ? 0 : int(attempts_.size()) - 1},
           {"recoveries", {{"from_memory", from_memory_}, {"from_disk", from_disk_}}},
-          {"failures", failures}};
+          {"failures", failures},
+          {"checkpoints", checkpoint_rows()}};
 }
 
 }  // namespace llama4d

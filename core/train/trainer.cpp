@@ -125,6 +125,16 @@ void Trainer<T>::save_checkpoint(const std::string& dir) const {
 }
 
 template <class T>
+void Trainer<T>::save_state(TrainingStateImage<T>& image) const {
+  TrainingCheckpointWriter<T> writer(image, 0, model_.config(), model_.param_specs());
+  writer.create(adamw_.step_count(), steps_done_, opt_);
+  const int64_t n = model_.num_params();
+  writer.params(0, n, model_.params());
+  writer.exp_avg(0, n, adamw_.exp_avg().data());
+  writer.exp_avg_sq(0, n, adamw_.exp_avg_sq().data());
+}
+
+template <class T>
 void Trainer<T>::load_checkpoint(const std::string& dir) {
   const TrainingCheckpointInfo info = load_training_checkpoint(dir, model_, adamw_);
   check_resumable(info.options, info.steps_done, opt_);

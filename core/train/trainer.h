@@ -22,6 +22,7 @@
 #include "core/optim/lr_schedule.h"
 #include "core/optim/segmented_norm.h"
 #include "core/tensor/buffer.h"
+#include "core/train/state_image.h"
 #include "core/train/train_options.h"
 
 namespace llama4d {
@@ -79,6 +80,10 @@ class Trainer {
   // optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>) and trainer_state.json, all or
   // nothing (a temporary directory renamed into place).
   void save_checkpoint(const std::string& dir) const;
+  // The same state into memory (state_image.h), as one rank that owns everything: the snapshot of
+  // an asynchronous checkpoint (async_checkpoint.h), which write_state_image turns into the files
+  // save_checkpoint writes.
+  void save_state(TrainingStateImage<T>& image) const;
   // Restores weights, optimizer state and step count saved by save_checkpoint. The options
   // saved in the checkpoint must match this trainer's (InputError names the first difference).
   void load_checkpoint(const std::string& dir);

@@ -21,13 +21,16 @@ struct Result {
   std::string out, err;
 };
 
-// Runs `llama4d <args>`, capturing stdout and stderr separately.
-inline Result run(const std::string& args) {
+// Runs `llama4d <args>`, capturing stdout and stderr separately; with `limit_s` > 0, under
+// coreutils' timeout: a run still going after limit_s seconds is killed and returns code 124 (a
+// guard against a hang, not a measure of speed).
+inline Result run(const std::string& args, int limit_s = 0) {
   // ctest runs tests as parallel processes: each call needs its own file.
   static int calls = 0;
   const std::string err_file =
       testing::TempDir() + "/llama4d_cli_stderr_" + std::to_string(getpid()) + "_" + std::to_string(++calls) + ".txt";
-  const std::string cmd = std::string(LLAMA4D_BIN) + " " + args + " 2>" + err_file;
+  const std::string limit = limit_s > 0 ? "timeout -k 5 " + std::to_string(limit_s) + " " : "";
+  const std::string cmd = limit + std::string(LLAMA4D_BIN) + " " + args + " 2>" + err_file;
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

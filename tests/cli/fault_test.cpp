@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <random>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +57,9 @@ struct Recovery {
   std::string faults;  // schedule entries
   std::string named;   // what the failure's cause must say
   std::string flight;  // how the flight recorder's diagnosis must begin ("": not checked)
+  // The steps every rank had finished past the step-2 checkpoint when the fault stopped them: a
+  // fault before step k leaves k - 1 finished, an sdc found after step k leaves k (goodput.h).
+  int lost_steps;
 };
 
 void PrintTo(const Recovery& c, std::ostream* os) { *os << c.name; }
@@ -76,6 +78,7 @@ TEST_P(RecoveryCli, RecoveredRunIsByteIdenticalToAnUninterruptedOne) {
   ASSERT_EQ(f.code, 0) << f.err;
   const nlohmann::json g = nlohmann::json::parse(f.out).at("goodput");
   EXPECT_EQ(g.at("restarts").get<int>(), 1) << g.dump();
+  EXPECT_EQ(g.at("lost_steps").get<int>(), c.lost_steps) << g.dump();
   ASSERT_EQ(g.at("failures").size(), 1u) << g.dump();
   EXPECT_NE(g.at("failures")[0].get<std::string>().find(c.named), std::string::npos) << g.dump();
   EXPECT_NE(f.err.find("restarting (1 of 2) from " + faulted + "/checkpoint (step 2)"), std::string::npos) << f.err;
@@ -98,16 +101,16 @@ TEST_P(RecoveryCli, RecoveredRunIsByteIdenticalToAnUninterruptedOne) {
 }
 
 const Recovery kRecoveries[] = {
-    {"dp_crash", " --mesh dp=2", R"({"kind": "crash", "rank": 1, "step": 3})", "injected crash on rank 1 at step 3", ""},
+    {"dp_crash", " --mesh dp=2", R"({"kind": "crash", "rank": 1, "step": 3})", "injected crash on rank 1 at step 3", "", 0},
     {"zero3_link", " --mesh dp=2 --zero 3", R"({"kind": "collective", "rank": 0, "step": 3})",
-     "injected collective failure on rank 0 at step 3", ""},
+     "injected collective failure on rank 0 at step 3", "", 0},
     {"tp_hang", " --mesh tp=2", R"({"kind": "hang", "rank": 1, "step": 3})", "timeout after 1000 ms: rank 1 of 'tp' (world rank 1) never called",
-     "rank 1 did not enter reduce_scatter(count=8192 per rank, F32, sum) #58 on group 'tp' (its last: #57, completed)"},
+     "rank 1 did not enter reduce_scatter(count=8192 per rank, F32, sum) #58 on group 'tp' (its last: #57, completed)", 0},
     {"pp_sdc", " --mesh pp=2,dp=3 --batch-size 6 --check-replicas", R"({"kind": "sdc", "rank": 1, "step": 3})",
-     "silent data corruption after step 3: the weights of world rank 1 differ from the other replicas' in dp", ""},
+     "silent data corruption after step 3: the weights of world rank 1 differ from the other replicas' in dp", "", 1},
     {"4d_slow_then_crash", " --mesh tp=2,pp=2,dp=2 --micro-batch-size 2",
      R"({"kind": "slow", "rank": 6, "step": 1, "factor": 2, "steps": 2}, {"kind": "crash", "rank": 5, "step": 4})",
-     "injected crash on rank 5 at step 4", ""},
+     "injected crash on rank 5 at step 4", "", 1},
 };
 
 // Tiers: the sanitizer presets run the crash on DP (the supervisor's loop); the release preset
@@ -181,49 +184,67 @@ TEST(FaultCli, SlowRankIsFlaggedAsStragglerAndTheRunEndsOnTheSameBytes) {
   fs::remove_all(slow);
 }
 
-// A small chaos test: seeded random schedules (one to three faults of the kinds that do not wait
-// for a timeout: crash, collective, sdc, slow) on a 4D plan; each run recovers to the bytes of the
-// run without failures, restarting at most once per fault that stops it, and leaves no staging
-// directory.
-TEST(FaultCli, SeededChaosSchedulesOn4dAllRecoverBitwise) {
-  const std::string mesh = " --mesh tp=2,pp=2,dp=2 --micro-batch-size 2 --check-replicas";
-  const std::string straight = tmp("faults_chaos_straight");
+// The chaos test: schedules drawn by --fault-rate (each of 16 ranks fails at each of 4 steps with
+// probability 0.03, causes from Llama 3's Table 5: crashes, link failures, hangs, silent corruption,
+// slowdowns) on a 4D plan (tp, cp, pp, dp of 2), checkpointing every step (asynchronously for odd
+// seeds), with at most 2 restarts. Every run either recovers to the bytes of the run without
+// failures, or gives up naming the failure that stopped it; none outlives its limit (a hang the
+// watchdog missed would); nothing half-written is left: <out> holds the checkpoint with exactly its
+// four files, the JSON records and metrics, no staging directory.
+void expect_chaos_schedules_end_well(int first_seed, int seeds) {
+  const std::string mesh = " --mesh tp=2,cp=2,pp=2,dp=2 --micro-batch-size 2 --check-replicas";
+  const std::string straight = tmp("faults_chaos_straight_" + std::to_string(first_seed));
   ASSERT_EQ(run("train" + kFaultRun + mesh + " --out " + straight).code, 0);
   const std::string model = read_file(straight + "/checkpoint/model.safetensors");
-  std::mt19937 rng(2024);
-  const char* kinds[] = {"crash", "collective", "sdc", "slow"};
-  int total_restarts = 0;
-  for (int s = 0; s < 6; ++s) {
-    std::string faults;
-    int stopping = 0;
-    const int n = 1 + int(rng() % 3);
-    for (int i = 0; i < n; ++i) {
-      const std::string kind = kinds[rng() % 4];
-      const int rank = int(rng() % 8), step = 1 + int(rng() % 4);
-      faults += std::string(i ? ", " : "") + "{\"kind\": \"" + kind + "\", \"rank\": " + std::to_string(rank) +
-                ", \"step\": " + std::to_string(step) + (kind == "slow" ? ", \"factor\": 2" : "") + "}";
-      stopping += kind != "slow";
+  const std::string optimizer = read_file(straight + "/checkpoint/optimizer.safetensors");
+  int recovered = 0, gave_up = 0, faulted = 0;
+  for (int seed = first_seed; seed < first_seed + seeds; ++seed) {
+    SCOPED_TRACE("--fault-seed " + std::to_string(seed));
+    const std::string out = tmp("faults_chaos_" + std::to_string(seed));
+    const Result r = run("train" + kFaultRun + mesh + " --save-every 1 --max-restarts 2 --fault-rate 0.03 --fault-seed " +
+                             std::to_string(seed) + (seed % 2 ? " --async-checkpoint" : "") + " --out " + out + " --json",
+                         60);
+    ASSERT_NE(r.code, 124) << "hung past 60 s:\n" << r.err;
+    const nlohmann::json drawn = nlohmann::json::parse(read_file(out + "/faults_drawn.json"));
+    faulted += !drawn.at("faults").empty();
+    if (r.code == 0) {
+      ++recovered;
+      EXPECT_TRUE(read_file(out + "/checkpoint/model.safetensors") == model) << r.err;
+      EXPECT_TRUE(read_file(out + "/checkpoint/optimizer.safetensors") == optimizer) << r.err;
+    } else {
+      ++gave_up;
+      EXPECT_EQ(r.code, 1) << r.err;
+      const size_t at = r.err.find("gave up after 2 restarts: ");
+      ASSERT_NE(at, std::string::npos) << r.err;
+      const std::string cause = r.err.substr(at);
+      EXPECT_TRUE(cause.find("injected ") != std::string::npos || cause.find("timeout after") != std::string::npos ||
+                  cause.find("silent data corruption") != std::string::npos)
+          << "a named cause: " << cause;
     }
-    const std::string out = tmp("faults_chaos_" + std::to_string(s));
-    const Result r = run("train" + kFaultRun + mesh + " --save-every 1 --max-restarts 3 --out " + out + " --json --faults " +
-                         schedule("faults_chaos_s", faults));
-    ASSERT_EQ(r.code, 0) << faults << "\n" << r.err;
-    // Two faults of one step on two ranks may stop one attempt together (which fires first is a race).
-    const int restarts = nlohmann::json::parse(r.out).at("goodput").at("restarts").get<int>();
-    EXPECT_LE(restarts, stopping) << faults;
-    EXPECT_GE(restarts, stopping > 0 ? 1 : 0) << faults;
-    total_restarts += restarts;
-    EXPECT_TRUE(read_file(out + "/checkpoint/model.safetensors") == model) << faults;
     for (const auto& e : fs::directory_iterator(out))
       EXPECT_TRUE(e.path().filename() == "checkpoint" || e.path().extension() == ".json" ||
                   e.path().extension() == ".jsonl")
-          << "left behind: " << e.path() << " (" << faults << ")";
+          << "left behind: " << e.path();
+    if (fs::exists(out + "/checkpoint")) {
+      int files = 0;
+      for (const auto& e : fs::directory_iterator(out + "/checkpoint")) files += e.is_regular_file();
+      EXPECT_EQ(files, 4) << "config, weights, moments, trainer state";
+    }
     fs::remove_all(out);
   }
-  EXPECT_GE(total_restarts, 6) << "the seed's schedules stop runs";
   fs::remove_all(straight);
+  if (seeds >= 50) {  // the seeds chosen draw failures for most runs, and give up on some
+    EXPECT_GE(faulted, seeds / 2);
+    EXPECT_GE(recovered, seeds / 2);
+    EXPECT_GE(gave_up, 1);
+  }
 }
-LLAMA4D_TIER(FaultCli, SeededChaosSchedulesOn4dAllRecoverBitwise, full);
+
+TEST(FaultCli, ChaosFiftySeededSchedulesOn4dRecoverBitwiseOrNameTheirCause) { expect_chaos_schedules_end_well(1, 50); }
+LLAMA4D_TIER(FaultCli, ChaosFiftySeededSchedulesOn4dRecoverBitwiseOrNameTheirCause, full);
+
+TEST(FaultCli, ChaosAHandfulOfSeededSchedulesOn4d) { expect_chaos_schedules_end_well(101, 4); }
+LLAMA4D_TIER(FaultCli, ChaosAHandfulOfSeededSchedulesOn4d, quick);
 
 // plan's failure model on the paper's layout: 16,384 GPUs by default from the mesh, 90.37% at
 // 30 s checkpoints and 5 min restarts (worked out by hand in tests/plan/failure_model_test.cpp).
