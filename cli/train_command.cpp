@@ -55,9 +55,9 @@ struct TrainArgs {
   int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0, max_restarts = 0;
   int64_t memory_copy_every = 0;  // 0: no in-memory copies
   bool check_replicas = false;
-  bool async_checkpoint = false;
+  bool async_checkpoint = false;  // --async-checkpoint: snapshot to host memory, write in the background
   double fault_rate = 0;  // --fault-rate: failures per rank per step (0: none drawn)
-  int64_t fault_seed = 0;  // --async-checkpoint: snapshot to host memory, write in the background
+  int64_t fault_seed = 0;  // --fault-seed: the seed of the schedule --fault-rate draws
   StragglerOptions stragglers;
   ComputeChoice compute;
   bool json = false, force = false;

@@ -37,9 +37,7 @@ AsyncCheckpointer<T>::~AsyncCheckpointer() {
 
 template <class T>
 void AsyncCheckpointer<T>::wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [&] { return !in_flight_; });
-  if (!error_.empty()) throw IoError(error_);
+  if (const std::string error = finish_quietly(); !error.empty()) throw IoError(error);
 }
 
 template <class T>

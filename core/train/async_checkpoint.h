@@ -58,8 +58,8 @@ class AsyncCheckpointer {
   AsyncCheckpointer() = default;
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
-  // Waits for a write in flight (it commits or fails as it would have); its error, if any, is
-  // kept for abandoned_error().
+  // Waits for a write in flight (it commits or fails as it would have), dropping its error: a
+  // run that is failing for another reason asks finish_quietly() first.
   ~AsyncCheckpointer();
 
   // Blocks until no write is in flight. If the latest write failed, throws IoError (on every
