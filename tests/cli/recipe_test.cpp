@@ -124,7 +124,9 @@ TEST(RecipeRun, RunEqualsStoppingAtTheBoundaryAndResumingOnTheNextMesh) {
     }
   }
 }
-LLAMA4D_TIER(RecipeRun, RunEqualsStoppingAtTheBoundaryAndResumingOnTheNextMesh, quick);
+// Sanitizer tier: the ThreadSanitizer preset runs only this tier of tests/cli, and this test is
+// its run of run_recipe's rank threads (the stage results and simulated clocks they share).
+LLAMA4D_TIER(RecipeRun, RunEqualsStoppingAtTheBoundaryAndResumingOnTheNextMesh, sanitizer);
 
 // Three stages: the sequence doubled on cp=2 x dp=2, then annealed on that same mesh (only the
 // rows, the sequence and the LR change). The boundary into the annealing keeps the state in

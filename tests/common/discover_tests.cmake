@@ -1,6 +1,7 @@
 # Run after a test binary is linked (cmake -P): asks it for its tests and their tiers
 # (--llama4d_list_tests, tests/common/tier.h) and writes the CTest file that registers each as
-# one CTest test, named as GoogleTest names it, labelled with its area and its tier.
+# one CTest test, named as GoogleTest names it, labelled with its area, its tier, and the two
+# together (area:tier, for a preset that takes one tier of an area).
 #   -D BINARY=<test binary> -D AREA=<label> -D OUTPUT=<file to write>
 #   -D TIMEOUT=<seconds> -D ENVIRONMENT=<NAME=value|NAME=value> -D PROPERTIES=<prop|value|...>
 #   ('|' separates: a ';' would split the argument on the way here)
@@ -24,7 +25,7 @@ foreach(line IN LISTS lines)
   list(GET fields 1 tier)
   string(APPEND script
     "add_test([==[${name}]==] [==[${BINARY}]==] [==[--gtest_filter=${name}]==])\n"
-    "set_tests_properties([==[${name}]==] PROPERTIES LABELS [==[${AREA};${tier}]==] TIMEOUT ${TIMEOUT}"
+    "set_tests_properties([==[${name}]==] PROPERTIES LABELS [==[${AREA};${tier};${AREA}:${tier}]==] TIMEOUT ${TIMEOUT}"
     " ENVIRONMENT [==[${environment}]==] SKIP_REGULAR_EXPRESSION [==[\\[  SKIPPED \\]]==] ${properties})\n")
   math(EXPR count "${count} + 1")
 endforeach()

@@ -1,6 +1,6 @@
 #pragma once
-// Cost tiers of the tests. Every GoogleTest test gets two CTest labels: its area (the folder
-// under tests/) and its tier; the presets in CMakePresets.json choose by label:
+// Cost tiers of the tests. Every GoogleTest test gets three CTest labels: its area (the folder
+// under tests/), its tier, and both as area:tier; the presets in CMakePresets.json choose by label:
 //
 //   quick      seconds at most: every preset runs it (the default for a test that says nothing);
 //   sanitizer  slower, and one of the cases the sanitizer presets keep: together with the quick

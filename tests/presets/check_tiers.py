@@ -4,7 +4,8 @@
   check_tiers.py <CMakePresets.json> <build dir> <test preset> [<test preset> ...]
 
 Every test of the build must carry exactly one tier label (quick, sanitizer or full) beside its
-area. For each named preset, the tests it would select from this build (its label filter, less
+area, and may carry both as area:tier (every GoogleTest test does). For each named preset, the
+tests it would select from this build (its label filter, include less exclude, less
 the areas its configure preset does not build) must still run each strategy, composition and
 backend: a family below with no selected test fails the check, naming it, so marking its last
 case `full` cannot leave a sanitizer run without it. The labels are the same in every build, so
@@ -63,17 +64,22 @@ def main():
     tests = [(t["name"], labels_of(t)) for t in listing["tests"]]
     bad = []
     for name, labels in tests:
-        if len([l for l in labels if l in TIERS]) != 1 or len(labels) != 2:
-            bad.append(f"{name}: labels {labels}, want an area and one of {sorted(TIERS)}")
+        tiers = [l for l in labels if l in TIERS]
+        areas = [l for l in labels if l not in TIERS and ":" not in l]
+        pairs = [l for l in labels if ":" in l]
+        if len(tiers) != 1 or len(areas) != 1 or pairs not in ([], [f"{areas[0]}:{tiers[0]}"]):
+            bad.append(f"{name}: labels {labels}, want an area, one of {sorted(TIERS)}, and at most area:tier")
     for preset in names:
         if preset not in presets:
             bad.append(f"no test preset {preset!r} in {presets_file}")
             continue
         include = presets[preset].get("filter", {}).get("include", {}).get("label")
+        exclude = presets[preset].get("filter", {}).get("exclude", {}).get("label")
         skipped = configure[presets[preset]["configurePreset"]].get("cacheVariables", {}).get(
             "LLAMA4D_SKIP_TEST_AREAS", "").split(";")
         built = [(n, l) for n, l in tests if not set(l) & set(skipped)]
-        selected = [n for n, l in built if include is None or any(re.search(include, x) for x in l)]
+        selected = [n for n, l in built if (include is None or any(re.search(include, x) for x in l))
+                    and not (exclude and any(re.search(exclude, x) for x in l))]
         for regex, what in FAMILIES.items():
             if any(re.search(regex, n) for n, _ in built) and not any(re.search(regex, n) for n in selected):
                 bad.append(f"preset {preset} runs no test of {what} ({regex})")
