@@ -54,7 +54,9 @@
 //                 over all D·P data ranks and its experts' part, L·(E/P)·3·I·C elements in all,
 //                 over the D ranks holding the same experts: ring bytes 2(DP-1)/(DP)·(N - L·E·3·I·C)
 //                 and 2(D-1)/D·L·(E/P)·3·I·C, times sizeof(T).
-// ZeRO with ep, and ep with tp, cp or pp, are refused by name (ParallelPlan) until written.
+// ZeRO with ep, and ep with tp, cp or pp, are refused by name (ParallelPlan) until written, and so
+// is an ep group that does not fit the experts: ep must divide E and be at most E
+// (ParallelPlan::check_model), so that every rank holds E/ep >= 1 consecutive experts.
 #include "core/parallel/expert_parallel.h"
 
 #include <string>

@@ -125,6 +125,10 @@ void ParallelPlan::check_model(const LlamaConfig& cfg, int micro_batches) const 
   if (ep > 1 && !cfg.moe())
     throw InputError("--mesh " + describe_mesh() + ": expert parallelism (ep=" + std::to_string(ep) +
                      ") needs a mixture-of-experts model (num_local_experts > 0): a dense model has no experts to split");
+  if (ep > cfg.num_local_experts && cfg.moe())
+    throw InputError("--mesh " + describe_mesh() + ": ep=" + std::to_string(ep) + " is more than num_local_experts=" +
+                     std::to_string(cfg.num_local_experts) + ": the expert-parallel group does not fit the experts "
+                     "(each of its ranks holds E/ep >= 1 of them)");
   if (ep > 1 && cfg.num_local_experts % ep != 0)
     throw InputError("--mesh " + describe_mesh() + ": ep=" + std::to_string(ep) + " does not divide num_local_experts=" +
                      std::to_string(cfg.num_local_experts) + " (each expert-parallel rank holds E/ep experts)");

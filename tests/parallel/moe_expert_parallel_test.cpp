@@ -178,6 +178,8 @@ TEST(MoeExpertParallelRefusals, BadMeshesAreRefusedNamingTheDimension) {
     }
   };
   refused(plan_of("ep=3"), test::tiny_moe(), "ep=3 does not divide num_local_experts=4");
+  // More ranks than experts: 8 ranks for tiny-moe's 4 would leave half of them without one.
+  refused(plan_of("ep=8"), test::tiny_moe(), "ep=8 is more than num_local_experts=4");
   refused(plan_of("ep=2"), LlamaConfig::preset("tiny"), "a dense model has no experts to split");
   for (const char* mesh : {"tp=2,ep=2", "cp=2,ep=2", "pp=2,ep=2"}) {
     refused(plan_of(mesh), test::tiny_moe(), "MoE models run under data and expert parallelism only so far");
