@@ -141,7 +141,7 @@ void add_train_command(CLI::App& app) {
                   "checkpoint directory to continue from: its model, options and loop settings; --steps, "
                   "--micro-batch-size, --eval-*, --save-every, --log-every and the mesh may change");
   cmd->add_option("--recipe", a->recipe,
-                  "run a training recipe (JSON, core/train/recipe.h): stages with their own batch, seq_len, mesh "
+                  "run a training recipe (JSON, or TOML in a .toml file; core/train/recipe.h): stages with their own batch, seq_len, mesh "
                   "and LR segment; the state moves between stages' meshes in memory (virtual GPUs)");
   add_number(*cmd, "--steps", a->opt.steps, "optimizer steps in the run")->capture_default_str();
   add_number(*cmd, "--stop-at", a->stop_at, "stop (and checkpoint) after this step, as if interrupted");

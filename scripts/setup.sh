@@ -9,7 +9,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config ccache
-  libcli11-dev libgtest-dev nlohmann-json3-dev libpcre2-dev
+  libcli11-dev libgtest-dev nlohmann-json3-dev libpcre2-dev libtomlplusplus-dev
   libopenmpi-dev openmpi-bin
   libopenblas0-pthread
 )

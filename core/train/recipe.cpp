@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/io/checkpoint.h"
+#include "core/io/toml_file.h"
 
 namespace llama4d {
 
@@ -217,7 +218,8 @@ Recipe parse_recipe(const json& j, int64_t max_positions) {
 }
 
 Recipe load_recipe(const std::string& path, int64_t max_positions) {
-  const json j = read_json_file(path);
+  // A .toml file spells the same keys in TOML ([[stages]] tables); any other is JSON.
+  const json j = std::filesystem::path(path).extension() == ".toml" ? read_toml_file(path) : read_json_file(path);
   try {
     Recipe r = parse_recipe(j, max_positions);
     if (r.name.empty()) r.name = std::filesystem::path(path).stem().string();

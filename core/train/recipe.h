@@ -12,6 +12,17 @@
 //      {"name": "anneal", "tokens": 32768, "batch_size": 16, "seq_len": 256, "dp": 2, "cp": 4,
 //       "data": {"data/corpus": 1, "data/code": 3},
 //       "lr": {"shape": "linear", "from": 3e-4, "to": 0}}]}
+// or the same keys in TOML, in a file whose name ends in .toml (core/io/toml_file.h):
+//   name = "laptop"
+//   seed = 1337
+//   [[stages]]
+//   name = "ramp"
+//   steps = 20
+//   batch_size = 8
+//   seq_len = 64
+//   dp = 2
+//   data = { "data/corpus" = 1 }
+//   lr = { shape = "warmup", from = 0, to = 3e-3 }
 // A stage's length is "steps" or "tokens" (exactly one; tokens must be a whole number of
 // steps of batch_size x seq_len). The mesh keys are dp, tp, cp, pp (default 1). An LR segment's
 // "name" (default: the file's name without its extension) is what a resumed run is checked
@@ -68,7 +79,8 @@ struct Recipe {
 // 2·cp does not divide (context parallelism's load-balanced chunks), a data weight <= 0, no
 // stages.
 Recipe parse_recipe(const nlohmann::json& j, int64_t max_positions);
-// read_json_file(path) then parse_recipe; errors name the file too.
+// The file (TOML where its name ends in .toml, else JSON) through parse_recipe; errors name the
+// file too.
 Recipe load_recipe(const std::string& path, int64_t max_positions);
 
 }  // namespace llama4d

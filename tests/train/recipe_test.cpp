@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numbers>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/toml_file.h"
 #include "core/train/recipe.h"
 
 namespace llama4d {
@@ -91,6 +94,63 @@ TEST(Recipe, BadInputNamesTheStageAndTheKey) {
   j["speed"] = 1;
   expect_refused(j, "recipe key \"speed\": unknown key");
   expect_refused(json::parse(R"({"stages": []})"), "recipe key \"stages\"");
+}
+
+// A recipe file in TOML is the recipe its keys spell in JSON: the stages written as [[stages]]
+// tables give the same stages, the same fingerprint (what a resume is checked against) and the
+// file's name as the recipe's. The oracle is two_stages(), parsed from JSON text by nlohmann.
+TEST(Recipe, TomlFileIsTheSameRecipeAsItsJson) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "llama4d_recipe_two_stages.toml";
+  {
+    std::ofstream out(path);
+    out << R"(seed = 7
+
+[[stages]]
+name = "ramp"
+steps = 4
+batch_size = 8
+seq_len = 32
+dp = 2
+data = { a = 1 }
+lr = { shape = "warmup", from = 0, to = 0.004 }
+
+[[stages]]
+name = "anneal"
+tokens = 3072
+batch_size = 4
+seq_len = 64
+cp = 2
+data = { a = 1, b = 3 }
+lr = { shape = "cosine", from = 0.004, to = 0.0 }
+)";
+  }
+  const Recipe toml = load_recipe(path.string(), 128);
+  Recipe json_recipe = parse_recipe(two_stages(), 128);
+  json_recipe.name = "llama4d_recipe_two_stages";  // load_recipe names a recipe without "name" by its file
+  EXPECT_EQ(toml.name, json_recipe.name);
+  EXPECT_EQ(toml.fingerprint(), json_recipe.fingerprint());
+  ASSERT_EQ(toml.stages.size(), 2u);
+  EXPECT_EQ(toml.stages[1].steps, 12);  // 3072 tokens of 4 x 64
+  EXPECT_EQ(toml.stages[1].mesh(), json_recipe.stages[1].mesh());
+  std::filesystem::remove(path);
+}
+
+// TOML's own errors name the file, line and column; a value JSON has no kind for names its key.
+TEST(Recipe, BadTomlIsRefusedNamingWhere) {
+  const auto refused = [](const std::string& text, const std::string& needle) {
+    try {
+      parse_toml(text, "r.toml");
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused("seed = 7\nstages = [\n", "r.toml:");
+  refused("seed = 7\nseed = 8\n", "r.toml:2:");                          // a key twice
+  refused("[[stages]]\nwhen = 2026-12-03\n", "key stages[0].when: a date");
+  refused("[[stages]]\nlr = { to = nan }\n", "key stages[0].lr.to");
+  EXPECT_EQ(parse_toml("a = { b = [1, 2.5, \"c\", true] }\n", "r.toml"),
+            json::parse(R"({"a": {"b": [1, 2.5, "c", true]}})"));
 }
 
 }  // namespace
