@@ -175,6 +175,11 @@ void add_train_command(CLI::App& app) {
   add_number(*cmd, "--memory-copy-every", a->memory_copy_every,
              "every K steps each rank keeps its shard of the state and a copy of a partner's on the next node "
              "(--gpus-per-node), so --max-restarts recovers a lost node without the disk (Gemini, SOSP 2023)");
+  add_number(*cmd, "--heartbeat-timeout", a->heartbeat_timeout_s,
+             "every rank beats as each step begins and after it; a rank silent for S seconds while another got "
+             "further is named with its step and phase and stopped (virtual GPUs), before the next collective's "
+             "--timeout would; S must cover the longest step or checkpoint save (0: no heartbeats)")
+      ->capture_default_str();
   cmd->add_flag("--async-checkpoint", a->async_checkpoint,
                 "at a checkpoint, copy the state to host memory (the step stalls only for that) and write the "
                 "checkpoint directory in a background thread, atomically as always; the next checkpoint and the end "

@@ -2,6 +2,7 @@
 #include "cli/train_supervisor.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -60,9 +61,27 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
     sup.attempt_starts(plan.world_size(), from_step);
     try {
       fired_at_start = injector.fired().size();
-      nlohmann::json j = run_parallel<T>(r, plan, data,
-                                         {faults.empty() ? nullptr : &injector, &sup, from, copies ? &*copies : nullptr,
-                                          image ? &*image : nullptr});
+      // --heartbeat-timeout: one monitor per attempt; a silent rank is named, and stopped where
+      // it is in an injected hang (a real hang cannot be stopped here: its peers' collective
+      // timeout ends the attempt, and the diagnosis goes with its error).
+      std::optional<HeartbeatMonitor> heartbeat;
+      if (a.heartbeat_timeout_s > 0)
+        heartbeat.emplace(plan.world_size(), a.heartbeat_timeout_s, [&](int rank, const std::string& why) {
+          progress("train: %s\n", why.c_str());
+          injector.release(rank, why);
+        });
+      nlohmann::json j;
+      try {
+        j = run_parallel<T>(r, plan, data,
+                            {faults.empty() ? nullptr : &injector, &sup, from, copies ? &*copies : nullptr,
+                             image ? &*image : nullptr, heartbeat ? &*heartbeat : nullptr});
+      } catch (const InputError&) {
+        throw;
+      } catch (const Error& e) {
+        const std::string why = heartbeat ? heartbeat->diagnosis() : "";
+        if (why.empty() || std::string_view(e.what()).find(why) != std::string_view::npos) throw;
+        throw Error(why + "; then: " + e.what());
+      }
       sup.ledger.attempt_ended(sup.now(), "");
       if (!j.is_null()) {
         j["goodput"] = sup.ledger.report();
@@ -164,6 +183,18 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
                      " has one (dp x cp = 1): it would check nothing");
   if (a.check_replicas && plan.zero == ZeroStage::zero3)
     throw InputError("--check-replicas compares whole weights, and ZeRO-3 (--zero 3) keeps only a shard of each");
+  if (cmd.count("--heartbeat-timeout") > 0) {
+    if (!parallel)
+      throw InputError("--heartbeat-timeout watches the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=2)");
+    if (a.launch.backend != "virtual")
+      throw InputError("--heartbeat-timeout watches virtual GPUs (--backend virtual), not --backend " + a.launch.backend);
+    if (!(a.heartbeat_timeout_s >= 0) || !std::isfinite(a.heartbeat_timeout_s))
+      throw InputError("--heartbeat-timeout must be >= 0 seconds (0: no heartbeats), got " +
+                       std::to_string(a.heartbeat_timeout_s));
+    if (a.heartbeat_timeout_s >= a.launch.timeout_s)
+      throw InputError("--heartbeat-timeout " + std::to_string(a.heartbeat_timeout_s) + " s is not under --timeout " +
+                       std::to_string(a.launch.timeout_s) + " s: the collective's timeout would always fire first");
+  }
   if (a.max_restarts > 0 && a.launch.backend != "virtual")
     throw InputError("--max-restarts restarts the ranks of virtual GPUs (--backend virtual); under mpirun a launcher "
                      "would relaunch the processes, which this build does not do");

@@ -137,6 +137,49 @@ TEST(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt) {
 }
 LLAMA4D_TIER(FaultCli, FailureWithoutRestartsOrPastThemEndsTheRunNamingIt, full);
 
+// Heartbeats: a rank hung outside any collective (as its step begins: a stalled data loader; or
+// once its step computed, before its after-step work, its peer waiting in the checkpoint save) is named by the heartbeat (0.5 s) with its
+// rank, step and phase, long before its peers' collective timeout (20 s) would fire: a failure
+// naming the heartbeat and not "timeout after 20000 ms" is one found by the heartbeat first (the
+// injected hang lasts past the 20 s otherwise). The supervisor restarts twice and the run ends on
+// the bytes of the run without faults.
+TEST(FaultCli, HangOutsideCollectivesIsNamedByTheHeartbeatAndRecoveredBitwise) {
+  const std::string beat = " --preset tiny --seq-len 32 --eval-every 0 --steps 4 --mesh dp=2 --timeout 20";
+  const std::string straight = tmp("faults_heartbeat_straight"), hung = tmp("faults_heartbeat_hung");
+  const Result s = run("train" + beat + " --out " + straight);
+  ASSERT_EQ(s.code, 0) << s.err;
+  const Result f = run("train" + beat + " --heartbeat-timeout 0.5 --save-every 1 --max-restarts 2 --json --out " + hung +
+                       " --faults " + schedule("faults_heartbeat", R"({"kind": "hang", "rank": 0, "step": 2, "phase": "after-step"},
+                                                                   {"kind": "hang", "rank": 1, "step": 3})"));
+  ASSERT_EQ(f.code, 0) << f.err;
+  const nlohmann::json g = nlohmann::json::parse(f.out).at("goodput");
+  ASSERT_EQ(g.at("failures").size(), 2u) << g.dump();
+  const std::string first = g.at("failures")[0].get<std::string>(), second = g.at("failures")[1].get<std::string>();
+  EXPECT_NE(first.find("heartbeat: rank 0 silent for"), std::string::npos) << first;
+  EXPECT_NE(first.find("its last beat: step 2 (phase step:"), std::string::npos) << first;
+  EXPECT_NE(first.find("while rank 1 reached step 2 (phase after-step:"), std::string::npos) << first;
+  EXPECT_NE(first.find("injected hang on rank 0 at step 2 (after its step)"), std::string::npos) << first;
+  EXPECT_NE(second.find("heartbeat: rank 1 silent for"), std::string::npos) << second;
+  EXPECT_NE(second.find("its last beat: step 2 (phase after-step:"), std::string::npos) << second;
+  for (const std::string& e : {first, second}) EXPECT_EQ(e.find("timeout after"), std::string::npos) << e;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(straight + "/checkpoint/" + file) == read_file(hung + "/checkpoint/" + file)) << file;
+  const Result over = run("train" + kFaultRun + " --mesh dp=2 --heartbeat-timeout 1 --out " + hung);
+  EXPECT_EQ(over.code, 2) << over.err;
+  EXPECT_NE(over.err.find("--heartbeat-timeout 1.000000 s is not under --timeout 1 s"), std::string::npos) << over.err;
+  expect_bad_input(run("train --preset tiny --steps 4 --heartbeat-timeout 0.5 --out " + hung),
+                   "--heartbeat-timeout watches the ranks of a parallel --mesh");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=2 --out " + hung + " --faults " +
+                       schedule("faults_heartbeat_bad", R"({"kind": "crash", "rank": 0, "step": 1, "phase": "step"})")),
+                   "\"phase\" applies to hang faults only");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=2 --out " + hung + " --faults " +
+                       schedule("faults_heartbeat_bad", R"({"kind": "hang", "rank": 0, "step": 1, "phase": "lunch"})")),
+                   "\"phase\" \"lunch\" is not");
+  fs::remove_all(straight);
+  fs::remove_all(hung);
+}
+LLAMA4D_TIER(FaultCli, HangOutsideCollectivesIsNamedByTheHeartbeatAndRecoveredBitwise, quick);
+
 // Straggler detection: a slow fault (factor 4 on rank 2 of dp=4 for steps 2-3) is flagged naming
 // rank 2 and exactly those steps, and the run goes on to the bytes of the run without it (a slow
 // rank changes timing only). Steps of ~25 ms; the detection factor is 2, well under the fault's 4
