@@ -4,6 +4,8 @@
 // 419 unexpected interruptions ("The Llama 3 Herd of Models", 2024, section 3.3.4, Table 5):
 //
 //   crash       the rank throws at the start of the step (a GPU that falls off the bus);
+//               "permanent": true marks its node lost for good (no spare replaces it): under
+//               `train --on-lost-node shrink` the run goes on with one data-parallel replica less;
 //   hang        the rank stops answering without dying: it sleeps past the group timeout, so its
 //               peers' next collective times out naming it (an NCCL watchdog timeout), unless a
 //               heartbeat (--heartbeat-timeout, core/parallel/heartbeat.h) names it first; "phase"
@@ -41,6 +43,7 @@ struct Fault {
   int64_t element = -1;  // sdc: which element of the rank's weights (-1: drawn from the seed)
   int bit = -1;          // sdc: which bit of it (-1: drawn from the seed)
   bool after_step = false;  // hang: "phase": "after-step" (else "step")
+  bool permanent = false;   // crash: the node is lost for good
 
   // "crash on rank 1 at step 3"
   std::string describe() const;
