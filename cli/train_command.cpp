@@ -83,7 +83,7 @@ nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
   const ParallelPlan plan = a.parallel.plan(r.cfg, a.launch.algo);
   plan.check_precision(a.opt.bf16_compute);
   a.launch.validate(a.parallel.parallel());
-  FaultSchedule faults = check_fault_flags(a, cmd, plan);
+  FaultSchedule faults = check_fault_flags(a, cmd, plan, r.cfg);
   std::optional<DrawnSchedule> drawn;
   if (cmd.count("--fault-rate") > 0) {
     drawn = draw_fault_schedule(a.fault_rate, uint64_t(a.fault_seed), plan.world_size(), last_step(a),
@@ -175,6 +175,16 @@ void add_train_command(CLI::App& app) {
   add_number(*cmd, "--memory-copy-every", a->memory_copy_every,
              "every K steps each rank keeps its shard of the state and a copy of a partner's on the next node "
              "(--gpus-per-node), so --max-restarts recovers a lost node without the disk (Gemini, SOSP 2023)");
+  cmd->add_option("--on-lost-node", a->on_lost_node,
+                  "after a crash marked permanent (\"permanent\": true in --faults): spare (a spare takes the lost "
+                  "rank's place, same mesh) or shrink (go on with one data-parallel replica less, the global batch "
+                  "kept: more micro-batches per rank, as torchft's replica groups do)")
+      ->capture_default_str();
+  add_number(*cmd, "--heartbeat-timeout", a->heartbeat_timeout_s,
+             "every rank beats as each step begins and after it; a rank silent for S seconds while another got "
+             "further is named with its step and phase and stopped (virtual GPUs), before the next collective's "
+             "--timeout would; S must cover the longest step or checkpoint save (0: no heartbeats)")
+      ->capture_default_str();
   cmd->add_flag("--async-checkpoint", a->async_checkpoint,
                 "at a checkpoint, copy the state to host memory (the step stalls only for that) and write the "
                 "checkpoint directory in a background thread, atomically as always; the next checkpoint and the end "

@@ -149,14 +149,18 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
       // The rank's compute time from the start of a step to the end of its after-step work (not
       // evaluation or saving, which rank 0 does more of); see core/parallel/straggler_detector.h.
       StepComputeClock compute;
-      if (at.faults || detect)
+      // Heartbeats (core/parallel/heartbeat.h): after a fault would fire, so a rank hung there is
+      // behind its peers' beats.
+      if (at.faults || detect || at.heartbeat)
         calls.before_step = [&](int64_t next) {
           if (at.faults) at.faults->before_step(world.rank(), next);
+          if (at.heartbeat) at.heartbeat->beat(world.rank(), next, BeatPhase::step);
           compute.restart();
         };
-      if (at.faults || a.check_replicas || at.copies || detect)
+      if (at.faults || a.check_replicas || at.copies || detect || at.heartbeat)
         calls.after_step = [&](const StepStats& st) {
           if (at.faults) at.faults->after_step(world.rank(), st.step, st.seconds, weights(), int(sizeof(T)));
+          if (at.heartbeat) at.heartbeat->beat(world.rank(), st.step, BeatPhase::after_step);
           if (detect) {
             const std::vector<double> times = share_step_times(world, compute.seconds());
             if (world.rank() == 0)
@@ -175,7 +179,9 @@ nlohmann::json run_parallel(const Run& r, const ParallelPlan& plan, const TextDa
             if (lead && at.sup) at.sup->ledger.memory_copied(seconds_since(t0), at.sup->now());
           }
         };
+      if (at.heartbeat) at.heartbeat->beat(world.rank(), trainer.steps_done(), BeatPhase::ready);
       nlohmann::json j = train_loop(a, a.opt, calls, lead, at.sup);
+      if (at.heartbeat) at.heartbeat->done(world.rank());
       std::lock_guard<std::mutex> lock(mu);
       memory[size_t(world.rank())] = trainer.strategy().peak_memory();
       if (world.rank() == 0) result = j, strategy = trainer.describe();

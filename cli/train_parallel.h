@@ -9,6 +9,7 @@
 
 #include "cli/train_loop.h"
 #include "core/parallel/fault_injector.h"
+#include "core/parallel/heartbeat.h"
 #include "core/parallel/memory_copies.h"
 #include "core/parallel/plan.h"
 #include "core/train/checkpoint_state.h"
@@ -24,6 +25,7 @@ struct Attempt {
   std::string restart_from;
   MemoryCopies<T>* copies = nullptr;              // --memory-copy-every: taken every K steps
   const TrainingStateImage<T>* image = nullptr;  // restored from the copies: start from it, not disk
+  HeartbeatMonitor* heartbeat = nullptr;          // --heartbeat-timeout: every rank beats into it
 };
 
 // Runs the launch; returns the lead rank's result (null on an MPI rank that does not report).

@@ -33,6 +33,8 @@ struct TrainArgs {
   bool async_checkpoint = false;  // --async-checkpoint: snapshot to host memory, write in the background
   double fault_rate = 0;  // --fault-rate: failures per rank per step (0: none drawn)
   int64_t fault_seed = 0;  // --fault-seed: the seed of the schedule --fault-rate draws
+  std::string on_lost_node = "spare";  // --on-lost-node: spare (same mesh) | shrink (dp - 1)
+  double heartbeat_timeout_s = 0;  // --heartbeat-timeout: a rank silent this long is named (0: off)
   StragglerOptions stragglers;
   ComputeChoice compute;
   bool json = false, force = false;

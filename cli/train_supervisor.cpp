@@ -2,6 +2,7 @@
 #include "cli/train_supervisor.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -18,13 +19,35 @@ namespace {
 // Where --fault-rate's schedule is written, to replay with --faults.
 std::string drawn_faults_path(const TrainArgs& a) { return a.out + "/faults_drawn.json"; }
 
+// --on-lost-node shrink: the plan with one data-parallel replica less (the mesh's dp dim one
+// smaller). The global batch stays --batch-size rows: each of the dp - 1 data ranks gets
+// batch / (dp - 1) rows, in more micro-batches of --micro-batch-size. InputError naming the
+// flag when dp - 1 cannot take the batch (checked before the run starts).
+ParallelPlan shrunk(const ParallelPlan& plan, const TrainOptions& opt, const LlamaConfig& cfg) {
+  const int dp = plan.size("dp");
+  if (dp < 2)
+    throw InputError("--on-lost-node shrink drops one data-parallel replica of --mesh " + plan.describe_mesh() +
+                     ", which has " + std::to_string(dp) + " on its dp dim: it cannot shrink below 1 replica");
+  ParallelPlan p = plan;
+  for (MeshDim& d : p.mesh)
+    if (d.name == "dp") --d.size;
+  try {
+    p.check_model(cfg, int(rank_micro_batch_count(opt, p.dp())));
+  } catch (const InputError& e) {
+    throw InputError("--on-lost-node shrink: on --mesh " + p.describe_mesh() + " (dp " + std::to_string(dp) + " - 1): " +
+                     e.what());
+  }
+  return p;
+}
+
 // Every parallel run: runs the job and reports its goodput. With `train --max-restarts N`, when
 // it fails (a rank crashed, hung, lost a link, or its weights disagree with its replicas), starts
 // it again from the latest checkpoint this run saved (or from the run's own start), at most N times. The batches of a step are a pure function
 // of the step, so the restarted run trains the same rows and ends on the same bytes.
 template <class T>
-nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDataset& data, const FaultSchedule& faults) {
+nlohmann::json supervise(const Run& r, const ParallelPlan& first_plan, const TextDataset& data, const FaultSchedule& faults) {
   const TrainArgs& a = r.args;
+  ParallelPlan plan = first_plan;  // one dp replica less after each node lost under --on-lost-node shrink
   // A hung rank sleeps past its peers' timeout (they name it), then stops.
   FaultInjector injector(faults, std::chrono::milliseconds(int64_t(a.launch.timeout_s) * 1000 + 500));
   Supervision sup;
@@ -60,9 +83,27 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
     sup.attempt_starts(plan.world_size(), from_step);
     try {
       fired_at_start = injector.fired().size();
-      nlohmann::json j = run_parallel<T>(r, plan, data,
-                                         {faults.empty() ? nullptr : &injector, &sup, from, copies ? &*copies : nullptr,
-                                          image ? &*image : nullptr});
+      // --heartbeat-timeout: one monitor per attempt; a silent rank is named, and stopped where
+      // it is in an injected hang (a real hang cannot be stopped here: its peers' collective
+      // timeout ends the attempt, and the diagnosis goes with its error).
+      std::optional<HeartbeatMonitor> heartbeat;
+      if (a.heartbeat_timeout_s > 0)
+        heartbeat.emplace(plan.world_size(), a.heartbeat_timeout_s, [&](int rank, const std::string& why) {
+          progress("train: %s\n", why.c_str());
+          injector.release(rank, why);
+        });
+      nlohmann::json j;
+      try {
+        j = run_parallel<T>(r, plan, data,
+                            {faults.empty() ? nullptr : &injector, &sup, from, copies ? &*copies : nullptr,
+                             image ? &*image : nullptr, heartbeat ? &*heartbeat : nullptr});
+      } catch (const InputError&) {
+        throw;
+      } catch (const Error& e) {
+        const std::string why = heartbeat ? heartbeat->diagnosis() : "";
+        if (why.empty() || std::string_view(e.what()).find(why) != std::string_view::npos) throw;
+        throw Error(why + "; then: " + e.what());
+      }
       sup.ledger.attempt_ended(sup.now(), "");
       if (!j.is_null()) {
         j["goodput"] = sup.ledger.report();
@@ -88,6 +129,9 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
       }
       image.reset();
       std::string why_disk;
+      bool node_lost = false;  // a permanent crash fired in this attempt
+      for (size_t i = fired_at_start; i < injector.fired().size(); ++i)
+        node_lost = node_lost || (injector.fired()[i].kind == FaultKind::crash && injector.fired()[i].permanent);
       if (copies) {
         // A crashed or hung rank takes its node's memory (its host) with it, copies included.
         const std::vector<Fault>& fired = injector.fired();
@@ -99,6 +143,17 @@ nlohmann::json supervise(const Run& r, const ParallelPlan& plan, const TextDatas
           image.emplace();
           copies->restore_into(*image);
         }
+      }
+      // Continuing on fewer replicas (torchft's replica groups): the lost rank's dp replica goes,
+      // the others renumber, and the state (copies or checkpoint, both unsharded images any plan
+      // loads) is read on the smaller mesh; new copies are laid out for it.
+      if (node_lost && a.on_lost_node == "shrink") {
+        const ParallelPlan before = plan;
+        plan = shrunk(plan, a.opt, r.cfg);
+        if (copies) copies.emplace(plan.world_size(), a.launch.gpus_per_node, a.memory_copy_every);
+        progress("train: a node is lost for good (--on-lost-node shrink): going on with --mesh %s instead of %s, "
+                 "%lld rows per data rank\n",
+                 plan.describe_mesh().c_str(), before.describe_mesh().c_str(), (long long)(a.opt.batch_size / plan.dp()));
       }
       const int64_t kept = image ? image->steps_done() : from.empty() ? 0 : from_step;
       sup.ledger.attempt_ended(sup.now(), e.what(), kept, sup.every_rank_reached());
@@ -148,7 +203,7 @@ void report_drawn_faults(const TrainArgs& a, const DrawnSchedule& d) {
     progress("  (without --check-replicas nothing will notice the silent corruption: it stays in the weights)\n");
 }
 
-FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan) {
+FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan, const LlamaConfig& r_cfg) {
   check_straggler_options(a.stragglers);
   if (a.max_restarts < 0)
     throw InputError("--max-restarts must be >= 0 (0: a failure ends the run), got " + std::to_string(a.max_restarts));
@@ -164,6 +219,35 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
                      " has one (dp x cp = 1): it would check nothing");
   if (a.check_replicas && plan.zero == ZeroStage::zero3)
     throw InputError("--check-replicas compares whole weights, and ZeRO-3 (--zero 3) keeps only a shard of each");
+  if (a.on_lost_node != "spare" && a.on_lost_node != "shrink")
+    throw InputError("--on-lost-node must be spare or shrink, got \"" + a.on_lost_node + "\"");
+  if (a.on_lost_node == "shrink") {
+    if (!parallel || a.launch.backend != "virtual")
+      throw InputError("--on-lost-node shrink restarts the virtual GPUs of a parallel --mesh (--backend virtual)");
+    if (a.max_restarts == 0)
+      throw InputError("--on-lost-node shrink continues after a restart, and --max-restarts is 0: give --max-restarts N");
+    if (plan.size("dp") < 2)
+      throw InputError("--on-lost-node shrink drops one replica of the --mesh's dp dim, and --mesh " + plan.describe_mesh() +
+                       " has dp=" + std::to_string(plan.size("dp")) + ": it cannot shrink below 1 replica");
+    // Every shrink a run can go through (one per restart, down to dp = 1) must fit the batch.
+    ParallelPlan p = plan;
+    for (int64_t k = 0; k < a.max_restarts && p.size("dp") > 1; ++k) {
+      p = shrunk(p, a.opt, r_cfg);
+      if (a.memory_copy_every > 0) MemoryCopies<float>(p.world_size(), a.launch.gpus_per_node, a.memory_copy_every);
+    }
+  }
+  if (cmd.count("--heartbeat-timeout") > 0) {
+    if (!parallel)
+      throw InputError("--heartbeat-timeout watches the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=2)");
+    if (a.launch.backend != "virtual")
+      throw InputError("--heartbeat-timeout watches virtual GPUs (--backend virtual), not --backend " + a.launch.backend);
+    if (!(a.heartbeat_timeout_s >= 0) || !std::isfinite(a.heartbeat_timeout_s))
+      throw InputError("--heartbeat-timeout must be >= 0 seconds (0: no heartbeats), got " +
+                       std::to_string(a.heartbeat_timeout_s));
+    if (a.heartbeat_timeout_s >= a.launch.timeout_s)
+      throw InputError("--heartbeat-timeout " + std::to_string(a.heartbeat_timeout_s) + " s is not under --timeout " +
+                       std::to_string(a.launch.timeout_s) + " s: the collective's timeout would always fire first");
+  }
   if (a.max_restarts > 0 && a.launch.backend != "virtual")
     throw InputError("--max-restarts restarts the ranks of virtual GPUs (--backend virtual); under mpirun a launcher "
                      "would relaunch the processes, which this build does not do");

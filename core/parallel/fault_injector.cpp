@@ -28,13 +28,36 @@ FaultInjector::FaultInjector(FaultSchedule schedule, std::chrono::milliseconds h
   int ranks = 0;
   for (const Fault& f : schedule_.faults) ranks = std::max(ranks, f.rank + 1);
   armed_.assign(size_t(ranks), 0);
+  released_.assign(size_t(ranks), "");
+  hanging_.assign(size_t(ranks), false);
 }
 
-int FaultInjector::take(FaultKind kind, int rank, int64_t step) {
+void FaultInjector::hang(int rank, size_t fault) {
+  std::unique_lock<std::mutex> lock(mu_);
+  hanging_[size_t(rank)] = true;
+  const bool stopped = release_cv_.wait_for(lock, hang_for_, [&] { return !released_[size_t(rank)].empty(); });
+  const std::string why = std::exchange(released_[size_t(rank)], "");
+  hanging_[size_t(rank)] = false;
+  if (stopped) throw InjectedFault(why + "; stopped it (injected " + schedule_.faults[fault].describe() + ")");
+  throw InjectedFault("injected " + schedule_.faults[fault].describe() + ": stopped after " +
+                      std::to_string(hang_for_.count()) + " ms without answering");
+}
+
+void FaultInjector::release(int rank, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A rank not in an injected hang is left alone: nothing here can stop it.
+    if (size_t(rank) >= released_.size() || !hanging_[size_t(rank)]) return;
+    released_[size_t(rank)] = why;
+  }
+  release_cv_.notify_all();
+}
+
+int FaultInjector::take(FaultKind kind, int rank, int64_t step, bool after_step) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < schedule_.faults.size(); ++i) {
     const Fault& f = schedule_.faults[i];
-    if (fired_[i] || f.kind != kind || f.rank != rank) continue;
+    if (fired_[i] || f.kind != kind || f.rank != rank || (kind == FaultKind::hang && f.after_step != after_step)) continue;
     const bool due = kind == FaultKind::slow ? step >= f.step && step < f.step + f.steps : step == f.step;
     if (!due) continue;
     // A slow fault stays in force for its steps; it counts as fired from its first.
@@ -52,11 +75,7 @@ void FaultInjector::before_step(int rank, int64_t step) {
     std::lock_guard<std::mutex> lock(mu_);
     armed_[size_t(rank)] = step;
   }
-  if (const int i = take(FaultKind::hang, rank, step); i >= 0) {
-    std::this_thread::sleep_for(hang_for_);
-    throw InjectedFault("injected " + schedule_.faults[size_t(i)].describe() + ": stopped after " +
-                        std::to_string(hang_for_.count()) + " ms without answering");
-  }
+  if (const int i = take(FaultKind::hang, rank, step); i >= 0) hang(rank, size_t(i));
 }
 
 void FaultInjector::on_collective(int rank, CommOp op, int64_t seq) {
@@ -73,6 +92,7 @@ void FaultInjector::on_collective(int rank, CommOp op, int64_t seq) {
 
 void FaultInjector::after_step(int rank, int64_t step, double step_seconds, std::span<std::byte> weights,
                                int element_bytes) {
+  if (const int i = take(FaultKind::hang, rank, step, true); i >= 0) hang(rank, size_t(i));
   if (const int i = take(FaultKind::slow, rank, step); i >= 0)
     std::this_thread::sleep_for(
         std::chrono::duration<double>((schedule_.faults[size_t(i)].factor - 1) * step_seconds));

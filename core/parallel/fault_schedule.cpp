@@ -45,6 +45,8 @@ std::string Fault::describe() const {
     std::snprintf(buf, sizeof buf, " (%gx slower for %lld step%s)", factor, (long long)steps, steps == 1 ? "" : "s");
     s += buf;
   }
+  if (kind == FaultKind::hang && after_step) s += " (after its step)";
+  if (kind == FaultKind::crash && permanent) s += " (permanent: its node is lost)";
   return s;
 }
 
@@ -57,7 +59,7 @@ FaultSchedule FaultSchedule::from_json(const nlohmann::json& j, const std::strin
   if (j.contains("seed")) s.seed = uint64_t(integer(j, "seed", where, 0, INT64_MAX));
   if (!j.contains("faults") || !j.at("faults").is_array())
     throw InputError(where + ": \"faults\" must be a list of faults");
-  const std::set<std::string> keys = {"kind", "rank", "step", "factor", "steps", "element", "bit"};
+  const std::set<std::string> keys = {"kind", "rank", "step", "factor", "steps", "element", "bit", "phase", "permanent"};
   for (size_t i = 0; i < j.at("faults").size(); ++i) {
     const nlohmann::json& e = j.at("faults")[i];
     const std::string at = where + ": faults[" + std::to_string(i) + "]";
@@ -83,6 +85,18 @@ FaultSchedule FaultSchedule::from_json(const nlohmann::json& j, const std::strin
     only_for("steps", FaultKind::slow);
     only_for("element", FaultKind::sdc);
     only_for("bit", FaultKind::sdc);
+    only_for("phase", FaultKind::hang);
+    only_for("permanent", FaultKind::crash);
+    if (e.contains("permanent")) {
+      if (!e.at("permanent").is_boolean()) throw InputError(at + ": \"permanent\" must be true or false");
+      f.permanent = e.at("permanent").get<bool>();
+    }
+    if (e.contains("phase")) {
+      const nlohmann::json& ph = e.at("phase");
+      if (!ph.is_string() || (ph.get<std::string>() != "step" && ph.get<std::string>() != "after-step"))
+        throw InputError(at + ": \"phase\" " + ph.dump() + " is not \"step\" or \"after-step\"");
+      f.after_step = ph.get<std::string>() == "after-step";
+    }
     if (f.kind == FaultKind::slow) {
       if (!e.contains("factor") || !e.at("factor").is_number())
         throw InputError(at + ": a slow fault needs a numeric \"factor\" (how many times slower)");
@@ -110,6 +124,8 @@ nlohmann::json FaultSchedule::to_json() const {
     if (f.kind == FaultKind::slow) e["factor"] = f.factor, e["steps"] = f.steps;
     if (f.element >= 0) e["element"] = f.element;
     if (f.bit >= 0) e["bit"] = f.bit;
+    if (f.kind == FaultKind::hang && f.after_step) e["phase"] = "after-step";
+    if (f.kind == FaultKind::crash && f.permanent) e["permanent"] = true;
     list.push_back(e);
   }
   return {{"seed", seed}, {"faults", list}};

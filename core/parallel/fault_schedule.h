@@ -4,8 +4,14 @@
 // 419 unexpected interruptions ("The Llama 3 Herd of Models", 2024, section 3.3.4, Table 5):
 //
 //   crash       the rank throws at the start of the step (a GPU that falls off the bus);
+//               "permanent": true marks its node lost for good (no spare replaces it): under
+//               `train --on-lost-node shrink` the run goes on with one data-parallel replica less;
 //   hang        the rank stops answering without dying: it sleeps past the group timeout, so its
-//               peers' next collective times out naming it (an NCCL watchdog timeout);
+//               peers' next collective times out naming it (an NCCL watchdog timeout), unless a
+//               heartbeat (--heartbeat-timeout, core/parallel/heartbeat.h) names it first; "phase"
+//               places it: "step" (default) as the step begins (a data loader that stalls),
+//               "after-step" once the step's compute returned, before its after-step work; both
+//               outside any collective;
 //   slow        the rank is `factor` times slower for `steps` steps (a thermally throttled GPU);
 //   collective  the rank's first collective of the step fails mid-call (a link that drops);
 //   sdc         silent data corruption: one bit of one of the rank's weights flips after the
@@ -36,6 +42,8 @@ struct Fault {
   int64_t steps = 1;     // slow: for how many steps from `step`
   int64_t element = -1;  // sdc: which element of the rank's weights (-1: drawn from the seed)
   int bit = -1;          // sdc: which bit of it (-1: drawn from the seed)
+  bool after_step = false;  // hang: "phase": "after-step" (else "step")
+  bool permanent = false;   // crash: the node is lost for good
 
   // "crash on rank 1 at step 3"
   std::string describe() const;

@@ -4,7 +4,11 @@
 // PP and a 4D plan. Bad schedules exit 2 naming the fault. Every run is `tiny`, 4 steps.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <vector>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -263,6 +267,119 @@ TEST(FaultCli, PlanReportsTheFailureModelOfItsGpus) {
   expect_bad_input(run(paper + " --checkpoint-s 30 --mtbf-hours 0"), "--mtbf-hours");
   expect_bad_input(run("plan --llama3 --checkpoint-s 30"), "--checkpoint-s");
 }
+
+// Heartbeats: a rank hung outside any collective (as its step begins: a stalled data loader; or
+// once its step computed, before its after-step work, its peer waiting in the checkpoint save) is named by the heartbeat (0.5 s) with its
+// rank, step and phase, long before its peers' collective timeout (20 s) would fire: a failure
+// naming the heartbeat and not "timeout after 20000 ms" is one found by the heartbeat first (the
+// injected hang lasts past the 20 s otherwise). The supervisor restarts twice and the run ends on
+// the bytes of the run without faults.
+TEST(FaultCli, HangOutsideCollectivesIsNamedByTheHeartbeatAndRecoveredBitwise) {
+  const std::string beat = " --preset tiny --seq-len 32 --eval-every 0 --steps 4 --mesh dp=2 --timeout 20";
+  const std::string straight = tmp("faults_heartbeat_straight"), hung = tmp("faults_heartbeat_hung");
+  const Result s = run("train" + beat + " --out " + straight);
+  ASSERT_EQ(s.code, 0) << s.err;
+  const Result f = run("train" + beat + " --heartbeat-timeout 0.5 --save-every 1 --max-restarts 2 --json --out " + hung +
+                       " --faults " + schedule("faults_heartbeat", R"({"kind": "hang", "rank": 0, "step": 2, "phase": "after-step"},
+                                                                   {"kind": "hang", "rank": 1, "step": 3})"));
+  ASSERT_EQ(f.code, 0) << f.err;
+  const nlohmann::json g = nlohmann::json::parse(f.out).at("goodput");
+  ASSERT_EQ(g.at("failures").size(), 2u) << g.dump();
+  const std::string first = g.at("failures")[0].get<std::string>(), second = g.at("failures")[1].get<std::string>();
+  EXPECT_NE(first.find("heartbeat: rank 0 silent for"), std::string::npos) << first;
+  EXPECT_NE(first.find("its last beat: step 2 (phase step:"), std::string::npos) << first;
+  EXPECT_NE(first.find("while rank 1 reached step 2 (phase after-step:"), std::string::npos) << first;
+  EXPECT_NE(first.find("injected hang on rank 0 at step 2 (after its step)"), std::string::npos) << first;
+  EXPECT_NE(second.find("heartbeat: rank 1 silent for"), std::string::npos) << second;
+  EXPECT_NE(second.find("its last beat: step 2 (phase after-step:"), std::string::npos) << second;
+  for (const std::string& e : {first, second}) EXPECT_EQ(e.find("timeout after"), std::string::npos) << e;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(straight + "/checkpoint/" + file) == read_file(hung + "/checkpoint/" + file)) << file;
+  const Result over = run("train" + kFaultRun + " --mesh dp=2 --heartbeat-timeout 1 --out " + hung);
+  EXPECT_EQ(over.code, 2) << over.err;
+  EXPECT_NE(over.err.find("--heartbeat-timeout 1.000000 s is not under --timeout 1 s"), std::string::npos) << over.err;
+  expect_bad_input(run("train --preset tiny --steps 4 --heartbeat-timeout 0.5 --out " + hung),
+                   "--heartbeat-timeout watches the ranks of a parallel --mesh");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=2 --out " + hung + " --faults " +
+                       schedule("faults_heartbeat_bad", R"({"kind": "crash", "rank": 0, "step": 1, "phase": "step"})")),
+                   "\"phase\" applies to hang faults only");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=2 --out " + hung + " --faults " +
+                       schedule("faults_heartbeat_bad", R"({"kind": "hang", "rank": 0, "step": 1, "phase": "lunch"})")),
+                   "\"phase\" \"lunch\" is not");
+  fs::remove_all(straight);
+  fs::remove_all(hung);
+}
+LLAMA4D_TIER(FaultCli, HangOutsideCollectivesIsNamedByTheHeartbeatAndRecoveredBitwise, quick);
+
+// The f64 weights of a checkpoint's model.safetensors, by tensor name (the format: an 8-byte
+// little-endian header length, the JSON header, the raw data).
+std::map<std::string, std::vector<double>> f64_tensors(const std::string& path) {
+  const std::string b = read_file(path);
+  uint64_t n = 0;
+  std::memcpy(&n, b.data(), 8);
+  const nlohmann::json h = nlohmann::json::parse(b.substr(8, n));
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& [name, t] : h.items()) {
+    if (name == "__metadata__") continue;
+    EXPECT_EQ(t.at("dtype"), "F64") << name;
+    const size_t from = t.at("data_offsets")[0], to = t.at("data_offsets")[1];
+    std::vector<double>& v = out[name];
+    v.resize((to - from) / 8);
+    std::memcpy(v.data(), b.data() + 8 + n + from, to - from);
+  }
+  return out;
+}
+
+// A node lost for good (a permanent crash of rank 2 at step 3 on dp=4): with --on-lost-node
+// shrink the supervisor goes on from the step-2 checkpoint on dp=3, the global batch of 12 rows
+// kept (4 micro-batches of 1 row per rank instead of 3). The rows of a step are a pure function
+// of the step, so the run trains on the same rows as the uninterrupted dp=4 run; but it is not
+// bit for bit: each rank sums its micro-batches' gradients before the ordered all-reduce sums the
+// ranks', so dp=4 adds (r0+r1+r2) + (r3+r4+r5) + ... and dp=3 adds (r0+...+r3) + (r4+...+r7) + ...:
+// the same twelve terms in another association, which rounds differently. In f64 the final
+// weights agree with the dp=4 run's within 1e-12 (the oracle: the uninterrupted run).
+TEST(FaultCli, LostNodeShrinksToFewerReplicasWithTheGlobalBatchKept) {
+  const std::string run4 = " --preset tiny --seq-len 32 --eval-every 0 --steps 4 --timeout 5 --dtype f64 --mesh dp=4 "
+                           "--batch-size 12 --micro-batch-size 1";
+  const std::string straight = tmp("faults_shrink_straight"), shrunk = tmp("faults_shrink");
+  const Result s = run("train" + run4 + " --out " + straight);
+  ASSERT_EQ(s.code, 0) << s.err;
+  const Result f = run("train" + run4 + " --save-every 2 --max-restarts 1 --on-lost-node shrink --json --out " + shrunk +
+                       " --faults " + schedule("faults_shrink_s", R"({"kind": "crash", "rank": 2, "step": 3, "permanent": true})"));
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_NE(f.err.find("going on with --mesh dp=3 instead of dp=4, 4 rows per data rank"), std::string::npos) << f.err;
+  const nlohmann::json j = nlohmann::json::parse(f.out);
+  EXPECT_EQ(j.at("mesh"), "dp=3");
+  EXPECT_EQ(j.at("goodput").at("restarts"), 1);
+  const auto a = f64_tensors(straight + "/checkpoint/model.safetensors");
+  const auto b = f64_tensors(shrunk + "/checkpoint/model.safetensors");
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [name, v] : a) {
+    ASSERT_EQ(v.size(), b.at(name).size()) << name;
+    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::abs(v[i] - b.at(name)[i]));
+  }
+  EXPECT_LE(worst, 1e-12);
+  // From the in-memory copies instead (one GPU per node, so the lost rank's node holds one
+  // replica): the same restored state on the same dp=3 mesh, so the bytes of the disk restart.
+  const std::string copied = tmp("faults_shrink_copies");
+  const Result m = run("train" + run4 + " --gpus-per-node 1 --memory-copy-every 1 --max-restarts 1 --on-lost-node shrink "
+                       "--out " + copied + " --faults " + schedule("faults_shrink_s", R"({"kind": "crash", "rank": 2, "step": 3, "permanent": true})"));
+  ASSERT_EQ(m.code, 0) << m.err;
+  EXPECT_NE(m.err.find("restarting (1 of 1) from the in-memory copies (step 2)"), std::string::npos) << m.err;
+  EXPECT_TRUE(read_file(copied + "/checkpoint/model.safetensors") == read_file(shrunk + "/checkpoint/model.safetensors"));
+  fs::remove_all(copied);
+  // Bad input: below one replica, and a smaller dp that does not divide the batch.
+  expect_bad_input(run("train" + kFaultRun + " --mesh tp=2 --max-restarts 1 --on-lost-node shrink --out " + shrunk),
+                   "it cannot shrink below 1 replica");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=4 --batch-size 8 --max-restarts 1 --on-lost-node shrink --out " + shrunk),
+                   "--on-lost-node shrink: on --mesh dp=3 (dp 4 - 1): --batch-size 8 is not divisible by the 3");
+  expect_bad_input(run("train" + kFaultRun + " --mesh dp=2 --max-restarts 1 --on-lost-node grow --out " + shrunk),
+                   "--on-lost-node must be spare or shrink");
+  fs::remove_all(straight);
+  fs::remove_all(shrunk);
+}
+LLAMA4D_TIER(FaultCli, LostNodeShrinksToFewerReplicasWithTheGlobalBatchKept, quick);
 
 }  // namespace fault_cli
 
