@@ -309,7 +309,9 @@ TEST(FaultCli, HangOutsideCollectivesIsNamedByTheHeartbeatAndRecoveredBitwise) {
   fs::remove_all(straight);
   fs::remove_all(hung);
 }
-LLAMA4D_TIER(FaultCli, HangOutsideCollectivesIsNamedByTheHeartbeatAndRecoveredBitwise, quick);
+// Sanitizer tier: ThreadSanitizer runs only this tier of tests/cli, and this is its run of the
+// heartbeat monitor's thread beside the ranks'.
+LLAMA4D_TIER(FaultCli, HangOutsideCollectivesIsNamedByTheHeartbeatAndRecoveredBitwise, sanitizer);
 
 // The f64 weights of a checkpoint's model.safetensors, by tensor name (the format: an 8-byte
 // little-endian header length, the JSON header, the raw data).
