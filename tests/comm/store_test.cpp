@@ -10,6 +10,7 @@
 
 #include "backends/store/launch_env.h"
 #include "backends/store/rendezvous.h"
+#include "backends/store/store_agreement.h"
 #include "backends/store/tcp_store.h"
 #include "core/error.h"
 #include "tests/comm/test_util.h"
@@ -418,6 +419,34 @@ TEST(Rendezvous, ProcessesExchangeAnIdThroughTheirVariables) {
     ASSERT_EQ(::waitpid(children[r], &status, 0), children[r]);
     ASSERT_TRUE(WIFEXITED(status)) << "rank " << r;
     EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << " (1: wrong bytes, 2: an error)";
+  }
+}
+
+// The settings agreement over the store, as the NCCL backend's torchrun-style launch runs it
+// before any NCCL call (issue 52, item 1): 3 ranks, rank 1 with another --lr and rank 2 with
+// another --mesh (then rank 2 alone); every rank throws the lowest disagreeing rank's verdict, in the words of
+// check_ranks_agree over a process group (the message is written out here by hand).
+TEST(StoreAgreement, EveryRankNamesTheLowestRankThatDiffers) {
+  const std::string tail = " (every rank of a job must be launched with the same options, model config and data)";
+  for (const int differ : {0, 1, 2}) {
+    const int port = free_port();
+    std::vector<std::string> errors(3);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 3; ++r)
+      ranks.emplace_back([&, r] {
+        errors[size_t(r)] = error_of([&] {
+          Rendezvous rdzv(env_for(r, 3, port), 10s);
+          const std::string lr = differ == 1 && r == 1 ? "0.01" : "0.003", mesh = differ && r == 2 ? "pp=3" : "dp=3";
+          check_ranks_agree(rdzv, {{"--mesh", mesh}, {"--lr", lr}});
+          rdzv.finish();
+        });
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(errors[size_t(r)], differ == 0   ? "(no error)"
+                                   : differ == 1 ? "the ranks disagree on --lr: rank 0 has 0.003, rank 1 has 0.01" + tail
+                                                 : "the ranks disagree on --mesh: rank 0 has dp=3, rank 2 has pp=3" + tail)
+          << "rank " << r;
   }
 }
 
