@@ -378,6 +378,22 @@ TEST(Rendezvous, ARankThatNeverArrivesIsNamedAndNobodyHangs) {
   EXPECT_NE(errors[0].find("rank 2 of 4"), std::string::npos);
 }
 
+// Rank 0's store listens only on MASTER_ADDR's address (issue 52, item 7): bound to 127.0.0.1,
+// another address of this machine (127.0.0.2, on Linux's loopback) does not reach it; a
+// MASTER_ADDR that does not resolve, or is not this machine's, is an InputError naming it.
+TEST(Rendezvous, TheStoreListensOnlyWhereMasterAddrNamesIt) {
+  const int port = free_port();
+  Rendezvous rdzv(env_for(0, 1, port), 5s);
+  EXPECT_NE(error_of([&] { StoreClient c("127.0.0.2", port, 300ms); }).find("127.0.0.2:" + std::to_string(port)),
+            std::string::npos);
+  StoreClient ok("127.0.0.1", port, 5s, env_for(0, 1, port).token);
+  LaunchEnv bad = env_for(0, 1, free_port());
+  bad.master_addr = "no-such-host.invalid";
+  EXPECT_TRUE(test::contains(error_of([&] { Rendezvous r(bad, 1s); }), "MASTER_ADDR=no-such-host.invalid: cannot resolve"));
+  bad.master_addr = "192.0.2.1";  // TEST-NET-1 (RFC 5737): no machine's own address
+  EXPECT_TRUE(test::contains(error_of([&] { Rendezvous r(bad, 1s); }), "MASTER_ADDR=192.0.2.1: the store cannot listen"));
+}
+
 // The whole path as a torchrun job runs it: separate processes, each reading its variables,
 // rank 0 serving, a 128-byte id (NCCL's ncclUniqueId size) broadcast, barriers, and finish.
 TEST(Rendezvous, ProcessesExchangeAnIdThroughTheirVariables) {
