@@ -202,7 +202,7 @@ void RankLaunch::run(int ranks, const std::function<void(ProcessGroup& world)>& 
       no.algo = algo;
       no.timeout = std::chrono::seconds(o.timeout_s);
       no.cluster = spec;
-      impl_->nccl = std::make_unique<NcclJob>(no, ranks);
+      impl_->nccl = std::make_unique<NcclJob>(no, ranks, job_settings(impl_->settings, o, ranks));
     }
     NcclSession& nccl = impl_->nccl->session();
     if (nccl.size() != ranks)

@@ -58,7 +58,7 @@ class RankLaunch {
   ~RankLaunch();
   // Runs fn(world) on every rank of a world of `ranks`. Virtual: one thread per rank, each with
   // an even share of the cores for compute. MPI: this process's rank (world size must match).
-  // Under MPI, the first run() first checks that every process was launched with these settings
+  // Under MPI and NCCL (over MPI or the rendezvous store), the first run() first checks that every process was launched with these settings
   // (the command's options, model config, data fingerprint) and the launch flags, before any
   // other collective: InputError naming the first that differs (core/comm/rank_agreement.h).
   // Virtual GPUs share this process's one command line: nothing to check.

@@ -7,6 +7,7 @@
 
 #include "backends/store/launch_env.h"
 #include "backends/store/rendezvous.h"
+#include "backends/store/store_agreement.h"
 #include "core/error.h"
 #include "core/parse_number.h"
 #ifdef LLAMA4D_HAVE_MPI
@@ -22,12 +23,14 @@ struct NcclJob::Launcher {
 #endif
 };
 
-NcclJob::NcclJob(const NcclOptions& options, int expected_ranks) : launcher_(std::make_unique<Launcher>()) {
+NcclJob::NcclJob(const NcclOptions& options, int expected_ranks, const std::vector<RankSetting>& settings)
+    : launcher_(std::make_unique<Launcher>()) {
   NcclBootstrap boot;
   // Open MPI (OMPI_*), PMIx and Hydra (PMI_*) launchers set these in every process they start.
   const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
   if (const std::optional<store::LaunchEnv> env = store::launch_env()) {
     launcher_->rdzv = std::make_unique<store::Rendezvous>(*env, options.timeout);
+    store::check_ranks_agree(*launcher_->rdzv, settings);
     boot = bootstrap_from_store(*launcher_->rdzv, env->local_rank);
   } else if (under_mpirun) {
 #ifdef LLAMA4D_HAVE_MPI
@@ -35,6 +38,7 @@ NcclJob::NcclJob(const NcclOptions& options, int expected_ranks) : launcher_(std
     mo.timeout = options.timeout;
     mo.cluster = options.cluster;
     launcher_->mpi = std::make_unique<MpiSession>(mo);
+    check_ranks_agree(launcher_->mpi->world(), settings);
     std::optional<int> local;
     if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = parse_number<int>(l, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
     boot = bootstrap_from_group(launcher_->mpi->world(), local);
@@ -49,6 +53,9 @@ NcclJob::NcclJob(const NcclOptions& options, int expected_ranks) : launcher_(std
   } else {
     boot.broadcast = [](const std::vector<uint8_t>& ids) { return ids; };  // a world of one: nobody to tell
   }
+  if (boot.size != expected_ranks)
+    throw InputError("the mesh needs " + std::to_string(expected_ranks) + " ranks but the job has " +
+                     std::to_string(boot.size) + " processes (one per GPU)");
   session_ = std::make_unique<NcclSession>(options, boot);
 }
 

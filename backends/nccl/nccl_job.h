@@ -11,15 +11,20 @@
 //   NcclJob job(options, mesh_ranks);
 //   train(job.session().world());
 #include <memory>
+#include <vector>
 
 #include "backends/nccl/nccl_session.h"
+#include "core/comm/rank_agreement.h"
 
 namespace llama4d {
 
 class NcclJob {
  public:
-  // expected_ranks > 1 and no launcher: InputError saying how to start the processes.
-  NcclJob(const NcclOptions& options, int expected_ranks);
+  // expected_ranks > 1 and no launcher: InputError saying how to start the processes. Before
+  // any NCCL call (libnccl is not even loaded yet), every rank checks that it was launched with
+  // the others' `settings` (core/comm/rank_agreement.h; over the store or MPI, whichever carries
+  // the ids) and that the job has expected_ranks processes: InputError naming what differs.
+  NcclJob(const NcclOptions& options, int expected_ranks, const std::vector<RankSetting>& settings = {});
   ~NcclJob();
   NcclJob(const NcclJob&) = delete;
   NcclJob& operator=(const NcclJob&) = delete;

@@ -32,7 +32,14 @@ void wait_for_every_rank(StoreClient& store, const std::string& key, int world, 
 
 Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) : env_(env) {
   const int port = env.store_port > 0 ? env.store_port : env.master_port;
-  if (env.rank == 0) server_ = std::make_unique<StoreServer>(port, StoreLimits{}, env.token);
+  // Rank 0 listens only where MASTER_ADDR names it, not on every interface of its node.
+  if (env.rank == 0) {
+    try {
+      server_ = std::make_unique<StoreServer>(env.master_addr, port, StoreLimits{}, env.token);
+    } catch (const InputError& e) {
+      throw InputError("MASTER_ADDR=" + env.master_addr + ": " + e.what());
+    }
+  }
   client_ = std::make_unique<StoreClient>(env.master_addr, port, timeout, env.token);
 }
 

@@ -90,6 +90,33 @@ Fd listen_on(int port) {
   throw IoError("the store cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno));
 }
 
+Fd listen_on(const std::string& host, int port) {
+  if (port < 0 || port > 65535) throw InputError("port " + std::to_string(port) + " is outside 0..65535");
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0) throw InputError("cannot resolve '" + host + "', where the store is to listen: " + ::gai_strerror(rc));
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> list(found, ::freeaddrinfo);
+  std::string tried;
+  for (int family : {AF_INET, AF_INET6})
+    for (addrinfo* ai = list.get(); ai; ai = ai->ai_next) {
+      if (ai->ai_family != family) continue;
+      Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+      if (fd.get() < 0) continue;
+      int one = 1;
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd.get(), 128) == 0) return fd;
+      if (errno == EADDRINUSE)
+        throw PortInUseError("the store cannot listen on " + endpoint_name(host, port) +
+                             ": the port is in use (another job's MASTER_PORT?)");
+      tried = std::strerror(errno);
+    }
+  throw InputError("the store cannot listen on '" + host + "': it is not an address of this machine (" +
+                   (tried.empty() ? "no usable address" : tried) + "); rank 0 serves the store where MASTER_ADDR names it");
+}
+
 int bound_port(int listen_fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;

@@ -46,6 +46,10 @@ class PortInUseError : public IoError {
 // Listens on every interface at `port` (0: the kernel picks a free one). PortInUseError naming
 // the port if it is taken, IoError if it cannot be bound otherwise.
 Fd listen_on(int port);
+// Listens at `port` on the one address `host` resolves to here (IPv4 first: "localhost" is
+// 127.0.0.1), so other interfaces of the machine do not reach it. InputError naming host if it
+// does not resolve or is not an address of this machine; PortInUseError as above.
+Fd listen_on(const std::string& host, int port);
 // The port a listening socket is bound to.
 int bound_port(int listen_fd);
 

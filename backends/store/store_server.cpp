@@ -201,7 +201,13 @@ bool write_some(Client& c) {
 }  // namespace
 
 StoreServer::StoreServer(int port, StoreLimits limits, std::string token)
-    : listener_(listen_on(port)), state_(std::make_unique<State>()) {
+    : StoreServer(listen_on(port), limits, std::move(token)) {}
+
+StoreServer::StoreServer(const std::string& host, int port, StoreLimits limits, std::string token)
+    : StoreServer(listen_on(host, port), limits, std::move(token)) {}
+
+StoreServer::StoreServer(Fd listener, StoreLimits limits, std::string token)
+    : listener_(std::move(listener)), state_(std::make_unique<State>()) {
   state_->limits = limits;
   state_->token = std::move(token);
   port_ = bound_port(listener_.get());

@@ -31,12 +31,15 @@ class StoreServer {
   // taken. Requests past `limits` are refused, naming the cap (wire.h). A connection is served
   // only once its first request presents `token` (the job's, LaunchEnv::token).
   explicit StoreServer(int port, StoreLimits limits = {}, std::string token = {});
+  // The same, listening only on the address `host` resolves to here (listen_on(host, port)).
+  StoreServer(const std::string& host, int port, StoreLimits limits = {}, std::string token = {});
   ~StoreServer();  // stops serving; waiting clients see the connection close
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
   int port() const { return port_; }
 
  private:
+  StoreServer(Fd listener, StoreLimits limits, std::string token);
   struct State;
   Fd listener_;
   int port_ = 0;

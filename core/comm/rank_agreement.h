@@ -27,4 +27,13 @@ struct RankSetting {
 
 void check_ranks_agree(ProcessGroup& group, const std::vector<RankSetting>& settings);
 
+// The two halves of the check, for launches that exchange the settings another way (the NCCL
+// backend's rendezvous store: backends/store/store_agreement.h), so every route reaches the same
+// verdict in the same words.
+// The settings as the bytes the ranks exchange.
+std::string settings_blob(const std::vector<RankSetting>& settings);
+// Rank `rank`'s blob against rank 0's: "" when they agree, else the message of the InputError
+// naming the first setting that differs and both values.
+std::string rank_disagreement(const std::string& rank0_blob, const std::string& rank_blob, int rank);
+
 }  // namespace llama4d

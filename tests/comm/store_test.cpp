@@ -10,6 +10,7 @@
 
 #include "backends/store/launch_env.h"
 #include "backends/store/rendezvous.h"
+#include "backends/store/store_agreement.h"
 #include "backends/store/tcp_store.h"
 #include "core/error.h"
 #include "tests/comm/test_util.h"
@@ -377,6 +378,22 @@ TEST(Rendezvous, ARankThatNeverArrivesIsNamedAndNobodyHangs) {
   EXPECT_NE(errors[0].find("rank 2 of 4"), std::string::npos);
 }
 
+// Rank 0's store listens only on MASTER_ADDR's address (issue 52, item 7): bound to 127.0.0.1,
+// another address of this machine (127.0.0.2, on Linux's loopback) does not reach it; a
+// MASTER_ADDR that does not resolve, or is not this machine's, is an InputError naming it.
+TEST(Rendezvous, TheStoreListensOnlyWhereMasterAddrNamesIt) {
+  const int port = free_port();
+  Rendezvous rdzv(env_for(0, 1, port), 5s);
+  EXPECT_NE(error_of([&] { StoreClient c("127.0.0.2", port, 300ms); }).find("127.0.0.2:" + std::to_string(port)),
+            std::string::npos);
+  StoreClient ok("127.0.0.1", port, 5s, env_for(0, 1, port).token);
+  LaunchEnv bad = env_for(0, 1, free_port());
+  bad.master_addr = "no-such-host.invalid";
+  EXPECT_TRUE(test::contains(error_of([&] { Rendezvous r(bad, 1s); }), "MASTER_ADDR=no-such-host.invalid: cannot resolve"));
+  bad.master_addr = "192.0.2.1";  // TEST-NET-1 (RFC 5737): no machine's own address
+  EXPECT_TRUE(test::contains(error_of([&] { Rendezvous r(bad, 1s); }), "MASTER_ADDR=192.0.2.1: the store cannot listen"));
+}
+
 // The whole path as a torchrun job runs it: separate processes, each reading its variables,
 // rank 0 serving, a 128-byte id (NCCL's ncclUniqueId size) broadcast, barriers, and finish.
 TEST(Rendezvous, ProcessesExchangeAnIdThroughTheirVariables) {
@@ -418,6 +435,34 @@ TEST(Rendezvous, ProcessesExchangeAnIdThroughTheirVariables) {
     ASSERT_EQ(::waitpid(children[r], &status, 0), children[r]);
     ASSERT_TRUE(WIFEXITED(status)) << "rank " << r;
     EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << " (1: wrong bytes, 2: an error)";
+  }
+}
+
+// The settings agreement over the store, as the NCCL backend's torchrun-style launch runs it
+// before any NCCL call (issue 52, item 1): 3 ranks, rank 1 with another --lr and rank 2 with
+// another --mesh (then rank 2 alone); every rank throws the lowest disagreeing rank's verdict, in the words of
+// check_ranks_agree over a process group (the message is written out here by hand).
+TEST(StoreAgreement, EveryRankNamesTheLowestRankThatDiffers) {
+  const std::string tail = " (every rank of a job must be launched with the same options, model config and data)";
+  for (const int differ : {0, 1, 2}) {
+    const int port = free_port();
+    std::vector<std::string> errors(3);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 3; ++r)
+      ranks.emplace_back([&, r] {
+        errors[size_t(r)] = error_of([&] {
+          Rendezvous rdzv(env_for(r, 3, port), 10s);
+          const std::string lr = differ == 1 && r == 1 ? "0.01" : "0.003", mesh = differ && r == 2 ? "pp=3" : "dp=3";
+          check_ranks_agree(rdzv, {{"--mesh", mesh}, {"--lr", lr}});
+          rdzv.finish();
+        });
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(errors[size_t(r)], differ == 0   ? "(no error)"
+                                   : differ == 1 ? "the ranks disagree on --lr: rank 0 has 0.003, rank 1 has 0.01" + tail
+                                                 : "the ranks disagree on --mesh: rank 0 has dp=3, rank 2 has pp=3" + tail)
+          << "rank " << r;
   }
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "backends/nccl/device_reduce.h"
+#include "backends/nccl/nccl_job.h"
 #include "backends/nccl/nccl_library.h"
 #include "backends/nccl/nccl_session.h"
 #include "backends/store/launch_env.h"
@@ -333,6 +334,31 @@ TEST(NcclTwoProcesses, OneRankOfTheSuite) {
     cudaFree(got);
   }
   rdzv.finish();
+}
+
+// One rank of NcclJob.RanksLaunchedWithOtherSettingsAreRefusedBeforeNccl (this binary, again):
+// rank 1 has another --lr. The launch must refuse it by name before it loads libnccl.
+TEST(NcclJob, OneRankWithItsOwnLr) {
+  if (!std::getenv("LLAMA4D_NCCL_AGREE_TEST")) GTEST_SKIP() << "a rank of NcclJob.RanksLaunchedWithOtherSettingsAreRefusedBeforeNccl";
+  const bool rank1 = std::string(std::getenv("RANK")) == "1";
+  NcclOptions o;
+  o.timeout = 20s;
+  const std::string msg = error_of([&] { NcclJob job(o, 2, {{"--mesh", "dp=2"}, {"--lr", rank1 ? "0.01" : "0.003"}}); });
+  EXPECT_EQ(msg, "the ranks disagree on --lr: rank 0 has 0.003, rank 1 has 0.01 (every rank of a job must be launched "
+                 "with the same options, model config and data)");
+  const std::string maps = slurp("/proc/self/maps");
+  EXPECT_EQ(maps.find("libnccl"), std::string::npos) << "libnccl was loaded before the ranks agreed";
+}
+
+// The NCCL launch path (NcclJob, which the CLI's --backend nccl builds) runs the settings
+// agreement over the store before any NCCL call: two processes, torchrun-style variables.
+TEST(NcclJob, RanksLaunchedWithOtherSettingsAreRefusedBeforeNccl) {
+  const std::vector<RankRun> runs =
+      run_two_ranks(self_exe() + " --gtest_filter=NcclJob.OneRankWithItsOwnLr", "LLAMA4D_NCCL_AGREE_TEST=1", 60);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(runs[size_t(r)].code, 0) << "rank " << r << ":\n" << runs[size_t(r)].out << runs[size_t(r)].err;
+    EXPECT_NE(runs[size_t(r)].out.find("[  PASSED  ] 1 test"), std::string::npos) << runs[size_t(r)].out;
+  }
 }
 
 class NcclTwoProcesses : public ::testing::TestWithParam<ReduceAlgo> {};
