@@ -53,7 +53,7 @@ void check_recipe_flags(const TrainArgs& a, const CLI::App& cmd) {
   // --trace: each stage is its own launch, which would write the file over the last stage's.
   for (const char* flag : {"--init", "--faults", "--fault-rate", "--fault-seed", "--max-restarts", "--memory-copy-every",
                            "--check-replicas", "--async-checkpoint",
-                           "--straggler-factor", "--straggler-margin", "--trace"})
+                           "--straggler-factor", "--straggler-margin", "--heartbeat-timeout", "--on-lost-node", "--trace"})
     if (cmd.count(flag) > 0) throw InputError(std::string(flag) + " and --recipe: not supported together in this build");
   if (a.launch.backend != "virtual")
     throw InputError("--recipe runs on virtual GPUs (--backend virtual), not --backend " + a.launch.backend +

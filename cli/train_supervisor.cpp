@@ -203,13 +203,13 @@ void report_drawn_faults(const TrainArgs& a, const DrawnSchedule& d) {
     progress("  (without --check-replicas nothing will notice the silent corruption: it stays in the weights)\n");
 }
 
-FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan, const LlamaConfig& r_cfg) {
+FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan, const LlamaConfig& cfg) {
   check_straggler_options(a.stragglers);
   if (a.max_restarts < 0)
     throw InputError("--max-restarts must be >= 0 (0: a failure ends the run), got " + std::to_string(a.max_restarts));
   const bool parallel = a.parallel.parallel();
   for (const char* flag : {"--faults", "--fault-rate", "--fault-seed", "--max-restarts", "--check-replicas",
-                           "--straggler-factor", "--straggler-margin"})
+                           "--straggler-factor", "--straggler-margin", "--on-lost-node", "--heartbeat-timeout"})
     if (cmd.count(flag) > 0 && !parallel)
       throw InputError(std::string(flag) + " applies to the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=2)");
   if (a.check_replicas && std::string_view(ops::backend_name()) != "cpu")
@@ -222,23 +222,19 @@ FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const P
   if (a.on_lost_node != "spare" && a.on_lost_node != "shrink")
     throw InputError("--on-lost-node must be spare or shrink, got \"" + a.on_lost_node + "\"");
   if (a.on_lost_node == "shrink") {
-    if (!parallel || a.launch.backend != "virtual")
+    if (a.launch.backend != "virtual")
       throw InputError("--on-lost-node shrink restarts the virtual GPUs of a parallel --mesh (--backend virtual)");
     if (a.max_restarts == 0)
       throw InputError("--on-lost-node shrink continues after a restart, and --max-restarts is 0: give --max-restarts N");
-    if (plan.size("dp") < 2)
-      throw InputError("--on-lost-node shrink drops one replica of the --mesh's dp dim, and --mesh " + plan.describe_mesh() +
-                       " has dp=" + std::to_string(plan.size("dp")) + ": it cannot shrink below 1 replica");
-    // Every shrink a run can go through (one per restart, down to dp = 1) must fit the batch.
+    // Every shrink a run can go through (one per restart, down to dp = 1) must fit the batch;
+    // the first one also refuses a mesh with one replica.
     ParallelPlan p = plan;
-    for (int64_t k = 0; k < a.max_restarts && p.size("dp") > 1; ++k) {
-      p = shrunk(p, a.opt, r_cfg);
+    for (int64_t k = 0; k < a.max_restarts && (k == 0 || p.size("dp") > 1); ++k) {
+      p = shrunk(p, a.opt, cfg);
       if (a.memory_copy_every > 0) MemoryCopies<float>(p.world_size(), a.launch.gpus_per_node, a.memory_copy_every);
     }
   }
   if (cmd.count("--heartbeat-timeout") > 0) {
-    if (!parallel)
-      throw InputError("--heartbeat-timeout watches the ranks of a parallel --mesh, and none was given (e.g. --mesh dp=2)");
     if (a.launch.backend != "virtual")
       throw InputError("--heartbeat-timeout watches virtual GPUs (--backend virtual), not --backend " + a.launch.backend);
     if (!(a.heartbeat_timeout_s >= 0) || !std::isfinite(a.heartbeat_timeout_s))

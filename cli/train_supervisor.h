@@ -12,9 +12,9 @@
 namespace llama4d::cli::training {
 
 // Checks the fault-tolerance flags against the run before anything is computed; returns the
-// --faults schedule (empty without one, and for --fault-rate, which draws it later). `r_cfg`:
+// --faults schedule (empty without one, and for --fault-rate, which draws it later). `cfg`:
 // the model, for the plans --on-lost-node shrink would go on with.
-FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan, const LlamaConfig& r_cfg);
+FaultSchedule check_fault_flags(const TrainArgs& a, const CLI::App& cmd, const ParallelPlan& plan, const LlamaConfig& cfg);
 
 // Prints the schedule --fault-rate drew, each fault with its cause in Llama 3's Table 5, and writes
 // it as a --faults file, so the same failures can be injected again.

@@ -299,7 +299,7 @@ TEST(FaultCli, HangOutsideCollectivesIsNamedByTheHeartbeatAndRecoveredBitwise) {
   EXPECT_EQ(over.code, 2) << over.err;
   EXPECT_NE(over.err.find("--heartbeat-timeout 1.000000 s is not under --timeout 1 s"), std::string::npos) << over.err;
   expect_bad_input(run("train --preset tiny --steps 4 --heartbeat-timeout 0.5 --out " + hung),
-                   "--heartbeat-timeout watches the ranks of a parallel --mesh");
+                   "--heartbeat-timeout applies to the ranks of a parallel --mesh");
   expect_bad_input(run("train" + kFaultRun + " --mesh dp=2 --out " + hung + " --faults " +
                        schedule("faults_heartbeat_bad", R"({"kind": "crash", "rank": 0, "step": 1, "phase": "step"})")),
                    "\"phase\" applies to hang faults only");

@@ -232,7 +232,8 @@ TEST(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName) {
   const std::vector<std::string> flags = {"--mesh dp=2", "--batch-size 8", "--seq-len 64", "--steps 9",
                                           "--lr 0.01", "--min-lr 0", "--warmup-steps 2", "--seed 3",
                                           "--data " LLAMA4D_SOURCE_DIR "/data/corpus", "--straggler-factor 2",
-                                          "--straggler-margin 0.1", "--trace " + tmp("recipe_trace.json")};
+                                          "--straggler-margin 0.1", "--heartbeat-timeout 0.5", "--on-lost-node shrink",
+                                          "--trace " + tmp("recipe_trace.json")};
   for (const std::string& flag : flags) {
     const std::string name = flag.substr(0, flag.find(' '));
     expect_bad_input(run("train --preset tiny --recipe " + recipe + " " + flag + out), name + " and --recipe");
