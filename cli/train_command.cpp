@@ -76,7 +76,7 @@ nlohmann::json run_single(const Run& r, const ParallelPlan& plan, const TextData
 }
 
 nlohmann::json train(const TrainArgs& asked, const CLI::App& cmd) {
-  if (!asked.recipe.empty()) return train_recipe(asked, cmd);
+  if (!asked.recipe.empty() || !asked.stages.empty()) return train_recipe(asked, cmd);
   use_compute(asked.compute);
   Run r = resolve_run(asked, cmd);
   const TrainArgs& a = r.args;
@@ -143,6 +143,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--recipe", a->recipe,
                   "run a training recipe (JSON, or TOML in a .toml file; core/train/recipe.h): stages with their own batch, seq_len, mesh "
                   "and LR segment; the state moves between stages' meshes in memory (virtual GPUs)");
+  cmd->add_option("--stage", a->stages,
+                  "one stage of a recipe without a file, repeated for each stage: KEY=VALUE,... with a recipe stage's "
+                  "keys (core/train/stage_flags.h), e.g. steps=20,batch_size=8,seq_len=64,dp=2,lr=warmup:0:3e-3")
+      ->expected(1)
+      ->take_all();
   add_number(*cmd, "--steps", a->opt.steps, "optimizer steps in the run")->capture_default_str();
   add_number(*cmd, "--stop-at", a->stop_at, "stop (and checkpoint) after this step, as if interrupted");
   add_number(*cmd, "--batch-size", a->opt.batch_size, "sequences per optimizer step (the global batch)")->capture_default_str();

@@ -20,6 +20,7 @@
 #include "core/parallel/reshard_in_memory.h"
 #include "core/train/checkpoint_state.h"
 #include "core/train/recipe.h"
+#include "core/train/stage_flags.h"
 
 namespace llama4d::cli::training {
 
@@ -45,19 +46,41 @@ struct RecipeRun {
 
 // Flags whose values a recipe gives per stage, or that this build does not run with one.
 void check_recipe_flags(const TrainArgs& a, const CLI::App& cmd) {
+  const bool flags = !a.stages.empty();
+  if (flags && !a.recipe.empty())
+    throw InputError("--stage and --recipe: give the stages in the file or on the command line, not both");
+  const std::string with = flags ? "--stage" : "--recipe";
   for (const char* flag : {"--mesh", "--batch-size", "--seq-len", "--steps", "--lr", "--min-lr", "--warmup-steps",
-                           "--seed", "--data"})
+                           "--seed", "--data"}) {
+    if (flags && std::string(flag) == "--seed") continue;  // the seed of a recipe on the command line
     if (cmd.count(flag) > 0)
-      throw InputError(std::string(flag) + " and --recipe: the recipe gives each stage's mesh (dp, tp, cp, pp), "
-                       "batch_size, seq_len, length, LR segment and data, and its seed");
+      throw InputError(std::string(flag) + " and " + with + ": the " + (flags ? "--stage flags give" : "recipe gives") +
+                       " each stage's mesh (dp, tp, cp, pp), batch_size, seq_len, length, LR segment and data" +
+                       (flags ? "" : ", and its seed"));
+  }
   // --trace: each stage is its own launch, which would write the file over the last stage's.
   for (const char* flag : {"--init", "--faults", "--fault-rate", "--fault-seed", "--max-restarts", "--memory-copy-every",
                            "--check-replicas", "--async-checkpoint",
                            "--straggler-factor", "--straggler-margin", "--heartbeat-timeout", "--on-lost-node", "--trace"})
-    if (cmd.count(flag) > 0) throw InputError(std::string(flag) + " and --recipe: not supported together in this build");
+    if (cmd.count(flag) > 0) throw InputError(std::string(flag) + " and " + with + ": not supported together in this build");
   if (a.launch.backend != "virtual")
-    throw InputError("--recipe runs on virtual GPUs (--backend virtual), not --backend " + a.launch.backend +
+    throw InputError(with + " runs on virtual GPUs (--backend virtual), not --backend " + a.launch.backend +
                      ": a stage boundary moves the state between ranks in this process's memory");
+}
+
+// Where the recipe came from, as errors name it: its file, or "--stage" for the command line's.
+std::string recipe_origin(const TrainArgs& a) { return a.recipe.empty() ? "--stage" : a.recipe; }
+
+// The run's recipe: --recipe's file, or the --stage flags' stages (their data defaulting to the
+// run's --data default, the shipped corpus) with --seed's seed where given.
+Recipe load_run_recipe(const TrainArgs& a, int64_t max_positions) {
+  if (!a.recipe.empty()) return load_recipe(a.recipe, max_positions);
+  const uint64_t seed = a.opt.seed;
+  try {
+    return parse_recipe(stage_flags_recipe(a.stages, seed, default_corpus_path()), max_positions);
+  } catch (const InputError& e) {
+    throw InputError(std::string("--stage: ") + e.what());
+  }
 }
 
 // "recipe stage 2 (\"long\")": how errors name a stage.
@@ -72,17 +95,19 @@ std::string stage_label(const Recipe& recipe, size_t i) {
 RecipeRun resolve_recipe(Run& r, const CLI::App& cmd) {
   TrainArgs& a = r.args;
   RecipeRun rr;
-  rr.recipe = load_recipe(a.recipe, r.cfg.max_position_embeddings);
+  rr.recipe = load_run_recipe(a, r.cfg.max_position_embeddings);
   const Recipe& recipe = rr.recipe;
+  const std::string origin = recipe_origin(a);
   int64_t longest = 0;
   for (size_t i = 0; i < recipe.stages.size(); ++i) {
     const RecipeStage& st = recipe.stages[i];
-    const std::string where = a.recipe + ": " + stage_label(recipe, i);
-    // A relative source is relative to the recipe file, so the recipe runs from any directory.
+    const std::string where = origin + ": " + stage_label(recipe, i);
+    // A relative source is relative to the recipe file, so the recipe runs from any directory
+    // (to the working directory for --stage's).
     std::vector<MixEntry> sources;
     for (const MixEntry& e : st.data) {
       std::filesystem::path p(e.path);
-      if (p.is_relative()) p = std::filesystem::path(a.recipe).parent_path() / p;
+      if (p.is_relative() && !a.recipe.empty()) p = std::filesystem::path(a.recipe).parent_path() / p;
       sources.push_back({absolute_path(p.lexically_normal().string()), e.weight});
     }
     if (i == 0) rr.primary = sources[0].path;
@@ -108,7 +133,7 @@ RecipeRun resolve_recipe(Run& r, const CLI::App& cmd) {
   a.opt.seq_len = longest;  // the data split must hold a window of the longest stage
   nlohmann::json loop = nlohmann::json::parse(a.opt.loop);
   loop["data"] = absolute_path(a.data);
-  loop["recipe"] = absolute_path(a.recipe);
+  if (!a.recipe.empty()) loop["recipe"] = absolute_path(a.recipe);
   a.opt.loop = loop.dump();
   if (!a.resume.empty()) {
     const TrainingCheckpointInfo saved = read_training_state(a.resume);
@@ -162,7 +187,7 @@ std::optional<DataMix> stage_mix(const TrainArgs& a, const RecipeRun& rr, size_t
   try {
     return DataMix(std::move(sources), rr.recipe.stages[i].seq_len);
   } catch (const InputError& e) {
-    throw InputError(a.recipe + ": " + stage_label(rr.recipe, i) + " key \"data\": " + e.what());
+    throw InputError(recipe_origin(a) + ": " + stage_label(rr.recipe, i) + " key \"data\": " + e.what());
   }
 }
 
@@ -324,7 +349,8 @@ nlohmann::json run_recipe(const Run& r, const RecipeRun& rr, const TextDataset& 
     position["step_in_stage"] = recipe.stages.back().steps, position["finished"] = true;
   }
   result.erase("steps_this_run");
-  result["recipe"] = {{"name", recipe.name}, {"file", a.recipe}, {"fingerprint", recipe.fingerprint()},
+  result["recipe"] = {{"name", recipe.name}, {"file", a.recipe.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.recipe)},
+                      {"stage_flags", a.stages}, {"fingerprint", recipe.fingerprint()},
                       {"total_steps", recipe.total_steps()}, {"position", position}};
   result["stages"] = stages;
   result["model"] = model_name(a);

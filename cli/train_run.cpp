@@ -66,10 +66,10 @@ namespace {
 // an error naming it. Nothing given is ignored, nothing saved is dropped.
 void apply_checkpoint(Run& r, const TrainArgs& a, const CLI::App& cmd) {
   const TrainingCheckpointInfo saved = read_training_state(a.resume);
-  if (saved.options.recipe.active() && a.recipe.empty())
+  if (saved.options.recipe.active() && a.recipe.empty() && a.stages.empty())
     throw InputError("--resume " + a.resume + " was saved by recipe \"" + saved.options.recipe.recipe + "\" (stage " +
                      std::to_string(saved.options.recipe.stage + 1) + ", \"" + saved.options.recipe.stage_name +
-                     "\"): resume it with --recipe FILE");
+                     "\"): resume it with --recipe FILE, or the same --stage flags");
   const auto keeps = [](const std::string& what) { return what + ": " + kResumeKeepsTheMath; };
   r.cfg = load_config(a.resume);
   for (const auto& [flag, value] : {std::pair{"--preset", a.model.preset}, std::pair{"--config", a.model.config}})

@@ -27,6 +27,7 @@ struct TrainArgs {
   LaunchOptions launch;
   TrainOptions opt;
   std::string data, out = "runs/train", resume, init, faults, recipe;
+  std::vector<std::string> stages;  // --stage: a recipe's stages on the command line (core/train/stage_flags.h)
   int64_t eval_every = 100, eval_windows = 64, save_every = 0, log_every = 10, stop_at = 0, max_restarts = 0;
   int64_t memory_copy_every = 0;  // 0: no in-memory copies
   bool check_replicas = false;

@@ -246,6 +246,40 @@ TEST(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName) {
 }
 LLAMA4D_TIER(RecipeRun, ConflictsAndUnsupportedInputAreRefusedByName, quick);
 
+// batch_ramp() on the command line: the same stages as --stage flags (data left to its default,
+// the shipped corpus) train the same weights and optimizer state as the file, and a run of the
+// flags stopped inside stage 1 resumes with the same flags onto those bytes. The flags' own
+// mistakes are refused naming the --stage and its key.
+TEST(RecipeRun, StageFlagsAreTheFilesRecipeOnTheCommandLine) {
+  const std::string stages =
+      " --seed 7 --stage name=A,steps=3,batch_size=4,seq_len=32,dp=2,lr=warmup:1e-3:3e-3"
+      " --stage name=B,steps=3,batch_size=8,seq_len=32,dp=4,lr=linear:3e-3:0";
+  const std::string file = tmp("recipe_as_file"), flags = tmp("recipe_as_flags");
+  const nlohmann::json j = train_json("--recipe " + write_recipe("recipe_as_file", batch_ramp()) + " --out " + file);
+  ASSERT_FALSE(train_json(stages + " --out " + flags + " --stop-at 2").is_null());
+  const nlohmann::json k = train_json(stages + " --out " + flags + " --resume " + flags + "/checkpoint");
+  ASSERT_FALSE(j.is_null());
+  ASSERT_FALSE(k.is_null());
+  for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(read_file(file + "/checkpoint/" + f) == read_file(flags + "/checkpoint/" + f)) << f;
+  EXPECT_EQ(k.at("recipe").at("stage_flags").size(), 2u);
+  EXPECT_TRUE(k.at("recipe").at("file").is_null());
+
+  const std::string out = " --out " + tmp("recipe_flags_bad");
+  expect_bad_input(run("train --preset tiny --stage steps=3,batch_size=4" + out), "key \"seq_len\": missing");
+  expect_bad_input(run("train --preset tiny --stage steps=3,batch_size=4,seq_len=32,lr=warmup:0" + out),
+                   "--stage 1 ('steps=3,batch_size=4,seq_len=32,lr=warmup:0') key \"lr\"");
+  expect_bad_input(run("train --preset tiny --stage steps=3,batch_size=4,seq_len=32,lr=linear:0:1,steps=4" + out),
+                   "key \"steps\": given twice");
+  expect_bad_input(run("train --preset tiny --stage steps=3,batch_size=4,seq_len=32,lr=linear:0:1,dp=3" + out),
+                   "--stage: recipe stage 1 key \"batch_size\": 4 rows do not divide among dp = 3");
+  expect_bad_input(run("train --preset tiny --stage steps=3,batch_size=4,seq_len=32,lr=linear:0:1 --batch-size 8" + out),
+                   "--batch-size and --stage");
+  expect_bad_input(run("train --preset tiny --stage steps=3 --recipe " + write_recipe("recipe_both", batch_ramp()) + out),
+                   "--stage and --recipe");
+}
+LLAMA4D_TIER(RecipeRun, StageFlagsAreTheFilesRecipeOnTheCommandLine, quick);
+
 // A stage with a data mix (the corpus 3 : README.md 1, Llama 3's upsampling of a source in
 // miniature) draws its rows from both sources: the shares it reports lie within binomial error
 // of the weights (160 rows: sigma = sqrt(0.75 x 0.25 / 160) = 0.034, allowed 4 sigma), they count

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/io/toml_file.h"
 #include "core/train/recipe.h"
+#include "core/train/stage_flags.h"
 
 namespace llama4d {
 namespace {
@@ -151,6 +152,45 @@ TEST(Recipe, BadTomlIsRefusedNamingWhere) {
   refused("[[stages]]\nlr = { to = nan }\n", "key stages[0].lr.to");
   EXPECT_EQ(parse_toml("a = { b = [1, 2.5, \"c\", true] }\n", "r.toml"),
             json::parse(R"({"a": {"b": [1, 2.5, "c", true]}})"));
+}
+
+// --stage's text becomes the recipe JSON a file would hold: numbers as numbers, lr's three
+// fields, data's sources with their weights (1 where left out, a ':' inside a path kept), and the
+// default data where none is given.
+TEST(StageFlags, SpellTheRecipeJsonOfAFile) {
+  const json j = stage_flags_recipe({"name=ramp,steps=4,batch_size=8,seq_len=32,dp=2,lr=warmup:0:4e-3",
+                                     "tokens=3072,batch_size=4,seq_len=64,cp=2,lr=cosine:4e-3:0,data=a+b:3+c:d:0.5"},
+                                    7, "corpus");
+  EXPECT_EQ(j.at("name"), "stages");
+  EXPECT_EQ(j.at("seed"), 7);
+  const json& s = j.at("stages");
+  EXPECT_EQ(s[0].at("name"), "ramp");
+  EXPECT_TRUE(s[0].at("steps").is_number_integer());
+  EXPECT_EQ(s[0].at("steps"), 4);
+  EXPECT_EQ(s[0].at("data"), json({{"corpus", 1}}));
+  EXPECT_EQ(s[0].at("lr"), json({{"shape", "warmup"}, {"from", 0.0}, {"to", 4e-3}}));
+  EXPECT_EQ(s[1].at("data"), json({{"a", 1}, {"b", 3}, {"c:d", 0.5}}));
+  const Recipe r = parse_recipe(j, 128);
+  EXPECT_EQ(r.stages[1].steps, 3072 / (4 * 64));
+  EXPECT_EQ(r.stages[1].lr.shape, LrSegment::Shape::cosine);
+}
+
+TEST(StageFlags, BadTextIsRefusedNamingTheStageAndKey) {
+  const auto refuses = [](const std::vector<std::string>& stages, const std::string& what) {
+    try {
+      stage_flags_recipe(stages, 1, "corpus");
+      ADD_FAILURE() << "accepted " << stages.back();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refuses({"steps=1", "steps"}, "--stage 2 ('steps'): 'steps' is not KEY=VALUE");
+  refuses({"=3"}, "is not KEY=VALUE");
+  refuses({"lr=cosine:1"}, "key \"lr\": 'cosine:1' is not SHAPE:FROM:TO");
+  refuses({"lr=cosine:x:1"}, "key \"lr\" FROM 'x'");
+  refuses({"seq_len=1,seq_len=2"}, "key \"seq_len\": given twice");
+  refuses({"data=a+a:2"}, "a is given twice");
+  refuses({"data=:2"}, "has a source with no path");
 }
 
 }  // namespace
